@@ -1,0 +1,47 @@
+"""The `crucible` command: parses arguments and hands each subcommand to one library call.
+
+Each subcommand lives in agent/commands/<name>.py and exposes `register(subparsers)` (adds its parser, with
+`func=run`) and `run(args) -> int`. Exit codes: 0 success/accepted, 1 rejected/failed, 2 bad invocation.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+
+from rich.console import Console
+
+import agent.commands
+
+err_console = Console(stderr=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="crucible", description="Write and optimise fused Triton kernels, verified.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(agent.commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        importlib.import_module(f"agent.commands.{info.name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        err_console.print("interrupted; everything recorded so far is kept.")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per `crucible` subcommand; see agent/cli.py for the contract."""
