@@ -1,0 +1,384 @@
+"""The archive: every candidate ever proposed, in one SQLite file (WAL, append-only schema migrations).
+
+Sources are stored once, keyed by sha256; a candidate row points at its source, its parents (a second parent for
+crossovers), the run and task it belongs to, and holds the harness's verdict, diagnostics, timings, the environment
+they were taken on, and the tokens and cost of the request that produced it. Every write is one transaction, so a
+kill at any moment leaves only whole records. Sampling parents lives in agent/search.py, not here.
+
+Each candidate has a random `uid` besides its local integer id, so that archives from several machines can be merged
+without id clashes (issue 8's import/export).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+DEFAULT_PATH = Path("runs") / "archive.db"
+ENV_VAR = "CRUCIBLE_ARCHIVE"
+
+# Applied in order, each exactly once; never edit a shipped script, append a new one.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE sources (
+        sha256 TEXT PRIMARY KEY,
+        text   TEXT NOT NULL
+    );
+    CREATE TABLE runs (
+        id          TEXT PRIMARY KEY,
+        task_path   TEXT NOT NULL,
+        task_hash   TEXT NOT NULL,
+        proposer    TEXT NOT NULL,      -- provider spec, or "tuner"
+        device      TEXT NOT NULL,
+        config      TEXT NOT NULL,      -- JSON of the run's settings, for --resume
+        started     TEXT NOT NULL,
+        finished    TEXT,
+        stop_reason TEXT
+    );
+    CREATE TABLE candidates (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        uid           TEXT NOT NULL UNIQUE,
+        run_id        TEXT REFERENCES runs(id),
+        task_path     TEXT NOT NULL,
+        task_hash     TEXT NOT NULL,
+        source_sha    TEXT REFERENCES sources(sha256),  -- NULL when the proposal produced no code
+        parent_id     INTEGER REFERENCES candidates(id),
+        parent2_id    INTEGER REFERENCES candidates(id),
+        origin        TEXT NOT NULL,    -- seed | llm | tuner
+        proposer      TEXT NOT NULL,    -- model name, "tuner" or "seed"
+        niche         TEXT,
+        prompt        TEXT,
+        reply         TEXT,
+        verdict       TEXT NOT NULL,    -- accepted | rejected | interrupted
+        stage         TEXT,
+        reason        TEXT NOT NULL,
+        message       TEXT,
+        diagnostics   TEXT,             -- JSON: the harness's CheckResult
+        timed         INTEGER NOT NULL DEFAULT 0,
+        candidate_ms  REAL,
+        speedup_eager REAL, eager_ci_low REAL, eager_ci_high REAL,
+        speedup_compile REAL, compile_ci_low REAL, compile_ci_high REAL,
+        pct_roofline  REAL,
+        env           TEXT,             -- JSON fingerprint: torch, triton, driver, GPU
+        env_hash      TEXT,
+        input_tokens  INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        cost_usd      REAL,
+        latency_s     REAL,
+        eval_s        REAL,
+        created       TEXT NOT NULL
+    );
+    CREATE INDEX candidates_task ON candidates(task_hash, verdict);
+    CREATE INDEX candidates_run ON candidates(run_id);
+    CREATE INDEX candidates_source ON candidates(task_hash, source_sha);
+    """,
+]
+
+
+def default_path() -> Path:
+    """--archive wins over CRUCIBLE_ARCHIVE, which wins over runs/archive.db."""
+    return Path(os.environ.get(ENV_VAR) or DEFAULT_PATH)
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Timings:
+    """What the GPU timing stage measured; all None on the CPU."""
+
+    candidate_ms: float | None = None
+    speedup_eager: float | None = None
+    eager_ci_low: float | None = None
+    eager_ci_high: float | None = None
+    speedup_compile: float | None = None
+    compile_ci_low: float | None = None
+    compile_ci_high: float | None = None
+    pct_roofline: float | None = None
+
+    @classmethod
+    def from_check(cls, timing: dict[str, Any] | None) -> "Timings":
+        if not timing:
+            return cls()
+        base = timing.get("baselines") or {}
+        eager, comp = base.get("eager") or {}, base.get("compile") or {}
+        roof = timing.get("roofline") or {}
+        return cls(candidate_ms=_num(timing.get("candidate_ms")),
+                   speedup_eager=_num(eager.get("speedup")), eager_ci_low=_num(eager.get("ci_low")),
+                   eager_ci_high=_num(eager.get("ci_high")),
+                   speedup_compile=_num(comp.get("speedup")), compile_ci_low=_num(comp.get("ci_low")),
+                   compile_ci_high=_num(comp.get("ci_high")),
+                   pct_roofline=_num(roof.get("pct_of_roofline")))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One archived candidate. `id` is 0 until it is written; `source` is filled by get()/with_source()."""
+
+    task_path: str
+    task_hash: str
+    origin: str
+    proposer: str
+    verdict: str
+    reason: str
+    id: int = 0
+    uid: str = ""
+    run_id: str | None = None
+    source_sha: str | None = None
+    parent_id: int | None = None
+    parent2_id: int | None = None
+    niche: str | None = None
+    prompt: str | None = None
+    reply: str | None = None
+    stage: str | None = None
+    message: str = ""
+    diagnostics: dict[str, Any] | None = None
+    timed: bool = False
+    timings: Timings = Timings()
+    env: dict[str, Any] | None = None
+    env_hash: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    latency_s: float | None = None
+    eval_s: float | None = None
+    created: str = ""
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.verdict not in ("accepted", "rejected", "interrupted"):
+            raise ValueError(f"unknown verdict {self.verdict!r}")
+        if self.verdict == "accepted" and (self.reason != "ok" or (self.source_sha is None and self.source is None)):
+            raise ValueError("an accepted candidate carries reason ok and a source")
+        if self.origin not in ("seed", "llm", "tuner"):
+            raise ValueError(f"unknown origin {self.origin!r}")
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "accepted"
+
+    @property
+    def speedup(self) -> float | None:
+        return self.timings.speedup_eager if self.timed else None
+
+    def summary(self) -> dict[str, Any]:
+        """The row `crucible archive list --json` prints."""
+        return {"id": self.id, "task": self.task_path, "verdict": self.verdict, "stage": self.stage,
+                "reason": self.reason, "proposer": self.proposer, "speedup": self.speedup, "created": self.created}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Run:
+    id: str
+    task_path: str
+    task_hash: str
+    proposer: str
+    device: str
+    config: dict[str, Any]
+    started: str
+    finished: str | None = None
+    stop_reason: str | None = None
+
+
+_CANDIDATE_COLUMNS = [
+    "uid", "run_id", "task_path", "task_hash", "source_sha", "parent_id", "parent2_id", "origin", "proposer", "niche",
+    "prompt", "reply", "verdict", "stage", "reason", "message", "diagnostics", "timed", "candidate_ms",
+    "speedup_eager", "eager_ci_low", "eager_ci_high", "speedup_compile", "compile_ci_low", "compile_ci_high",
+    "pct_roofline", "env", "env_hash", "input_tokens", "output_tokens", "cost_usd", "latency_s", "eval_s", "created",
+]
+_TIMING_FIELDS = [f.name for f in dataclasses.fields(Timings)]
+
+
+class Archive:
+    """One archive file. Safe to share between threads of one process (writes are serialised by a lock)."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    # ---- lifecycle ------------------------------------------------------------------------------------------
+    def _migrate(self) -> None:
+        with self._lock:
+            self._db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied TEXT)")
+            current = self.schema_version()
+            for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
+                # executescript commits first, so the script carries its own transaction.
+                self._db.executescript(f"BEGIN IMMEDIATE;\n{script}\n"
+                                       f"INSERT INTO schema_version VALUES ({version}, '{now()}');\nCOMMIT;")
+
+    def schema_version(self) -> int:
+        row = self._db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        return int(row[0] or 0)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> "Archive":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- runs -----------------------------------------------------------------------------------------------
+    def add_run(self, run: Run) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
+                             (run.id, run.task_path, run.task_hash, run.proposer, run.device,
+                              json.dumps(run.config), run.started, run.finished, run.stop_reason))
+
+    def finish_run(self, run_id: str, stop_reason: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE runs SET finished=?, stop_reason=? WHERE id=?", (now(), stop_reason, run_id))
+
+    def get_run(self, run_id: str) -> Run | None:
+        row = self._db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        return _run(row) if row else None
+
+    def latest_run(self, task_hash: str) -> Run | None:
+        row = self._db.execute("SELECT * FROM runs WHERE task_hash=? ORDER BY started DESC, rowid DESC LIMIT 1",
+                               (task_hash,)).fetchone()
+        return _run(row) if row else None
+
+    # ---- candidates -----------------------------------------------------------------------------------------
+    def add(self, cand: Candidate) -> Candidate:
+        """Write one candidate (and its source, once); returns it with id, uid and created filled in."""
+        sha = cand.source_sha
+        if cand.source is not None:
+            sha = sha256(cand.source)
+        cand = dataclasses.replace(cand, source_sha=sha, uid=cand.uid or uuid.uuid4().hex,
+                                   created=cand.created or now())
+        values = _row_values(cand)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if cand.source is not None:
+                    self._db.execute("INSERT OR IGNORE INTO sources VALUES (?,?)", (sha, cand.source))
+                cur = self._db.execute(
+                    f"INSERT INTO candidates ({','.join(_CANDIDATE_COLUMNS)}) "
+                    f"VALUES ({','.join('?' * len(_CANDIDATE_COLUMNS))})", values)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return dataclasses.replace(cand, id=int(cur.lastrowid))
+
+    def get(self, cand_id: int, *, with_source: bool = True) -> Candidate | None:
+        row = self._db.execute("SELECT * FROM candidates WHERE id=?", (cand_id,)).fetchone()
+        if row is None:
+            return None
+        cand = _candidate(row)
+        return self.with_source(cand) if with_source else cand
+
+    def with_source(self, cand: Candidate) -> Candidate:
+        return dataclasses.replace(cand, source=self.source(cand.source_sha)) if cand.source_sha else cand
+
+    def source(self, sha: str) -> str | None:
+        row = self._db.execute("SELECT text FROM sources WHERE sha256=?", (sha,)).fetchone()
+        return row[0] if row else None
+
+    def candidates(self, *, task: str | None = None, task_hash: str | None = None, run_id: str | None = None,
+                   verdict: str | None = None, timed: bool | None = None, limit: int | None = None) -> list[Candidate]:
+        """Candidates in id order, filtered; `task` matches a task path or its file name."""
+        where, params = _filters(task=task, task_hash=task_hash, run_id=run_id, verdict=verdict, timed=timed)
+        sql = f"SELECT * FROM candidates {where} ORDER BY id"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [_candidate(r) for r in self._db.execute(sql, params)]
+
+    def elites(self, task_hash: str, *, timed: bool) -> list[Candidate]:
+        """Harness-verified candidates of a task, measured the same way (timed on a GPU, or correctness only)."""
+        return self.candidates(task_hash=task_hash, verdict="accepted", timed=timed)
+
+    def known_sources(self, task_hash: str, *, timed: bool) -> set[str]:
+        """Sources already evaluated for a task (interrupted ones excluded: they may be evaluated again)."""
+        rows = self._db.execute(
+            "SELECT DISTINCT source_sha FROM candidates WHERE task_hash=? AND timed=? AND source_sha IS NOT NULL "
+            "AND verdict != 'interrupted'", (task_hash, int(timed)))
+        return {r[0] for r in rows}
+
+    def run_usage(self, run_id: str) -> dict[str, float]:
+        """What a run has spent so far: proposals (seeds excluded), tokens and cost."""
+        row = self._db.execute(
+            "SELECT COALESCE(SUM(origin != 'seed'),0), COALESCE(SUM(input_tokens),0), "
+            "COALESCE(SUM(output_tokens),0), COALESCE(SUM(cost_usd),0) FROM candidates WHERE run_id=?",
+            (run_id,)).fetchone()
+        return {"proposals": int(row[0]), "input_tokens": int(row[1]), "output_tokens": int(row[2]),
+                "cost_usd": float(row[3])}
+
+
+def _filters(**kw: Any) -> tuple[str, list[Any]]:
+    clauses, params = [], []
+    if kw.get("task"):
+        clauses.append("(task_path = ? OR task_path LIKE ?)")
+        params += [kw["task"], "%/" + Path(kw["task"]).name]
+    for col in ("task_hash", "run_id", "verdict"):
+        if kw.get(col) is not None:
+            clauses.append(f"{col} = ?")
+            params.append(kw[col])
+    if kw.get("timed") is not None:
+        clauses.append("timed = ?")
+        params.append(int(kw["timed"]))
+    return ("WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def _row_values(c: Candidate) -> list[Any]:
+    out = []
+    for col in _CANDIDATE_COLUMNS:
+        if col in _TIMING_FIELDS:
+            out.append(getattr(c.timings, col))
+        elif col in ("diagnostics", "env"):
+            value = getattr(c, col)
+            out.append(json.dumps(value) if value is not None else None)
+        elif col == "timed":
+            out.append(int(c.timed))
+        else:
+            out.append(getattr(c, col))
+    return out
+
+
+def _candidate(row: sqlite3.Row) -> Candidate:
+    d = dict(row)
+    timings = Timings(**{k: d.pop(k) for k in _TIMING_FIELDS})
+    for col in ("diagnostics", "env"):
+        d[col] = json.loads(d[col]) if d[col] else None
+    d["timed"] = bool(d["timed"])
+    d["message"] = d["message"] or ""
+    return Candidate(timings=timings, **d)
+
+
+def _run(row: sqlite3.Row) -> Run:
+    d = dict(row)
+    d["config"] = json.loads(d["config"])
+    return Run(**d)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and v == v else None
+
+
+def rows(cands: Iterable[Candidate]) -> list[dict[str, Any]]:
+    return [c.summary() for c in cands]
