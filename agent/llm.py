@@ -1,0 +1,144 @@
+"""What the loop sees of a language model: typed messages and replies, the Provider protocol, and `make_provider`.
+
+A provider turns a list of messages into one `Reply`, retrying transient failures itself; anything it cannot recover
+from ends in a `ProviderError` whose message is one sentence telling the user what to do. `make_provider(None)` returns
+None when no model is configured: the loop then proposes with the offline tuner.
+
+The SDKs (openai, anthropic) are imported only when a provider of theirs is made, so a tuner-only run needs neither.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MODEL_ENV = "CRUCIBLE_MODEL"
+PRICES_ENV = "CRUCIBLE_PRICES"
+# Specs that mean "no language model": the loop proposes with the offline tuner.
+TUNER_SPECS = ("tuner", "none")
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+
+
+class Reply(BaseModel):
+    """One completed request. `latency_s` is the wall time of the whole call, retries and their waits included."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    model: str  # the model that answered, as the server reports it (falls back to the requested name)
+    provider: str  # the provider's name, e.g. "openai:gpt-x"
+    usage: Usage
+    cost_usd: float | None  # None when the model has no configured price (never guessed)
+    latency_s: float = Field(ge=0)
+    attempts: int = Field(ge=1)
+    finish_reason: str | None = None  # "stop", "length", "end_turn", "max_tokens"... as the server says
+
+
+class Price(BaseModel):
+    """USD per million tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+    def cost(self, usage: Usage) -> float:
+        return (usage.input_tokens * self.input + usage.output_tokens * self.output) / 1e6
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str  # "openai:gpt-x", "anthropic:claude-y", "fake", ...
+
+    def complete(self, messages: list[Message], *, max_tokens: int, temperature: float) -> Reply: ...
+
+
+class ProviderError(Exception):
+    """A failure the provider could not recover from; the message is one sentence for the user.
+
+    `transient` is True when the cause may pass by itself (rate limits, server errors, an endpoint down, malformed
+    replies, all after the retries ran out), False when the user must change something (key, model name, spec).
+    """
+
+    def __init__(self, message: str, *, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
+
+
+def make_provider(spec: str | None, *, timeout_s: float = 120, prices: dict | None = None,
+                  **options) -> Provider | None:
+    """The provider for `spec` ("openai:NAME", "anthropic:NAME"), else for $CRUCIBLE_MODEL; None when neither is set.
+
+    `prices` maps "provider:model" or "model" to {"input": usd_per_mtok, "output": usd_per_mtok}; without it the table
+    comes from $CRUCIBLE_PRICES (a JSON file path or JSON text). `options` go to the provider class (stream,
+    max_attempts, backoff_s, backoff_max_s, retry_after_cap_s, sleep).
+    """
+    if spec is None:
+        spec = os.environ.get(MODEL_ENV) or None
+    if spec is None or spec.strip().lower() in TUNER_SPECS:
+        return None
+    spec = spec.strip()
+    kind, sep, model = spec.partition(":")
+    kind = kind.lower()
+    if not sep or not model.strip():
+        raise ProviderError(f"model spec {spec!r} is not PROVIDER:MODEL; use openai:NAME (OpenAI or any "
+                            "OpenAI-compatible server via OPENAI_BASE_URL) or anthropic:NAME")
+    table = load_prices(prices)
+    price = table.get(f"{kind}:{model}") or table.get(model)
+    from agent import providers  # the SDKs load here, not when the tuner runs
+
+    if kind == "openai":
+        return providers.OpenAIProvider(model, timeout_s=timeout_s, price=price, **options)
+    if kind == "anthropic":
+        return providers.AnthropicProvider(model, timeout_s=timeout_s, price=price, **options)
+    raise ProviderError(f"unknown provider {kind!r} in {spec!r}; use openai:NAME (also for vLLM, SGLang, Ollama and "
+                        "llama.cpp through OPENAI_BASE_URL) or anthropic:NAME")
+
+
+def load_prices(prices: dict | None = None) -> dict[str, Price]:
+    """The price table from `prices`, else from $CRUCIBLE_PRICES (file path or JSON text), else empty."""
+    if prices is None:
+        raw = os.environ.get(PRICES_ENV, "").strip()
+        if not raw:
+            return {}
+        origin = PRICES_ENV
+        if not raw.startswith("{"):
+            path = Path(raw).expanduser()
+            if not path.is_file():
+                raise ProviderError(f"{PRICES_ENV}={raw} is neither JSON nor an existing file; point it at a JSON "
+                                    'file like {"openai:gpt-x": {"input": 2.5, "output": 10}} (USD per million tokens)')
+            raw, origin = path.read_text(encoding="utf-8"), str(path)
+        try:
+            prices = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ProviderError(f"the price table in {origin} is not valid JSON ({exc.msg} at line {exc.lineno}); "
+                                "fix it or unset it") from None
+    else:
+        origin = "prices="
+    if not isinstance(prices, dict):
+        raise ProviderError(f"the price table in {origin} must be a JSON object mapping model to "
+                            '{"input": USD, "output": USD} per million tokens')
+    table = {}
+    for key, value in prices.items():
+        try:
+            table[str(key)] = value if isinstance(value, Price) else Price.model_validate(value)
+        except ValidationError:
+            raise ProviderError(f"the price of {key!r} in {origin} must be {{\"input\": USD, \"output\": USD}} per "
+                                "million tokens, both non-negative numbers") from None
+    return table

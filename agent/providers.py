@@ -1,0 +1,446 @@
+"""OpenAI (and OpenAI-compatible servers: vLLM, SGLang, Ollama, llama.cpp) and Anthropic providers.
+
+Both go through their official SDKs with the SDKs' own retries switched off, so that one policy (tenacity, below)
+decides: rate limits (429, honouring Retry-After up to a cap), 408/409, 5xx, timeouts, dropped connections and
+malformed replies are retried with exponential backoff; anything else fails at once. Whatever cannot be recovered
+ends in a ProviderError of one sentence. Keys and base URLs come from the SDKs' usual variables.
+"""
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+
+from agent.llm import Message, Price, ProviderError, Reply, Usage
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUS = (408, 409, 429)  # plus every 5xx
+# A local server (vLLM, Ollama, llama.cpp) usually ignores the key; the SDK still insists on one.
+LOCAL_KEY_PLACEHOLDER = "no-key"
+
+
+class MalformedReply(Exception):
+    """The server answered 2xx but not with a usable reply (bad JSON, no choices, no content field)."""
+
+
+@dataclass
+class _Raw:
+    text: str
+    model: str | None
+    usage: Usage | None  # None when the server reported no usage
+    finish_reason: str | None
+
+
+class _SDKProvider:
+    """The retry policy, error translation and accounting shared by the SDK-backed providers."""
+
+    kind = ""  # "openai" | "anthropic"
+    key_env = ""
+    base_env = ""
+    default_base = ""
+    wire_format = ""
+
+    def __init__(self, model: str, *, timeout_s: float = 120, price: Price | None = None, stream: bool = False,
+                 max_attempts: int = 6, backoff_s: float = 1.0, backoff_max_s: float = 60.0,
+                 retry_after_cap_s: float = 60.0, sleep: Callable[[float], None] = time.sleep,
+                 api_key: str | None = None, base_url: str | None = None):
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.model = model
+        self.name = f"{self.kind}:{model}"
+        self.timeout_s = timeout_s
+        self.price = price
+        self.stream = stream
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.retry_after_cap_s = retry_after_cap_s
+        self._sleep = sleep
+        self.base_url = (base_url or os.environ.get(self.base_env) or "").strip() or None
+        key = api_key or os.environ.get(self.key_env) or self._extra_key()
+        if not key:
+            if self.base_url is None:
+                raise ProviderError(f"{self.name} needs an API key: set {self.key_env} (or point {self.base_env} at a "
+                                    "local server), or run without --model to use the offline tuner")
+            log.info("%s: no %s set; sending a placeholder key to %s", self.name, self.key_env, self.base_url)
+            key = LOCAL_KEY_PLACEHOLDER
+        self.endpoint = self.base_url or self.default_base
+        self._dropped: set[str] = set()  # request parameters this server refused and we stopped sending
+        self.client = self._make_client(key)
+
+    # ---- provider-specific ----------------------------------------------------------------------------------
+    def _extra_key(self) -> str | None:
+        return None
+
+    def _make_client(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def _request(self, messages: list[Message], max_tokens: int, temperature: float) -> _Raw:
+        raise NotImplementedError
+
+    def _sdk_errors(self) -> tuple[type, type, type, type]:
+        """The SDK's (APIStatusError, APIConnectionError, APITimeoutError, APIResponseValidationError)."""
+        raise NotImplementedError
+
+    def _adapt(self, exc: Exception) -> bool:
+        """After a 400: stop sending a parameter the server said it does not support; True when something changed."""
+        text = _error_text(exc).lower()
+        param = _error_param(exc)
+        if "temperature" not in self._dropped and (param == "temperature" or "temperature" in text):
+            self._dropped.add("temperature")
+            return True
+        return False
+
+    # ---- the call ---------------------------------------------------------------------------------------------
+    def complete(self, messages: list[Message], *, max_tokens: int, temperature: float) -> Reply:
+        if not messages:
+            raise ValueError("complete() needs at least one message")
+        status_error = self._sdk_errors()[0]
+        start = time.monotonic()
+        attempts = 0
+
+        def attempt() -> _Raw:
+            nonlocal attempts
+            attempts += 1
+            return self._request(messages, max_tokens, temperature)
+
+        for _ in range(4):  # a server may refuse up to a few parameters, one per 400
+            try:
+                raw = self._retrying()(attempt)
+                break
+            except status_error as exc:
+                if getattr(exc, "status_code", None) == 400 and self._adapt(exc):
+                    log.info("%s: the server refused a parameter (%s); retrying without it", self.name,
+                             _error_text(exc)[:200])
+                    continue
+                raise self._translate(exc, attempts) from None
+            except Exception as exc:  # noqa: BLE001 - every SDK/transport failure becomes one sentence
+                raise self._translate(exc, attempts) from None
+        else:
+            raise ProviderError(f"{self.endpoint} kept refusing the request parameters for {self.name}; "
+                                "check that the model name is right for this server")
+        latency = time.monotonic() - start
+        usage = raw.usage or Usage()
+        cost = self.price.cost(usage) if (self.price is not None and raw.usage is not None) else None
+        return Reply(text=raw.text, model=raw.model or self.model, provider=self.name, usage=usage, cost_usd=cost,
+                     latency_s=latency, attempts=attempts, finish_reason=raw.finish_reason)
+
+    def _retrying(self) -> Retrying:
+        return Retrying(stop=stop_after_attempt(self.max_attempts), wait=self._wait,
+                        retry=retry_if_exception(self._retryable), sleep=self._sleep, reraise=True,
+                        before_sleep=self._log_retry)
+
+    def _retryable(self, exc: BaseException) -> bool:
+        status_error, connection_error, _, validation_error = self._sdk_errors()
+        if isinstance(exc, (MalformedReply, json.JSONDecodeError, connection_error, validation_error)):
+            return True
+        if isinstance(exc, status_error):
+            code = exc.status_code
+            # An error event inside a 200 stream (e.g. "overloaded") arrives as a status error with code 200.
+            return code in RETRY_STATUS or code >= 500 or code < 400
+        return _is_transport_error(exc)
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        hinted = retry_after_seconds(exc) if exc is not None else None
+        if hinted is not None:
+            return min(max(hinted, 0.0), self.retry_after_cap_s)
+        backoff = self.backoff_s * 2 ** (state.attempt_number - 1)
+        return min(backoff, self.backoff_max_s) * (0.5 + 0.5 * _jitter())
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.warning("%s: attempt %d failed (%s); retrying in %.2fs", self.name, state.attempt_number,
+                    _short(exc), wait)
+
+    def _translate(self, exc: BaseException, attempts: int) -> ProviderError:
+        """One sentence for the user, saying what to do."""
+        status_error, connection_error, timeout_error, validation_error = self._sdk_errors()
+        tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
+        where = self.endpoint
+        if isinstance(exc, timeout_error):
+            return ProviderError(f"{where} did not answer {self.name} within {self.timeout_s:g}s {tries}; check the "
+                                 "server or raise the request timeout", transient=True)
+        if isinstance(exc, connection_error) or _is_transport_error(exc):
+            return ProviderError(f"could not reach {where} {tries} ({_short(exc)}); check that the server is running "
+                                 f"and that {self.base_env} points at it", transient=True)
+        if isinstance(exc, (MalformedReply, json.JSONDecodeError, validation_error)):
+            return ProviderError(f"{where} sent malformed replies to {self.name} {tries} ({_short(exc)}); check that "
+                                 f"it speaks the {self.wire_format} format", transient=True)
+        if isinstance(exc, status_error):
+            code, detail = exc.status_code, _error_text(exc)[:200]
+            if code == 401:
+                return ProviderError(f"{where} rejected the API key (401: {detail}); set a valid {self.key_env}")
+            if code == 403:
+                return ProviderError(f"{where} refused access to {self.model} (403: {detail}); check the key's "
+                                     "permissions for this model")
+            if code == 404:
+                return ProviderError(f"{where} does not know model {self.model!r} or the URL is wrong (404: {detail}); "
+                                     f"check the model name and {self.base_env}")
+            if code == 429:
+                return ProviderError(f"{where} kept rate-limiting {self.name} {tries} (429: {detail}); wait, lower "
+                                     "the concurrency or raise the quota", transient=True)
+            if code >= 500 or code < 400:
+                return ProviderError(f"{where} kept failing for {self.name} {tries} (HTTP {code}: {detail}); try "
+                                     "again later", transient=True)
+            return ProviderError(f"{where} refused the request for {self.name} (HTTP {code}: {detail}); check the "
+                                 "model name and the request options")
+        return ProviderError(f"{self.name} failed {tries} with {type(exc).__name__}: {_short(exc)}")
+
+
+class OpenAIProvider(_SDKProvider):
+    """Chat Completions, plain or streamed (`stream=True`), against OpenAI or any server that speaks its format."""
+
+    kind = "openai"
+    key_env = "OPENAI_API_KEY"
+    base_env = "OPENAI_BASE_URL"
+    default_base = "https://api.openai.com/v1"
+    wire_format = "OpenAI Chat Completions"
+
+    def _make_client(self, key: str) -> Any:
+        import openai
+
+        return openai.OpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout_s, max_retries=0)
+
+    def _sdk_errors(self) -> tuple[type, type, type, type]:
+        import openai
+
+        return openai.APIStatusError, openai.APIConnectionError, openai.APITimeoutError, \
+            openai.APIResponseValidationError
+
+    def _adapt(self, exc: Exception) -> bool:
+        text, param = _error_text(exc).lower(), _error_param(exc)
+        # OpenAI's reasoning models take max_completion_tokens; many compatible servers only know max_tokens.
+        if "max_tokens" not in self._dropped and (param == "max_tokens" or "max_completion_tokens" in text):
+            self._dropped.add("max_tokens")
+            return True
+        if self.stream and "stream_options" not in self._dropped and (param == "stream_options"
+                                                                       or "stream_options" in text):
+            self._dropped.add("stream_options")
+            return True
+        return super()._adapt(exc)
+
+    def _params(self, messages: list[Message], max_tokens: int, temperature: float) -> dict[str, Any]:
+        params: dict[str, Any] = {"model": self.model, "messages": [m.model_dump() for m in messages]}
+        params["max_completion_tokens" if "max_tokens" in self._dropped else "max_tokens"] = max_tokens
+        if "temperature" not in self._dropped:
+            params["temperature"] = temperature
+        if self.stream:
+            params["stream"] = True
+            if "stream_options" not in self._dropped:
+                params["stream_options"] = {"include_usage": True}
+        return params
+
+    def _request(self, messages: list[Message], max_tokens: int, temperature: float) -> _Raw:
+        params = self._params(messages, max_tokens, temperature)
+        if self.stream:
+            return self._read_stream(self.client.chat.completions.create(**params))
+        completion = self.client.chat.completions.create(**params)
+        choices = getattr(completion, "choices", None)
+        if not isinstance(choices, list) or not choices:
+            raise MalformedReply("the reply has no choices")
+        message = getattr(choices[0], "message", None)
+        if message is None or not hasattr(message, "content"):
+            raise MalformedReply("the first choice has no message content")
+        content = message.content
+        if content is not None and not isinstance(content, str):
+            raise MalformedReply(f"message content is {type(content).__name__}, not text")
+        return _Raw(text=content or "", model=_str_or_none(getattr(completion, "model", None)),
+                    usage=_openai_usage(getattr(completion, "usage", None)),
+                    finish_reason=_str_or_none(getattr(choices[0], "finish_reason", None)))
+
+    def _read_stream(self, stream: Any) -> _Raw:
+        parts: list[str] = []
+        model = finish = None
+        usage = None
+        with stream:
+            for chunk in stream:
+                model = model or _str_or_none(getattr(chunk, "model", None))
+                usage = _openai_usage(getattr(chunk, "usage", None)) or usage
+                for choice in getattr(chunk, "choices", None) or []:
+                    delta = getattr(choice, "delta", None)
+                    piece = getattr(delta, "content", None) if delta is not None else None
+                    if isinstance(piece, str):
+                        parts.append(piece)
+                    finish = _str_or_none(getattr(choice, "finish_reason", None)) or finish
+        if finish is None and not parts:
+            raise MalformedReply("the stream ended without any choice")
+        return _Raw(text="".join(parts), model=model, usage=usage, finish_reason=finish)
+
+
+class AnthropicProvider(_SDKProvider):
+    """The Messages API, plain or streamed (`stream=True`); system messages go to the `system` parameter."""
+
+    kind = "anthropic"
+    key_env = "ANTHROPIC_API_KEY"
+    base_env = "ANTHROPIC_BASE_URL"
+    default_base = "https://api.anthropic.com"
+    wire_format = "Anthropic Messages"
+
+    def _extra_key(self) -> str | None:
+        return os.environ.get("ANTHROPIC_AUTH_TOKEN")
+
+    def _make_client(self, key: str) -> Any:
+        import anthropic
+
+        return anthropic.Anthropic(api_key=key, base_url=self.base_url, timeout=self.timeout_s, max_retries=0)
+
+    def _sdk_errors(self) -> tuple[type, type, type, type]:
+        import anthropic
+
+        return anthropic.APIStatusError, anthropic.APIConnectionError, anthropic.APITimeoutError, \
+            anthropic.APIResponseValidationError
+
+    def _params(self, messages: list[Message], max_tokens: int, temperature: float) -> dict[str, Any]:
+        system = "\n\n".join(m.content for m in messages if m.role == "system")
+        turns: list[dict[str, str]] = []
+        for m in messages:
+            if m.role == "system":
+                continue
+            if turns and turns[-1]["role"] == m.role:  # the API wants alternating turns
+                turns[-1]["content"] += "\n\n" + m.content
+            else:
+                turns.append({"role": m.role, "content": m.content})
+        params: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "messages": turns}
+        if system:
+            params["system"] = system
+        if "temperature" not in self._dropped:
+            params["temperature"] = temperature
+        return params
+
+    def _request(self, messages: list[Message], max_tokens: int, temperature: float) -> _Raw:
+        params = self._params(messages, max_tokens, temperature)
+        if self.stream:
+            return self._read_stream(self.client.messages.create(stream=True, **params))
+        message = self.client.messages.create(**params)
+        content = getattr(message, "content", None)
+        if not isinstance(content, list):
+            raise MalformedReply("the reply has no content list")
+        text = "".join(getattr(block, "text", "") or "" for block in content
+                       if getattr(block, "type", None) == "text")
+        return _Raw(text=text, model=_str_or_none(getattr(message, "model", None)),
+                    usage=_anthropic_usage(getattr(message, "usage", None), None),
+                    finish_reason=_str_or_none(getattr(message, "stop_reason", None)))
+
+    def _read_stream(self, stream: Any) -> _Raw:
+        parts: list[str] = []
+        model = finish = None
+        start_usage = end_usage = None
+        stopped = False
+        with stream:
+            for event in stream:
+                kind = getattr(event, "type", None)
+                if kind == "message_start":
+                    msg = getattr(event, "message", None)
+                    model = _str_or_none(getattr(msg, "model", None))
+                    start_usage = getattr(msg, "usage", None)
+                elif kind == "content_block_delta":
+                    delta = getattr(event, "delta", None)
+                    if getattr(delta, "type", None) == "text_delta":
+                        parts.append(getattr(delta, "text", "") or "")
+                elif kind == "message_delta":
+                    finish = _str_or_none(getattr(getattr(event, "delta", None), "stop_reason", None)) or finish
+                    end_usage = getattr(event, "usage", None) or end_usage
+                elif kind == "message_stop":
+                    stopped = True
+        if not stopped:
+            raise MalformedReply("the stream ended before message_stop")
+        return _Raw(text="".join(parts), model=model, usage=_anthropic_usage(start_usage, end_usage),
+                    finish_reason=finish)
+
+
+# ---- helpers --------------------------------------------------------------------------------------------------
+def retry_after_seconds(exc: BaseException) -> float | None:
+    """The server's requested wait from retry-after-ms or Retry-After (seconds or an HTTP date), if any."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return float(ms) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return when.timestamp() - time.time() if when is not None else None
+
+
+def _openai_usage(usage: Any) -> Usage | None:
+    if usage is None:
+        return None
+    inp, out = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+    if not isinstance(inp, int) and not isinstance(out, int):
+        return None
+    return Usage(input_tokens=inp if isinstance(inp, int) else 0, output_tokens=out if isinstance(out, int) else 0)
+
+
+def _anthropic_usage(start: Any, end: Any) -> Usage | None:
+    """Input tokens (cache writes and reads included) from the message or its start event; output from the end."""
+    source_in = start if start is not None else end
+    if source_in is None:
+        return None
+    inp = sum(v for v in (getattr(source_in, name, None) for name in
+                          ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+              if isinstance(v, int))
+    out = getattr(end if end is not None else start, "output_tokens", None)
+    return Usage(input_tokens=inp, output_tokens=out if isinstance(out, int) else 0)
+
+
+def _error_text(exc: BaseException) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return " ".join(err["message"].split())
+        if isinstance(err, str):
+            return " ".join(err.split())
+    return " ".join(str(getattr(exc, "message", None) or exc).split())
+
+
+def _error_param(exc: BaseException) -> str | None:
+    body = getattr(exc, "body", None)
+    err = body.get("error", body) if isinstance(body, dict) else None
+    return err.get("param") if isinstance(err, dict) and isinstance(err.get("param"), str) else None
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    # Both SDKs run on httpx2; a stream cut mid-way can surface as its transport error rather than the SDK's.
+    for cls in type(exc).__mro__:
+        if cls.__name__ == "TransportError" and cls.__module__.split(".")[0] in ("httpx", "httpx2"):
+            return True
+    return False
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _short(exc: BaseException | None) -> str:
+    if exc is None:
+        return "no error"
+    text = _error_text(exc) if hasattr(exc, "body") else " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
+
+
+def _jitter() -> float:
+    return random.random()
