@@ -1,0 +1,16 @@
+"""SwiGLU backward: (da, db) for y = silu(a) * b, through the family kernel in seeds/swiglu.py
+(reads a, b, dy and writes da, db: 10 B/element in bf16). Measured on the H200: docs/bench-mix.md."""
+from __future__ import annotations
+
+import torch
+
+from seeds.swiglu import glu_bwd
+
+CRUCIBLE_SEED = {"name": "swiglu_bwd", "tasks": ["swiglu_bwd.py"], "ops": ["SwiGLU bwd"]}
+
+
+class ModelNew(torch.nn.Module):
+    """tasks/swiglu_bwd.py: the gradients of silu(a) * b."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return glu_bwd(a, b, dy, "silu")

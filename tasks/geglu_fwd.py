@@ -1,0 +1,32 @@
+"""GeGLU (tanh GELU): y = gelu_tanh(a) * b, the gated FFN activation of Gemma (a = gate projection, b = up projection)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+M = 16384   # tokens (batch x sequence)
+N = 14336   # FFN width (Llama-3 8B)
+
+CRUCIBLE_BYTES = "lambda c: 2 * 3 * c['M'] * c['N']"  # bf16: read a, b; write y
+
+
+class Model(nn.Module):
+    def __init__(self, approximate: str = "tanh"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.gelu(a, approximate=self.approximate) * b
+
+
+def get_inputs():
+    return [torch.randn(M, N, dtype=torch.bfloat16), torch.randn(M, N, dtype=torch.bfloat16)]
+
+
+def get_init_inputs():
+    return ["tanh"]
+
+
+def crucible_liger(model):
+    from liger_kernel.ops.geglu import LigerGELUMulFunction
+
+    return lambda a, b: LigerGELUMulFunction.apply(a, b)
