@@ -1,0 +1,111 @@
+"""Rotary position embedding (RoPE), Llama layout, forward and backward, q and k rotated in one launch.
+
+q: [B, T, Hq, D], k: [B, T, Hk, D] (Hq and Hk may differ: grouped-query attention), cos and sin: [T, D] as Hugging
+Face builds them (the two halves of each row hold the same frequencies, but the kernel does not assume so), any float
+dtype, fp32 maths. With x = (x1, x2) split at D/2 and likewise c = (c1, c2), s = (s1, s2):
+    forward   y1 = x1 c1 - x2 s1,      y2 = x2 c2 + x1 s2          (y = x cos + rotate_half(x) sin)
+    backward  dx1 = dy1 c1 + dy2 s2,   dx2 = dy2 c2 - dy1 s1      (the transpose of that rotation)
+One program per token (b, t) rotates all Hq + Hk heads of that token, so cos[t] and sin[t] are read once per token.
+Bytes (bf16, B4 T4096 Hq32 Hk8 D128): read q, k and write them rotated, 2 x 2 x 4 x 4096 x 40 x 128 B = 335.5 MB, plus
+cos/sin 2 MB: 80 us at the H200's copy bandwidth of 4,244 GB/s.
+
+Measured on the H200: see docs/bench-mix.md (benchmarks/bench_mix.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CRUCIBLE_SEED = {"name": "rope", "tasks": ["rope_fwd.py"], "ops": ["RoPE fwd (Llama layout, GQA)"]}
+
+
+@triton.jit
+def _rotate_heads(X, Y, row, n_heads, c1, c2, s1, s2, HALF, BWD: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_HALF: tl.constexpr):
+    """Rotate the n_heads x D block of token `row` (contiguous, n_heads * D elements) from X into Y."""
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    cols = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (heads < n_heads) & (cols < HALF)
+    offs = row.to(tl.int64) * n_heads * 2 * HALF + heads * 2 * HALF + cols
+    x1 = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(X + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+    if BWD:
+        y1 = x1 * c1 + x2 * s2
+        y2 = x2 * c2 - x1 * s1
+    else:
+        y1 = x1 * c1 - x2 * s1
+        y2 = x2 * c2 + x1 * s2
+    tl.store(Y + offs, y1.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + offs + HALF, y2.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    Q, K, QO, KO, COS, SIN,
+    T, n_q_heads, n_k_heads, HALF,  # HALF = D / 2
+    BWD: tl.constexpr,  # apply the transposed rotation (backward)
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    row = tl.program_id(0)  # token index in [0, B * T)
+    t = row % T
+    cols = tl.arange(0, BLOCK_HALF)[None, :]
+    cmask = cols < HALF
+    base = t.to(tl.int64) * 2 * HALF
+    c1 = tl.load(COS + base + cols, mask=cmask, other=0.0).to(tl.float32)
+    c2 = tl.load(COS + base + HALF + cols, mask=cmask, other=0.0).to(tl.float32)
+    s1 = tl.load(SIN + base + cols, mask=cmask, other=0.0).to(tl.float32)
+    s2 = tl.load(SIN + base + HALF + cols, mask=cmask, other=0.0).to(tl.float32)
+    _rotate_heads(Q, QO, row, n_q_heads, c1, c2, s1, s2, HALF, BWD, BLOCK_HQ, BLOCK_HALF)
+    _rotate_heads(K, KO, row, n_k_heads, c1, c2, s1, s2, HALF, BWD, BLOCK_HK, BLOCK_HALF)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool = False,
+         num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated (q, k); with backward=True, the gradients of q and k for upstream gradients passed as q and k."""
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"rope: q and k must be [B, T, H, D], got {tuple(q.shape)} and {tuple(k.shape)}")
+    B, T, n_q, D = q.shape
+    if k.shape[0] != B or k.shape[1] != T or k.shape[3] != D:
+        raise ValueError(f"rope: k {tuple(k.shape)} must match q {tuple(q.shape)} in B, T and D")
+    if D % 2:
+        raise ValueError(f"rope: the head dimension must be even, got {D}")
+    if cos.shape != (T, D) or sin.shape != (T, D):
+        raise ValueError(f"rope: cos and sin must be [T, D] = [{T}, {D}], got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if q.dtype != k.dtype or not q.is_floating_point():
+        raise ValueError(f"rope: q and k must share one floating dtype, got {q.dtype} and {k.dtype}")
+    q, k, cos, sin = q.contiguous(), k.contiguous(), cos.contiguous(), sin.contiguous()
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    if q.numel() == 0 and k.numel() == 0:
+        return qo, ko
+    n_k = k.shape[2]
+    half = D // 2
+    block_hq, block_hk = triton.next_power_of_2(max(n_q, 1)), triton.next_power_of_2(max(n_k, 1))
+    block_half = triton.next_power_of_2(half)
+    if num_warps is None:  # about 16 fp32 values of the larger tile per thread and half
+        num_warps = max(1, min(8, block_hq * block_half // 512))
+    _rope_kernel[(B * T,)](q, k, qo, ko, cos, sin, T, n_q, n_k, half, BWD=backward, BLOCK_HQ=block_hq,
+                           BLOCK_HK=block_hk, BLOCK_HALF=block_half, num_warps=num_warps)
+    return qo, ko
+
+
+class RoPEFunction(torch.autograd.Function):
+    """Rotates q and k; the backward is the transposed rotation of the incoming gradients (cos and sin get none)."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return rope(q, k, cos, sin)
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        cos, sin = ctx.saved_tensors
+        dq, dk = rope(dq, dk, cos, sin, backward=True)
+        return dq, dk, None, None
+
+
+class ModelNew(torch.nn.Module):
+    """tasks/rope_fwd.py: (q cos + rotate_half(q) sin, k cos + rotate_half(k) sin)."""
+
+    def forward(self, q, k, cos, sin):
+        return rope(q, k, cos, sin)
