@@ -1,0 +1,132 @@
+"""Choosing what to build on: MAP-Elites niches per task and parent selection mixing exploitation and exploration.
+
+A niche is a coarse description of a kernel read from its source: how many Triton kernels it defines (fusion), and
+the warps, largest block and pipeline stages it sets. Each niche keeps its best verified kernel, so a fast kernel of
+one shape does not crowd out a different design that may improve further.
+
+Fitness orders candidates: verified beats rejected; among verified, the measured speedup over eager (on the CPU
+nothing is timed, so verified kernels tie); among rejected, the one that got through more stages of the harness.
+
+The search holds no database: the loop hands it the elites (harness-verified only) and the failures it may fix.
+"""
+from __future__ import annotations
+
+import ast
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+
+from agent.archive import Candidate
+from agent.tuner import find_knobs, skeleton
+
+STAGE_RANK = {name: i for i, name in enumerate(
+    ["propose", "static", "compile", "smoke", "correctness", "robustness", "timing"])}
+MAX_FIXES = 2  # attempts to repair one failed candidate before moving on
+
+
+def niche(source: str) -> str:
+    """e.g. "k2-w8-b1024-s3": 2 kernels, 8 warps, largest block 1024, 3 stages ("?" where the source does not say)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return "unparsed"
+    kernels = sum(1 for n in tree.body if isinstance(n, ast.FunctionDef)
+                  and any("jit" in ast.unparse(d) for d in n.decorator_list))
+    warps, blocks, stages = [], [], []
+    for k in find_knobs(source):
+        if k.value is None:
+            continue
+        {"warps": warps, "block": blocks, "stages": stages}.get(k.kind, []).append(k.value)
+    def show(values: list[int]) -> str:
+        return str(max(values)) if values else "?"
+    return f"k{kernels}-w{show(warps)}-b{show(blocks)}-s{show(stages)}"
+
+
+def fitness(c: Candidate) -> tuple[int, float, int]:
+    speed = c.speedup if c.accepted and c.speedup is not None else 0.0
+    return (1 if c.accepted else 0, speed, STAGE_RANK.get(c.stage or "propose", 0))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to propose next: `kind` is fresh (from the reference), improve, fix or crossover."""
+
+    kind: str
+    parents: tuple[Candidate, ...] = ()
+
+    @property
+    def parent(self) -> Candidate | None:
+        return self.parents[0] if self.parents else None
+
+
+class Search:
+    def __init__(self, seed: int = 0, *, exploit: float = 0.6, crossover: float = 0.2, fix: float = 0.25):
+        self.rng = random.Random(seed)
+        self.exploit, self.p_crossover, self.p_fix = exploit, crossover, fix
+        self.fixes: dict[int, int] = defaultdict(int)
+
+    # ---- the pool --------------------------------------------------------------------------------------------
+    @staticmethod
+    def niches(elites: list[Candidate]) -> dict[str, Candidate]:
+        """The best elite of each niche."""
+        best: dict[str, Candidate] = {}
+        for c in elites:
+            key = c.niche or "?"
+            if key not in best or fitness(c) > fitness(best[key]):
+                best[key] = c
+        return best
+
+    def best(self, pool: list[Candidate]) -> Candidate:
+        top = max(fitness(c) for c in pool)
+        return self.rng.choice([c for c in pool if fitness(c) == top])
+
+    def explore(self, elites: list[Candidate]) -> Candidate:
+        """A random niche's best half the time, a uniformly random elite otherwise."""
+        if self.rng.random() < 0.5:
+            return self.rng.choice(sorted(self.niches(elites).values(), key=lambda c: c.id))
+        return self.rng.choice(elites)
+
+    def pick_parent(self, elites: list[Candidate]) -> Candidate:
+        return self.best(elites) if self.rng.random() < self.exploit else self.explore(elites)
+
+    # ---- selection -------------------------------------------------------------------------------------------
+    def select_for_llm(self, elites: list[Candidate], failures: list[Candidate]) -> Selection:
+        """Elites and failures must carry their source. Failures: this run's rejected candidates with code."""
+        fixable = [c for c in failures if self.fixes[c.id] < MAX_FIXES and c.source]
+        if not elites:
+            if fixable:
+                return self._fix(max(fixable, key=lambda c: (fitness(c), c.id)))
+            return Selection("fresh")
+        r = self.rng.random()
+        if r < self.p_crossover and len(elites) >= 2:
+            return Selection("crossover", self._pair(elites))
+        if r < self.p_crossover + self.p_fix and fixable:
+            return self._fix(max(fixable, key=lambda c: c.id))  # the most recent failure, while it is fresh
+        return Selection("improve", (self.pick_parent(elites),))
+
+    def select_for_tuner(self, elites: list[Candidate], exhausted: set[int]) -> Selection | None:
+        """Mutation of an elite, or crossover of two elites of one lineage; None when every elite is exhausted."""
+        usable = [c for c in elites if c.id not in exhausted and c.source]
+        if not usable:
+            return None
+        if self.rng.random() < self.p_crossover:
+            lineages: dict[str, list[Candidate]] = defaultdict(list)
+            for c in elites:
+                key = skeleton(c.source or "")
+                if key is not None:
+                    lineages[key].append(c)
+            groups = [g for g in lineages.values() if len(g) >= 2]
+            if groups:
+                return Selection("crossover", self._pair(self.rng.choice(groups)))
+        return Selection("improve", (self.pick_parent(usable),))
+
+    def _fix(self, c: Candidate) -> Selection:
+        self.fixes[c.id] += 1
+        return Selection("fix", (c,))
+
+    def _pair(self, pool: list[Candidate]) -> tuple[Candidate, Candidate]:
+        """The best of the pool and a partner from another niche where there is one."""
+        first = self.pick_parent(pool)
+        others = [c for c in pool if c.id != first.id]
+        elsewhere = [c for c in others if c.niche != first.niche]
+        return first, self.rng.choice(elsewhere or others)
