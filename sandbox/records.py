@@ -39,6 +39,7 @@ class Reason(str, enum.Enum):
     SUBCLASSES_REFERENCE = "subclasses_reference"
     # compile / construction
     IMPORT_ERROR = "import_error"
+    COMPILE_ERROR = "compile_error"
     INIT_ERROR = "init_error"
     PARAMETER_MISMATCH = "parameter_mismatch"
     # running

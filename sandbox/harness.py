@@ -1,0 +1,320 @@
+"""The staged harness: static → compile → smoke → correctness → robustness → timing.
+
+The parent (this module) is trusted: it loads the task, computes expected outputs (in the task's dtype and in
+float64) and compares. The candidate runs in a child forked from a warm zygote (sandbox.process), confined by
+sandbox.policy, traced by sandbox.trace; the child never holds an expected output, and everything it sends back is
+decoded with sandbox.wire, never unpickled.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import channel, static, tolerance, wire
+from .process import REPO_ROOT, Child, Zygote
+from .records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict
+from .reference import Expected, Reference
+from .task import Task, TaskError, load_task
+
+log = logging.getLogger(__name__)
+SEEDS_DIR = REPO_ROOT / "seeds"
+COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources", "UnsupportedLanguageConstruct",
+                  "MLIRCompilationError", "PTXASError"}
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    device: str = "auto"            # "cpu" | "cuda" | "auto"
+    timing: bool = True             # the GPU timing stage (never on the CPU)
+    timeout_s: float = 300.0        # wall clock per candidate
+    seed: int | None = None         # hidden seed; None draws a fresh one
+    gpu: int = 0                    # CUDA device index for the child
+    baselines: tuple[str, ...] = ("eager",)
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; use cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("no CUDA GPU is visible; use --device cpu to check correctness through Triton's interpreter")
+    return device
+
+
+class _Reject(Exception):
+    def __init__(self, stage: Stage, reason: Reason, message: str, *, mismatch: Mismatch | None = None,
+                 error: ErrorInfo | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.result = StageResult(stage, False, reason, message, details=details or {}, mismatch=mismatch, error=error)
+
+
+@dataclass
+class _Run:
+    """One candidate's evaluation in progress."""
+    task: Task
+    candidate: Path
+    options: CheckOptions
+    child: Child
+    deadline: float
+    rng: random.Random
+    stages: list[StageResult] = field(default_factory=list)
+    stage_start: float = 0.0
+    network_isolated: bool = False
+
+
+class Harness:
+    """Keeps the warm zygote for one device; `check` evaluates one candidate against one task."""
+
+    def __init__(self, device: str = "auto", *, workdir: str | Path | None = None):
+        self.device = resolve_device(device)
+        self.workdir = Path(workdir or REPO_ROOT / "runs" / "sandbox").resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.triton_cache = self.workdir / "triton-cache"
+        self.triton_cache.mkdir(exist_ok=True)
+        env = {"TRITON_INTERPRET": "1" if self.device == "cpu" else "0"}
+        self.zygote = Zygote(env)
+        self._tasks: dict[tuple[str, float], Task] = {}
+
+    def close(self) -> None:
+        self.zygote.close()
+
+    def __enter__(self) -> "Harness":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- tasks ----------------------------------------------------------------------------------------------
+    def load(self, task: str | Path | Task) -> Task:
+        """The task at the size this device runs it: full size on the GPU, rescaled for the CPU interpreter."""
+        if isinstance(task, Task):
+            return task.scaled_for_cpu() if self.device == "cpu" else task
+        path = Path(task).resolve()
+        key = (str(path), path.stat().st_mtime if path.exists() else 0.0)
+        if key not in self._tasks:
+            loaded = load_task(path)
+            self._tasks[key] = loaded.scaled_for_cpu() if self.device == "cpu" else loaded
+        return self._tasks[key]
+
+    # ---- the check ------------------------------------------------------------------------------------------
+    def check(self, task: str | Path | Task, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:
+        options = options or CheckOptions()
+        if options.device not in ("auto", self.device):
+            raise ValueError(f"this harness runs on {self.device}; make another for {options.device}")
+        start = time.monotonic()
+        candidate = Path(candidate).resolve()
+        task_obj = self.load(task)
+        seed = options.seed if options.seed is not None else secrets.randbits(31)
+        stages: list[StageResult] = []
+
+        source = candidate.read_text(encoding="utf-8", errors="replace")
+        t0 = time.monotonic()
+        finding = static.check_source(source, candidate.name)
+        if finding is not None:
+            stages.append(StageResult(Stage.STATIC, False, finding.reason, finding.message,
+                                      seconds=time.monotonic() - t0, details={"line": finding.line}))
+            return self._result(task_obj, candidate, stages, start, None)
+        stages.append(StageResult(Stage.STATIC, True, Reason.OK, seconds=time.monotonic() - t0))
+
+        child = self.zygote.spawn()
+        run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages)
+        timing: dict[str, Any] | None = None
+        try:
+            reference = self._stage(run, Stage.COMPILE, self._compile)
+            first = self._stage(run, Stage.SMOKE, self._smoke, reference)
+            self._stage(run, Stage.CORRECTNESS, self._correctness, reference, first)
+            self._stage(run, Stage.ROBUSTNESS, self._robustness, reference, first)
+            if self.device == "cuda" and options.timing:
+                timing = self._stage(run, Stage.TIMING, self._timing, reference)
+        except _Reject as rej:
+            stages.append(replace(rej.result, seconds=time.monotonic() - run.stage_start))
+        finally:
+            child.close(graceful=True)
+        return self._result(task_obj, candidate, stages, start, timing, network_isolated=run.network_isolated)
+
+    def _stage(self, run: _Run, stage: Stage, fn, *args: Any) -> Any:
+        run.stage_start = time.monotonic()
+        value, details = fn(run, *args)
+        run.stages.append(StageResult(stage, True, Reason.OK, seconds=time.monotonic() - run.stage_start,
+                                      details=details))
+        return value
+
+    def _request(self, run: _Run, stage: Stage, msg: dict[str, Any], max_bytes: int = 1 << 30) -> dict[str, Any]:
+        try:
+            reply = run.child.request(msg, run.deadline, max_bytes)
+        except channel.ChannelTimeout:
+            run.child.close(graceful=False)
+            raise _Reject(stage, Reason.TIMEOUT, f"the candidate did not finish within {run.options.timeout_s:.0f} s "
+                          "(its process group was killed)") from None
+        except channel.ChannelClosed:
+            run.child.close(graceful=False)
+            how = run.child.describe_exit()
+            reason = Reason.TIMEOUT if "SIGXCPU" in how else Reason.CRASH
+            raise _Reject(stage, reason, f"the candidate's process {how}",
+                          details={"output_tail": run.child.output_tail()}) from None
+        except wire.WireError as exc:
+            run.child.close(graceful=False)
+            raise _Reject(stage, Reason.SANDBOX_VIOLATION, f"the candidate's process sent a malformed reply: {exc}") from None
+        if not reply.get("ok"):
+            raise self._reject_from_reply(stage, reply, run)
+        return reply
+
+    def _reject_from_reply(self, stage: Stage, reply: dict[str, Any], run: _Run) -> _Reject:
+        try:
+            reason = Reason(reply.get("reason"))
+        except ValueError:
+            reason = Reason.RUNTIME_ERROR
+        err = reply.get("error")
+        error = ErrorInfo(str(err.get("type")), str(err.get("message")), str(err.get("traceback"))) \
+            if isinstance(err, dict) else None
+        if error is not None and error.type in COMPILE_ERRORS:
+            stage, reason = Stage.COMPILE, Reason.COMPILE_ERROR
+        details = {"trace": reply["trace"]} if isinstance(reply.get("trace"), dict) else {}
+        tail = run.child.output_tail(2000)
+        if tail:
+            details["output_tail"] = tail
+        return _Reject(stage, reason, str(reply.get("message", ""))[:4000], error=error, details=details)
+
+    # ---- stages ---------------------------------------------------------------------------------------------
+    def _compile(self, run: _Run) -> tuple[Reference, dict[str, Any]]:
+        try:
+            reference = Reference(run.task, self.device, run.rng.randrange(1 << 31))
+        except TaskError:
+            raise
+        scratch = self.workdir / f"scratch-{run.child.pid}"
+        scratch.mkdir(exist_ok=True)
+        msg = {
+            "op": "setup", "candidate": str(run.candidate), "seeds_dir": str(SEEDS_DIR), "device": self.device,
+            "gpu": run.options.gpu, "scratch": str(scratch), "write_roots": [str(scratch), str(self.triton_cache)],
+            "triton_cache": str(self.triton_cache), "cpu_seconds": int(max(60, 4 * run.options.timeout_s)),
+            "allow_compute": run.task.meta.allow_torch_compute, "seed": reference.model_seed,
+            "init_inputs": reference.init_inputs(), "state_dict": reference.state_dict(),
+        }
+        reply = self._request(run, Stage.COMPILE, msg)
+        run.network_isolated = bool(reply.get("network_isolated"))
+        return reference, {"network_isolated": run.network_isolated}
+
+    def _call(self, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
+              expected: Expected | None = None) -> tuple[dict[str, Any], Expected]:
+        expected = expected or reference.run(inputs)
+        reply = self._request(run, stage, {"op": "call", "inputs": _cpu(inputs)},
+                              max_bytes=4 * expected.nbytes + (1 << 24))
+        outs = reply.get("outputs")
+        if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
+            raise _Reject(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
+        if len(outs) != len(expected.ref) or reply.get("structure") != expected.structure:
+            raise _Reject(stage, Reason.OUTPUT_SHAPE, f"the candidate returned {len(outs)} output(s) as a "
+                          f"{reply.get('structure')}; the reference returns {len(expected.ref)} as a {expected.structure}")
+        for i, (got, ref, strides) in enumerate(zip(outs, expected.ref, reply.get("strides", []))):
+            if got.shape != ref.shape:
+                raise _Reject(stage, Reason.OUTPUT_SHAPE, f"output {i} has shape {list(got.shape)}, expected {list(ref.shape)}")
+            if got.dtype != ref.dtype:
+                raise _Reject(stage, Reason.OUTPUT_DTYPE, f"output {i} has dtype {got.dtype}, expected {ref.dtype}")
+            if ref.is_contiguous() and list(strides) != list(ref.stride()) and ref.numel() > 1:
+                raise _Reject(stage, Reason.OUTPUT_SHAPE, f"output {i} has strides {strides}, expected contiguous "
+                              f"{list(ref.stride())}")
+        return reply, expected
+
+    def _compare(self, run: _Run, stage: Stage, outs: list[torch.Tensor], expected: Expected, label: str) -> None:
+        meta = run.task.meta
+        for i, got in enumerate(outs):
+            truth = expected.truth[i] if expected.truth is not None else None
+            mismatch = tolerance.compare(f"output {i}", got.to(expected.ref[i].device), expected.ref[i], truth,
+                                         allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale)
+            if mismatch is not None:
+                reason = Reason.NONFINITE_MISMATCH if mismatch.first_nonfinite_diff is not None and \
+                    mismatch.mismatched == mismatch.nonfinite_got + mismatch.nonfinite_expected else Reason.OUTPUT_MISMATCH
+                raise _Reject(stage, reason, f"wrong result on {label}:\n{mismatch.describe()}", mismatch=mismatch,
+                              details={"inputs": label})
+
+    def _smoke(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
+        seed = run.rng.randrange(1 << 31)
+        inputs = run.task.make_inputs(seed, run.task.meta.distributions[0])
+        reply, expected = self._call(run, Stage.SMOKE, reference, inputs)
+        first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
+                 "label": f"{run.task.meta.distributions[0]} inputs"}
+        return first, {"trace": reply.get("trace"), "seconds": reply.get("seconds")}
+
+    def _correctness(self, run: _Run, reference: Reference, first: dict[str, Any]) -> tuple[None, dict[str, Any]]:
+        self._compare(run, Stage.CORRECTNESS, first["outputs"], first["expected"], first["label"])
+        checked = [run.task.meta.distributions[0]]
+        for dist in run.task.meta.distributions[1:]:
+            inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist)
+            reply, expected = self._call(run, Stage.CORRECTNESS, reference, inputs)
+            self._compare(run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
+            checked.append(dist)
+        return None, {"distributions": checked}
+
+    def _robustness(self, run: _Run, reference: Reference, first: dict[str, Any]) -> tuple[None, dict[str, Any]]:
+        # Repeat the first call on the same values at fresh addresses: a deterministic op must agree bitwise.
+        reply, _ = self._call(run, Stage.ROBUSTNESS, reference, first["inputs"], first["expected"])
+        for i, (a, b) in enumerate(zip(first["outputs"], reply["outputs"])):
+            if run.task.meta.deterministic and not torch.equal(_bits(a), _bits(b)):
+                diff = int((_bits(a) != _bits(b)).sum())
+                raise _Reject(Stage.ROBUSTNESS, Reason.NONDETERMINISTIC, f"output {i} differs between two runs on the "
+                              f"same inputs in {diff} of {a.numel()} elements (a race or an uninitialised read?)")
+        self._compare(run, Stage.ROBUSTNESS, reply["outputs"], first["expected"], "a repeat of the first inputs")
+        shapes = []
+        for variant in run.task.shape_variants():
+            vtask = run.task.with_constants(variant)
+            vref = Reference(vtask, self.device, reference.model_seed)
+            self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
+                                                  "state_dict": vref.state_dict(), "seed": reference.model_seed})
+            inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal")
+            reply, expected = self._call(run, Stage.ROBUSTNESS, vref, inputs)
+            label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
+            self._compare(run, Stage.ROBUSTNESS, reply["outputs"], expected, label)
+            shapes.append(variant)
+        return None, {"shapes": shapes, "repeat_bitwise": run.task.meta.deterministic}
+
+    def _timing(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
+        from . import timing_parent
+        return timing_parent.run(self, run, reference)
+
+    # ---- the verdict ----------------------------------------------------------------------------------------
+    def _result(self, task: Task, candidate: Path, stages: list[StageResult], start: float,
+                timing: dict[str, Any] | None, network_isolated: bool = False) -> CheckResult:
+        last = stages[-1]
+        accepted = all(s.passed for s in stages)
+        if accepted:
+            message = "accepted: correct on every input distribution and shape tried"
+            message += "" if timing else " (not timed)"
+        else:
+            message = last.message
+        return CheckResult(
+            task=str(task.path), candidate=str(candidate), device=self.device,
+            verdict=Verdict.ACCEPTED if accepted else Verdict.REJECTED, stage=last.stage,
+            reason=Reason.OK if accepted else last.reason, message=message, stages=tuple(stages),
+            seconds=time.monotonic() - start, timed=timing is not None, timing=timing,
+            environment={"device": self.device, "torch": torch.__version__, "triton": _triton_version(),
+                         "network_isolated": network_isolated, "constants": task.current_constants()},
+        )
+
+
+def check(task: str | Path, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:
+    """One-shot: start a harness, check one candidate, stop it."""
+    options = options or CheckOptions()
+    with Harness(options.device) as harness:
+        return harness.check(task, candidate, options)
+
+
+def _cpu(inputs: list[Any]) -> list[Any]:
+    return [x.detach().to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.contiguous().view(kind)
+
+
+def _triton_version() -> str:
+    import triton
+    return triton.__version__

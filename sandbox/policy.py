@@ -1,0 +1,142 @@
+"""Confinement of the candidate's process, applied by trusted code after fork and before the candidate is imported.
+
+Layers (each stands on its own; none relies on the candidate behaving):
+  - resource limits: CPU seconds, open files, file size, no core dumps. Not address space: CUDA reserves virtual
+    memory of about twice device memory and fails to start under RLIMIT_AS.
+  - no network: a fresh network namespace where the kernel allows it (root), and in any case the audit hook below
+    refuses every socket.
+  - an audit hook (PEP 578; Python code cannot remove one): writes only under the scratch directory and the Triton
+    cache; no sockets, no new processes (except the compiler tools Triton itself runs), no signals, no loading of
+    native libraries, no gc walks (reading other objects' memory), no further audit hooks.
+The process group is killed by the parent on timeout, so nothing the candidate starts outlives the check.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLONE_NEWNET = 0x40000000
+TOOLCHAIN = {"ptxas", "cuobjdump", "nvdisasm", "ldconfig", "gcc", "cc", "clang", "g++", "nvcc", "nvlink", "ld",
+             "fatbinary", "x86_64-linux-gnu-gcc"}
+
+
+class SandboxViolation(PermissionError):
+    """Raised inside the candidate's process when it does something the sandbox refuses."""
+
+
+@dataclass
+class Policy:
+    scratch: Path
+    write_roots: list[Path] = field(default_factory=list)
+    cpu_seconds: int = 600
+    max_open_files: int = 4096
+    max_file_bytes: int = 1 << 30
+    violations: list[str] = field(default_factory=list)
+    network_isolated: bool = False
+    # True while trusted code (Triton compiling, the harness itself) is running, so tools may be invoked.
+    trusted_depth: int = 0
+
+
+_POLICY: Policy | None = None
+
+
+def apply(policy: Policy) -> Policy:
+    global _POLICY
+    _set_limits(policy)
+    policy.network_isolated = _isolate_network()
+    os.chdir(policy.scratch)
+    os.environ["TMPDIR"] = str(policy.scratch)
+    os.environ["HOME"] = str(policy.scratch)
+    _POLICY = policy
+    sys.addaudithook(_audit)
+    return policy
+
+
+class trusted:
+    """Context manager marking trusted code on the stack (Triton's launcher, the worker's own I/O)."""
+
+    def __enter__(self) -> None:
+        if _POLICY is not None:
+            _POLICY.trusted_depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if _POLICY is not None:
+            _POLICY.trusted_depth -= 1
+
+
+def _set_limits(p: Policy) -> None:
+    resource.setrlimit(resource.RLIMIT_CPU, (p.cpu_seconds, p.cpu_seconds + 5))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(p.max_open_files, hard), min(p.max_open_files, hard)))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (p.max_file_bytes, p.max_file_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _isolate_network() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.unshare(CLONE_NEWNET) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _deny(what: str) -> None:
+    assert _POLICY is not None
+    _POLICY.violations.append(what)
+    raise SandboxViolation(f"sandbox: {what} is not allowed")
+
+
+def _writable(path: object) -> bool:
+    assert _POLICY is not None
+    if isinstance(path, int):
+        return True  # an already-open descriptor: opening it was checked
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not isinstance(path, str):
+        return False
+    if path in ("/dev/null",):
+        return True
+    real = os.path.realpath(os.path.join(os.getcwd(), path))
+    return any(real == str(root) or real.startswith(str(root) + os.sep) for root in _POLICY.write_roots)
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
+                "os.link", "os.symlink", "os.utime", "shutil.rmtree", "shutil.move", "os.replace"}
+
+
+def _audit(event: str, args: tuple) -> None:
+    p = _POLICY
+    if p is None:
+        return
+    if event == "open":
+        path, mode, flags = (tuple(args) + (None, None, None))[:3]
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                  (isinstance(flags, int) and flags & _WRITE_FLAGS)
+        if writing and not _writable(path):
+            _deny(f"writing {path!r} outside the scratch directory")
+    elif event in _PATH_EVENTS:
+        for a in args[:2]:
+            if isinstance(a, (str, bytes)) and not _writable(a):
+                _deny(f"{event} on {a!r} outside the scratch directory")
+    elif event.startswith("socket."):
+        _deny(f"network access ({event})")
+    elif event in ("subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn"):
+        exe = args[0] if args else ""
+        if isinstance(exe, (list, tuple)):
+            exe = exe[0] if exe else ""
+        name = os.path.basename(os.fsdecode(exe)) if isinstance(exe, (str, bytes, os.PathLike)) else ""
+        if not (p.trusted_depth > 0 and name in TOOLCHAIN):
+            _deny(f"starting a process ({event} {name or exe!r})")
+    elif event in ("os.system", "os.fork", "os.forkpty", "os.kill", "os.killpg", "signal.pthread_kill",
+                   "os.setuid", "os.setgid", "pty.spawn"):
+        _deny(event)
+    elif event == "ctypes.dlopen" and p.trusted_depth == 0:
+        _deny(f"loading a native library ({args[0] if args else ''})")
+    elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.addaudithook",
+                   "sys._current_frames", "sys.settrace", "sys.setprofile"):
+        _deny(event)

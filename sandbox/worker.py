@@ -1,0 +1,221 @@
+"""The candidate's process: trusted code that confines itself, imports the candidate and runs the calls the parent
+asks for. It holds no expected output at any time; it only reports what the candidate returned and what it did.
+
+Requests (from the parent, pickled): setup, call, time, exit. Replies (to the parent, sandbox.wire): dicts with
+`ok`, and on failure `reason` (a records.Reason value), `message`, `error`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from . import channel, policy, trace
+from .records import ErrorInfo, Reason
+
+CANDIDATE_MODULE = "crucible_candidate"
+
+
+def main(sock_fd: int, out_fd: int) -> None:
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    state: dict[str, Any] = {}
+    while True:
+        try:
+            msg = channel.recv_from_parent(sock_fd)
+        except channel.ChannelClosed:
+            return
+        op = msg.get("op")
+        if op == "exit":
+            return
+        try:
+            reply = _HANDLERS[op](state, msg)
+        except Exception as exc:  # the candidate's failure, reported; the worker itself goes on
+            reply = _failure(Reason.RUNTIME_ERROR, f"{type(exc).__name__}: {exc}", exc)
+        violations = list(state["policy"].violations) if "policy" in state else []
+        if violations and reply.get("ok") is False:
+            reply.update(reason=Reason.SANDBOX_VIOLATION.value, message=violations[0])
+        reply["violations"] = violations
+        with policy.trusted():
+            channel.send_to_parent(sock_fd, reply)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _failure(reason: Reason, message: str, exc: BaseException | None = None) -> dict[str, Any]:
+    reply: dict[str, Any] = {"ok": False, "reason": reason.value, "message": message}
+    if exc is not None:
+        info = ErrorInfo.from_exception(exc)
+        reply["error"] = {"type": info.type, "message": info.message, "traceback": info.traceback}
+    return reply
+
+
+def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    """Confine the process, import the candidate, build ModelNew with the reference's parameters."""
+    device = msg["device"]
+    if device == "cuda":
+        torch.cuda.set_device(msg["gpu"])
+    pol = policy.Policy(scratch=msg["scratch"], write_roots=[os.path.realpath(p) for p in msg["write_roots"]],
+                        cpu_seconds=int(msg["cpu_seconds"]))
+    os.environ["TRITON_CACHE_DIR"] = msg["triton_cache"]
+    state["policy"] = policy.apply(pol)
+    trace.install(msg["candidate"], msg["seeds_dir"])
+    state.update(device=device, allow_compute=msg["allow_compute"])
+    state["flags"] = _flags()
+
+    spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, msg["candidate"])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[CANDIDATE_MODULE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        return _failure(Reason.IMPORT_ERROR, f"importing the candidate failed: {type(exc).__name__}: {exc}", exc)
+    state["module"] = module
+    reply = _build(state, msg)
+    reply["network_isolated"] = pol.network_isolated
+    return reply
+
+
+def _build(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    module = state["module"]
+    cls = getattr(module, "ModelNew", None)
+    if cls is None:
+        return _failure(Reason.NO_MODEL_NEW, "the candidate module has no ModelNew")
+    torch.manual_seed(msg["seed"])
+    try:
+        with trace.tracing(poison=True):
+            model = cls(*msg["init_inputs"])
+    except BaseException as exc:
+        return _failure(Reason.INIT_ERROR, f"ModelNew(*get_init_inputs()) failed: {type(exc).__name__}: {exc}", exc)
+    if not isinstance(model, torch.nn.Module):
+        return _failure(Reason.INIT_ERROR, "ModelNew must be a torch.nn.Module")
+    problem = _load_parameters(model, msg["state_dict"])
+    if problem:
+        return _failure(Reason.PARAMETER_MISMATCH, problem)
+    state["model"] = model.to(state["device"])
+    state["threads"] = threading.active_count()
+    state["tasks"] = None
+    return {"ok": True}
+
+
+def _load_parameters(model: torch.nn.Module, ref_state: dict[str, torch.Tensor]) -> str | None:
+    """Make the candidate's parameters equal to the reference's: by name, else by position when shapes line up."""
+    own = model.state_dict()
+    if set(own) == set(ref_state):
+        for k, v in ref_state.items():
+            if own[k].shape != v.shape:
+                return f"parameter {k} has shape {tuple(own[k].shape)}, the reference's has {tuple(v.shape)}"
+        model.load_state_dict(ref_state, strict=True)
+        return None
+    own_items, ref_items = list(own.items()), list(ref_state.items())
+    if len(own_items) == len(ref_items) and all(a.shape == b.shape for (_, a), (_, b) in zip(own_items, ref_items)):
+        with torch.no_grad():
+            for (_, a), (_, b) in zip(own_items, ref_items):
+                a.copy_(b)
+        return None
+    return (f"ModelNew's parameters {sorted(own)} do not match the reference's {sorted(ref_state)}: keep the "
+            "reference's parameter names and shapes")
+
+
+def _fresh(x: Any, device: str) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(device, copy=True)
+    return x
+
+
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
+    return t.contiguous().view(kind) if kind is not None else t
+
+
+def _call(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    """Run the candidate once on the given inputs and report its outputs and behaviour."""
+    device, model = state["device"], state["model"]
+    inputs = [_fresh(x, device) for x in msg["inputs"]]
+    pristine = [_int_view(x).clone() if isinstance(x, torch.Tensor) else None for x in inputs]
+    tasks_before = _native_threads()
+    start = time.perf_counter()
+    with trace.tracing(poison=True) as tr:
+        out = model(*inputs)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    reply: dict[str, Any] = {"ok": True, "trace": tr.summary(), "seconds": seconds}
+
+    if state["policy"].violations:
+        return {**reply, **_failure(Reason.SANDBOX_VIOLATION, state["policy"].violations[0])}
+    if not tr.launches:
+        return {**reply, **_failure(Reason.NO_TRITON_LAUNCH, "the forward launched no Triton kernel")}
+    if tr.foreign:
+        return {**reply, **_failure(Reason.FOREIGN_KERNEL, "the forward launched Triton kernels not defined in the "
+                                    f"candidate: {tr.summary()['foreign_kernels']}")}
+    if tr.compute_ops and not state["allow_compute"]:
+        return {**reply, **_failure(Reason.TORCH_COMPUTE, "the forward ran torch compute ops "
+                                    f"{sorted(set(tr.compute_ops))}; only Triton kernels may compute (allocation, "
+                                    "views, copies and fills are allowed)")}
+    if threading.active_count() > state["threads"]:
+        return {**reply, **_failure(Reason.THREADS_LEFT_RUNNING, "the forward left a thread running")}
+    if state["tasks"] is not None and _native_threads() > max(state["tasks"], tasks_before):
+        return {**reply, **_failure(Reason.THREADS_LEFT_RUNNING, "the forward left a native thread running")}
+    state["tasks"] = max(state["tasks"] or 0, _native_threads())
+    if _flags() != state["flags"]:
+        changed = {k: v for k, v in _flags().items() if state["flags"].get(k) != v}
+        return {**reply, **_failure(Reason.GLOBAL_FLAGS_CHANGED, f"the forward changed global numeric flags {changed}")}
+
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    for i, o in enumerate(outs):
+        if type(o) is not torch.Tensor:
+            return {**reply, **_failure(Reason.OUTPUT_TYPE, f"output {i} is a {type(o).__module__}.{type(o).__name__}, "
+                                        "not a plain torch.Tensor")}
+        ptr = o.untyped_storage().data_ptr()
+        if any(isinstance(x, torch.Tensor) and x.numel() and ptr == x.untyped_storage().data_ptr() for x in inputs):
+            return {**reply, **_failure(Reason.OUTPUT_ALIASES_INPUT, f"output {i} shares storage with an input")}
+    for i, (x, p) in enumerate(zip(inputs, pristine)):
+        if p is not None and not torch.equal(_int_view(x), p):
+            return {**reply, **_failure(Reason.INPUT_MUTATED, f"the forward modified input {i}")}
+
+    reply["outputs"] = [o.detach().to("cpu") for o in outs]
+    reply["strides"] = [list(o.stride()) for o in outs]
+    reply["structure"] = "tuple" if isinstance(out, (tuple, list)) else "tensor"
+    return reply
+
+
+def _native_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _flags() -> dict[str, Any]:
+    flags = {
+        "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "fp16_reduced_precision": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "bf16_reduced_precision": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "default_dtype": str(torch.get_default_dtype()),
+        "grad_enabled": torch.is_grad_enabled(),
+    }
+    return flags
+
+
+def _rebuild(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    """A new ModelNew for another shape variant, in the same process."""
+    state.pop("model", None)
+    return _build(state, msg)
+
+
+def _time(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    from . import timing_child
+    return timing_child.run(state, msg)
+
+
+_HANDLERS = {"setup": _setup, "call": _call, "rebuild": _rebuild, "time": _time}

@@ -1,0 +1,63 @@
+"""The warm parent of candidate processes: imports torch and Triton once, never touches CUDA, and forks one
+child per candidate on request. A fresh interpreter costs ~4 s of imports (ANCHORS.md); a fork costs milliseconds,
+and every candidate still gets a process (and, on the GPU, a CUDA context) of its own.
+
+Protocol on a SOCK_SEQPACKET control socket (JSON messages; descriptors passed with SCM_RIGHTS):
+  {"op": "spawn"} + [child's socket, child's stdout/stderr pipe]  ->  {"pid": N}
+  {"op": "wait", "pid": N}                                        ->  {"pid": N, "status": raw wait status}
+Each child starts a new session (its own process group) so the parent can kill everything it starts at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+
+def serve(ctrl_fd: int) -> None:
+    import torch  # noqa: F401  - the point of the zygote: imported once, inherited by every fork
+    import triton  # noqa: F401
+    import triton.language  # noqa: F401
+
+    from sandbox import worker
+
+    ctrl = socket.socket(fileno=ctrl_fd)
+    statuses: dict[int, int] = {}
+    ctrl.send(json.dumps({"ready": True}).encode())
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctrl, 1 << 16, 4)
+        except OSError:
+            return
+        if not msg:
+            return
+        req = json.loads(msg)
+        if req["op"] == "spawn":
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    ctrl.close()
+                    os.setsid()
+                    worker.main(fds[0], fds[1])
+                except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
+                    code = 70
+                finally:
+                    os._exit(code)
+            for fd in fds:
+                os.close(fd)
+            ctrl.send(json.dumps({"pid": pid}).encode())
+        elif req["op"] == "wait":
+            pid = int(req["pid"])
+            if pid not in statuses:
+                try:
+                    _, status = os.waitpid(pid, 0)
+                except ChildProcessError:
+                    status = -1
+                statuses[pid] = status
+            ctrl.send(json.dumps({"pid": pid, "status": statuses.pop(pid)}).encode())
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))
