@@ -1,0 +1,98 @@
+"""Pieces shared by the row-wise seeds (RMSNorm, LayerNorm, softmax, and any other op that keeps a row in registers).
+
+- `row_block(n)`: the power-of-two block that holds a whole row, with a clear error past the register budget.
+- `row_warps(block, elem_bytes)`: warps per program for a one-row-in-registers kernel.
+- `sm_count(device)`: streaming multiprocessors, for persistent grids (132 on an H200).
+- `as_rows(x)`: a (M, N) view of the last dimension with unit column stride, copying only when it must.
+- `_sum_partials_kernel` / `sum_partials(...)`: the deterministic second pass of a weight gradient. A backward
+  kernel leaves one fp32 partial row per program (P x N); this kernel adds the P rows in a fixed order, so repeated
+  runs agree bitwise (no atomics), and writes the result in the parameter's dtype. Up to two pairs in one launch
+  (LayerNorm's dW and dB).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROW_BLOCK = 65536  # widest row kept whole in registers (64 fp32 registers per thread at 32 warps)
+
+
+def row_block(n: int) -> int:
+    """The power-of-two block that covers a row of `n` elements."""
+    if n > MAX_ROW_BLOCK:
+        raise ValueError(f"rows of {n} elements are wider than this kernel keeps in registers ({MAX_ROW_BLOCK}); "
+                         "split the last dimension or use a chunked kernel")
+    return max(16, triton.next_power_of_2(n))
+
+
+def row_warps(block: int, elem_bytes: int) -> int:
+    """Warps for one row of `block` elements: about 1 KiB of the input row per warp (two 16-byte vectors per
+    thread), between 4 and 32. The H200 bench (docs/bench-norms.md) found this within noise of the best variant."""
+    return max(4, min(32, block * elem_bytes // 1024))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_cuda(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device; a small fixed number elsewhere (the CPU interpreter), so the persistent
+    grids and their partial sums are still exercised with several programs."""
+    if device.type == "cuda":
+        return _sm_count_cuda(device.index if device.index is not None else torch.cuda.current_device())
+    return 4
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """(M, N) over the last dimension, unit stride along N; copies only a tensor whose rows cannot be viewed."""
+    if x.dim() == 0:
+        raise ValueError("expected a tensor with at least one dimension, got a scalar")
+    n = x.shape[-1]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if x.dim() == 2:
+        return x
+    if x.is_contiguous():
+        return x.view(-1, n)
+    return x.reshape(-1, n)
+
+
+@triton.jit
+def _sum_partials_kernel(
+    P1, O1,  # P1: (num_partials, N) fp32 partial sums; O1: (N,) result in the parameter's dtype
+    P2, O2,  # a second pair of the same shape, read only when TWO
+    num_partials, N,
+    TWO: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # partial rows per step
+    BLOCK_N: tl.constexpr,  # columns per program
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    acc1 = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for start in range(0, num_partials, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        mask = (rows[:, None] < num_partials) & col_ok[None, :]
+        acc1 += tl.load(P1 + offs, mask=mask, other=0.0)
+        if TWO:
+            acc2 += tl.load(P2 + offs, mask=mask, other=0.0)
+    tl.store(O1 + cols, tl.sum(acc1, axis=0).to(O1.dtype.element_ty), mask=col_ok)
+    if TWO:
+        tl.store(O2 + cols, tl.sum(acc2, axis=0).to(O2.dtype.element_ty), mask=col_ok)
+
+
+def sum_partials(partial: torch.Tensor, out: torch.Tensor, partial2: torch.Tensor | None = None,
+                 out2: torch.Tensor | None = None) -> None:
+    """out[j] = sum_p partial[p, j] (and the same for the second pair), in a fixed order."""
+    num_partials, n = partial.shape
+    block_n = 32
+    two = partial2 is not None
+    _sum_partials_kernel[(triton.cdiv(n, block_n),)](
+        partial, out, partial2 if two else partial, out2 if two else out, num_partials, n,
+        TWO=two, BLOCK_P=32, BLOCK_N=block_n, num_warps=4,
+    )

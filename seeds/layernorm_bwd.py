@@ -1,0 +1,26 @@
+"""LayerNorm backward task seed: (x, dy) -> (dx, dw, db) through the kernels of seeds/layernorm.py.
+
+One persistent kernel reads x and dy once, recomputes mean and rstd, writes dx and keeps fp32 partial dw and db per
+program; a second kernel adds both sets of partials in a fixed order. Bytes (bf16, 16384x4096): 3·M·N·2 = 403 MB.
+
+Measured on the H200: not measured yet.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from seeds.layernorm import layernorm_bwd
+
+CRUCIBLE_SEED = {"name": "layernorm_bwd", "tasks": ["layernorm_bwd.py"], "ops": ["LayerNorm bwd (dx, dw, db)"]}
+
+
+class ModelNew(nn.Module):
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, dtype=torch.bfloat16))
+        self.bias = nn.Parameter(torch.zeros(hidden, dtype=torch.bfloat16))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, dy: torch.Tensor):
+        return layernorm_bwd(x, self.weight.detach(), self.bias.detach(), dy, self.eps)

@@ -1,0 +1,204 @@
+"""RMSNorm, Llama style, forward and backward, plus the fused residual-add forward of inference engines.
+
+    y = x * rstd * w,   rstd = 1 / sqrt(mean(x^2) + eps)            (per row, fp32 arithmetic, y in x's dtype)
+    fused residual:  h = x + residual (rounded to x's dtype);  y = rmsnorm(h) * w;  returns (y, h)
+
+x is (..., N) in fp32/fp16/bf16 with N <= 65536; w is (N,). Each row is held whole in registers: one read of x, one
+write of y. Bytes at the task shape (bf16, M=16384, N=4096): forward 2·M·N·2 = 268 MB; fused residual 4·M·N·2 =
+537 MB; backward (read x, dy; write dx; dw is N) 3·M·N·2 = 403 MB.
+
+The backward recomputes rstd from x (x is read anyway, so this costs no bytes) and runs on a persistent grid: each
+program walks a strided set of rows, writes dx, and keeps its share of dw in fp32 registers; a second small kernel
+(seeds/_common.py) adds the per-program partial rows in a fixed order, so dw is bitwise reproducible.
+
+Measured on the H200: not measured yet.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+from seeds._common import as_rows, row_block, row_warps, sm_count, sum_partials
+
+
+@triton.jit
+def _rmsnorm_fwd_kernel(
+    X, R, W, Y, H,  # R: residual (read when HAS_RESIDUAL); H: x + residual (written when HAS_RESIDUAL)
+    M, N,
+    stride_x, stride_r, stride_y, stride_h,  # elements between rows
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    rows = rows.to(tl.int64)[:, None]
+    x = tl.load(X + rows * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    x = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows * stride_r + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+        # The sum is rounded to the activation dtype first, as the unfused model does; the norm reads that value.
+        h = (x + r.to(tl.float32)).to(H.dtype.element_ty)
+        tl.store(H + rows * stride_h + cols[None, :], h, mask=mask)
+        x = h.to(tl.float32)
+    w = tl.load(W + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + rows * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_bwd_kernel(
+    X, W, DY, DX,
+    DW_PARTIAL,  # (num_programs, N) fp32: this program's share of dw
+    M, N,
+    stride_x, stride_dy, stride_dx,
+    eps,
+    ROWS: tl.constexpr,  # rows per step of the persistent loop
+    BLOCK_N: tl.constexpr,
+):
+    # With xh = x * rstd and g = dy * w, and d(rstd)/dx_i = -rstd^3 * x_i / N:
+    #   dx_i = rstd * (g_i - xh_i * mean_j(g_j * xh_j))
+    #   dw_j = sum over rows of dy_j * xh_j
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for step in range(pid, tl.cdiv(M, ROWS), num_programs):
+        rows = step * ROWS + tl.arange(0, ROWS)
+        mask = (rows[:, None] < M) & col_ok[None, :]
+        rows = rows.to(tl.int64)[:, None]
+        x = tl.load(X + rows * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+        dy = tl.load(DY + rows * stride_dy + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+        x = x.to(tl.float32)
+        dy = dy.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        xh = x * rstd[:, None]
+        g = dy * w[None, :]
+        c = tl.sum(g * xh, axis=1) / N
+        dx = (g - xh * c[:, None]) * rstd[:, None]
+        tl.store(DX + rows * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        dw += tl.sum(dy * xh, axis=0)
+    tl.store(DW_PARTIAL + pid.to(tl.int64) * N + cols, dw, mask=col_ok)
+
+
+# ---- launchers ------------------------------------------------------------------------------------------------------
+
+def _check(x: torch.Tensor, w: torch.Tensor) -> None:
+    if not (x.is_floating_point() and w.is_floating_point()):
+        raise TypeError(f"rmsnorm needs floating tensors, got x {x.dtype} and w {w.dtype}")
+    if w.dim() != 1 or x.shape[-1] != w.shape[0]:
+        raise ValueError(f"rmsnorm weight of shape {tuple(w.shape)} does not match the last dimension of x "
+                         f"{tuple(x.shape)}")
+    if x.device != w.device:
+        raise ValueError(f"x is on {x.device} but w is on {w.device}")
+
+
+def fwd_config(n: int, elem_bytes: int) -> tuple[int, int]:
+    """(rows per program, warps) for the forward: one row per program, about 1 KiB of row per warp."""
+    block = row_block(n)
+    return 1, row_warps(block, elem_bytes)
+
+
+def bwd_config(n: int, elem_bytes: int) -> tuple[int, int, int]:
+    """(programs per SM, rows per step, warps) for the persistent backward."""
+    block = row_block(n)
+    return 4, 1, row_warps(block, elem_bytes)
+
+
+def _launch_fwd(x2, r2, w, y, h, eps, rows, warps):
+    m, n = x2.shape
+    has_res = r2 is not None
+    _rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
+        x2, r2 if has_res else x2, w, y, h if has_res else y, m, n,
+        x2.stride(0), r2.stride(0) if has_res else 0, y.stride(0), h.stride(0) if has_res else 0, eps,
+        HAS_RESIDUAL=has_res, ROWS=rows, BLOCK_N=row_block(n), num_warps=warps,
+    )
+
+
+def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float, *, rows: int | None = None,
+                num_warps: int | None = None) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2, -1) + eps) * w, in x's dtype."""
+    _check(x, w)
+    x2 = as_rows(x)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.numel():
+        d_rows, d_warps = fwd_config(x2.shape[1], x.element_size())
+        _launch_fwd(x2, None, w, y, None, eps, rows or d_rows, num_warps or d_warps)
+    return y.view(x.shape)
+
+
+def rmsnorm_residual_fwd(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float, *,
+                         rows: int | None = None, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(x + residual) * w, x + residual), the sum rounded to x's dtype before the norm reads it."""
+    _check(x, w)
+    if residual.shape != x.shape or residual.device != x.device:
+        raise ValueError(f"residual {tuple(residual.shape)} on {residual.device} does not match x "
+                         f"{tuple(x.shape)} on {x.device}")
+    x2, r2 = as_rows(x), as_rows(residual)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.numel():
+        d_rows, d_warps = fwd_config(x2.shape[1], x.element_size())
+        _launch_fwd(x2, r2, w, y, h, eps, rows or d_rows, num_warps or d_warps)
+    return y.view(x.shape), h.view(x.shape)
+
+
+def rmsnorm_bwd(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float, *,
+                programs_per_sm: int | None = None, rows: int | None = None,
+                num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of y = rmsnorm(x) * w for the upstream gradient dy; dx in x's dtype, dw in w's."""
+    _check(x, w)
+    if dy.shape != x.shape or dy.device != x.device:
+        raise ValueError(f"dy {tuple(dy.shape)} on {dy.device} does not match x {tuple(x.shape)} on {x.device}")
+    x2, dy2 = as_rows(x), as_rows(dy)
+    m, n = x2.shape
+    dx = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    dw = torch.empty(n, dtype=w.dtype, device=w.device)
+    if m == 0:
+        return dx.view(x.shape), dw.zero_()
+    d_per_sm, d_rows, d_warps = bwd_config(n, x.element_size())
+    rows = rows or d_rows
+    grid = min(triton.cdiv(m, rows), sm_count(x.device) * (programs_per_sm or d_per_sm))
+    partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+    _rmsnorm_bwd_kernel[(grid,)](
+        x2, w, dy2, dx, partial, m, n, x2.stride(0), dy2.stride(0), dx.stride(0), eps,
+        ROWS=rows, BLOCK_N=row_block(n), num_warps=num_warps or d_warps,
+    )
+    sum_partials(partial, dw)
+    return dx.view(x.shape), dw
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """RMSNorm with the Triton backward; saves only x (rstd is recomputed in the backward at no extra bytes)."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        ctx.save_for_backward(x, w)
+        ctx.eps = eps
+        return rmsnorm_fwd(x, w, eps)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx, dw = rmsnorm_bwd(x, w, dy, ctx.eps)
+        return dx, dw, None
+
+
+CRUCIBLE_SEED = {"name": "rmsnorm", "tasks": ["rmsnorm_fwd.py"], "ops": ["RMSNorm fwd"]}
+
+
+class ModelNew(nn.Module):
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, dtype=torch.bfloat16))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return RMSNormFunction.apply(x, self.weight, self.eps)

@@ -1,0 +1,114 @@
+"""RMSNorm seeds (forward, backward, fused residual) against the tasks' PyTorch references, on the interpreter."""
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from sandbox.task import load_task
+from sandbox.tolerance import compare
+from seeds import rmsnorm, rmsnorm_bwd, rmsnorm_residual
+
+TASKS = Path(__file__).resolve().parent.parent / "tasks"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SHAPES = [(1, 1), (3, 7), (37, 129), (20, 1000)]
+# A row of one element has a gradient of order eps that is pure cancellation in any fp32 formula (PyTorch's too).
+BWD_SHAPES = [(1, 2)] + SHAPES[1:]
+DISTRIBUTIONS = ["uniform", "large", "outliers", "constant_rows"]
+
+
+def check_seed(task_file, seed_module, consts, dtype, distribution, device, seed=0):
+    """Run the task's Model and the seed's ModelNew on the same inputs; every output must pass compare()."""
+    task = load_task(TASKS / task_file).with_constants(consts)
+    model = task.make_reference(seed, device).to(dtype)
+    inputs = [t.to(dtype) for t in task.make_inputs(seed, distribution, device)]
+    ref = model(*inputs)
+    truth = copy.deepcopy(model).double()(*[t.double() for t in inputs])
+    new = seed_module.ModelNew(*task.init_inputs()).to(device=device, dtype=dtype)
+    new.load_state_dict(model.state_dict())
+    got = new(*inputs)
+    ref, truth, got = [o if isinstance(o, (tuple, list)) else (o,) for o in (ref, truth, got)]
+    assert len(got) == len(ref)
+    for i, (g, r, t) in enumerate(zip(got, ref, truth)):
+        assert g.shape == r.shape and g.dtype == r.dtype, f"out[{i}]: {g.shape} {g.dtype} vs {r.shape} {r.dtype}"
+        mismatch = compare(f"out[{i}]", g, r, t)
+        assert mismatch is None, mismatch.describe()
+    return got
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward(shape, dtype, device):
+    check_seed("rmsnorm_fwd.py", rmsnorm, {"M": shape[0], "N": shape[1]}, dtype, "normal", device)
+
+
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+def test_forward_distributions(distribution, device):
+    check_seed("rmsnorm_fwd.py", rmsnorm, {"M": 19, "N": 300}, torch.bfloat16, distribution, device)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_residual(shape, dtype, device):
+    check_seed("rmsnorm_residual_fwd.py", rmsnorm_residual, {"M": shape[0], "N": shape[1]}, dtype, "normal", device)
+
+
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+def test_residual_distributions(distribution, device):
+    check_seed("rmsnorm_residual_fwd.py", rmsnorm_residual, {"M": 19, "N": 300}, torch.bfloat16, distribution,
+               device)
+
+
+@pytest.mark.parametrize("shape", BWD_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward(shape, dtype, device):
+    check_seed("rmsnorm_bwd.py", rmsnorm_bwd, {"M": shape[0], "N": shape[1]}, dtype, "normal", device)
+
+
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+def test_backward_distributions(distribution, device):
+    check_seed("rmsnorm_bwd.py", rmsnorm_bwd, {"M": 53, "N": 300}, torch.bfloat16, distribution, device)
+
+
+@pytest.mark.parametrize("rows,per_sm", [(1, 10), (2, 3), (4, 1)])
+def test_backward_grid_variants_agree_with_reference(rows, per_sm, device):
+    # 40 programs exceed one 32-row step of the partial-sum kernel; rows > 1 leaves a ragged last step.
+    torch.manual_seed(1)
+    x = torch.randn(83, 200, device=device)
+    dy = torch.randn(83, 200, device=device)
+    w = torch.randn(200, device=device)
+    dx, dw = rmsnorm.rmsnorm_bwd(x, w, dy, 1e-6, rows=rows, programs_per_sm=per_sm)
+    xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+    dx_t, dw_t = torch.autograd.grad(torch.nn.functional.rms_norm(xr, (200,), wr, 1e-6), (xr, wr), dy.double())
+    for name, got, t in (("dx", dx, dx_t), ("dw", dw, dw_t)):
+        mismatch = compare(name, got, t.float(), t)
+        assert mismatch is None, mismatch.describe()
+
+
+def test_backward_is_bitwise_reproducible(device):
+    torch.manual_seed(2)
+    x, dy = torch.randn(2, 61, 96, device=device, dtype=torch.bfloat16).unbind(0)
+    w = torch.randn(96, device=device, dtype=torch.bfloat16)
+    a = rmsnorm.rmsnorm_bwd(x, w, dy, 1e-6)
+    b = rmsnorm.rmsnorm_bwd(x, w, dy, 1e-6)
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+def test_autograd_function_matches_torch_on_3d_input(device):
+    torch.manual_seed(3)
+    x = torch.randn(2, 5, 64, device=device, dtype=torch.float32, requires_grad=True)
+    w = torch.randn(64, device=device, dtype=torch.float32, requires_grad=True)
+    dy = torch.randn(2, 5, 64, device=device)
+    y = rmsnorm.RMSNormFunction.apply(x, w, 1e-6)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    y_t = torch.nn.functional.rms_norm(xr, (64,), wr, 1e-6)
+    dx_t, dw_t = torch.autograd.grad(y_t, (xr, wr), dy.double())
+    for name, got, t in (("y", y, y_t), ("dx", dx, dx_t), ("dw", dw, dw_t)):
+        mismatch = compare(name, got.detach(), t.float(), t)
+        assert mismatch is None, mismatch.describe()
+
+
+def test_rejects_mismatched_weight(device):
+    with pytest.raises(ValueError, match="does not match the last dimension"):
+        rmsnorm.rmsnorm_fwd(torch.randn(4, 8, device=device), torch.ones(7, device=device), 1e-6)
