@@ -1,0 +1,692 @@
+"""The search loop: propose (LLM or tuner) and evaluate (the harness) concurrently, archive everything.
+
+One coordinating thread owns the archive and the search; LLM requests and evaluations run on daemon threads, so that
+a stop never waits for a slow request. There is one evaluation slot per GPU (each with its own warm harness), or one
+on the CPU, where the harness checks correctness through Triton's interpreter and nothing is timed.
+
+Every finished candidate is committed as soon as its verdict is known. A stop (Ctrl-C, SIGTERM: the caller sets
+`stop`) records candidates still under evaluation as interrupted and ends; a kill loses at most those. `resume`
+continues a run under the same id, counting what it already spent against the budgets.
+
+Library code: progress goes to the `on_event` callback, never to the terminal.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime as _dt
+import enum
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from agent import tuner as tuner_mod
+from agent.archive import Archive, Candidate, Run, Timings, now, sha256
+from agent.extract import NoCode, extract_code
+from agent.llm import Message, Provider, ProviderError, Reply
+from agent.search import Search, Selection, fitness, niche
+from sandbox.records import CheckResult
+from sandbox.task import Task, TaskError, load_task
+from seeds.registry import seed_for_task
+
+log = logging.getLogger(__name__)
+MAX_PROVIDER_ERRORS = 5  # consecutive failed requests before the run stops: the endpoint is not coming back
+MAX_HARNESS_ERRORS = 3
+
+
+class LoopError(Exception):
+    """The run cannot start; the message is one sentence saying what to do (the CLI exits 2)."""
+
+
+class EventKind(str, enum.Enum):
+    START = "start"
+    NOTE = "note"
+    EVALUATED = "evaluated"  # a candidate has its verdict (or failed before evaluation: no code, provider error)
+    NEW_BEST = "new_best"
+    STOPPING = "stopping"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Progress:
+    proposals: int = 0
+    budget: int = 0
+    in_flight: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    elapsed_s: float = 0.0
+    proposer: str = ""
+    best: Candidate | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: EventKind
+    message: str
+    progress: Progress
+    candidate: Candidate | None = None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings of one run. On resume, fields left None take the stored run's values."""
+
+    task_path: Path
+    model: str | None = None  # provider spec; None: the tuner proposes
+    budget: int | None = None  # proposals, the starting kernel not counted
+    device: str = "auto"
+    gpus: int = 1
+    start_from: Path | None = None
+    resume: str | None = None  # a run id, or "latest"
+    max_tokens: int | None = None  # over the whole run, input + output
+    max_cost: float | None = None  # USD over the whole run
+    time_limit_s: float | None = None  # wall time of this invocation
+    target_roofline: float | None = None  # stop once a verified kernel reaches this % of roofline
+    polish: int | None = None  # tuner proposals at the end of an LLM run (default: a fifth of the budget)
+    reply_max_tokens: int = 8192
+    temperature: float = 0.7
+    concurrency: int = 4  # LLM requests in flight
+    seed: int = 0
+    check_timeout_s: float = 300.0
+    baselines: tuple[str, ...] = ("eager", "compile")
+
+    def stored(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k not in ("resume", "time_limit_s")}
+        return json.loads(json.dumps(d, default=str))
+
+
+DEFAULT_BUDGET = 20
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    task_path: str
+    device: str
+    timed: bool
+    proposer: str
+    stop_reason: str
+    progress: Progress
+    start: Candidate | None  # the starting kernel's record (seed or --from), None when the LLM started from scratch
+    best: Candidate | None  # the best verified kernel of this task measured like this run (any run)
+    best_path: Path | None
+    run_dir: Path
+    not_measured: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+class Evaluator(Protocol):
+    def check(self, candidate: Path) -> CheckResult: ...
+    def close(self) -> None: ...
+
+
+class HarnessEvaluator:
+    """One warm harness on one device (one GPU index), created on first use in the evaluating thread."""
+
+    def __init__(self, task: Task, device: str, gpu: int, *, timeout_s: float, baselines: tuple[str, ...],
+                 workdir: Path):
+        self.task, self.device, self.gpu = task, device, gpu
+        self.timeout_s, self.baselines, self.workdir = timeout_s, baselines, workdir
+        self._harness = None
+
+    def check(self, candidate: Path) -> CheckResult:
+        from sandbox.harness import CheckOptions, Harness
+        if self._harness is None:
+            self._harness = Harness(self.device, workdir=self.workdir)
+        options = CheckOptions(device=self.device, timing=self.device == "cuda", timeout_s=self.timeout_s,
+                               gpu=self.gpu, baselines=self.baselines)
+        return self._harness.check(self.task, candidate, options)
+
+    def close(self) -> None:
+        if self._harness is not None:
+            self._harness.close()
+
+
+EvaluatorFactory = Callable[[Task, str, int], Evaluator]
+
+
+@dataclass
+class _Pending:
+    """A proposal on its way: requested, extracted, under evaluation."""
+
+    origin: str  # llm | tuner
+    proposer: str
+    selection: Selection
+    prompt: str
+    reply: Reply | None = None
+    source: str | None = None
+    sha: str | None = None
+    path: Path | None = None
+    slot: int | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+def _spawn(fn: Callable[..., Any], *args: Any) -> cf.Future:
+    """Run fn on a daemon thread (a stop must not wait for a hung request), returning a Future."""
+    future: cf.Future = cf.Future()
+
+    def body() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the coordinator, which records it
+            future.set_exception(exc)
+    threading.Thread(target=body, daemon=True).start()
+    return future
+
+
+def run_search(config: RunConfig, archive: Archive, *, provider: Provider | None = None,
+               on_event: Callable[[Event], None] | None = None, stop: threading.Event | None = None,
+               evaluator_factory: EvaluatorFactory | None = None) -> RunSummary:
+    """Run (or resume) a search on one task; LoopError when it cannot start."""
+    return _Coordinator(prepare(config, archive), archive, provider, on_event, stop or threading.Event(),
+                        evaluator_factory).run()
+
+
+def prepare(config: RunConfig, archive: Archive) -> RunConfig:
+    """Check the task and, on resume, fill the settings left unset from the stored run (LoopError if impossible)."""
+    task = _load(config.task_path)
+    if config.resume:
+        run = (archive.latest_run(task.source_hash) if config.resume == "latest" else archive.get_run(config.resume))
+        if run is None:
+            what = f"run {config.resume}" if config.resume != "latest" else f"no earlier run of {task.path.name}"
+            raise LoopError(f"{what} is not in {archive.path}; start a new run without --resume")
+        if run.task_hash != task.source_hash:
+            raise LoopError(f"run {run.id} was on another version of {Path(run.task_path).name} (the file changed); "
+                            "start a new run without --resume")
+        stored = run.config
+        fill = {}
+        for name in ("model", "budget", "polish", "max_tokens", "max_cost", "target_roofline"):
+            if getattr(config, name) is None and stored.get(name) is not None:
+                fill[name] = stored[name]
+        if config.start_from is None and stored.get("start_from"):
+            fill["start_from"] = Path(stored["start_from"])
+        if config.device == "auto" and stored.get("device"):
+            fill["device"] = stored["device"]
+        config = replace(config, resume=run.id, **fill)
+    if config.budget is not None and config.budget < 0:
+        raise LoopError("--budget must be 0 or more proposals")
+    if config.gpus < 1:
+        raise LoopError("--gpus must be at least 1")
+    resolve_start(config, task.path)
+    return config
+
+
+def _load(path: Path) -> Task:
+    try:
+        return load_task(path)
+    except TaskError as exc:
+        raise LoopError(str(exc)) from None
+
+
+def new_run_id(task: Task) -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{task.name}-{secrets.token_hex(2)}"
+
+
+def resolve_start(config: RunConfig, task_path: Path) -> tuple[Path | None, str]:
+    """The kernel to start from and where it came from: --from, else the task's seed, else none."""
+    if config.start_from is not None:
+        path = Path(config.start_from)
+        if not path.is_file():
+            raise LoopError(f"--from {path}: no such file; pass the path of a kernel .py file that defines ModelNew")
+        return path, f"--from {path}"
+    seed = seed_for_task(task_path)
+    if seed is not None:
+        return seed.path, f"seed {seed.name} ({seed.path.name})"
+    return None, ""
+
+
+def record_check(base: Candidate, result: CheckResult) -> Candidate:
+    env = dict(result.environment or {})
+    env_hash = sha256(json.dumps(env, sort_keys=True, default=str))[:16] if env else None
+    return replace(base, verdict=result.verdict.value, stage=result.stage.value, reason=result.reason.value,
+                   message=result.message, diagnostics=result.to_dict(), timed=bool(result.timed),
+                   timings=Timings.from_check(result.timing), env=env, env_hash=env_hash, eval_s=result.seconds)
+
+
+def messages_text(messages: list[Message]) -> str:
+    return "\n\n".join(f"[{m.role}]\n{m.content}" for m in messages)
+
+
+class _Coordinator:
+    def __init__(self, config: RunConfig, archive: Archive, provider: Provider | None,
+                 on_event: Callable[[Event], None] | None, stop: threading.Event,
+                 evaluator_factory: EvaluatorFactory | None):
+        self.config, self.archive, self.provider, self.stop = config, archive, provider, stop
+        self.on_event = on_event or (lambda event: None)
+        self.task = _load(config.task_path)
+        self.device = _device(config.device)
+        self.timed = self.device == "cuda"
+        self.slots = config.gpus if self.device == "cuda" else 1
+        if self.device == "cuda":
+            import torch
+            if config.gpus > torch.cuda.device_count():
+                raise LoopError(f"--gpus {config.gpus} asks for more GPUs than the {torch.cuda.device_count()} visible")
+        self.start_path, self.start_desc = resolve_start(config, self.task.path)
+        if provider is None and self.start_path is None:
+            raise LoopError(f"no seed kernel is registered for {self.task.path.name} and no model is configured: the "
+                            "tuner needs a kernel to tune; pass --from KERNEL.py, or --model openai:NAME / "
+                            "anthropic:NAME to let an LLM write the first one")
+        self.budget = config.budget if config.budget is not None else DEFAULT_BUDGET
+        self.polish = (0 if provider is None else
+                       config.polish if config.polish is not None else self.budget // 5)
+        self.factory = evaluator_factory or self._harness_evaluator
+        self.search = Search(config.seed)
+        self.tuner = tuner_mod.Tuner(config.seed)
+        self.started = time.monotonic()
+        # what flows through
+        self.requests: dict[cf.Future, _Pending] = {}
+        self.ready: deque[_Pending] = deque()
+        self.evals: dict[cf.Future, _Pending] = {}
+        self.free_slots = list(range(self.slots))[::-1]
+        self.evaluators: dict[int, Evaluator] = {}
+        self.in_flight: set[str] = set()
+        self.exhausted: set[int] = set()
+        self.stop_reason: str | None = None
+        self.provider_errors = self.harness_errors = 0
+        self.notes: list[str] = []
+        self._last_recorded: Candidate | None = None
+
+    # ---- the run ---------------------------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        self._open_run()
+        try:
+            self._start_kernel()
+            if self.stop_reason is None:
+                self._loop()
+        except BaseException:
+            self._interrupt("interrupted")
+            raise
+        finally:
+            self._close()
+        return self._finish()
+
+    def _open_run(self) -> None:
+        c, task = self.config, self.task
+        if c.resume:
+            run = self.archive.get_run(c.resume)
+            assert run is not None
+            self.run_id = run.id
+        else:
+            self.run_id = new_run_id(task)
+            self.archive.add_run(Run(id=self.run_id, task_path=str(task.path), task_hash=task.source_hash,
+                                     proposer=c.model or tuner_mod.NAME, device=self.device,
+                                     config={**c.stored(), "device": self.device, "budget": self.budget},
+                                     started=now()))
+        self.run_dir = self.archive.path.parent / self.run_id
+        (self.run_dir / "candidates").mkdir(parents=True, exist_ok=True)
+        done = self.archive.run_usage(self.run_id)
+        self.issued = done["proposals"]
+        self.tokens_in, self.tokens_out, self.cost = done["input_tokens"], done["output_tokens"], done["cost_usd"]
+        mine = self.archive.candidates(run_id=self.run_id)
+        self.accepted = sum(c.accepted for c in mine)
+        self.rejected = sum(c.verdict == "rejected" for c in mine)
+        self.known = self.archive.known_sources(task.source_hash, timed=self.timed)
+        self.elites = [self.archive.with_source(c) for c in self.archive.elites(task.source_hash, timed=self.timed)]
+        self.failures = [self.archive.with_source(c) for c in mine
+                         if c.verdict == "rejected" and c.source_sha and c.stage != "propose"]
+        self.best = max(self.elites, key=_rank, default=None)
+        who = (f"{self.provider.name} proposes" + (f"; the tuner polishes the last {self.polish}" if self.polish
+                                                   else "")) if self.provider else \
+            "the offline tuner proposes (no model configured)"
+        where = ("on the CPU: correctness only, through Triton's interpreter at reduced shapes; nothing is timed"
+                 if not self.timed else f"on {self.slots} GPU(s), timed against {', '.join(c.baselines)}")
+        resumed = f"resuming run {self.run_id}: {self.issued} of {self.budget} proposals done; " if c.resume else \
+            f"run {self.run_id}: "
+        self._emit(EventKind.START, f"{resumed}{who}, {where}")
+
+    def _start_kernel(self) -> None:
+        self.start: Candidate | None = None
+        if self.start_path is None:
+            self._emit(EventKind.NOTE, "no seed kernel for this task: the LLM starts from the reference")
+            return
+        source = self.start_path.read_text(encoding="utf-8", errors="replace")
+        sha = sha256(source)
+        prior = [c for c in self.archive.candidates(task_hash=self.task.source_hash, timed=self.timed)
+                 if c.source_sha == sha and c.verdict != "interrupted"]
+        if prior:
+            self.start = self.archive.with_source(prior[-1])
+            self._emit(EventKind.NOTE, f"starting kernel ({self.start_desc}) already in the archive as "
+                                       f"#{self.start.id}: {self.start.verdict}", self.start)
+        else:
+            pending = _Pending("seed", "seed", Selection("fresh"), prompt=f"starting kernel: {self.start_desc}")
+            self._admit(pending, source)
+            self._emit(EventKind.NOTE, f"checking the starting kernel ({self.start_desc})")
+            self._dispatch()
+            while self.evals and not self.stop.is_set():
+                self._wait()
+            if self.stop.is_set():
+                self._interrupt("interrupted")
+                return
+            self.start = self._last_recorded
+        if self.start is not None and not self.start.accepted and self.start.verdict == "rejected":
+            self.failures.append(self.start)
+        if self.provider is None and not self.elites:
+            self.stop_reason = (f"the starting kernel was rejected ({self.start.reason if self.start else '?'}); "
+                                "the tuner has no verified kernel to tune")
+
+    def _loop(self) -> None:
+        while True:
+            if self.stop.is_set():
+                self._interrupt("interrupted")
+                return
+            if self.stop_reason is None:
+                self._check_limits()
+            if self.stop_reason is None:
+                self._issue()
+            self._dispatch()
+            budget_left = self.issued < self.budget and self.stop_reason is None
+            if not (self.requests or self.ready or self.evals):
+                if not budget_left:
+                    break
+                if self.stop_reason is None and self._tuner_turn():
+                    self.stop_reason = "the tuner has tried every variant it can make of the verified kernels"
+                    break
+            if self.stop_reason is not None and not self.evals and not self.ready:
+                break  # pending LLM requests after a limit are abandoned, not waited for
+            self._wait()
+        if self.stop_reason is None:
+            self.stop_reason = "budget spent"
+
+    def _check_limits(self) -> None:
+        c = self.config
+        if c.max_tokens is not None and self.tokens_in + self.tokens_out >= c.max_tokens:
+            self._stopping(f"token budget reached ({self.tokens_in + self.tokens_out} of {c.max_tokens})")
+        elif c.max_cost is not None and self.cost >= c.max_cost:
+            self._stopping(f"cost budget reached (${self.cost:.4f} of ${c.max_cost:.4f})")
+        elif c.time_limit_s is not None and time.monotonic() - self.started >= c.time_limit_s:
+            self._stopping(f"time limit reached ({c.time_limit_s:.0f} s)")
+
+    def _stopping(self, reason: str) -> None:
+        self.stop_reason = reason
+        self._emit(EventKind.STOPPING, reason)
+
+    # ---- proposing -------------------------------------------------------------------------------------------
+    def _tuner_turn(self) -> bool:
+        return self.provider is None or self.issued >= self.budget - self.polish
+
+    def _issue(self) -> None:
+        while self.issued < self.budget and self.stop_reason is None:
+            if self._tuner_turn():
+                if len(self.ready) + len(self.evals) >= self.slots:
+                    return  # keep the tuner just ahead of evaluation, so it builds on fresh results
+                if self.provider is not None and self.issued == self.budget - self.polish:
+                    self._emit(EventKind.NOTE, f"polish: the tuner proposes the last {self.polish}")
+                proposal = self._tuner_proposal()
+                if proposal is None:
+                    return
+                self.issued += 1
+                self._accept_reply(*proposal)
+            else:
+                if len(self.requests) >= self.config.concurrency or len(self.ready) >= self.slots:
+                    return
+                self._request()
+
+    def _tuner_proposal(self) -> tuple[_Pending, Reply] | None:
+        known = self.known | self.in_flight
+        while True:
+            sel = self.search.select_for_tuner(self.elites, self.exhausted)
+            if sel is None:
+                return None
+            prop = None
+            if sel.kind == "crossover":
+                prop = self.tuner.crossover(sel.parents[0].source or "", sel.parents[1].source or "", known)
+                if prop is None:
+                    sel = Selection("improve", sel.parents[:1])
+            if prop is None:
+                prop = self.tuner.mutate(sel.parents[0].source or "", known)
+            if prop is not None:
+                return _Pending("tuner", tuner_mod.NAME, sel, prompt=prop.description), prop.reply
+            self.exhausted.add(sel.parents[0].id)
+
+    def _request(self) -> None:
+        assert self.provider is not None
+        sel = self.search.select_for_llm(self.elites, self.failures)
+        messages = self._messages(sel)
+        pending = _Pending("llm", self.provider.name, sel, prompt=messages_text(messages))
+        provider, c = self.provider, self.config
+        future = _spawn(lambda: provider.complete(messages, max_tokens=c.reply_max_tokens, temperature=c.temperature))
+        self.requests[future] = pending
+        self.issued += 1
+
+    def _messages(self, sel: Selection) -> list[Message]:
+        from agent import prompting
+        task_source = self.task.path.read_text(encoding="utf-8", errors="replace")
+        common = {"task_name": self.task.name, "task_source": task_source, "gpu": "h200" if self.timed else "cpu",
+                  "allow_torch_compute": self.task.meta.allow_torch_compute}
+        if sel.kind == "fix":
+            p = sel.parents[0]
+            return prompting.fix_messages(broken_source=p.source or "", diagnostics=_diagnostics(p), **common)
+        if sel.kind == "crossover":
+            a, b = sel.parents
+            return prompting.crossover_messages(source_a=a.source or "", diagnostics_a=_diagnostics(a),
+                                                source_b=b.source or "", diagnostics_b=_diagnostics(b), **common)
+        if sel.kind == "fresh":
+            return prompting.propose_messages(
+                parent_source="# No kernel yet.", elites=(),
+                parent_diagnostics="There is no kernel for this task yet: write the first one from the reference.",
+                **common)
+        parent = sel.parents[0]
+        others = sorted((e for e in self.elites if e.id != parent.id), key=_rank, reverse=True)[:2]
+        return prompting.propose_messages(parent_source=parent.source or "", parent_diagnostics=_diagnostics(parent),
+                                          elites=[(_one_line(e), e.source or "") for e in others], **common)
+
+    def _accept_reply(self, pending: _Pending, reply: Reply) -> None:
+        pending.reply = reply
+        self.tokens_in += reply.usage.input_tokens
+        self.tokens_out += reply.usage.output_tokens
+        self.cost += reply.cost_usd or 0.0
+        code = extract_code(reply.text)
+        if isinstance(code, NoCode):
+            self._record(self._base(pending, "no_code", code.reason))
+            return
+        sha = sha256(code.source)
+        if sha in self.known or sha in self.in_flight:
+            self._record(self._base(pending, "duplicate", "the same file was already evaluated for this task",
+                                    source=code.source))
+            return
+        self._admit(pending, code.source)
+
+    def _admit(self, pending: _Pending, source: str) -> None:
+        pending.source, pending.sha = source, sha256(source)
+        pending.path = self.run_dir / "candidates" / f"{pending.sha[:16]}.py"
+        pending.path.write_text(source, encoding="utf-8")
+        self.in_flight.add(pending.sha)
+        self.ready.append(pending)
+
+    # ---- evaluating ------------------------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        while self.ready and self.free_slots and not self.stop.is_set():
+            pending = self.ready.popleft()
+            pending.slot = self.free_slots.pop()
+            pending.started = time.monotonic()
+            self.evals[_spawn(self._evaluate, pending.slot, pending.path)] = pending
+
+    def _evaluate(self, slot: int, path: Path) -> CheckResult:
+        evaluator = self.evaluators.get(slot)
+        if evaluator is None:
+            evaluator = self.evaluators[slot] = self.factory(self.task, self.device, slot)
+        return evaluator.check(path)
+
+    def _harness_evaluator(self, task: Task, device: str, slot: int) -> Evaluator:
+        return HarnessEvaluator(task, device, slot, timeout_s=self.config.check_timeout_s,
+                                baselines=self.config.baselines, workdir=self.run_dir / "sandbox")
+
+    def _wait(self) -> None:
+        futures = list(self.requests) + list(self.evals)
+        if not futures:
+            return
+        done, _ = cf.wait(futures, timeout=0.25, return_when=cf.FIRST_COMPLETED)
+        for future in done:
+            self._handle(future)
+
+    def _handle(self, future: cf.Future) -> None:
+        if future in self.requests:
+            pending = self.requests.pop(future)
+            exc = future.exception()
+            if exc is None:
+                self.provider_errors = 0
+                self._accept_reply(pending, future.result())
+                return
+            self.provider_errors += 1
+            message = str(exc) if isinstance(exc, ProviderError) else f"{type(exc).__name__}: {exc}"
+            self._record(self._base(pending, "provider_error", message))
+            if self.provider_errors >= MAX_PROVIDER_ERRORS and self.stop_reason is None:
+                self._stopping(f"{self.provider_errors} requests in a row failed; last: {message}")
+            return
+        pending = self.evals.pop(future)
+        self.free_slots.append(pending.slot)
+        self.in_flight.discard(pending.sha)
+        exc = future.exception()
+        if exc is not None:
+            self.harness_errors += 1
+            log.warning("harness failed on %s", pending.path, exc_info=exc)
+            self._drop_evaluator(pending.slot)
+            self._record(replace(self._base(pending, "harness_error", f"{type(exc).__name__}: {exc}",
+                                            source=pending.source), stage=None))
+            if self.harness_errors >= MAX_HARNESS_ERRORS and self.stop_reason is None:
+                self._stopping(f"the harness failed {self.harness_errors} times in a row; last: {exc}")
+            return
+        self.harness_errors = 0
+        base = self._base(pending, "ok", "", source=pending.source)
+        self._record(record_check(base, future.result()))
+
+    def _drop_evaluator(self, slot: int) -> None:
+        evaluator = self.evaluators.pop(slot, None)
+        if evaluator is not None:
+            threading.Thread(target=evaluator.close, daemon=True).start()
+
+    # ---- recording -------------------------------------------------------------------------------------------
+    def _base(self, p: _Pending, reason: str, message: str, *, source: str | None = None) -> Candidate:
+        parents = p.selection.parents
+        usage = p.reply.usage if p.reply else None
+        return Candidate(
+            task_path=str(self.task.path), task_hash=self.task.source_hash, origin=p.origin, proposer=p.proposer,
+            verdict="accepted" if reason == "ok" else "rejected", reason=reason, run_id=self.run_id, source=source,
+            parent_id=parents[0].id if parents else None, parent2_id=parents[1].id if len(parents) > 1 else None,
+            niche=niche(source) if source else None, prompt=p.prompt, reply=p.reply.text if p.reply else None,
+            stage="propose" if reason in ("no_code", "provider_error", "duplicate") else None, message=message,
+            input_tokens=usage.input_tokens if usage else 0, output_tokens=usage.output_tokens if usage else 0,
+            cost_usd=p.reply.cost_usd if p.reply else None, latency_s=p.reply.latency_s if p.reply else None)
+
+    def _record(self, cand: Candidate) -> None:
+        cand = self.archive.add(cand)
+        self._last_recorded = cand
+        if cand.source_sha and cand.verdict != "interrupted" and cand.reason != "harness_error":
+            self.known.add(cand.source_sha)
+        if cand.accepted:
+            self.accepted += 1
+            self.elites.append(cand)
+        elif cand.verdict == "rejected":
+            self.rejected += 1
+            if cand.source and cand.stage not in (None, "propose") and cand.origin != "tuner":
+                self.failures.append(cand)
+        verdict = "not timed" if cand.accepted and not cand.timed else _speed(cand) if cand.accepted else cand.reason
+        self._emit(EventKind.EVALUATED, f"#{cand.id} {cand.origin} {cand.verdict}: {verdict}", cand)
+        if cand.accepted and (self.best is None or _rank(cand) > _rank(self.best)):
+            self.best = cand
+            if cand.timed:
+                self._emit(EventKind.NEW_BEST, f"new best #{cand.id}: {_speed(cand)}", cand)
+        target = self.config.target_roofline
+        if (target is not None and cand.accepted and cand.timings.pct_roofline is not None
+                and cand.timings.pct_roofline >= target and self.stop_reason is None):
+            self._stopping(f"target reached: #{cand.id} runs at {cand.timings.pct_roofline:.0f}% of roofline")
+
+    def _interrupt(self, reason: str) -> None:
+        """Record what finished, mark what did not as interrupted; pending LLM requests are not recorded."""
+        for future in [f for f in list(self.evals) + list(self.requests) if f.done()]:
+            self._handle(future)
+        for pending in list(self.evals.values()) + list(self.ready):
+            cand = self._base(pending, "interrupted", "the run stopped before the harness finished",
+                              source=pending.source)
+            self._record(replace(cand, verdict="interrupted"))
+        self.evals.clear()
+        self.ready.clear()
+        self.requests.clear()
+        if self.stop_reason is None or reason == "interrupted":
+            self.stop_reason = reason
+
+    def _close(self) -> None:
+        closers = [threading.Thread(target=e.close, daemon=True) for e in self.evaluators.values()]
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join(timeout=10)
+        self.evaluators.clear()
+
+    def _finish(self) -> RunSummary:
+        reason = self.stop_reason or "budget spent"
+        self.archive.finish_run(self.run_id, reason)
+        best = max(self.elites, key=_rank, default=None)
+        best_path = None
+        if best is not None:
+            best = self.archive.with_source(best)
+            best_path = self.run_dir / "best.py"
+            best_path.write_text(best.source or "", encoding="utf-8")
+        not_measured = () if self.timed else (
+            "speed: no GPU in this run, so no kernel was timed (no speedup, no torch.compile comparison)",
+            "% of roofline: needs a GPU timing",
+            "correctness was checked through Triton's CPU interpreter at reduced shapes")
+        progress = self._progress()
+        self._emit(EventKind.FINISHED, f"run {self.run_id} finished: {reason}")
+        return RunSummary(run_id=self.run_id, task_path=str(self.task.path), device=self.device, timed=self.timed,
+                          proposer=self.provider.name if self.provider else tuner_mod.NAME, stop_reason=reason,
+                          progress=progress, start=self.start if hasattr(self, "start") else None, best=best,
+                          best_path=best_path, run_dir=self.run_dir, not_measured=not_measured,
+                          notes=tuple(self.notes))
+
+    def _progress(self) -> Progress:
+        return Progress(proposals=self.issued, budget=self.budget, in_flight=len(self.requests) + len(self.ready)
+                        + len(self.evals), accepted=self.accepted, rejected=self.rejected, input_tokens=self.tokens_in,
+                        output_tokens=self.tokens_out, cost_usd=self.cost, elapsed_s=time.monotonic() - self.started,
+                        proposer="tuner" if self._tuner_turn() else (self.provider.name if self.provider else ""),
+                        best=self.best)
+
+    def _emit(self, kind: EventKind, message: str, cand: Candidate | None = None) -> None:
+        log.info("%s", message)
+        self.on_event(Event(kind, message, self._progress(), cand))
+
+
+def _device(device: str) -> str:
+    from sandbox.harness import resolve_device
+    try:
+        return resolve_device(device)
+    except ValueError as exc:
+        raise LoopError(str(exc)) from None
+
+
+def _rank(c: Candidate) -> tuple:
+    return (*fitness(c), -c.id)  # ties (nothing timed): the earliest verified kernel
+
+
+def _speed(c: Candidate) -> str:
+    t = c.timings
+    if t.speedup_eager is None:
+        return "not timed"
+    text = f"{t.speedup_eager:.2f}x vs eager"
+    if t.eager_ci_low is not None and t.eager_ci_high is not None:
+        text += f" [{t.eager_ci_low:.2f}, {t.eager_ci_high:.2f}]"
+    if t.pct_roofline is not None:
+        text += f", {t.pct_roofline:.0f}% of roofline"
+    return text
+
+
+def _diagnostics(c: Candidate) -> str:
+    from agent import prompting
+    if c.diagnostics:
+        return prompting.describe_result(c.diagnostics, c.source)
+    return f"{c.verdict} ({c.reason}): {c.message}"
+
+
+def _one_line(c: Candidate) -> str:
+    return f"#{c.id}, {_speed(c) if c.timed else 'verified, not timed'}"
