@@ -272,8 +272,8 @@ class OpenAIProvider(_SDKProvider):
                     if isinstance(piece, str):
                         parts.append(piece)
                     finish = _str_or_none(getattr(choice, "finish_reason", None)) or finish
-        if finish is None and not parts:
-            raise MalformedReply("the stream ended without any choice")
+        if finish is None:  # every complete stream ends its choice with a finish_reason; this one was cut
+            raise MalformedReply("the stream ended before a finish_reason")
         return _Raw(text="".join(parts), model=model, usage=usage, finish_reason=finish)
 
 
@@ -314,7 +314,9 @@ class AnthropicProvider(_SDKProvider):
         if system:
             params["system"] = system
         if "temperature" not in self._dropped:
-            params["temperature"] = temperature
+            # Through extra_body: recent SDKs dropped the keyword (newer models refuse sampling parameters, and a
+            # refusal makes _adapt stop sending it); older SDKs and other servers still take it.
+            params["extra_body"] = {"temperature": temperature}
         return params
 
     def _request(self, messages: list[Message], max_tokens: int, temperature: float) -> _Raw:
