@@ -72,3 +72,33 @@ def test_cross_entropy_rejects_bad_inputs():
         cross_entropy_fwd_bwd(torch.randn(2, 5), torch.zeros(2, dtype=torch.long), reduction="none")
     with pytest.raises(ValueError, match=r"\[N, V\]"):
         cross_entropy_fwd_bwd(torch.randn(2, 5), torch.zeros(3, dtype=torch.long))
+
+
+LCE_SHAPES = [(1, 16, 1), (5, 24, 37), (70, 32, 129), (33, 48, 300)]  # BT, H, V
+
+
+@pytest.mark.parametrize("shape", LCE_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_linear_cross_entropy(shape, dtype, device):
+    bt, h, v = shape
+    task = load_task(TASKS / "linear_cross_entropy.py").with_constants({"BT": bt, "H": h, "V": v})
+    model = task.make_reference(0, device).to(dtype)
+    new = importlib.import_module("seeds.linear_cross_entropy").ModelNew(*task.init_inputs())
+    new.load_state_dict(model.state_dict())
+    new = new.to(device=device, dtype=dtype)
+    inputs = [x.to(dtype) if x.is_floating_point() else x for x in task.make_inputs(9, "normal", device)]
+    _compare_all(new(*inputs), model(*inputs), _truth(model, inputs))
+
+
+@pytest.mark.parametrize("chunk,split_k", [(16, 1), (32, 2), (64, 5)])
+@pytest.mark.parametrize("smoothing,reduction", [(0.0, "sum"), (0.1, "mean")])
+def test_linear_cross_entropy_chunks(chunk, split_k, smoothing, reduction, device):
+    """Every chunking and split-K gives the reference's loss and gradients (several chunks accumulate dweight)."""
+    from seeds.linear_cross_entropy import linear_cross_entropy_fwd_bwd
+    task = load_task(TASKS / "linear_cross_entropy.py").with_constants({"BT": 77, "H": 40, "V": 203})
+    model = task.module.Model(40, 203, -100, smoothing, reduction).float().to(device)
+    x, target = task.make_inputs(11, "outliers", device)
+    x = x.float()
+    got = linear_cross_entropy_fwd_bwd(x, model.weight.detach(), target, -100, smoothing, reduction, chunk=chunk,
+                                       split_k=split_k)
+    _compare_all(got, model(x, target), _truth(model, [x, target]))
