@@ -1,0 +1,106 @@
+"""The baselines a candidate is timed against, built from the task's reference model.
+
+- `eager`: the reference `Model` as written.
+- `compile`: `torch.compile(model)` in the default mode (compiled during the timing warm-up, never in a timed call).
+- `liger`: Liger Kernel's kernel for the same op, when the task file defines `crucible_liger(model)` returning a
+  callable that takes the same positional inputs as the model (the task knows which Liger op matches and how to carry
+  over the weights) and liger-kernel is installed.
+A baseline that cannot be built is reported as unavailable with the reason, never silently dropped. Each callable
+takes one input set (a list), as profiler.timing.measure expects, and runs without autograd unless an input asks
+for gradients.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+KNOWN = ("eager", "compile", "liger")
+LIGER_HOOK = "crucible_liger"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    fn: Callable[[list], Any] | None
+    reason: str = ""  # why unavailable
+    versions: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def available(self) -> bool:
+        return self.fn is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "available": self.available, "reason": self.reason, "versions": dict(self.versions)}
+
+
+def parse_names(text: str | None) -> tuple[str, ...]:
+    """'eager,compile' -> ('eager', 'compile'); ValueError with one sentence for an unknown name."""
+    if not text:
+        return ("eager",)
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in KNOWN]
+    if bad:
+        raise ValueError(f"unknown baseline {', '.join(bad)}; choose from {', '.join(KNOWN)}")
+    return names
+
+
+def _call(target: Callable[..., Any]) -> Callable[[list], Any]:
+    def run(args: list) -> Any:
+        needs_grad = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        if needs_grad:
+            return target(*args)
+        with torch.no_grad():
+            return target(*args)
+    return run
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def build(name: str, model: torch.nn.Module, task_module: Any = None) -> Baseline:
+    """One baseline around an already constructed reference `model` (on its device, in eval mode)."""
+    torch_v = {"torch": torch.__version__}
+    if name == "eager":
+        return Baseline("eager", _call(model), versions=torch_v)
+    if name == "compile":
+        try:
+            compiled = torch.compile(model)
+        except Exception as exc:  # noqa: BLE001 - reported as unavailable
+            return Baseline("compile", None, f"torch.compile failed: {type(exc).__name__}: {exc}", torch_v)
+        return Baseline("compile", _call(compiled), versions={**torch_v, "triton": _dist_version("triton")})
+    if name == "liger":
+        versions = {**torch_v, "liger_kernel": _dist_version("liger-kernel")}
+        hook = getattr(task_module, LIGER_HOOK, None)
+        if hook is None:
+            return Baseline("liger", None, f"the task defines no {LIGER_HOOK}(model) for Liger's matching op", versions)
+        if importlib.util.find_spec("liger_kernel") is None:
+            return Baseline("liger", None, "liger-kernel is not installed", versions)
+        try:
+            fn = hook(model)
+        except Exception as exc:  # noqa: BLE001 - reported as unavailable
+            return Baseline("liger", None, f"{LIGER_HOOK} failed: {type(exc).__name__}: {exc}", versions)
+        if not callable(fn):
+            return Baseline("liger", None, f"{LIGER_HOOK}(model) returned {type(fn).__name__}, not a callable",
+                            versions)
+        return Baseline("liger", _call(fn), versions=versions)
+    raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(KNOWN)}")
+
+
+def build_all(names: tuple[str, ...], model: torch.nn.Module, task_module: Any = None) -> dict[str, Baseline]:
+    """Every requested baseline, in the order asked (torch.compile wraps the module; eager calls stay eager)."""
+    out = {}
+    for name in names:
+        out[name] = build(name, model, task_module)
+        log.info("baseline %s: %s", name, "available" if out[name].available else out[name].reason)
+    return out

@@ -1,0 +1,423 @@
+"""Timing callables on one CUDA device the way an adversarial candidate cannot fool.
+
+`measure(fns, input_sets)` runs in the sandboxed child and returns plain, picklable data; the trusted parent turns it
+into statistics (profiler.stats), validates the sampled outputs and builds the report (profiler.report).
+
+What each timed call looks like (eager mode):
+
+    device sync; reset persisting L2; write the flush buffer (>= 2x L2)        <- the flush still runs on the GPU
+    t0 = host clock; start.record(); out = fn(inputs[k]); end.record()          <- ...while the host launches fn
+    device sync; t1 = host clock; end_all.record(); device sync
+
+- `stream_ms` = start -> end: what triton.testing.do_bench would report. The flush kernel is still running when fn's
+  kernels are enqueued, so host launch latency is hidden exactly as in do_bench.
+- `tail_ms` = end -> end_all: end_all is recorded only after the WHOLE device went idle, so work the candidate left
+  on another stream (or a thread's stream) shows up here. An empty call measures the tail an honest call has
+  (`calibration`); a call whose tail exceeds it is flagged and the excess is counted in its time (`ms`).
+- `wall_ms` = t1 - t0 on the host, against the empty call's wall time: a call whose event time is far below its
+  host time is flagged too.
+Functions are interleaved A B A B ... with the order rotated every round, so drift (clocks, thermals) hits all of
+them alike and per-round ratios are paired. Warm-up calls (a fixed count, default 5) absorb compilation and
+autotuning; every call rotates to the next input set.
+
+Outputs of the watched function (the candidate) are checked twice: a cheap fingerprint (float64 sum and sum of
+squares of each output tensor) right after each timed call returns, and again later (one round on, or at the end
+of the run, within a memory budget) — a change means work finished after the call "returned" (THREATS #16). A
+sample of its timed outputs is copied to the CPU, outside the timed region, for the parent to check against the
+reference (THREATS #15, #4).
+
+The timer functions are captured when this module is imported (before any candidate code) and called through those
+captured references; their identity is checked after the run, and a change is reported as tampering (THREATS #17).
+
+Imports: torch and the standard library only; this module runs inside the sandbox child.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import math
+import time
+import traceback
+from typing import Any, Callable, Iterable
+
+import torch
+
+NULL_FN = "_null"  # the empty call that calibrates the honest tail and wall time
+SCHEMA = 1
+
+# ---- the trusted timer, captured before any candidate is imported -------------------------------------------------
+_EVENT = torch.cuda.Event
+_RECORD = torch.cuda.Event.record
+_ELAPSED = torch.cuda.Event.elapsed_time
+_EVENT_SYNC = torch.cuda.Event.synchronize
+_SYNC = torch.cuda.synchronize
+_C_SYNC = getattr(torch._C, "_cuda_synchronize", None)  # absent from CPU-only builds
+_PERF = time.perf_counter
+_ZERO = torch.Tensor.zero_
+_CURRENT_STREAM = torch.cuda.current_stream
+
+_WATCHED: dict[str, Callable[[], Any]] = {
+    "torch.cuda.Event": lambda: torch.cuda.Event,
+    "torch.cuda.Event.record": lambda: torch.cuda.Event.record,
+    "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event.elapsed_time,
+    "torch.cuda.Event.synchronize": lambda: torch.cuda.Event.synchronize,
+    "torch.cuda.synchronize": lambda: torch.cuda.synchronize,
+    "torch._C._cuda_synchronize": lambda: getattr(torch._C, "_cuda_synchronize", None),
+    "time.perf_counter": lambda: time.perf_counter,
+    "torch.Tensor.zero_": lambda: torch.Tensor.zero_,
+    "torch.cuda.current_stream": lambda: torch.cuda.current_stream,
+}
+_CAPTURED = {name: get() for name, get in _WATCHED.items()}
+
+
+def tampered() -> list[str]:
+    """Names of timer/flush functions that are no longer the objects captured at import."""
+    out = []
+    for name, get in _WATCHED.items():
+        try:
+            now = get()
+        except Exception:  # deleted attribute
+            out.append(name)
+            continue
+        if now is not _CAPTURED[name]:
+            out.append(name)
+    return out
+
+
+def _device_sync() -> None:
+    _C_SYNC()  # the whole device (every stream), without going through the patchable torch.cuda.synchronize
+
+
+# ---- persisting L2 -------------------------------------------------------------------------------------------------
+class _PersistingL2:
+    """cuCtxResetPersistingL2Cache through the driver (ctypes), else cuda.bindings; records which, or why neither."""
+
+    def __init__(self) -> None:
+        self.method: str | None = None
+        self.error: str | None = None
+        self._call: Callable[[], int] | None = None
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            fn = lib.cuCtxResetPersistingL2Cache
+            fn.restype = ctypes.c_int
+            self._call, self.method = fn, "cuCtxResetPersistingL2Cache (libcuda, ctypes)"
+        except (OSError, AttributeError) as exc:
+            self.error = f"libcuda: {exc}"
+            try:
+                from cuda.bindings import runtime as cudart  # type: ignore[import-not-found]
+
+                def call() -> int:
+                    return int(cudart.cudaCtxResetPersistingL2Cache()[0])
+
+                self._call, self.method, self.error = call, "cudaCtxResetPersistingL2Cache (cuda.bindings)", None
+            except Exception as exc2:  # noqa: BLE001 - any import failure means: not available
+                self.error += f"; cuda.bindings: {exc2}"
+
+    def reset(self) -> None:
+        if self._call is None:
+            return
+        rc = int(self._call())
+        if rc != 0:
+            self.error = f"{self.method} returned {rc}"
+            self._call = None
+
+
+# ---- outputs -------------------------------------------------------------------------------------------------------
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _tensors(o)]
+    return []
+
+
+def fingerprint(out: Any) -> list[tuple[float, float]]:
+    """Per output tensor: (float64 sum, float64 sum of squares). Deterministic for an unchanged tensor."""
+    fp = []
+    for t in _tensors(out):
+        x = t.detach()
+        if x.is_complex():
+            x = torch.view_as_real(x)
+        if x.dtype == torch.bool:
+            x = x.to(torch.uint8)
+        x64 = x.to(torch.float64) if x.numel() <= (1 << 26) else None
+        if x64 is None:  # big outputs: reduce chunk by chunk instead of materialising a float64 copy
+            flat = x.reshape(-1)
+            s = ss = 0.0
+            for i in range(0, flat.numel(), 1 << 26):
+                c = flat[i:i + (1 << 26)].to(torch.float64)
+                s += float(c.sum())
+                ss += float((c * c).sum())
+        else:
+            s, ss = float(x64.sum()), float((x64 * x64).sum())
+        fp.append((s, ss))
+    return fp
+
+
+def _same_fp(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
+    if len(a) != len(b):
+        return False
+    for (s1, q1), (s2, q2) in zip(a, b):
+        for u, v in ((s1, s2), (q1, q2)):
+            if not (u == v or (math.isnan(u) and math.isnan(v))):
+                return False
+    return True
+
+
+def _nbytes(out: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(out))
+
+
+def _to_cpu(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.detach().to("cpu", copy=True)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_to_cpu(o) for o in out) if isinstance(out, list) else tuple(_to_cpu(o) for o in out)
+    if isinstance(out, dict):
+        return {k: _to_cpu(v) for k, v in out.items()}
+    return out
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"type": type(exc).__name__, "message": str(exc)[:4000], "traceback": tb[-8000:]}
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        return float("nan")
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+# ---- measure -------------------------------------------------------------------------------------------------------
+def measure(
+    fns: dict[str, Callable[[list], Any]],
+    input_sets: list[list],
+    *,
+    reps: int = 30,
+    warmup: int = 5,
+    flush_bytes: int | None = None,
+    sample_every: int | None = None,
+    watch: str | None = None,
+    graph: bool = False,
+    hold_bytes: int = 8 << 30,
+    tail_tolerance_ms: float = 0.05,
+    tail_tolerance_rel: float = 0.10,
+) -> dict[str, Any]:
+    """Time each callable `reps` times, interleaved and rotated, on the current CUDA device.
+
+    fns: name -> callable taking one input set (a list) and returning the output(s). `watch` names the function whose
+    outputs are fingerprinted and sampled (default: the first). `sample_every`: every n-th timed call of `watch`
+    (and its last) is copied to the CPU (default: about four samples). `graph`: time CUDA-graph replays, one graph
+    captured per (function, input set) before warm-up; for launch-bound ops. `hold_bytes`: memory the fingerprint
+    re-check may keep alive; past it the oldest outputs are re-checked early and released.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure needs a CUDA device")
+    if not fns:
+        raise ValueError("measure needs at least one function")
+    if not input_sets:
+        raise ValueError("measure needs at least one input set")
+    if NULL_FN in fns:
+        raise ValueError(f"{NULL_FN!r} is reserved for the calibration call")
+    if reps < 2 or warmup < 0:
+        raise ValueError("reps must be at least 2 and warmup non-negative")
+    names = list(fns)
+    watch = names[0] if watch is None else watch
+    if watch not in fns:
+        raise ValueError(f"watch={watch!r} is not one of {names}")
+    sample_every = max(1, reps // 3) if sample_every is None else max(1, int(sample_every))
+
+    dev = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(dev)
+    l2 = int(getattr(props, "L2_cache_size", 0) or (50 << 20))
+    flush_bytes = max(2 * l2, 256 << 20) if flush_bytes is None else int(flush_bytes)
+    if flush_bytes < 2 * l2:
+        raise ValueError(f"flush_bytes={flush_bytes} is under twice the L2 size ({l2} bytes)")
+    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=dev)
+    persisting = _PersistingL2()
+    n_sets = len(input_sets)
+    warnings: list[str] = []
+    if warmup + reps > n_sets:
+        warnings.append(f"{n_sets} input sets for {warmup + reps} calls per function: inputs are reused, so a "
+                        "candidate that caches results by input address could go unnoticed; pass more input sets")
+    if persisting.method is None:
+        warnings.append(f"persisting L2 could not be reset: {persisting.error}")
+
+    calls: dict[str, Callable[[list], Any]] = {NULL_FN: lambda args: None, **fns}
+    order_base = [NULL_FN] + names
+    per: dict[str, dict[str, Any]] = {
+        n: {"ms": [], "stream_ms": [], "tail_ms": [], "wall_ms": [], "input_set": [], "flagged": [], "error": None}
+        for n in order_base
+    }
+    samples: list[dict[str, Any]] = []
+    prints: list[dict[str, Any]] = []  # fingerprints of the watched function's timed calls
+    held: list[tuple[int, Any]] = []  # (index into prints, output) awaiting the later re-check
+    held_bytes = 0
+    graphs: dict[tuple[str, int], tuple[Any, Any]] = {}
+    order: list[list[str]] = []
+    fatal: dict[str, str] | None = None
+
+    def recheck(entry_idx: int, out: Any) -> None:
+        entry = prints[entry_idx]
+        entry["later"] = fingerprint(out)
+        entry["changed"] = not _same_fp(entry["at_return"], entry["later"])
+
+    gc_was_enabled = gc.isenabled()
+    try:
+        if graph:
+            used = sorted({c % n_sets for c in range(warmup + reps)})
+            for n in names:
+                try:
+                    graphs.update(_capture(n, calls[n], input_sets, used))
+                except Exception as exc:  # noqa: BLE001 - a candidate that cannot be captured is reported, not fatal
+                    per[n]["error"] = _error(exc)
+            warnings.append("graph mode: each output is the graph's static buffer, so the later fingerprint "
+                            "re-check is skipped")
+        start, end, end_all = _EVENT(enable_timing=True), _EVENT(enable_timing=True), _EVENT(enable_timing=True)
+        null_tail: list[float] = []
+        null_wall: list[float] = []
+        gc.collect()
+        gc.disable()
+        for r in range(-warmup, reps):
+            timed = r >= 0
+            k = (r + warmup) % n_sets  # the same input set for every function in a round: ratios are paired
+            shift = (r + warmup) % len(order_base)
+            rnd = order_base[shift:] + order_base[:shift]
+            alive = [n for n in rnd if per[n]["error"] is None]
+            if timed:
+                order.append(alive)
+            for n in alive:
+                args = input_sets[k]
+                g = graphs.get((n, k)) if graph and n != NULL_FN else None
+                try:
+                    _device_sync()
+                    persisting.reset()
+                    _ZERO(flush)
+                    t0 = _PERF()
+                    _RECORD(start)
+                    if g is not None:
+                        g[0].replay()
+                        out = g[1]
+                    else:
+                        out = calls[n](args)
+                    _RECORD(end)
+                    _device_sync()
+                    t1 = _PERF()
+                    _RECORD(end_all)
+                    _device_sync()
+                    stream_ms = float(_ELAPSED(start, end))
+                    tail_ms = float(_ELAPSED(end, end_all))
+                except Exception as exc:  # noqa: BLE001 - recorded per function; a dead context ends the run below
+                    per[n]["error"] = _error(exc)
+                    try:
+                        _device_sync()
+                    except Exception as exc2:  # noqa: BLE001
+                        fatal = _error(exc2)
+                        raise _Fatal from None
+                    continue
+                wall_ms = (t1 - t0) * 1e3
+                if n == NULL_FN:
+                    null_tail.append(tail_ms)
+                    null_wall.append(wall_ms)
+                if not timed:
+                    del out
+                    continue
+                p = per[n]
+                p["stream_ms"].append(stream_ms)
+                p["tail_ms"].append(tail_ms)
+                p["wall_ms"].append(wall_ms)
+                p["input_set"].append(k)
+                if n == watch:
+                    i = r
+                    prints.append({"call": i, "input_set": k, "at_return": fingerprint(out), "later": None,
+                                   "changed": False})
+                    if i % sample_every == 0 or i == reps - 1:
+                        samples.append({"fn": n, "call": i, "input_set": k, "outputs": _to_cpu(out)})
+                    if g is None:
+                        held.append((len(prints) - 1, out))
+                        held_bytes += _nbytes(out)
+                        while held_bytes > hold_bytes and len(held) > 1:
+                            idx, old = held.pop(0)
+                            held_bytes -= _nbytes(old)
+                            recheck(idx, old)
+                del out
+        for idx, old in held:
+            recheck(idx, old)
+        held.clear()
+    except _Fatal:
+        pass
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+    # Counted time: the stream time plus whatever the device was still busy with after the stream's end event,
+    # beyond what an empty call leaves (side streams), and a flag where host time says the events missed work.
+    cal_tail = _median(null_tail) if null_tail else 0.0
+    cal_wall = _median(null_wall) if null_wall else 0.0
+    for n in names:
+        p = per[n]
+        for i, (s, t, w) in enumerate(zip(p["stream_ms"], p["tail_ms"], p["wall_ms"])):
+            excess = t - cal_tail
+            ms = s
+            if excess > max(tail_tolerance_ms, tail_tolerance_rel * s):
+                p["flagged"].append({"call": i, "why": "tail", "excess_ms": excess})
+                ms = s + excess
+            if w - cal_wall > 1.5 * ms + 0.2:
+                p["flagged"].append({"call": i, "why": "wall", "excess_ms": w - cal_wall - ms})
+            p["ms"].append(ms)
+        p["inconsistent"] = len({f["call"] for f in p["flagged"]}) > max(1, len(p["ms"]) // 4)
+
+    mismatched = [{"fn": watch, "call": e["call"], "input_set": e["input_set"]} for e in prints if e["changed"]]
+    changed_timer = tampered()
+    if changed_timer:
+        warnings.append("timer functions were replaced during the run: " + ", ".join(changed_timer))
+    if mismatched:
+        warnings.append(f"{len(mismatched)} timed outputs of {watch} changed after their call returned")
+    del flush, graphs
+    return {
+        "schema": SCHEMA,
+        "device": {"index": dev, "name": props.name, "l2_bytes": l2, "sm_count": props.multi_processor_count},
+        "config": {"reps": reps, "warmup": warmup, "flush_bytes": flush_bytes, "n_input_sets": n_sets,
+                   "sample_every": sample_every, "watch": watch, "graph": graph,
+                   "tail_tolerance_ms": tail_tolerance_ms, "tail_tolerance_rel": tail_tolerance_rel},
+        "l2": {"flush_bytes": flush_bytes, "persisting_reset": persisting.method, "persisting_error": persisting.error},
+        "calibration": {"null_tail_ms": cal_tail, "null_wall_ms": cal_wall,
+                        "null_stream_ms": _median(per[NULL_FN]["stream_ms"]) if per[NULL_FN]["stream_ms"] else 0.0},
+        "order": order,
+        "fns": {n: per[n] for n in names},
+        "samples": samples,
+        "fingerprints": prints,
+        "fingerprint_mismatches": mismatched,
+        "tampered": changed_timer,
+        "fatal": fatal,
+        "warnings": warnings,
+    }
+
+
+class _Fatal(Exception):
+    """The CUDA context is unusable: stop timing and return what was measured."""
+
+
+def _capture(name: str, fn: Callable[[list], Any], input_sets: list[list],
+             used: Iterable[int]) -> dict[tuple[str, int], tuple[Any, Any]]:
+    """One CUDA graph per input set; fn runs eagerly once first (compilation, autotuning) on a side stream."""
+    out: dict[tuple[str, int], tuple[Any, Any]] = {}
+    side = torch.cuda.Stream()
+    side.wait_stream(_CURRENT_STREAM())
+    with torch.cuda.stream(side):
+        for k in used:
+            fn(input_sets[k])
+    _CURRENT_STREAM().wait_stream(side)
+    _device_sync()
+    for k in used:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            res = fn(input_sets[k])
+        out[(name, k)] = (g, res)
+    _device_sync()
+    return out
