@@ -329,8 +329,8 @@ class _Coordinator:
         self.issued = done["proposals"]
         self.tokens_in, self.tokens_out, self.cost = done["input_tokens"], done["output_tokens"], done["cost_usd"]
         mine = self.archive.candidates(run_id=self.run_id)
-        self.accepted = sum(c.accepted for c in mine)
-        self.rejected = sum(c.verdict == "rejected" for c in mine)
+        self.accepted = sum(c.accepted for c in mine if c.origin != "seed")
+        self.rejected = sum(c.verdict == "rejected" for c in mine if c.origin != "seed")
         self.known = self.archive.known_sources(task.source_hash, timed=self.timed)
         self.elites = [self.archive.with_source(c) for c in self.archive.elites(task.source_hash, timed=self.timed)]
         self.failures = [self.archive.with_source(c) for c in mine
@@ -584,11 +584,12 @@ class _Coordinator:
         self._last_recorded = cand
         if cand.source_sha and cand.verdict != "interrupted" and cand.reason != "harness_error":
             self.known.add(cand.source_sha)
+        proposed = cand.origin != "seed"  # the counters are of proposals; the starting kernel is reported apart
         if cand.accepted:
-            self.accepted += 1
+            self.accepted += proposed
             self.elites.append(cand)
         elif cand.verdict == "rejected":
-            self.rejected += 1
+            self.rejected += proposed
             if cand.source and cand.stage not in (None, "propose") and cand.origin != "tuner":
                 self.failures.append(cand)
         verdict = "not timed" if cand.accepted and not cand.timed else _speed(cand) if cand.accepted else cand.reason

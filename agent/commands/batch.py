@@ -1,0 +1,148 @@
+"""`crucible batch DIR`: run the search on every task file in a folder (KernelBench's level folders too).
+
+Tasks run one after another (each with --gpus evaluation workers); a task that cannot start (no seed and no model,
+a broken file) is reported and skipped. The summary table can also be written as JSON (--json-out) and CSV (--csv).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agent.commands.run import StopOnSignal, add_search_options, config_from
+
+console = Console()
+err_console = Console(stderr=True)
+CSV_FIELDS = ["task", "status", "run_id", "proposals", "accepted", "rejected", "timed", "best_id", "speedup_eager",
+              "eager_ci_low", "eager_ci_high", "speedup_compile", "pct_roofline", "best_path", "note"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("batch", help="run the search over a folder of tasks", description=__doc__)
+    p.add_argument("dir", type=Path, help="folder of task files")
+    add_search_options(p)
+    p.add_argument("--json-out", type=Path, metavar="FILE", help="write the summary as JSON")
+    p.add_argument("--csv", type=Path, metavar="FILE", help="write the summary as CSV")
+    p.set_defaults(func=run)
+
+
+def find_tasks(folder: Path) -> list[Path]:
+    """Files that define Model, get_inputs and get_init_inputs, in natural order (2_... before 10_...)."""
+    found = []
+    for path in folder.glob("*.py"):
+        if path.name.startswith("_"):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except SyntaxError:
+            continue
+        names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+        if {"Model", "get_inputs", "get_init_inputs"} <= names:
+            found.append(path)
+    return sorted(found, key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)])
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent.archive import Archive
+    from agent.llm import ProviderError, make_provider
+    from agent.loop import LoopError, prepare, run_search
+
+    if not args.dir.is_dir():
+        err_console.print(f"{args.dir} is not a folder; pass a folder of task files")
+        return 2
+    tasks = find_tasks(args.dir)
+    if not tasks:
+        err_console.print(f"no task files in {args.dir} (a task defines Model, get_inputs and get_init_inputs)")
+        return 2
+    try:
+        provider = make_provider(args.model)
+    except ProviderError as exc:
+        err_console.print(str(exc))
+        return 2
+    rows: list[dict[str, Any]] = []
+    with Archive(args.archive) as archive, StopOnSignal() as stop, Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(), console=console) as bars:
+        ids = {t: bars.add_task(t.name, total=args.budget or 20, status="waiting") for t in tasks}
+        for task in tasks:
+            bar = ids[task]
+            if stop.is_set():
+                rows.append(_row(task, "interrupted", note="not started"))
+                bars.update(bar, status="not started")
+                continue
+
+            def on_event(event: Any, bar: int = bar) -> None:
+                p = event.progress
+                best = p.best
+                status = ("not timed" if best is not None and not best.timed else
+                          f"{best.timings.speedup_eager:.2f}x" if best and best.timings.speedup_eager else "")
+                bars.update(bar, completed=p.proposals, total=max(p.budget, 1),
+                            status=f"{p.accepted} verified {status}".strip())
+            try:
+                config = prepare(config_from(args, task), archive)
+                summary = run_search(config, archive, provider=provider, on_event=on_event, stop=stop)
+            except LoopError as exc:
+                rows.append(_row(task, "skipped", note=str(exc)))
+                bars.update(bar, status="[yellow]skipped[/yellow]")
+                continue
+            rows.append(_row(task, "interrupted" if summary.stop_reason == "interrupted" else "done", summary))
+            bars.update(bar, status=rows[-1]["status"] + (" · best #%s" % summary.best.id if summary.best else ""))
+    _table(rows)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        with args.csv.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+    if any(r["status"] == "interrupted" for r in rows):
+        return 130
+    return 0 if all(r["best_id"] is not None for r in rows) else 1
+
+
+def _row(task: Path, status: str, summary: Any = None, note: str = "") -> dict[str, Any]:
+    row: dict[str, Any] = {k: None for k in CSV_FIELDS}
+    row.update(task=str(task), status=status, note=note)
+    if summary is None:
+        return row
+    p, best = summary.progress, summary.best
+    row.update(run_id=summary.run_id, proposals=p.proposals, accepted=p.accepted, rejected=p.rejected,
+               timed=summary.timed, note=summary.stop_reason)
+    if best is not None:
+        t = best.timings
+        row.update(best_id=best.id, speedup_eager=t.speedup_eager, eager_ci_low=t.eager_ci_low,
+                   eager_ci_high=t.eager_ci_high, speedup_compile=t.speedup_compile, pct_roofline=t.pct_roofline,
+                   best_path=str(summary.best_path))
+    return row
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    table = Table("task", "status", "proposals", "verified", "best", "vs eager", "vs compile", "roofline", "note")
+    for r in rows:
+        if r["best_id"] is None:
+            eager = comp = roof = ""
+        elif not r["timed"]:
+            eager, comp, roof = "not timed", "not timed", "not timed"
+        else:
+            eager = _ci(r["speedup_eager"], r["eager_ci_low"], r["eager_ci_high"])
+            comp = "not measured" if r["speedup_compile"] is None else f"{r['speedup_compile']:.2f}x"
+            roof = "not measured" if r["pct_roofline"] is None else f"{r['pct_roofline']:.0f}%"
+        table.add_row(Path(r["task"]).name, r["status"], str(r["proposals"] or 0), str(r["accepted"] or 0),
+                      f"#{r['best_id']}" if r["best_id"] else "none", eager, comp, roof, r["note"] or "")
+    console.print(table)
+
+
+def _ci(v: float | None, low: float | None, high: float | None) -> str:
+    if v is None:
+        return "not measured"
+    return f"{v:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
