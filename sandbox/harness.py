@@ -200,7 +200,8 @@ class Harness:
         }
         reply = self._request(run, Stage.COMPILE, msg)
         run.network_isolated = bool(reply.get("network_isolated"))
-        return reference, {"network_isolated": run.network_isolated}
+        return reference, {"network_isolated": run.network_isolated,
+                           "filesystem_read_only": bool(reply.get("filesystem_read_only"))}
 
     def _call(self, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
               expected: Expected | None = None) -> tuple[dict[str, Any], Expected]:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 TOOLCHAIN = {"ptxas", "cuobjdump", "nvdisasm", "ldconfig", "gcc", "cc", "clang", "g++", "nvcc", "nvlink", "ld",
              "fatbinary", "x86_64-linux-gnu-gcc"}
 
@@ -37,6 +39,7 @@ class Policy:
     max_file_bytes: int = 1 << 30
     violations: list[str] = field(default_factory=list)
     network_isolated: bool = False
+    filesystem_read_only: bool = False
     # True while trusted code (Triton compiling, the harness itself) is running, so tools may be invoked.
     trusted_depth: int = 0
 
@@ -48,6 +51,7 @@ def apply(policy: Policy) -> Policy:
     global _POLICY
     _set_limits(policy)
     policy.network_isolated = _isolate_network()
+    policy.filesystem_read_only = _read_only_filesystem(policy.write_roots)
     os.chdir(policy.scratch)
     os.environ["TMPDIR"] = str(policy.scratch)
     os.environ["HOME"] = str(policy.scratch)
@@ -80,6 +84,33 @@ def _isolate_network() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.unshare(CLONE_NEWNET) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _read_only_filesystem(write_roots: list[Path]) -> bool:
+    """A private mount namespace where every mount is read-only except the write roots (bind-mounted on
+    themselves first). This also stops writes made from C (torch.save, numpy.tofile) that no audit event sees."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(CLONE_NEWNS) != 0:
+            return False
+        if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+            return False
+        roots = [os.path.realpath(r) for r in write_roots]
+        for root in roots:
+            if libc.mount(root.encode(), root.encode(), None, MS_BIND | MS_REC, None) != 0:
+                return False
+        with open("/proc/self/mountinfo") as f:
+            targets = [line.split()[4] for line in f]
+        ok = True
+        for target in targets:
+            if target in roots or target.startswith(("/proc", "/sys", "/dev")):
+                continue
+            target_b = target.encode().decode("unicode_escape").encode()
+            if libc.mount(None, target_b, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None) != 0:
+                ok = ok and target != "/"
+        return ok
     except (OSError, AttributeError):
         return False
 

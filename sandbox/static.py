@@ -26,8 +26,8 @@ FORBIDDEN_MODULES = (
     "triton.testing", "triton.runtime.interpreter", "triton.knobs",
 )
 FORBIDDEN_NAMES = {
-    "eval", "exec", "compile", "__import__", "open", "globals", "vars", "breakpoint", "input", "setattr",
-    "delattr", "memoryview",
+    "eval", "exec", "compile", "__import__", "open", "globals", "locals", "vars", "breakpoint", "input",
+    "getattr", "setattr", "delattr", "memoryview", "type", "object",
 }
 FORBIDDEN_ATTRS = {
     "compile",            # torch.compile
@@ -38,6 +38,8 @@ FORBIDDEN_ATTRS = {
     "allow_bf16_reduced_precision_reduction", "Stream", "stream", "ExternalStream", "set_stream",
     "launch_enter_hook", "launch_exit_hook", "empty_cache", "_cached", "CUDAGraph", "graph",
 }
+
+ALLOWED_DUNDERS = {"__init__", "__name__"}
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,8 @@ def check_source(source: str, filename: str = "candidate.py") -> StaticFinding |
                 return StaticFinding(Reason.FORBIDDEN_IMPORT, bad, line)
         elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
             return StaticFinding(Reason.FORBIDDEN_CALL, f"`{node.id}` is not allowed in a candidate", line)
-        elif isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_ATTRS:
+        elif isinstance(node, ast.Attribute) and (node.attr in FORBIDDEN_ATTRS or (
+                node.attr.startswith("__") and node.attr not in ALLOWED_DUNDERS)):
             return StaticFinding(Reason.FORBIDDEN_CALL, f"`.{node.attr}` is not allowed in a candidate "
                                  f"(in `{_dotted(node)}`)", line)
         elif isinstance(node, ast.Name) and node.id.startswith("__") and node.id not in ("__name__", "__file__"):

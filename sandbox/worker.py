@@ -38,6 +38,8 @@ def main(sock_fd: int, out_fd: int) -> None:
             reply = _HANDLERS[op](state, msg)
         except Exception as exc:  # the candidate's failure, reported; the worker itself goes on
             reply = _failure(Reason.RUNTIME_ERROR, f"{type(exc).__name__}: {exc}", exc)
+            if "Read-only file system" in str(exc) and "policy" in state:  # a write from C, stopped by the mount
+                state["policy"].violations.append("writing outside the scratch directory (read-only file system)")
         violations = list(state["policy"].violations) if "policy" in state else []
         if violations and reply.get("ok") is False:
             reply.update(reason=Reason.SANDBOX_VIOLATION.value, message=violations[0])
@@ -79,6 +81,7 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     state["module"] = module
     reply = _build(state, msg)
     reply["network_isolated"] = pol.network_isolated
+    reply["filesystem_read_only"] = pol.filesystem_read_only
     return reply
 
 

@@ -1,0 +1,108 @@
+"""Every cheat in THREATS.md that can be shown on the CPU, as a candidate file the harness must reject for the
+right reason; and honest kernels it must accept. GPU-only classes live in test_harness_gpu.py."""
+from pathlib import Path
+
+import pytest
+
+from sandbox.harness import CheckOptions, Harness
+from sandbox.records import Reason, Stage, Verdict
+
+HERE = Path(__file__).parent
+CHEATS = HERE / "candidates" / "cheats"
+RMSNORM = HERE.parent / "tasks" / "rmsnorm_fwd.py"
+
+# file -> (stage, reason) the harness must name
+EXPECTED = {
+    "torch_compute.py": (Stage.SMOKE, Reason.TORCH_COMPUTE),                    # 1
+    "torch_compile.py": (Stage.STATIC, Reason.FORBIDDEN_CALL),                  # 1
+    "never_launched.py": (Stage.SMOKE, Reason.NO_TRITON_LAUNCH),                # 2
+    "dead_branch.py": (Stage.SMOKE, Reason.NO_TRITON_LAUNCH),                   # 2
+    "try_except.py": (Stage.STATIC, Reason.TRY_EXCEPT),                         # 3
+    "subclasses_reference.py": (Stage.STATIC, Reason.SUBCLASSES_REFERENCE),     # 3
+    "cache_by_shape.py": (Stage.CORRECTNESS, Reason.NO_TRITON_LAUNCH),          # 4
+    "uninitialised.py": (Stage.CORRECTNESS, Reason.NONFINITE_MISMATCH),         # 5
+    "hardcoded_shape.py": (Stage.ROBUSTNESS, None),                             # 7: wrong or crashing at other widths
+    "partial_write.py": (Stage.CORRECTNESS, Reason.NONFINITE_MISMATCH),         # 8
+    "mutates_input.py": (Stage.SMOKE, Reason.INPUT_MUTATED),                    # 11
+    "aliases_input.py": (Stage.SMOKE, Reason.OUTPUT_ALIASES_INPUT),             # 12
+    "returns_subclass.py": (Stage.SMOKE, Reason.OUTPUT_TYPE),                   # 12
+    "background_thread.py": (Stage.STATIC, Reason.FORBIDDEN_IMPORT),            # 14
+    "patches_allclose.py": (Stage.CORRECTNESS, Reason.OUTPUT_MISMATCH),         # 18
+    "reads_gc.py": (Stage.STATIC, Reason.FORBIDDEN_IMPORT),                     # 19
+    "nan_output.py": (Stage.CORRECTNESS, Reason.NONFINITE_MISMATCH),            # 20
+    "global_flags.py": (Stage.SMOKE, Reason.GLOBAL_FLAGS_CHANGED),              # 21
+    "fake_verdict.py": (Stage.SMOKE, Reason.CRASH),                             # 24
+    "writes_outside.py": (Stage.SMOKE, Reason.SANDBOX_VIOLATION),               # 25
+    "network.py": (Stage.SMOKE, Reason.SANDBOX_VIOLATION),                      # 25
+    "spawns_process.py": (Stage.SMOKE, Reason.SANDBOX_VIOLATION),               # 25
+    "crash.py": (Stage.SMOKE, Reason.CRASH),                                    # 26
+    "hangs.py": (Stage.SMOKE, Reason.TIMEOUT),                                  # 25/26
+}
+
+
+@pytest.fixture(scope="module")
+def harness():
+    with Harness("cpu") as h:
+        yield h
+
+
+def test_every_cheat_file_has_an_expectation():
+    assert sorted(p.name for p in CHEATS.glob("*.py")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_cheat_is_rejected_for_the_right_reason(harness, name):
+    stage, reason = EXPECTED[name]
+    result = harness.check(RMSNORM, CHEATS / name, CheckOptions(timeout_s=15 if name == "hangs.py" else 120))
+    assert result.verdict is Verdict.REJECTED, result.message
+    assert result.stage is stage, (result.stage, result.reason, result.message)
+    if reason is not None:
+        assert result.reason is reason, (result.reason, result.message)
+    else:
+        assert result.reason in (Reason.OUTPUT_MISMATCH, Reason.NONFINITE_MISMATCH, Reason.CRASH), result.message
+
+
+def test_sandbox_left_no_trace_outside_scratch():
+    assert not Path("/tmp/crucible-stolen-inputs.pt").exists()
+    assert not Path("/tmp/crucible-pwned").exists()
+
+
+def test_a_crash_does_not_affect_the_next_candidate(harness):
+    crashed = harness.check(RMSNORM, CHEATS / "crash.py")
+    honest = harness.check(RMSNORM, HERE / "candidates" / "rmsnorm_honest.py")
+    assert crashed.reason is Reason.CRASH
+    assert honest.verdict is Verdict.ACCEPTED, honest.message
+
+
+def test_mismatch_report_says_where_and_how_much(harness):
+    result = harness.check(RMSNORM, CHEATS / "patches_allclose.py")
+    mismatch = result.stages[-1].mismatch
+    assert mismatch is not None and mismatch.mismatched > 0
+    assert len(mismatch.worst_index) == 2 and mismatch.rel_l2_err > mismatch.rel_l2_bound
+    assert "worst at index" in result.message and "relative L2 error" in result.message
+
+
+def test_zeros_for_a_small_valued_output_fail(harness):
+    task = HERE / "tasks" / "row_mean.py"
+    zeros = harness.check(task, HERE / "candidates" / "row_mean_zeros.py")
+    honest = harness.check(task, HERE / "candidates" / "row_mean_honest.py")
+    assert zeros.reason is Reason.OUTPUT_MISMATCH and zeros.stage is Stage.CORRECTNESS, zeros.message
+    assert honest.verdict is Verdict.ACCEPTED, honest.message
+
+
+def test_lowered_precision_fails_on_a_float32_task(harness):
+    task = HERE / "tasks" / "matmul_fp32.py"
+    lowp = harness.check(task, HERE / "candidates" / "matmul_fp32_lowp.py")
+    honest = harness.check(task, HERE / "candidates" / "matmul_fp32_honest.py")
+    assert lowp.reason is Reason.OUTPUT_MISMATCH, lowp.message
+    assert honest.verdict is Verdict.ACCEPTED, honest.message
+
+
+def test_honest_kernel_is_accepted_with_every_stage_named(harness):
+    result = harness.check(RMSNORM, HERE / "candidates" / "rmsnorm_honest.py")
+    assert result.verdict is Verdict.ACCEPTED, result.message
+    assert [s.stage for s in result.stages] == [Stage.STATIC, Stage.COMPILE, Stage.SMOKE, Stage.CORRECTNESS,
+                                                Stage.ROBUSTNESS]
+    assert not result.timed
+    robustness = result.stages[-1].details
+    assert robustness["shapes"], "odd shapes must be tried"
