@@ -90,9 +90,12 @@ def sum_partials(partial: torch.Tensor, out: torch.Tensor, partial2: torch.Tenso
                  out2: torch.Tensor | None = None) -> None:
     """out[j] = sum_p partial[p, j] (and the same for the second pair), in a fixed order."""
     num_partials, n = partial.shape
+    # 32 columns (128-byte rows of fp32) per program gives N/32 programs (128 at N=4096); up to 128 partial rows
+    # per step keeps 16 KiB of loads in flight per program, so a few hundred partials take two or three steps.
     block_n = 32
+    block_p = min(128, max(16, triton.next_power_of_2(num_partials)))
     two = partial2 is not None
     _sum_partials_kernel[(triton.cdiv(n, block_n),)](
         partial, out, partial2 if two else partial, out2 if two else out, num_partials, n,
-        TWO=two, BLOCK_P=32, BLOCK_N=block_n, num_warps=4,
+        TWO=two, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
     )

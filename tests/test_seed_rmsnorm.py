@@ -112,3 +112,15 @@ def test_autograd_function_matches_torch_on_3d_input(device):
 def test_rejects_mismatched_weight(device):
     with pytest.raises(ValueError, match="does not match the last dimension"):
         rmsnorm.rmsnorm_fwd(torch.randn(4, 8, device=device), torch.ones(7, device=device), 1e-6)
+
+
+def test_sum_partials_over_several_steps(device):
+    from seeds._common import sum_partials
+    torch.manual_seed(4)
+    part, part2 = torch.randn(2, 300, 45, device=device).unbind(0)  # 300 partial rows: three steps of 128
+    out = torch.empty(45, dtype=torch.bfloat16, device=device)
+    out2 = torch.empty(45, device=device)
+    sum_partials(part, out, part2, out2)
+    for name, got, t in (("out", out, part.double().sum(0)), ("out2", out2, part2.double().sum(0))):
+        mismatch = compare(name, got, t.to(got.dtype), t)
+        assert mismatch is None, mismatch.describe()
