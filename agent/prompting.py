@@ -131,7 +131,7 @@ def describe_result(result: Any, source: str | None = None) -> str:
         if st.get("mismatch"):
             lines.append(_describe_mismatch(st["mismatch"]))
         if st.get("error"):
-            lines.append(_describe_error(st["error"], source, r.get("candidate")))
+            lines.append(_describe_error(st["error"], source, r.get("candidate"), already=r.get("message", "")))
     if not r.get("timed") or not r.get("timing"):
         if verdict == "accepted":
             lines.append("Not timed (no GPU in this run, or timing disabled): its speed is unknown.")
@@ -150,28 +150,39 @@ def _describe_mismatch(m: dict[str, Any]) -> str:
     return Mismatch(**fields).describe()
 
 
-def _describe_error(err: dict[str, Any], source: str | None, candidate: str | None) -> str:
+def _describe_error(err: dict[str, Any], source: str | None, candidate: str | None, already: str = "") -> str:
     kind, message = err.get("type", "Error"), (err.get("message") or "").strip()
-    out = [f"{kind}: {message[-MAX_ERROR_CHARS:]}"]
-    line = _error_line(err, candidate)
-    if line and source:
-        out.append(f"At line {line} of your file:\n{numbered(source, line)}")
+    head = f"{kind}: {message}"
+    out = [] if head == already.strip() else [head[-MAX_ERROR_CHARS:]]
+    root, path = _error_lines(err, candidate)
+    if root and source:
+        out.append(f"At line {root} of your file:\n{numbered(source, root)}")
+    if len(path) > 1:
+        out.append("Call path in your file: " + " -> ".join(f"line {n} ({fn})" for n, fn in path))
     tb = (err.get("traceback") or "").strip()
-    if tb and message not in tb[-MAX_ERROR_CHARS:]:
+    if tb and not root and message not in tb[-MAX_ERROR_CHARS:]:
         out.append("Traceback (end):\n" + tb[-MAX_ERROR_CHARS:])
     return "\n".join(out)
 
 
-def _error_line(err: dict[str, Any], candidate: str | None) -> int | None:
-    """The candidate's line an error points at: its last traceback frame in the candidate's file, else 'line N'."""
+def _error_lines(err: dict[str, Any], candidate: str | None) -> tuple[int | None, list[tuple[int, str]]]:
+    """The candidate's line where the error arose, and the call path through the candidate's file to it.
+
+    In a chained traceback the first section is the original exception (e.g. inside a kernel the interpreter ran),
+    the last one has the full call path from the harness.
+    """
     tb = err.get("traceback") or ""
     name = Path(candidate).name if candidate else None
-    frames = [int(n) for f, n in re.findall(r'File "([^"]+)", line (\d+)', tb)
-              if name and Path(f).name == name]
-    if frames:
-        return frames[-1]
+    sections = [[(int(n), fn) for f, n, fn in re.findall(r'File "([^"]+)", line (\d+), in (\S+)', sec)
+                 if name and Path(f).name == name]
+                for sec in tb.split("Traceback (most recent call last):")]
+    sections = [sec for sec in sections if sec]
+    if sections:
+        root = sections[0][-1]
+        path = sections[-1] + ([root] if root not in sections[-1] else [])
+        return root[0], path
     m = re.search(r"\bline (\d+)", err.get("message") or "")
-    return int(m.group(1)) if m else None
+    return (int(m.group(1)) if m else None), []
 
 
 def numbered(source: str, line: int, context: int = CONTEXT_LINES) -> str:
