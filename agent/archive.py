@@ -360,8 +360,12 @@ def _row_values(c: Candidate) -> list[Any]:
     return out
 
 
+_FIELDS = {f.name for f in dataclasses.fields(Candidate)} | set(_TIMING_FIELDS)
+
+
 def _candidate(row: sqlite3.Row) -> Candidate:
-    d = dict(row)
+    # Columns a later migration added (and this version does not know) are left out, not an error.
+    d = {k: v for k, v in dict(row).items() if k in _FIELDS}
     timings = Timings(**{k: d.pop(k) for k in _TIMING_FIELDS})
     for col in ("diagnostics", "env"):
         d[col] = json.loads(d[col]) if d[col] else None
@@ -371,7 +375,7 @@ def _candidate(row: sqlite3.Row) -> Candidate:
 
 
 def _run(row: sqlite3.Row) -> Run:
-    d = dict(row)
+    d = {k: v for k, v in dict(row).items() if k in Run.__dataclass_fields__}
     d["config"] = json.loads(d["config"])
     return Run(**d)
 

@@ -1,0 +1,122 @@
+"""The archive: schema migrations applied once and in order, sources deduplicated, typed records round-tripped."""
+import sqlite3
+
+import pytest
+
+from agent import archive as archive_mod
+from agent.archive import Archive, Candidate, Run, Timings, sha256
+
+TIMING = {
+    "candidate_ms": 0.25,
+    "baselines": {"eager": {"ms": 0.5, "speedup": 2.0, "ci_low": 1.9, "ci_high": 2.1, "significant": True},
+                  "compile": {"ms": 0.3, "speedup": 1.2, "ci_low": 1.1, "ci_high": 1.3, "significant": True}},
+    "roofline": {"bytes": 1e6, "flops": 0, "gbps": 4000.0, "tflops": 0.0, "pct_of_roofline": 83.5, "bound": "memory"},
+    "kernels": [],
+}
+
+
+def cand(**kw) -> Candidate:
+    base = dict(task_path="tasks/t.py", task_hash="h1", origin="tuner", proposer="tuner", verdict="rejected",
+                reason="output_mismatch", stage="correctness")
+    base.update(kw)
+    return Candidate(**base)
+
+
+def test_fresh_archive_is_wal_at_the_latest_schema(tmp_path):
+    path = tmp_path / "a.db"
+    with Archive(path) as a:
+        assert a.schema_version() == len(archive_mod.MIGRATIONS)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"schema_version", "sources", "runs", "candidates"} <= tables
+    assert db.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == len(archive_mod.MIGRATIONS)
+
+
+def test_migrations_append_only_and_applied_once(tmp_path, monkeypatch):
+    path = tmp_path / "a.db"
+    with Archive(path) as a:
+        kept = a.add(cand(source="x = 1\n"))
+    # A later release appends a migration: an existing archive gets only that one, its rows intact.
+    monkeypatch.setattr(archive_mod, "MIGRATIONS",
+                        archive_mod.MIGRATIONS + ["ALTER TABLE candidates ADD COLUMN status TEXT DEFAULT 'fresh';"])
+    with Archive(path) as a:
+        assert a.schema_version() == len(archive_mod.MIGRATIONS)
+        assert a.get(kept.id).source == "x = 1\n"
+    with Archive(path) as a:  # reopening applies nothing twice (a second ALTER would raise)
+        assert a.schema_version() == len(archive_mod.MIGRATIONS)
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT status FROM candidates").fetchone()[0] == "fresh"
+    assert [r[0] for r in db.execute("SELECT version FROM schema_version ORDER BY version")] == \
+        list(range(1, len(archive_mod.MIGRATIONS) + 1))
+
+
+def test_sources_are_stored_once_by_hash(tmp_path):
+    with Archive(tmp_path / "a.db") as a:
+        src = "import triton\n# kernel\n"
+        first = a.add(cand(source=src))
+        second = a.add(cand(source=src, verdict="accepted", reason="ok", stage="robustness"))
+        other = a.add(cand(source=src + "# v2\n", task_hash="h2"))
+        assert first.source_sha == second.source_sha == sha256(src)
+        assert first.id != second.id and first.uid != second.uid
+        n_sources = a._db.execute("SELECT COUNT(*) FROM sources").fetchone()[0]
+        assert n_sources == 2
+        assert a.known_sources("h1", timed=False) == {sha256(src)}
+        assert a.known_sources("h2", timed=False) == {other.source_sha}
+        assert a.known_sources("h1", timed=True) == set()  # a CPU verdict says nothing about GPU timing
+
+
+def test_interrupted_and_sourceless_candidates(tmp_path):
+    with Archive(tmp_path / "a.db") as a:
+        a.add(cand(source="y = 2\n", verdict="interrupted", reason="interrupted", stage=None))
+        no_code = a.add(cand(reason="no_code", stage="propose", message="the reply was empty"))
+        assert a.known_sources("h1", timed=False) == set()  # interrupted: may be evaluated again
+        got = a.get(no_code.id)
+        assert got.source is None and got.source_sha is None and got.message == "the reply was empty"
+
+
+def test_record_round_trip_with_timings_and_elites(tmp_path):
+    with Archive(tmp_path / "a.db") as a:
+        a.add_run(Run(id="r1", task_path="tasks/t.py", task_hash="h1", proposer="tuner", device="cuda",
+                      config={"budget": 5}, started=archive_mod.now()))
+        seed = a.add(cand(origin="seed", proposer="seed", source="s\n", verdict="accepted", reason="ok", run_id="r1",
+                          timed=True, timings=Timings.from_check(TIMING), env={"gpu": "H200"}))
+        child = a.add(cand(source="c\n", parent_id=seed.id, run_id="r1", input_tokens=10, output_tokens=5,
+                           cost_usd=0.01, diagnostics={"verdict": "rejected"}))
+        got = a.get(seed.id)
+        assert got.timings.speedup_eager == 2.0 and got.timings.eager_ci_low == 1.9
+        assert got.timings.speedup_compile == 1.2 and got.timings.pct_roofline == 83.5
+        assert got.speedup == 2.0 and got.env == {"gpu": "H200"}
+        assert a.get(child.id).diagnostics == {"verdict": "rejected"} and a.get(child.id).parent_id == seed.id
+        assert [e.id for e in a.elites("h1", timed=True)] == [seed.id]
+        assert a.elites("h1", timed=False) == []
+        usage = a.run_usage("r1")
+        assert usage == {"proposals": 1, "input_tokens": 10, "output_tokens": 5, "cost_usd": pytest.approx(0.01)}
+        a.finish_run("r1", "budget spent")
+        assert a.get_run("r1").stop_reason == "budget spent" and a.latest_run("h1").id == "r1"
+        assert [c.id for c in a.candidates(task="t.py")] == [seed.id, child.id]
+        assert a.candidates(task="other.py") == []
+        assert a.get(seed.id).summary()["speedup"] == 2.0
+        assert a.get(child.id).summary()["speedup"] is None
+
+
+def test_records_validate_their_invariants():
+    with pytest.raises(ValueError):
+        cand(verdict="accepted", reason="ok")  # accepted needs a source
+    with pytest.raises(ValueError):
+        cand(verdict="accepted", reason="output_mismatch", source="x")
+    with pytest.raises(ValueError):
+        cand(verdict="maybe")
+    with pytest.raises(ValueError):
+        cand(origin="oracle")
+    assert Timings.from_check(None) == Timings()
+    nan = Timings.from_check({"candidate_ms": float("nan"), "baselines": {}})
+    assert nan.candidate_ms is None
+
+
+def test_default_path_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("CRUCIBLE_ARCHIVE", str(tmp_path / "env.db"))
+    with Archive() as a:
+        assert a.path == tmp_path / "env.db"
+    monkeypatch.delenv("CRUCIBLE_ARCHIVE")
+    assert str(archive_mod.default_path()) == "runs/archive.db"

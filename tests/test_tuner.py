@@ -1,0 +1,135 @@
+"""The offline tuner finds the knobs of real kernels and proposes valid, distinct, reproducible variants."""
+import ast
+from pathlib import Path
+
+from agent.archive import sha256
+from agent.extract import ExtractedCode, extract_code
+from agent.search import niche
+from agent.tuner import Tuner, find_knobs, skeleton
+
+ROOT = Path(__file__).resolve().parent.parent
+RMSNORM = (ROOT / "seeds" / "rmsnorm.py").read_text()
+
+# The way LLMs write kernels: a module constant, a literal num_warps, a heuristic, an autotuned kernel.
+LLM_KERNEL = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+BLOCK_SIZE = 1024  # élément par programme
+
+
+@triton.jit
+def _add_kernel(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK_M": 64}, num_warps=4)], key=["n"])
+@triton.jit
+def _tuned_kernel(X, n, BLOCK_M: tl.constexpr):
+    pass
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        y = torch.empty_like(x)
+        n = x.numel()
+        num_warps = 8 if n > 4096 else 4
+        _add_kernel[(triton.cdiv(n, BLOCK_SIZE),)](x, y, n, BLOCK=BLOCK_SIZE, num_warps=num_warps)
+        return y
+'''
+
+
+def knob_table(source):
+    return [(k.key, k.kind, k.text) for k in find_knobs(source)]
+
+
+def test_finds_the_knobs_of_an_llm_style_kernel():
+    table = knob_table(LLM_KERNEL)
+    assert ("BLOCK_SIZE#1", "block", "1024") in table
+    assert ("BLOCK_M#1", "block", "64") in table  # a triton.Config dict entry
+    assert ("num_warps#1", "warps", "4") in table  # triton.Config(num_warps=4)
+    # the heuristic: both warps literals, and the threshold (scaled as a count, not as warps)
+    assert ("num_warps#2", "warps", "8") in table and ("num_warps#4", "warps", "4") in table
+    assert ("num_warps#3", "count", "4096") in table
+    # the launch's num_warps=<expression> can be pinned; num_stages is absent and can be added
+    assert ("_add_kernel[].num_warps#1", "option", "num_warps") in table
+    assert ("_add_kernel[].num_stages#1", "option", "") in table
+    # nothing inside the kernel body (the literal 2 there is maths), no launch options on the autotuned kernel
+    assert not any(text == "2" for _, _, text in table)
+    assert not any(key.startswith("_tuned_kernel[]") for key, _, _ in table)
+
+
+def test_finds_the_knobs_of_a_seed_kernel():
+    keys = {k.key for k in find_knobs(RMSNORM)}
+    assert {"fwd_config()#1", "bwd_config()#1", "bwd_config()#2", "_rmsnorm_fwd_kernel[].num_warps#1",
+            "_rmsnorm_bwd_kernel[].num_warps#1", "_rmsnorm_fwd_kernel[].num_stages#1"} <= keys
+
+
+def test_mutations_are_valid_distinct_and_new():
+    tuner = Tuner(seed=3)
+    known = {sha256(RMSNORM)}
+    variants = []
+    for _ in range(12):
+        prop = tuner.mutate(RMSNORM, known)
+        assert prop is not None
+        assert sha256(prop.source) not in known
+        ast.parse(prop.source)  # still Python
+        assert skeleton(prop.source) == skeleton(RMSNORM)  # only knob values changed: same lineage
+        changed = [line for a, b in zip(RMSNORM.splitlines(), prop.source.splitlines()) if a != b
+                   for line in [b]]
+        assert 1 <= len(changed) <= 2, prop.description
+        known.add(sha256(prop.source))
+        variants.append(prop.source)
+    assert len(set(variants)) == 12
+    # returned as a provider would: the loop extracts exactly this source from the reply text
+    extracted = extract_code(prop.reply.text)
+    assert isinstance(extracted, ExtractedCode) and extracted.source.rstrip() == prop.source.rstrip()
+    assert prop.reply.provider == "tuner" and prop.reply.cost_usd == 0.0 and "tuner mutation" in prop.reply.text
+
+
+def test_same_seed_same_proposals():
+    def run(seed):
+        tuner, known, out = Tuner(seed), set(), []
+        for _ in range(5):
+            prop = tuner.mutate(LLM_KERNEL, known)
+            known.add(sha256(prop.source))
+            out.append(prop.description)
+        return out
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_exhausting_a_small_space_returns_none():
+    src = "import triton\nX = 1\n\ndef launch_config():\n    return 2\n"
+    knobs = find_knobs(src)
+    assert [(k.key, k.value) for k in knobs] == [("launch_config()#1", 2)]
+    tuner, known = Tuner(0), {sha256(src)}
+    seen = []
+    while (prop := tuner.mutate(src, known)) is not None:
+        known.add(sha256(prop.source))
+        seen.append(ast.literal_eval(prop.source.split("return ")[1].strip()))
+    assert sorted(seen) == [1, 4, 8]  # 2 -> x2, /2, x4 (2/4 rounds to 0: below 1, never proposed)
+    assert tuner.mutate("no knobs = here\n", set()) is None
+    assert tuner.mutate("def broken(:\n", set()) is None
+
+
+def test_crossover_combines_two_elites_of_one_lineage():
+    a = LLM_KERNEL
+    b = a.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 256").replace("8 if n > 4096", "16 if n > 4096")
+    child = Tuner(1).crossover(a, b, {sha256(a), sha256(b)})
+    assert child is not None and "crossover" in child.description
+    assert child.source not in (a, b)
+    assert {("BLOCK_SIZE = 256" in child.source), ("16 if n > 4096" in child.source)} == {True, False}
+    # another design (different code around the knobs) is not crossed
+    other = a.replace("* 2, mask", "* 3, mask")
+    assert Tuner(1).crossover(a, other.replace("1024", "256"), set()) is None
+    # parents differing at one knob only cannot give a child different from both
+    assert Tuner(1).crossover(a, a.replace("1024", "512", 1), set()) is None
+
+
+def test_niche_reads_kernel_features():
+    assert niche(LLM_KERNEL) == "k2-w8-b1024-s?"
+    assert niche("def broken(:") == "unparsed"
