@@ -155,8 +155,12 @@ def _describe_error(err: dict[str, Any], source: str | None, candidate: str | No
     head = f"{kind}: {message}"
     out = [] if head == already.strip() else [head[-MAX_ERROR_CHARS:]]
     root, path = _error_lines(err, candidate)
+    in_kernel = _compile_error_line(message, source, root) if source else None
+    if in_kernel:
+        kernel, line = in_kernel
+        out.append(f"Triton could not compile `{kernel}`; at line {line} of your file:\n{numbered(source, line)}")
     if root and source:
-        out.append(f"At line {root} of your file:\n{numbered(source, root)}")
+        out.append(f"{'Launched from' if in_kernel else 'At'} line {root} of your file:\n{numbered(source, root)}")
     if len(path) > 1:
         out.append("Call path in your file: " + " -> ".join(f"line {n} ({fn})" for n, fn in path))
     tb = (err.get("traceback") or "").strip()
@@ -183,6 +187,23 @@ def _error_lines(err: dict[str, Any], candidate: str | None) -> tuple[int | None
         return root[0], path
     m = re.search(r"\bline (\d+)", err.get("message") or "")
     return (int(m.group(1)) if m else None), []
+
+
+def _compile_error_line(message: str, source: str, root: int | None) -> tuple[str, int] | None:
+    """Triton's CompilationError says "at L:C:" counting from the kernel's `def` line; map it to the file's line,
+    using the kernel launched at the line the traceback points at."""
+    m = re.search(r"\bat (\d+):(\d+):", message)
+    lines = source.split("\n")
+    if not m or not root or root > len(lines):
+        return None
+    launched = re.findall(r"(\w+)\s*\[", lines[root - 1])
+    for kernel in launched:
+        d = re.search(rf"^[ \t]*def[ \t]+{re.escape(kernel)}[ \t]*\(", source, re.M)
+        if d:
+            line = source[:d.start()].count("\n") + int(m.group(1))
+            if line <= len(lines):
+                return kernel, line
+    return None
 
 
 def numbered(source: str, line: int, context: int = CONTEXT_LINES) -> str:

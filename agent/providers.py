@@ -159,7 +159,7 @@ class _SDKProvider:
     def _log_retry(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0.0
-        log.warning("%s: attempt %d failed (%s); retrying in %.2fs", self.name, state.attempt_number,
+        log.info("%s: attempt %d failed (%s); retrying in %.2fs", self.name, state.attempt_number,
                     _short(exc), wait)
 
     def _translate(self, exc: BaseException, attempts: int) -> ProviderError:

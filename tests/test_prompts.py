@@ -2,6 +2,7 @@
 correct candidate: it is checked against its task's reference through the interpreter and through the harness)."""
 from __future__ import annotations
 
+import ast
 import copy
 import importlib.util
 import json
@@ -212,3 +213,24 @@ def test_example_is_accepted_by_the_harness():
     harness = pytest.importorskip("sandbox.harness")
     result = harness.check(TASK, EXAMPLE, harness.CheckOptions(device="cpu", timing=False, timeout_s=240))
     assert result.accepted, describe_result(result, EXAMPLE.read_text())
+
+
+def test_describe_triton_compile_error_maps_kernel_relative_lines():
+    from triton.compiler.errors import CompilationError
+
+    source = EXAMPLE.read_text().replace("    y = x * rstd * w\n", "    y = x * rstd * w[None, :, 0]\n")
+    file_line = source.split("\n").index("    y = x * rstd * w[None, :, 0]") + 1
+    def_line = source.split("\n").index("def _rmsnorm_fwd_kernel(") + 1
+    launch_line = next(i for i, text in enumerate(source.split("\n"), 1) if "_rmsnorm_fwd_kernel[" in text)
+    kernel_src = "\n".join(source.split("\n")[def_line - 1:])
+    node = ast.parse(kernel_src).body[0].body[-2]  # the `y = ...` statement, as Triton's code generator sees it
+    exc = CompilationError(kernel_src, node, "ValueError('unsupported tensor index')")  # Triton's own formatting
+    tb = (f'Traceback (most recent call last):\n  File "/scratch/cand_7.py", line {launch_line}, in rmsnorm_fwd\n'
+          '    _rmsnorm_fwd_kernel[grid](...)\n  File "/venv/triton/runtime/jit.py", line 1, in run\n')
+    result = _result([StageResult(Stage.COMPILE, False, Reason.RUNTIME_ERROR, "compile failed",
+                                  error=ErrorInfo("CompilationError", str(exc), tb))])
+    text = describe_result(result, source)
+    assert str(exc).startswith(f"at {file_line - def_line + 1}:")
+    assert f"Triton could not compile `_rmsnorm_fwd_kernel`; at line {file_line} of your file:" in text
+    assert f">{file_line:5d} | {source.split(chr(10))[file_line - 1]}" in text
+    assert f"Launched from line {launch_line} of your file:" in text
