@@ -1,0 +1,63 @@
+"""`crucible check`: exit codes, exactly one JSON object with --json, one clear sentence for bad input."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def crucible(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_accepted_candidate_exits_0_with_one_json_object():
+    proc = crucible("check", "tasks/rmsnorm_fwd.py", "tests/candidates/rmsnorm_honest.py", "--device", "cpu", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)  # exactly one object: json.loads fails on trailing output
+    assert result["verdict"] == "accepted" and result["reason"] == "ok" and result["timed"] is False
+    assert [s["stage"] for s in result["stages"]] == ["static", "compile", "smoke", "correctness", "robustness"]
+
+
+def test_rejected_candidate_exits_1_with_stage_reason_and_report():
+    proc = crucible("check", "tasks/rmsnorm_fwd.py", "tests/candidates/cheats/uninitialised.py", "--device", "cpu",
+                    "--json")
+    assert proc.returncode == 1, proc.stderr
+    result = json.loads(proc.stdout)
+    assert (result["verdict"], result["stage"], result["reason"]) == ("rejected", "correctness", "nonfinite_mismatch")
+    assert result["stages"][-1]["mismatch"]["nonfinite_got"] > 0
+
+
+def test_missing_files_get_one_sentence_and_exit_2():
+    proc = crucible("check", "tasks/no_such_task.py", "x.py", "--device", "cpu")
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    proc = crucible("check", "tasks/rmsnorm_fwd.py", "no_such_candidate.py", "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_broken_task_is_refused_with_exit_2(tmp_path):
+    bad = tmp_path / "bad_task.py"
+    bad.write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
+    proc = crucible("check", str(bad), "--reference", "--device", "cpu")
+    assert proc.returncode == 2 and "get_inputs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_degenerate_task_is_refused(tmp_path):
+    task = tmp_path / "constant_task.py"
+    task.write_text(
+        "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return torch.ones(4)\n"
+        "def get_inputs():\n    return [torch.randn(64)]\ndef get_init_inputs():\n    return []\n")
+    proc = crucible("check", str(task), "--reference", "--device", "cpu", "--json")
+    assert proc.returncode == 2
+    assert "same output for different inputs" in json.loads(proc.stdout)["message"]
+
+
+def test_reference_check_of_a_real_task():
+    proc = crucible("check", "tasks/rmsnorm_fwd.py", "--reference", "--device", "cpu", "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["verdict"] == "usable" and summary["float64_reference"] is True
