@@ -123,6 +123,7 @@ class _SDKProvider:
                     continue
                 raise self._translate(exc, attempts) from None
             except Exception as exc:  # noqa: BLE001 - every SDK/transport failure becomes one sentence
+                log.debug("%s: request failed", self.name, exc_info=exc)
                 raise self._translate(exc, attempts) from None
         else:
             raise ProviderError(f"{self.endpoint} kept refusing the request parameters for {self.name}; "

@@ -385,3 +385,21 @@ def test_fake_is_thread_safe_and_can_be_slow():
         t.join()
     assert sorted(texts) == sorted([f"r{i}" for i in range(8)] + ["default reply"] * 2)
     assert time.monotonic() - start < 0.3 and fake.pending == 0 and len(fake.calls) == 10
+
+
+def test_anthropic_stops_sending_temperature_when_the_model_refuses_it(anthropic_env, server):
+    refusal = {"type": "error", "error": {"type": "invalid_request_error",
+                                          "message": "temperature is not supported for this model"}}
+    server.add(json_reply(refusal, status=400), json_reply(anthropic_message("ok")), json_reply(anthropic_message("2")))
+    provider = make_provider("anthropic:c", **FAST)
+    assert ask(provider).text == "ok" and ask(provider).text == "2"
+    assert "temperature" in server.requests[0].body
+    assert all("temperature" not in r.body for r in server.requests[1:])  # remembered for later calls
+
+
+def test_other_bad_requests_fail_at_once_with_the_servers_reason(openai_env, server):
+    server.add(json_reply({"error": {"message": "This model's maximum context length is 8192 tokens."}}, status=400))
+    with pytest.raises(ProviderError) as err:
+        ask(make_provider("openai:m", **FAST))
+    assert "maximum context length is 8192" in str(err.value) and "HTTP 400" in str(err.value)
+    assert not err.value.transient and len(server.requests) == 1
