@@ -113,12 +113,16 @@ class _PersistingL2:
             except Exception as exc2:  # noqa: BLE001 - any import failure means: not available
                 self.error += f"; cuda.bindings: {exc2}"
 
+    @property
+    def working(self) -> bool:
+        return self._call is not None
+
     def reset(self) -> None:
         if self._call is None:
             return
         rc = int(self._call())
         if rc != 0:
-            self.error = f"{self.method} returned {rc}"
+            self.error = f"{self.method} returned error {rc}"
             self._call = None
 
 
@@ -238,7 +242,7 @@ def measure(
     flush_bytes = max(2 * l2, 256 << 20) if flush_bytes is None else int(flush_bytes)
     if flush_bytes < 2 * l2:
         raise ValueError(f"flush_bytes={flush_bytes} is under twice the L2 size ({l2} bytes)")
-    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=dev)
+    flush = _flush_buffer(flush_bytes, dev)
     persisting = _PersistingL2()
     n_sets = len(input_sets)
     warnings: list[str] = []
@@ -286,9 +290,9 @@ def measure(
         for r in range(-warmup, reps):
             timed = r >= 0
             k = (r + warmup) % n_sets  # the same input set for every function in a round: ratios are paired
-            shift = (r + warmup) % len(order_base)
-            rnd = order_base[shift:] + order_base[:shift]
-            alive = [n for n in rnd if per[n]["error"] is None]
+            alive = [n for n in order_base if per[n]["error"] is None]
+            shift = (r + warmup) % len(alive)
+            alive = alive[shift:] + alive[:shift]
             if timed:
                 order.append(alive)
             for n in alive:
@@ -372,6 +376,8 @@ def measure(
             p["ms"].append(ms)
         p["inconsistent"] = len({f["call"] for f in p["flagged"]}) > max(1, len(p["ms"]) // 4)
 
+    if persisting.method is not None and not persisting.working:
+        warnings.append(f"persisting L2 could not be reset: {persisting.error}")
     mismatched = [{"fn": watch, "call": e["call"], "input_set": e["input_set"]} for e in prints if e["changed"]]
     changed_timer = tampered()
     if changed_timer:
@@ -385,7 +391,8 @@ def measure(
         "config": {"reps": reps, "warmup": warmup, "flush_bytes": flush_bytes, "n_input_sets": n_sets,
                    "sample_every": sample_every, "watch": watch, "graph": graph,
                    "tail_tolerance_ms": tail_tolerance_ms, "tail_tolerance_rel": tail_tolerance_rel},
-        "l2": {"flush_bytes": flush_bytes, "persisting_reset": persisting.method, "persisting_error": persisting.error},
+        "l2": {"flush_bytes": flush_bytes, "persisting_reset": persisting.method if persisting.working else None,
+               "persisting_error": persisting.error},
         "calibration": {"null_tail_ms": cal_tail, "null_wall_ms": cal_wall,
                         "null_stream_ms": _median(per[NULL_FN]["stream_ms"]) if per[NULL_FN]["stream_ms"] else 0.0},
         "order": order,
@@ -397,6 +404,10 @@ def measure(
         "fatal": fatal,
         "warnings": warnings,
     }
+
+
+def _flush_buffer(nbytes: int, device: int) -> torch.Tensor:
+    return torch.empty(nbytes // 4, dtype=torch.int32, device=device)
 
 
 class _Fatal(Exception):

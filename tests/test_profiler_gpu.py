@@ -1,0 +1,157 @@
+"""profiler.timing on a real GPU: the cheats it must expose and the stability it must have.
+
+Run on the H200: CRUCIBLE_TEST_DEVICE=cuda python3 -m pytest -q tests/test_profiler_gpu.py
+"""
+import statistics
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from profiler import compile_stats, timing
+from profiler.report import build_timing
+from profiler.roofline import roofline
+from tests.conftest import needs_gpu
+
+pytestmark = [needs_gpu, pytest.mark.gpu]
+
+N = 1 << 25  # 32M float32 = 128 MiB per tensor: each pass is far larger than L2
+PASSES = 8  # about 0.5 ms of honest work per call on an H200
+
+
+def _work(x: torch.Tensor) -> torch.Tensor:
+    y = x
+    for _ in range(PASSES):
+        y = torch.sin(y)
+    return y
+
+
+def _sets(n: int = 8) -> list[list[torch.Tensor]]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return [[torch.randn(N, device="cuda", generator=gen)] for _ in range(n)]
+
+
+def _honest(args):
+    return _work(args[0])
+
+
+@pytest.fixture(scope="module")
+def sets():
+    return _sets()
+
+
+@pytest.fixture(scope="module")
+def honest_ms(sets):
+    m = timing.measure({"honest": _honest}, sets, reps=20)
+    return statistics.median(m["fns"]["honest"]["ms"])
+
+
+def test_side_stream_work_is_counted_and_flagged(sets, honest_ms):
+    side = torch.cuda.Stream()
+
+    def cheat(args):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            return _work(args[0])  # returned before the work is done, on a stream the timer does not watch
+
+    m = timing.measure({"cheat": cheat, "honest": _honest}, sets, reps=20)
+    cheat_ms = statistics.median(m["fns"]["cheat"]["ms"])
+    stream_ms = statistics.median(m["fns"]["cheat"]["stream_ms"])
+    assert m["fns"]["cheat"]["inconsistent"], m["fns"]["cheat"]["flagged"][:3]
+    assert not m["fns"]["honest"]["inconsistent"]
+    assert cheat_ms > 0.8 * honest_ms, (cheat_ms, honest_ms)  # the device sync makes the hidden work count
+    assert stream_ms < 0.3 * honest_ms  # what a stream-only timer would have seen
+    # and the naive timer: triton's do_bench, events on the current stream only
+    naive = triton.testing.do_bench(lambda: cheat(sets[0]), return_mode="median")
+    torch.cuda.synchronize()
+    assert naive < 0.5 * honest_ms, (naive, honest_ms)
+    report = build_timing(m, candidate="cheat", roof=None)
+    assert "timing_inconsistent" in [p["reason"] for p in report["problems"]]
+
+
+def test_timer_patching_is_detected_and_does_not_change_the_numbers(sets, honest_ms):
+    original = torch.cuda.Event.elapsed_time
+
+    def patcher(args):
+        torch.cuda.Event.elapsed_time = lambda self, end: 1e-6
+        return _work(args[0])
+
+    try:
+        m = timing.measure({"patcher": patcher}, sets, reps=10)
+    finally:
+        torch.cuda.Event.elapsed_time = original
+    assert "torch.cuda.Event.elapsed_time" in m["tampered"]
+    assert statistics.median(m["fns"]["patcher"]["ms"]) > 0.8 * honest_ms  # the captured timer was used
+    report = build_timing(m, candidate="patcher")
+    assert "timer_tampered" in [p["reason"] for p in report["problems"]]
+    assert timing.tampered() == []
+
+
+def test_work_finished_by_a_later_call_changes_the_fingerprint(sets):
+    pending = []
+
+    def lazy(args):  # returns an unfinished output and completes it during the next call (batched work)
+        x = args[0]
+        out = torch.full_like(x, float("nan"))
+        if pending:
+            px, pout = pending.pop()
+            torch.mul(px, 2.0, out=pout)
+        pending.append((x, out))
+        return out
+
+    m = timing.measure({"lazy": lazy}, sets, reps=10)
+    assert len(m["fingerprint_mismatches"]) >= 8
+    report = build_timing(m, candidate="lazy")
+    assert "timing_output_mismatch" in [p["reason"] for p in report["problems"]]
+
+
+def test_honest_medians_are_stable_across_two_runs(sets):
+    a = statistics.median(timing.measure({"f": _honest}, sets, reps=30)["fns"]["f"]["ms"])
+    b = statistics.median(timing.measure({"f": _honest}, sets, reps=30)["fns"]["f"]["ms"])
+    assert abs(a - b) / min(a, b) < 0.05, (a, b)
+
+
+def test_samples_are_the_outputs_of_their_input_sets_and_nothing_is_flagged(sets):
+    m = timing.measure({"double": lambda a: a[0] * 2, "sin": lambda a: torch.sin(a[0])}, sets, reps=12,
+                       sample_every=5)
+    assert [s["call"] for s in m["samples"]] == [0, 5, 10, 11]
+    for s in m["samples"]:
+        assert s["fn"] == "double"
+        assert torch.equal(s["outputs"], sets[s["input_set"]][0].cpu() * 2)
+    assert m["fingerprint_mismatches"] == [] and m["tampered"] == []
+    assert not any(p["inconsistent"] for p in m["fns"].values())
+    assert m["order"][0] != m["order"][1]  # the order rotates between rounds
+    assert m["l2"]["persisting_reset"] is not None, m["l2"]["persisting_error"]
+    assert m["l2"]["flush_bytes"] >= 2 * m["device"]["l2_bytes"]
+    # the report builds from real data too
+    roof = roofline(2 * N * 4, 0, {"copy_gbps": 4000.0, "matmul_tflops": {}}, "fp32")
+    report = build_timing(m, candidate="double", roof=roof)
+    assert report["problems"] == [] and report["baselines"]["sin"]["ms"] > 0
+
+
+def test_graph_replay_mode(sets):
+    m = timing.measure({"g": lambda a: a[0] + 1}, sets, reps=10, graph=True)
+    assert m["fns"]["g"]["error"] is None
+    assert all(ms > 0 for ms in m["fns"]["g"]["ms"])
+    for s in m["samples"]:
+        assert torch.equal(s["outputs"], sets[s["input_set"]][0].cpu() + 1)
+
+
+@triton.jit
+def _scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3, mask=mask)
+
+
+def test_compile_stats_of_a_launched_kernel():
+    x = torch.randn(10_000, device="cuda")
+    y = torch.empty_like(x)
+    _scale_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024, num_warps=8)
+    torch.testing.assert_close(y, x * 3)
+    stats = compile_stats.kernel_stats({"k": _scale_kernel})
+    assert len(stats) == 1
+    s = stats[0]
+    assert s.name == "_scale_kernel" and s.num_warps == 8 and s.registers and s.registers > 0
+    assert s.spills == 0 and s.shared_bytes is not None and s.num_stages is not None
