@@ -53,7 +53,7 @@ def measure_copy_gbps(device: int, nbytes: int = 1 << 30, reps: int = 20, warmup
 
 def measure_matmul_tflops(device: int, dtype_key: str, n: int = 8192, reps: int = 10, warmup: int = 3) -> float:
     dtype = MATMUL_DTYPES[dtype_key]
-    gen = torch.Generator(device=device).manual_seed(0)
+    gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     c = torch.empty(n, n, device=device, dtype=dtype)
