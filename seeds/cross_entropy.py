@@ -33,7 +33,8 @@ CRUCIBLE_SEED = {
     "ops": ["cross-entropy fwd+bwd (ignore_index, label smoothing, mean/sum)"],
 }
 
-MODE_STATS, MODE_GRAD, MODE_FUSED = 0, 1, 2  # _ce_kernel modes
+# _ce_kernel modes (constexpr globals: a kernel may read no other globals)
+MODE_STATS, MODE_GRAD, MODE_FUSED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
@@ -184,10 +185,10 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             ignore_index, float(label_smoothing))
     grid = (n * segments,)
     if fused:
-        _ce_kernel[grid](*args, MODE=MODE_FUSED, **common)
+        _ce_kernel[grid](*args, MODE=MODE_FUSED.value, **common)
     else:
-        _ce_kernel[grid](*args, MODE=MODE_STATS, **common)
-        _ce_kernel[grid](*args, MODE=MODE_GRAD, **common)
+        _ce_kernel[grid](*args, MODE=MODE_STATS.value, **common)
+        _ce_kernel[grid](*args, MODE=MODE_GRAD.value, **common)
 
 
 def count_valid(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
