@@ -1,0 +1,146 @@
+"""`crucible run / batch / archive / seeds` as a user runs them: subprocesses, no key, no GPU."""
+import csv
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_loop import GOOD, TASK
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def crucible(*args, env_extra=None, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *map(str, args)], cwd=ROOT, env=_env(env_extra),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _env(extra=None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CRUCIBLE_MODEL", "CRUCIBLE_ARCHIVE")}
+    env["COLUMNS"] = "200"
+    env.update(extra or {})
+    return env
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    task = tmp_path / "tasks" / "scale.py"
+    task.write_text(TASK)
+    kernel = tmp_path / "start.py"
+    kernel.write_text(GOOD)
+    return task, kernel
+
+
+def rows(db: Path) -> list[tuple]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT id, uid, run_id, source_sha, verdict, reason, origin FROM candidates "
+                           "ORDER BY id").fetchall()
+    finally:
+        con.close()
+
+
+def test_run_on_a_repo_task_without_key_or_gpu_uses_the_tuner(tmp_path):
+    db = tmp_path / "archive.db"
+    out = crucible("run", "tasks/rmsnorm_fwd.py", "--budget", "3", "--device", "cpu", "--archive", db)
+    assert out.returncode == 0, out.stderr + out.stdout
+    text = out.stdout
+    assert "offline tuner proposes" in text and "nothing is timed" in text
+    assert "not timed" in text and "not measured" in text and "roofline" in text
+    found = rows(db)
+    assert [r[6] for r in found] == ["seed", "tuner", "tuner", "tuner"]
+    assert all(r[4] in ("accepted", "rejected") for r in found) and found[0][4] == "accepted"
+    run_id = found[0][2]
+    best = db.parent / run_id / "best.py"
+    assert best.is_file() and "ModelNew" in best.read_text() and str(best) in text.replace("\n", "")
+
+    listed = json.loads(crucible("archive", "list", "--json", "--archive", db).stdout)
+    assert [r["id"] for r in listed] == [r[0] for r in found]
+    assert set(listed[0]) == {"id", "task", "verdict", "stage", "reason", "proposer", "speedup", "created"}
+    assert all(r["speedup"] is None for r in listed)
+    assert json.loads(crucible("archive", "list", "--task", "other.py", "--json", "--archive", db).stdout) == []
+    shown = json.loads(crucible("archive", "show", str(found[1][0]), "--json", "--archive", db).stdout)
+    assert "ModelNew" in shown["source"] and shown["proposer"] == "tuner" and shown["parent_id"] == found[0][0]
+
+
+def test_kill_then_resume_loses_no_committed_record(tmp_path, tiny):
+    task, kernel = tiny
+    db = tmp_path / "archive.db"
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(task), "--from", str(kernel), "--budget",
+                             "40", "--device", "cpu", "--archive", str(db)], cwd=ROOT, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if db.exists() and len(rows(db)) >= 3:
+                break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run committed fewer than 3 records in 240 s")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the run and its harness workers, all at once
+        proc.wait(timeout=30)
+    before = rows(db)
+    assert len(before) >= 3 and len({r[2] for r in before}) == 1
+    done = sum(1 for r in before if r[6] != "seed")
+    out = crucible("run", task, "--resume", "--budget", done + 2, "--device", "cpu", "--archive", db)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert f"resuming run {before[0][2]}" in out.stdout.replace("\n", " ")
+    after = rows(db)
+    assert after[:len(before)] == before  # every committed record is still there, unchanged
+    assert len(after) == len(before) + 2 and {r[2] for r in after} == {before[0][2]}
+    assert len({r[3] for r in after}) == len(after)  # no source evaluated twice
+
+
+def test_bad_invocations_exit_2_with_one_sentence(tmp_path, tiny):
+    task, _ = tiny
+    db = tmp_path / "archive.db"
+    cases = [
+        (["run", tmp_path / "missing.py", "--archive", db], "does not exist"),
+        (["run", task, "--device", "cpu", "--archive", db], "tuner needs a kernel"),
+        (["run", task, "--model", "bogus", "--archive", db], "PROVIDER:MODEL"),
+        (["run", task, "--from", tmp_path / "nope.py", "--archive", db], "no such file"),
+        (["run", task, "--resume", "--device", "cpu", "--archive", db], "no earlier run"),
+        (["archive", "show", "12345", "--archive", db], "no candidate #12345"),
+        (["archive", "list", "--archive", tmp_path / "none.db"], "no archive at"),
+        (["batch", tmp_path / "nodir"], "not a folder"),
+    ]
+    for args, sentence in cases:
+        out = crucible(*args, timeout=120)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert sentence in " ".join(out.stderr.split()), (args, out.stderr)
+        assert "Traceback" not in out.stderr
+
+
+def test_seeds_list_json():
+    out = crucible("seeds", "list", "--json")
+    assert out.returncode == 0
+    listed = json.loads(out.stdout)
+    assert {"name": "rmsnorm", "task": "rmsnorm_fwd.py", "path": str(ROOT / "seeds" / "rmsnorm.py")} in listed
+
+
+def test_batch_runs_each_task_and_writes_reports(tmp_path, tiny):
+    task, _ = tiny
+    folder = task.parent
+    (folder / "rmsnorm_fwd.py").write_text((ROOT / "tasks" / "rmsnorm_fwd.py").read_text())  # has a seed
+    (folder / "notes.py").write_text("x = 1\n")  # not a task: ignored
+    db, js, cs = tmp_path / "a.db", tmp_path / "out" / "batch.json", tmp_path / "out" / "batch.csv"
+    out = crucible("batch", folder, "--budget", "1", "--device", "cpu", "--archive", db, "--json-out", js,
+                   "--csv", cs)
+    assert out.returncode == 1, out.stdout + out.stderr  # one task could not start: not a full success
+    report = {Path(r["task"]).name: r for r in json.loads(js.read_text())}
+    assert set(report) == {"rmsnorm_fwd.py", "scale.py"}
+    assert report["rmsnorm_fwd.py"]["status"] == "done" and report["rmsnorm_fwd.py"]["proposals"] == 1
+    assert report["rmsnorm_fwd.py"]["best_id"] is not None and report["rmsnorm_fwd.py"]["timed"] is False
+    assert report["scale.py"]["status"] == "skipped" and "tuner needs a kernel" in report["scale.py"]["note"]
+    with cs.open() as fh:
+        assert {r["task"].rsplit("/", 1)[-1] for r in csv.DictReader(fh)} == {"rmsnorm_fwd.py", "scale.py"}

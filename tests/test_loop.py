@@ -1,0 +1,225 @@
+"""The loop with a fake LLM and the real harness (CPU interpreter), on a tiny task written here.
+
+Every kind of bad proposal is replayed; the run must survive each one and archive it with the right reason.
+"""
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.archive import Archive, Candidate
+from agent.fake import FakeProvider
+from agent.llm import ProviderError, Usage
+from agent.loop import EventKind, LoopError, RunConfig, run_search
+from sandbox.records import CheckResult, Reason, Stage, StageResult, Verdict
+
+TASK = '''"""y = 2 * x + 1 on a vector (a task small enough for the interpreter)."""
+import torch
+import torch.nn as nn
+
+N = 4096
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2.0 + 1.0
+
+
+def get_inputs():
+    return [torch.randn(N)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+GOOD = '''import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+BLOCK_SIZE = 1024
+
+
+@triton.jit
+def _scale_kernel(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(X + offs, mask=mask)
+    tl.store(Y + offs, x * 2.0 + 1.0, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        _scale_kernel[(triton.cdiv(n, BLOCK_SIZE),)](x, y, n, BLOCK=BLOCK_SIZE, num_warps=4)
+        return y
+'''
+GOOD_512 = GOOD.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 512")
+WRONG = GOOD.replace("x * 2.0 + 1.0, mask", "x * 3.0 + 1.0, mask")
+COMPILE_ERROR = GOOD.replace("tl.arange(0, BLOCK)", "tl.arange(0, BLOCK) + tl.no_such_function(1)")
+SYNTAX_ERROR = GOOD.replace("def forward(self, x):", "def forward(self, x)")
+CHEAT = GOOD.replace("        return y", "        return (x[:, None] @ torch.full((1, 1), 2.0)).squeeze(1) + 1.0")
+
+
+def fenced(code: str, note: str) -> str:
+    return f"{note}\n\n```python\n{code}```\n"
+
+
+@pytest.fixture
+def task(tmp_path) -> Path:
+    path = tmp_path / "scale.py"
+    path.write_text(TASK)
+    return path
+
+
+@pytest.fixture
+def kernel(tmp_path) -> Path:
+    path = tmp_path / "start.py"
+    path.write_text(GOOD)
+    return path
+
+
+def by_reply(archive: Archive) -> dict[str, Candidate]:
+    return {c.reply.split("\n")[0]: c for c in archive.candidates() if c.origin == "llm" and c.reply}
+
+
+def test_the_run_survives_every_kind_of_bad_proposal(tmp_path, task):
+    fake = FakeProvider("fake:model")
+    fake.enqueue(fenced(GOOD_512, "good"), usage=Usage(input_tokens=100, output_tokens=50))
+    fake.enqueue(fenced(SYNTAX_ERROR, "syntax"))
+    fake.enqueue(fenced(COMPILE_ERROR, "compile"))
+    fake.enqueue(fenced(WRONG, "wrong"))
+    fake.enqueue(fenced(CHEAT, "cheat"))
+    fake.enqueue("no code: I think the kernel is already optimal.")
+    fake.enqueue_error(ProviderError("the endpoint answered 503 five times; try again later", transient=True))
+    fake.enqueue(fenced(GOOD_512, "duplicate"))
+    events = []
+    with Archive(tmp_path / "a.db") as archive:
+        summary = run_search(RunConfig(task_path=task, budget=8, device="cpu", concurrency=1, polish=0), archive,
+                             provider=fake, on_event=events.append)
+        got = by_reply(archive)
+        assert {k: (c.verdict, c.stage, c.reason) for k, c in got.items()} == {
+            "good": ("accepted", "robustness", "ok"),
+            "syntax": ("rejected", "static", "syntax_error"),
+            "compile": ("rejected", "smoke", "runtime_error"),  # the interpreter reports compile errors at run time
+            "wrong": ("rejected", "correctness", "output_mismatch"),
+            "cheat": ("rejected", "smoke", "torch_compute"),
+            "no code: I think the kernel is already optimal.": ("rejected", "propose", "no_code"),
+            "duplicate": ("rejected", "propose", "duplicate"),
+        }
+        errors = [c for c in archive.candidates() if c.reason == "provider_error"]
+        assert len(errors) == 1 and "503" in errors[0].message and errors[0].source_sha is None
+        assert "no_such_function" in got["compile"].message
+        assert got["good"].input_tokens == 100 and got["good"].output_tokens == 50
+        assert got["good"].prompt.startswith("[system]") and "scale" in got["good"].prompt
+        assert not got["good"].timed and got["good"].speedup is None  # CPU: nothing timed
+        assert got["wrong"].diagnostics["stages"][-1]["mismatch"]["mismatched"] > 0
+    assert summary.stop_reason == "budget spent" and summary.progress.proposals == 8
+    assert summary.progress.accepted == 1 and summary.progress.input_tokens == 100
+    assert summary.start is None  # no seed for this task: the LLM started from the reference
+    assert summary.best.id == got["good"].id and summary.best_path.read_text() == GOOD_512
+    assert "No kernel yet" in fake.calls[0].prompt
+    # once a kernel failed, the model is shown the failure (fix) or a verified kernel (improve)
+    assert any("rejected" in c.prompt or "Accepted" in c.prompt for c in fake.calls[1:])
+    assert events[0].kind is EventKind.START and events[-1].kind is EventKind.FINISHED
+    assert fake.pending == 0
+
+
+def test_tuner_from_a_kernel_and_resume(tmp_path, task, kernel):
+    with Archive(tmp_path / "a.db") as archive:
+        first = run_search(RunConfig(task_path=task, budget=2, device="cpu", start_from=kernel), archive)
+        assert first.proposer == "tuner" and first.start.origin == "seed" and first.start.accepted
+        assert first.progress.proposals == 2
+        rows = archive.candidates(run_id=first.run_id)
+        assert [c.origin for c in rows] == ["seed", "tuner", "tuner"]
+        assert all(c.parent_id is not None and c.prompt.startswith("tuner ") for c in rows[1:])
+        assert len({c.source_sha for c in rows}) == 3
+        # resume: same run, the budget counts what was done, the starting kernel is not checked again
+        again = run_search(RunConfig(task_path=task, budget=4, device="cpu", resume="latest"), archive)
+        assert again.run_id == first.run_id and again.progress.proposals == 4
+        rows2 = archive.candidates(run_id=first.run_id)
+        assert [c.id for c in rows2[:3]] == [c.id for c in rows] and len(rows2) == 5
+        assert [c.origin for c in rows2].count("seed") == 1
+        assert len({c.source_sha for c in rows2}) == 5
+        assert archive.get_run(first.run_id).stop_reason == "budget spent"
+
+
+def test_tuner_without_a_kernel_refuses_to_start(tmp_path, task):
+    with Archive(tmp_path / "a.db") as archive:
+        with pytest.raises(LoopError, match="tuner needs a kernel"):
+            run_search(RunConfig(task_path=task, budget=2, device="cpu"), archive)
+        with pytest.raises(LoopError, match="no earlier run"):
+            run_search(RunConfig(task_path=task, budget=2, device="cpu", resume="latest"), archive)
+        with pytest.raises(LoopError, match="does not exist"):
+            run_search(RunConfig(task_path=task.parent / "missing.py", budget=2, device="cpu"), archive)
+        assert archive.candidates() == []
+
+
+# ---- loop logic with a scripted evaluator (timings the CPU cannot produce) --------------------------------------------
+
+class ScriptedEvaluator:
+    """Accepts every candidate with a timing whose roofline % rises by 30 per call."""
+
+    calls = 0
+
+    def __init__(self, *args):
+        self.closed = False
+
+    def check(self, path: Path) -> CheckResult:
+        ScriptedEvaluator.calls += 1
+        pct = 30.0 * ScriptedEvaluator.calls
+        stage = StageResult(Stage.ROBUSTNESS, True, Reason.OK)
+        timing = {"candidate_ms": 1.0 / ScriptedEvaluator.calls,
+                  "baselines": {"eager": {"ms": 1.0, "speedup": float(ScriptedEvaluator.calls), "ci_low": 0.9,
+                                          "ci_high": 1.1, "significant": True}},
+                  "roofline": {"pct_of_roofline": pct, "bound": "memory"}}
+        return CheckResult(task="t", candidate=str(path), device="cpu", verdict=Verdict.ACCEPTED,
+                           stage=Stage.ROBUSTNESS, reason=Reason.OK, message="ok", stages=(stage,), seconds=0.01,
+                           timed=True, timing=timing, environment={"gpu": "scripted"})
+
+    def close(self):
+        self.closed = True
+
+
+def test_target_roofline_and_token_budget_stop_early(tmp_path, task, kernel):
+    ScriptedEvaluator.calls = 0
+    with Archive(tmp_path / "a.db") as archive:
+        s = run_search(RunConfig(task_path=task, budget=20, device="cpu", start_from=kernel, target_roofline=80),
+                       archive, evaluator_factory=ScriptedEvaluator)
+        assert s.stop_reason.startswith("target reached") and s.progress.proposals < 20
+        assert s.best.timings.pct_roofline >= 80 and s.best.timings.speedup_eager == 3.0
+        fake = FakeProvider("fake:model", default=fenced(GOOD_512, "again"))
+        for i in range(6):
+            fake.enqueue(fenced(GOOD.replace("1024", str(2 ** (i + 4))), f"v{i}"),
+                         usage=Usage(input_tokens=600, output_tokens=0))
+        s2 = run_search(RunConfig(task_path=task, budget=20, device="cpu", start_from=kernel, max_tokens=1000,
+                                  concurrency=1, polish=0), archive, provider=fake,
+                        evaluator_factory=ScriptedEvaluator)
+        assert s2.stop_reason.startswith("token budget reached") and s2.progress.proposals == 2
+
+
+def test_stop_records_in_flight_as_interrupted(tmp_path, task, kernel):
+    release = threading.Event()
+    stop = threading.Event()
+
+    class Slow(ScriptedEvaluator):
+        def check(self, path):
+            if ScriptedEvaluator.calls >= 1:  # the starting kernel passes; the next check hangs
+                stop.set()
+                release.wait(30)
+            return super().check(path)
+
+    ScriptedEvaluator.calls = 0
+    with Archive(tmp_path / "a.db") as archive:
+        s = run_search(RunConfig(task_path=task, budget=5, device="cpu", start_from=kernel), archive,
+                       evaluator_factory=Slow, stop=stop)
+        release.set()
+        rows = archive.candidates(run_id=s.run_id)
+        assert s.stop_reason == "interrupted"
+        assert [c.verdict for c in rows] == ["accepted", "interrupted"]
+        assert rows[1].source is None and archive.get(rows[1].id).source  # the file is kept for a resume
+        assert archive.get_run(s.run_id).stop_reason == "interrupted"
+        assert rows[1].source_sha not in archive.known_sources(rows[1].task_hash, timed=False)
