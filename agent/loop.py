@@ -63,6 +63,8 @@ class Progress:
     output_tokens: int = 0
     cost_usd: float = 0.0
     elapsed_s: float = 0.0
+    check_s: float | None = None  # mean harness seconds per candidate evaluated in this invocation
+    per_minute: float | None = None  # proposals evaluated per minute in this invocation
     proposer: str = ""
     best: Candidate | None = None
 
@@ -296,6 +298,7 @@ class _Coordinator:
         self.provider_errors = self.harness_errors = 0
         self.notes: list[str] = []
         self._last_recorded: Candidate | None = None
+        self.check_times: list[float] = []
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -326,11 +329,12 @@ class _Coordinator:
         self.run_dir = self.archive.path.parent / self.run_id
         (self.run_dir / "candidates").mkdir(parents=True, exist_ok=True)
         done = self.archive.run_usage(self.run_id)
-        self.issued = done["proposals"]
+        self.issued = self.issued_before = done["proposals"]
         self.tokens_in, self.tokens_out, self.cost = done["input_tokens"], done["output_tokens"], done["cost_usd"]
         mine = self.archive.candidates(run_id=self.run_id)
         self.accepted = sum(c.accepted for c in mine if c.origin != "seed")
         self.rejected = sum(c.verdict == "rejected" for c in mine if c.origin != "seed")
+        self.counted_before = self.accepted + self.rejected
         self.known = self.archive.known_sources(task.source_hash, timed=self.timed)
         self.elites = [self.archive.with_source(c) for c in self.archive.elites(task.source_hash, timed=self.timed)]
         self.failures = [self.archive.with_source(c) for c in mine
@@ -344,6 +348,8 @@ class _Coordinator:
         resumed = f"resuming run {self.run_id}: {self.issued} of {self.budget} proposals done; " if c.resume else \
             f"run {self.run_id}: "
         self._emit(EventKind.START, f"{resumed}{who}, {where}")
+        if self.device == "cpu" and c.gpus > 1:
+            self._emit(EventKind.NOTE, f"--gpus {c.gpus} ignored on the CPU: one interpreter worker evaluates")
 
     def _start_kernel(self) -> None:
         self.start: Candidate | None = None
@@ -558,6 +564,7 @@ class _Coordinator:
                 self._stopping(f"the harness failed {self.harness_errors} times in a row; last: {exc}")
             return
         self.harness_errors = 0
+        self.check_times.append(time.monotonic() - pending.started)
         base = self._base(pending, "ok", "", source=pending.source)
         self._record(record_check(base, future.result()))
 
@@ -647,9 +654,12 @@ class _Coordinator:
                           notes=tuple(self.notes))
 
     def _progress(self) -> Progress:
-        return Progress(proposals=self.issued, budget=self.budget, in_flight=len(self.requests) + len(self.ready)
+        elapsed = time.monotonic() - self.started
+        new = self.accepted + self.rejected - self.counted_before
+        return Progress(per_minute=round(new * 60.0 / elapsed, 2) if new and elapsed > 0 else None, proposals=self.issued, budget=self.budget, in_flight=len(self.requests) + len(self.ready)
                         + len(self.evals), accepted=self.accepted, rejected=self.rejected, input_tokens=self.tokens_in,
                         output_tokens=self.tokens_out, cost_usd=self.cost, elapsed_s=time.monotonic() - self.started,
+                        check_s=sum(self.check_times) / len(self.check_times) if self.check_times else None,
                         proposer="tuner" if self._tuner_turn() else (self.provider.name if self.provider else ""),
                         best=self.best)
 

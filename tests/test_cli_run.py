@@ -113,7 +113,11 @@ def test_bad_invocations_exit_2_with_one_sentence(tmp_path, tiny):
         (["archive", "show", "12345", "--archive", db], "no candidate #12345"),
         (["archive", "list", "--archive", tmp_path / "none.db"], "no archive at"),
         (["batch", tmp_path / "nodir"], "not a folder"),
+        (["run", task, "--baselines", "eager,magic", "--archive", db], "unknown baseline"),
     ]
+    import torch
+    if not torch.cuda.is_available():
+        cases.append((["run", task, "--device", "cuda", "--from", tiny[1], "--archive", db], "no CUDA GPU"))
     for args, sentence in cases:
         out = crucible(*args, timeout=120)
         assert out.returncode == 2, (args, out.stdout, out.stderr)
@@ -144,3 +148,30 @@ def test_batch_runs_each_task_and_writes_reports(tmp_path, tiny):
     assert report["scale.py"]["status"] == "skipped" and "tuner needs a kernel" in report["scale.py"]["note"]
     with cs.open() as fh:
         assert {r["task"].rsplit("/", 1)[-1] for r in csv.DictReader(fh)} == {"rmsnorm_fwd.py", "scale.py"}
+
+
+def test_sigterm_stops_cleanly(tmp_path, tiny):
+    task, kernel = tiny
+    db = tmp_path / "archive.db"
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(task), "--from", str(kernel), "--budget",
+                             "40", "--device", "cpu", "--archive", str(db)], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (db.exists() and len(rows(db)) >= 2) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the run ended before it could be stopped"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130
+    found = rows(db)
+    assert all(r[4] in ("accepted", "rejected", "interrupted") for r in found)
+    con = sqlite3.connect(db)
+    stop_reason = con.execute("SELECT stop_reason FROM runs").fetchone()[0]
+    con.close()
+    assert stop_reason == "interrupted" and "interrupted" in stdout
+    assert len(found) - 1 < 40  # it stopped well before its budget

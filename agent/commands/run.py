@@ -50,6 +50,9 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--polish", type=int, help="tuner proposals at the end of an LLM run (default: a fifth of budget)")
     p.add_argument("--concurrency", type=int, default=4, help="LLM requests in flight (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the search and the tuner (default 0)")
+    p.add_argument("--baselines", default="eager,compile",
+                   help="what each candidate is timed against on the GPU: eager, compile, liger (default "
+                        "eager,compile; eager alone makes each check cheaper)")
 
 
 def config_from(args: argparse.Namespace, task: Path, **over: Any):
@@ -58,7 +61,8 @@ def config_from(args: argparse.Namespace, task: Path, **over: Any):
                      start_from=Path(args.start_from) if getattr(args, "start_from", None) else None,
                      resume=getattr(args, "resume", None), max_tokens=args.max_tokens, max_cost=args.max_cost,
                      time_limit_s=args.time_limit, target_roofline=args.target_roofline, polish=args.polish,
-                     concurrency=args.concurrency, seed=args.seed, **over)
+                     concurrency=args.concurrency, seed=args.seed,
+                     baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()), **over)
 
 
 class StopOnSignal:
@@ -90,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.budget is not None and args.budget < 0 or args.gpus < 1:
         err_console.print("--budget must be 0 or more and --gpus at least 1")
+        return 2
+    bad = set(config_from(args, Path(args.task)).baselines) - {"eager", "compile", "liger"}
+    if bad:
+        err_console.print(f"unknown baseline(s) {sorted(bad)} in --baselines; choose from eager, compile, liger")
         return 2
     try:
         archive = Archive(args.archive)
@@ -206,6 +214,7 @@ def summary_dict(s: Any, archive_path: Path) -> dict[str, Any]:
             "stop_reason": s.stop_reason, "proposals": p.proposals, "budget": p.budget, "accepted": p.accepted,
             "rejected": p.rejected, "input_tokens": p.input_tokens, "output_tokens": p.output_tokens,
             "cost_usd": p.cost_usd, "elapsed_s": round(p.elapsed_s, 2),
+            "proposals_per_minute": p.per_minute, "mean_check_s": p.check_s,
             "start": None if s.start is None else {"id": s.start.id, "verdict": s.start.verdict,
                                                    "reason": s.start.reason},
             "best": best, "not_measured": list(s.not_measured), "archive": str(archive_path)}
@@ -217,6 +226,10 @@ def render_summary(s: Any, archive_path: Path) -> None:
     table.add_row("run", f"{s.run_id} ({s.stop_reason})")
     table.add_row("proposals", f"{p.proposals}/{p.budget} by {s.proposer}: {p.accepted} verified, "
                                f"{p.rejected} rejected")
+    rate = p.per_minute
+    table.add_row("pace", f"{p.elapsed_s:.0f} s"
+                  + (f", {rate:.1f} proposals/min" if rate is not None else "")
+                  + (f", {p.check_s:.1f} s of harness per candidate" if p.check_s is not None else ""))
     if p.input_tokens or p.output_tokens:
         table.add_row("tokens", f"{p.input_tokens} in, {p.output_tokens} out, ${p.cost_usd:.4f}")
     if s.start is not None:
