@@ -97,7 +97,9 @@ def fwd_variants(n):
     return [(1, w) for w in warps] + [(2, warps[1]), (2, warps[2]), (4, warps[2])]
 
 
-BWD_VARIANTS = [(1, 1, 8), (2, 1, 8), (4, 1, 8), (2, 1, 16), (4, 1, 4), (1, 2, 16), (2, 2, 16), (2, 2, 8)]
+# (programs per SM, rows per step, warps, prefetch); the first run (docs/bench-norms.md) had no prefetch variants.
+BWD_VARIANTS = [(1, 1, 8, False), (2, 1, 8, False), (4, 1, 8, False), (2, 1, 16, False), (4, 1, 4, False),
+                (2, 2, 8, False), (1, 1, 8, True), (2, 1, 8, True), (2, 1, 4, True), (1, 2, 8, True)]
 
 
 def op_rmsnorm_fwd(m, n, eps=1e-6):
@@ -173,10 +175,11 @@ def op_rmsnorm_bwd(m, n, eps=1e-6):
     truth = list(torch.autograd.grad(F.rms_norm(xd, (n,), wd, eps), (xd, wd), sets[0][1].double()))
     ours = lambda x, dy, **kw: rmsnorm.rmsnorm_bwd(x, w, dy, eps, **kw)  # noqa: E731
     record(op, "seed (default)", nbytes, rotating(ours, sets), list(ours(*sets[0])), truth)
-    for per_sm, rows, warps in BWD_VARIANTS:
-        f = lambda x, dy, a=per_sm, r=rows, nw=warps: ours(x, dy, programs_per_sm=a, rows=r, num_warps=nw)  # noqa
-        record(op, f"seed per_sm={per_sm} rows={rows} warps={warps}", nbytes, rotating(f, sets),
-               list(f(*sets[0])), truth)
+    for per_sm, rows, warps, pre in BWD_VARIANTS:
+        f = lambda x, dy, a=per_sm, r=rows, nw=warps, p=pre: ours(x, dy, programs_per_sm=a, rows=r, num_warps=nw,  # noqa
+                                                                  prefetch=p)
+        record(op, f"seed per_sm={per_sm} rows={rows} warps={warps}" + (" prefetch" if pre else ""), nbytes,
+               rotating(f, sets), list(f(*sets[0])), truth)
     eager = lambda x, w_: F.rms_norm(x, (n,), w_, eps)  # noqa: E731
     guarded(op, "eager F.rms_norm (bwd only)", nbytes,
             lambda: (rotating(_grad, _graphs(eager, sets, [w])), list(_grad(*_graphs(eager, sets[:1], [w])[0])),
@@ -231,10 +234,11 @@ def op_layernorm_bwd(m, n, eps=1e-5):
     truth = list(torch.autograd.grad(F.layer_norm(xd, (n,), wd, bd, eps), (xd, wd, bd), sets[0][1].double()))
     ours = lambda x, dy, **kw: layernorm.layernorm_bwd(x, w, b, dy, eps, **kw)  # noqa: E731
     record(op, "seed (default)", nbytes, rotating(ours, sets), list(ours(*sets[0])), truth)
-    for per_sm, rows, warps in BWD_VARIANTS:
-        f = lambda x, dy, a=per_sm, r=rows, nw=warps: ours(x, dy, programs_per_sm=a, rows=r, num_warps=nw)  # noqa
-        record(op, f"seed per_sm={per_sm} rows={rows} warps={warps}", nbytes, rotating(f, sets),
-               list(f(*sets[0])), truth)
+    for per_sm, rows, warps, pre in BWD_VARIANTS:
+        f = lambda x, dy, a=per_sm, r=rows, nw=warps, p=pre: ours(x, dy, programs_per_sm=a, rows=r, num_warps=nw,  # noqa
+                                                                  prefetch=p)
+        record(op, f"seed per_sm={per_sm} rows={rows} warps={warps}" + (" prefetch" if pre else ""), nbytes,
+               rotating(f, sets), list(f(*sets[0])), truth)
     eager = lambda x, w_, b_: F.layer_norm(x, (n,), w_, b_, eps)  # noqa: E731
     guarded(op, "eager F.layer_norm (bwd only)", nbytes,
             lambda: (rotating(_grad, _graphs(eager, sets, [w, b])),

@@ -4,6 +4,7 @@
 - `row_warps(block, elem_bytes)`: warps per program for a one-row-in-registers kernel.
 - `sm_count(device)`: streaming multiprocessors, for persistent grids (132 on an H200).
 - `as_rows(x)`: a (M, N) view of the last dimension with unit column stride, copying only when it must.
+- `_load_pair`: one step's rows of x and dy for the persistent backward kernels (RMSNorm, LayerNorm).
 - `_sum_partials_kernel` / `sum_partials(...)`: the deterministic second pass of a weight gradient. A backward
   kernel leaves one fp32 partial row per program (P x N); this kernel adds the P rows in a fixed order, so repeated
   runs agree bitwise (no atomics), and writes the result in the parameter's dtype. Up to two pairs in one launch
@@ -30,7 +31,8 @@ def row_block(n: int) -> int:
 
 def row_warps(block: int, elem_bytes: int) -> int:
     """Warps for one row of `block` elements: about 1 KiB of the input row per warp (two 16-byte vectors per
-    thread), between 4 and 32. The H200 bench (docs/bench-norms.md) found this within noise of the best variant."""
+    thread), between 4 and 32. On the H200 (docs/bench-norms.md) this was within 1% of the best variant tried for
+    every forward (8 warps at 4096 bf16, 16 at 8192); 32 warps at 8192 lost 20-30%."""
     return max(4, min(32, block * elem_bytes // 1024))
 
 
@@ -59,6 +61,18 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     if x.is_contiguous():
         return x.view(-1, n)
     return x.reshape(-1, n)
+
+
+@triton.jit
+def _load_pair(X, DY, step, M, N, stride_x, stride_dy, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Rows [step * ROWS, step * ROWS + ROWS) of x and dy in their storage dtype; rows past M read as zeros.
+    rows = step * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    rows = rows.to(tl.int64)[:, None]
+    x = tl.load(X + rows * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    dy = tl.load(DY + rows * stride_dy + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    return x, dy
 
 
 @triton.jit

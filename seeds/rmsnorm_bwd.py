@@ -3,7 +3,8 @@
 One persistent kernel reads x and dy once, recomputes rstd, writes dx and keeps fp32 partial dw per program; a second
 kernel adds the partials in a fixed order. Bytes (bf16, 16384x4096): 3·M·N·2 = 403 MB.
 
-Measured on the H200: not measured yet.
+Measured on the H200 (2026-11-29, docs/bench-norms.md): 0.1535 ms = 2,624 GB/s at 16384x4096 bf16, 1.48x the best
+baseline (eager F.rms_norm backward, 1,770 GB/s); short of the 3,000 GB/s of ANCHORS.md.
 """
 from __future__ import annotations
 

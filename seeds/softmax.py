@@ -9,7 +9,9 @@ task shape (bf16, M=16384, N=8192): forward 2·M·N·2 = 537 MB; backward (read 
 The backward kernel takes either the saved output y (training: autograd keeps y, as PyTorch does) or the input x, from
 which it recomputes y in registers (the backward task hands it x): the same bytes either way.
 
-Measured on the H200: not measured yet.
+Measured on the H200 (2026-11-29, torch 2.11, triton 3.6, docs/bench-norms.md), bf16 16384x8192:
+  forward: 0.1408 ms = 3,812 GB/s (90% of copy), 0.95x Liger (4,018), 3.6x torch.softmax, 2.2x compile;
+  backward from y: 0.2035 ms = 3,958 GB/s, 0.92x torch.compile (4,295) and 0.94x Liger (4,227), 1.9x eager.
 """
 from __future__ import annotations
 
@@ -81,9 +83,11 @@ def fwd_config(n: int, elem_bytes: int) -> tuple[int, int]:
     return 1, row_warps(row_block(n), elem_bytes)
 
 
-def bwd_config(n: int, elem_bytes: int) -> tuple[int, int]:
-    """(rows per program, warps) for the backward."""
-    return 1, row_warps(row_block(n), elem_bytes)
+def bwd_config(n: int, elem_bytes: int, from_input: bool) -> tuple[int, int]:
+    """(rows per program, warps) for the backward. Recomputing y (exp per element) wants more rows in flight per SM:
+    on the H200 at 16384x8192 bf16, 8 warps reached 3,721 GB/s against 3,398 with 16; from y, 16 warps gave 3,958."""
+    warps = row_warps(row_block(n), elem_bytes)
+    return 1, max(4, warps // 2) if from_input else warps
 
 
 def softmax_fwd(x: torch.Tensor, *, rows: int | None = None, num_warps: int | None = None) -> torch.Tensor:
@@ -114,7 +118,7 @@ def softmax_bwd(saved: torch.Tensor, dy: torch.Tensor, *, from_input: bool, rows
     m, n = s2.shape
     dx = torch.empty(s2.shape, dtype=saved.dtype, device=saved.device)
     if s2.numel():
-        d_rows, d_warps = bwd_config(n, saved.element_size())
+        d_rows, d_warps = bwd_config(n, saved.element_size(), from_input)
         rows = rows or d_rows
         _softmax_bwd_kernel[(triton.cdiv(m, rows),)](
             s2, dy2, dx, m, n, s2.stride(0), dy2.stride(0), dx.stride(0),

@@ -2,7 +2,8 @@
 
 One pass: read x and dy, write dx. Bytes (bf16, 16384x8192): 3·M·N·2 = 805 MB.
 
-Measured on the H200: not measured yet.
+Measured on the H200 (2026-11-29, docs/bench-norms.md): 0.2164 ms = 3,721 GB/s at 16384x8192 bf16 (8 warps),
+0.87x torch.compile's backward from the saved y (4,295 GB/s), 1.77x eager; not faster than the best baseline.
 """
 from __future__ import annotations
 

@@ -33,13 +33,14 @@ def test_backward_distributions(distribution, device):
     check_seed("layernorm_bwd.py", layernorm_bwd, {"M": 53, "N": 300}, torch.bfloat16, distribution, device)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("rows,per_sm", [(1, 10), (2, 3), (4, 1)])
-def test_backward_grid_variants_agree_with_reference(rows, per_sm, device):
+def test_backward_grid_variants_agree_with_reference(rows, per_sm, prefetch, device):
     torch.manual_seed(1)
     x = torch.randn(83, 200, device=device)
     dy = torch.randn(83, 200, device=device)
     w, b = torch.randn(2, 200, device=device).unbind(0)
-    dx, dw, db = layernorm.layernorm_bwd(x, w, b, dy, 1e-5, rows=rows, programs_per_sm=per_sm)
+    dx, dw, db = layernorm.layernorm_bwd(x, w, b, dy, 1e-5, rows=rows, programs_per_sm=per_sm, prefetch=prefetch)
     xr, wr, br = (t.double().requires_grad_() for t in (x, w, b))
     truth = torch.autograd.grad(torch.nn.functional.layer_norm(xr, (200,), wr, br, 1e-5), (xr, wr, br), dy.double())
     for name, got, t in zip(("dx", "dw", "db"), (dx, dw, db), truth):

@@ -70,14 +70,15 @@ def test_backward_distributions(distribution, device):
     check_seed("rmsnorm_bwd.py", rmsnorm_bwd, {"M": 53, "N": 300}, torch.bfloat16, distribution, device)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("rows,per_sm", [(1, 10), (2, 3), (4, 1)])
-def test_backward_grid_variants_agree_with_reference(rows, per_sm, device):
+def test_backward_grid_variants_agree_with_reference(rows, per_sm, prefetch, device):
     # 40 programs exceed one 32-row step of the partial-sum kernel; rows > 1 leaves a ragged last step.
     torch.manual_seed(1)
     x = torch.randn(83, 200, device=device)
     dy = torch.randn(83, 200, device=device)
     w = torch.randn(200, device=device)
-    dx, dw = rmsnorm.rmsnorm_bwd(x, w, dy, 1e-6, rows=rows, programs_per_sm=per_sm)
+    dx, dw = rmsnorm.rmsnorm_bwd(x, w, dy, 1e-6, rows=rows, programs_per_sm=per_sm, prefetch=prefetch)
     xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
     dx_t, dw_t = torch.autograd.grad(torch.nn.functional.rms_norm(xr, (200,), wr, 1e-6), (xr, wr), dy.double())
     for name, got, t in (("dx", dx, dx_t), ("dw", dw, dw_t)):
