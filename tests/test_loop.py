@@ -223,3 +223,48 @@ def test_stop_records_in_flight_as_interrupted(tmp_path, task, kernel):
         assert rows[1].source is None and archive.get(rows[1].id).source  # the file is kept for a resume
         assert archive.get_run(s.run_id).stop_reason == "interrupted"
         assert rows[1].source_sha not in archive.known_sources(rows[1].task_hash, timed=False)
+
+
+# ---- the same through the real SDK clients, against a scripted server on loopback -------------------------------------
+
+def test_run_through_real_clients_survives_http_failures(tmp_path, task, monkeypatch):
+    from agent.llm import make_provider
+    from tests.llm_server import (ScriptedServer, anthropic_message, json_reply, openai_completion, openai_stream,
+                                  raw_reply, sse_reply)
+
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "CRUCIBLE_PRICES"):
+        monkeypatch.delenv(var, raising=False)
+    fast = {"backoff_s": 0.01, "backoff_max_s": 0.02, "max_attempts": 2}
+    with ScriptedServer() as server, Archive(tmp_path / "a.db") as archive:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url + "/v1")
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "ak-test")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
+        server.add(
+            json_reply({"error": {"message": "slow down"}}, status=429, **{"Retry-After": "0"}),
+            json_reply(openai_completion(fenced(GOOD_512, "good"), prompt_tokens=900, completion_tokens=300)),
+            json_reply({"error": {"message": "boom"}}, status=500),
+            json_reply({"error": {"message": "unavailable"}}, status=503),  # retries spent: provider_error
+            raw_reply("{this is not json"),
+            json_reply(openai_completion("I would rather not write code today.")),  # no_code
+            json_reply(openai_completion(fenced(WRONG, "wrong"))),
+        )
+        provider = make_provider("openai:served", prices={"openai:served": {"input": 1.0, "output": 2.0}}, **fast)
+        s = run_search(RunConfig(task_path=task, budget=4, device="cpu", concurrency=1, polish=0), archive,
+                       provider=provider)
+        # evaluation overlaps the next request, so records land in completion order, not request order
+        reasons = sorted((c.reason, c.input_tokens, c.output_tokens) for c in archive.candidates(run_id=s.run_id))
+        assert reasons == [("no_code", 11, 7), ("ok", 900, 300), ("output_mismatch", 11, 7), ("provider_error", 0, 0)]
+        assert s.progress.cost_usd == pytest.approx((900 + 2 * 11) * 1e-6 + (300 + 2 * 7) * 2e-6)
+        assert {c.proposer for c in archive.candidates(run_id=s.run_id)} == {"openai:served"}
+        assert "503" in next(c.message for c in archive.candidates(run_id=s.run_id) if c.reason == "provider_error")
+
+        # Anthropic and a streamed OpenAI reply feed the same archive
+        server.add(json_reply(anthropic_message(fenced(CHEAT, "cheat"))))
+        claude = make_provider("anthropic:served-claude", **fast)
+        s2 = run_search(RunConfig(task_path=task, budget=1, device="cpu", polish=0), archive, provider=claude)
+        assert [c.reason for c in archive.candidates(run_id=s2.run_id)] == ["torch_compute"]
+        server.add(sse_reply(openai_stream(["Faster:\n```python\n", GOOD.replace("1024", "2048"), "```\n"])))
+        streamed = make_provider("openai:served", stream=True, **fast)
+        s3 = run_search(RunConfig(task_path=task, budget=1, device="cpu", polish=0), archive, provider=streamed)
+        assert [c.reason for c in archive.candidates(run_id=s3.run_id)] == ["ok"]
