@@ -146,15 +146,17 @@ def main() -> None:
                 anchor = impls[name][1]
                 g = gate(s.median, roof)
                 rows.append((op, name, s.median, s.iqr, db, metric, rate, rate_db, anchor,
-                             100 * roof.floor_ms / s.median, g.ok, len(p["flagged"])))
+                             100 * roof.floor_ms / s.median, g.ok, f"{len(p['flagged'])}/{p['host_bound']}"))
                 res["impls"][name] = {"ms": s.median, "iqr_ms": s.iqr, "do_bench_ms": db, "rate": rate,
                                       "rate_do_bench": rate_db, "anchor": anchor, "metric": metric,
                                       "pct_of_roofline": 100 * roof.floor_ms / s.median, "gate_ok": g.ok,
                                       "flagged_calls": len(p["flagged"]), "inconsistent": p["inconsistent"],
+                                      "host_bound_calls": p["host_bound"], "host_ms": p["host_ms"],
                                       "ms_all": p["ms"]}
             res["fingerprint_mismatches"] = len(m["fingerprint_mismatches"])
             res["persisting_l2"] = m["l2"]["persisting_reset"] or m["l2"]["persisting_error"]
             res["calibration"] = m["calibration"]
+            res["cover"] = {k: m["config"][k] for k in ("cover_ms", "flush_passes", "flush_pass_ms", "stream_priority")}
             results["ops"][op] = res
             print(f"{op}: measured in {res['measure_s']:.1f} s; persisting L2 reset: {res['persisting_l2']}",
                   flush=True)
@@ -193,12 +195,12 @@ def main() -> None:
     print(f"\nceilings: copy {ceil['copy_gbps']:.0f} GB/s (ANCHORS 4244); matmul TFLOP/s " +
           ", ".join(f"{k} {v:.0f}" for k, v in ceil["matmul_tflops"].items()) + " (ANCHORS bf16 694-788)")
     print(f"{'op':34} {'impl':18} {'measure ms':>10} {'IQR':>7} {'do_bench':>9} {'rate':>8} {'rate db':>8} "
-          f"{'ANCHORS':>8} {'vs anch':>7} {'%roof':>6} {'gate':>5} {'flags':>5}")
+          f"{'ANCHORS':>8} {'vs anch':>7} {'%roof':>6} {'gate':>5} {'flag/host':>9}")
     for op, name, ms, iqr, db, metric, rate, rate_db, anchor, pct, ok, flags in rows:
         unit = "GB/s" if metric == "gbps" else "TF/s"
         vs = f"{rate / anchor:.2f}" if anchor else "-"
         print(f"{op:34} {name:18} {ms:10.4f} {iqr:7.4f} {db:9.4f} {rate:8.0f} {rate_db:8.0f} "
-              f"{(str(anchor) if anchor else '-'):>8} {vs:>7} {pct:6.1f} {'ok' if ok else 'FAIL':>5} {flags:5d}  {unit}")
+              f"{(str(anchor) if anchor else '-'):>8} {vs:>7} {pct:6.1f} {'ok' if ok else 'FAIL':>5} {flags:>9}  {unit}")
     print(f"total {time.time() - T0:.0f} s")
 
 

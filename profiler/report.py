@@ -139,6 +139,7 @@ def build_timing(
             **m.get("config", {}),
             "l2": m.get("l2"), "calibration": m.get("calibration"), "device": m.get("device"),
             "flagged_calls": {n: len(p["flagged"]) for n, p in fns.items()},
+            "host_bound_calls": {n: p.get("host_bound", 0) for n, p in fns.items()},
             "samples_validated": len(m.get("samples", [])),
         },
         "problems": problems,

@@ -3,14 +3,19 @@
 `measure(fns, input_sets)` runs in the sandboxed child and returns plain, picklable data; the trusted parent turns it
 into statistics (profiler.stats), validates the sampled outputs and builds the report (profiler.report).
 
-What each timed call looks like (eager mode):
+What each timed call looks like (eager mode), all on a timing stream of the highest priority torch allows:
 
-    device sync; reset persisting L2; write the flush buffer (>= 2x L2)        <- the flush still runs on the GPU
-    t0 = host clock; start.record(); out = fn(inputs[k]); end.record()          <- ...while the host launches fn
+    device sync; reset persisting L2; write the flush buffer (>= 2x L2) as many times as covers `cover_ms`
+    t0 = host clock; start.record(); out = fn(inputs[k]); h = host clock; end.record()
     device sync; t1 = host clock; end_all.record(); device sync
 
-- `stream_ms` = start -> end: what triton.testing.do_bench would report. The flush kernel is still running when fn's
-  kernels are enqueued, so host launch latency is hidden exactly as in do_bench.
+- `stream_ms` = start -> end: the device time of fn's work, as triton.testing.do_bench reports it. The flush passes
+  (whole-GPU work, default 0.5 ms) are still running while the host launches fn, so the Python launch overhead of a
+  Triton kernel (tens to hundreds of microseconds) is not charged, as in do_bench's steady state and nvbench. The
+  cover is whole-GPU work on the highest-priority stream, not an idle wait: work a candidate sneaks onto a
+  (lower-priority) side stream during it cannot get blocks scheduled until the start event, so it lands in the
+  timed interval or in the tail. A call whose host launch time outlasts the cover is marked host-bound (`host_ms`):
+  its device time then includes the wait for the host.
 - `tail_ms` = end -> end_all: end_all is recorded only after the WHOLE device went idle, so work the candidate left
   on another stream (or a thread's stream) shows up here. An empty call measures the tail an honest call has
   (`calibration`); a call whose tail exceeds it is flagged and the excess is counted in its time (`ms`).
@@ -55,6 +60,7 @@ _C_SYNC = getattr(torch._C, "_cuda_synchronize", None)  # absent from CPU-only b
 _PERF = time.perf_counter
 _ZERO = torch.Tensor.zero_
 _CURRENT_STREAM = torch.cuda.current_stream
+HIGHEST_PRIORITY = -1000  # torch maps it to the greatest priority it supports
 
 _WATCHED: dict[str, Callable[[], Any]] = {
     "torch.cuda.Event": lambda: torch.cuda.Event,
@@ -211,6 +217,7 @@ def measure(
     hold_bytes: int = 8 << 30,
     tail_tolerance_ms: float = 0.05,
     tail_tolerance_rel: float = 0.10,
+    cover_ms: float = 0.5,
 ) -> dict[str, Any]:
     """Time each callable `reps` times, interleaved and rotated, on the current CUDA device.
 
@@ -218,7 +225,8 @@ def measure(
     outputs are fingerprinted and sampled (default: the first). `sample_every`: every n-th timed call of `watch`
     (and its last) is copied to the CPU (default: about four samples). `graph`: time CUDA-graph replays, one graph
     captured per (function, input set) before warm-up; for launch-bound ops. `hold_bytes`: memory the fingerprint
-    re-check may keep alive; past it the oldest outputs are re-checked early and released.
+    re-check may keep alive; past it the oldest outputs are re-checked early and released. `cover_ms`: device time
+    of flush passes queued ahead of each call, to hide host launch overhead (0: one pass).
     """
     if not torch.cuda.is_available():
         raise RuntimeError("measure needs a CUDA device")
@@ -255,7 +263,8 @@ def measure(
     calls: dict[str, Callable[[list], Any]] = {NULL_FN: lambda args: None, **fns}
     order_base = [NULL_FN] + names
     per: dict[str, dict[str, Any]] = {
-        n: {"ms": [], "stream_ms": [], "tail_ms": [], "wall_ms": [], "input_set": [], "flagged": [], "error": None}
+        n: {"ms": [], "stream_ms": [], "tail_ms": [], "wall_ms": [], "host_ms": [], "input_set": [], "flagged": [],
+            "host_bound": 0, "error": None}
         for n in order_base
     }
     samples: list[dict[str, Any]] = []
@@ -272,6 +281,11 @@ def measure(
         entry["changed"] = not _same_fp(entry["at_return"], entry["later"])
 
     gc_was_enabled = gc.isenabled()
+    stream = torch.cuda.Stream(device=dev, priority=HIGHEST_PRIORITY)
+    stream.wait_stream(_CURRENT_STREAM())
+    passes, pass_ms = 1, 0.0
+    stream_ctx = torch.cuda.stream(stream)
+    stream_ctx.__enter__()
     try:
         if graph:
             used = sorted({c % n_sets for c in range(warmup + reps)})
@@ -283,6 +297,8 @@ def measure(
             warnings.append("graph mode: each output is the graph's static buffer, so the later fingerprint "
                             "re-check is skipped")
         start, end, end_all = _EVENT(enable_timing=True), _EVENT(enable_timing=True), _EVENT(enable_timing=True)
+        pass_ms = _flush_pass_ms(flush, start, end)
+        passes = max(1, math.ceil(cover_ms / pass_ms)) if pass_ms > 0 else 1
         null_tail: list[float] = []
         null_wall: list[float] = []
         gc.collect()
@@ -301,7 +317,8 @@ def measure(
                 try:
                     _device_sync()
                     persisting.reset()
-                    _ZERO(flush)
+                    for _ in range(passes):
+                        _ZERO(flush)
                     t0 = _PERF()
                     _RECORD(start)
                     if g is not None:
@@ -309,6 +326,7 @@ def measure(
                         out = g[1]
                     else:
                         out = calls[n](args)
+                    h = _PERF()
                     _RECORD(end)
                     _device_sync()
                     t1 = _PERF()
@@ -335,6 +353,7 @@ def measure(
                 p["stream_ms"].append(stream_ms)
                 p["tail_ms"].append(tail_ms)
                 p["wall_ms"].append(wall_ms)
+                p["host_ms"].append((h - t0) * 1e3)
                 p["input_set"].append(k)
                 if n == watch:
                     i = r
@@ -356,6 +375,8 @@ def measure(
     except _Fatal:
         pass
     finally:
+        stream_ctx.__exit__(None, None, None)
+        _CURRENT_STREAM().wait_stream(stream)
         if gc_was_enabled:
             gc.enable()
 
@@ -375,6 +396,11 @@ def measure(
                 p["flagged"].append({"call": i, "why": "wall", "excess_ms": w - cal_wall - ms})
             p["ms"].append(ms)
         p["inconsistent"] = len({f["call"] for f in p["flagged"]}) > max(1, len(p["ms"]) // 4)
+        p["host_bound"] = sum(1 for x in p["host_ms"] if x > passes * pass_ms)
+        if p["host_bound"] > len(p["ms"]) // 4:
+            warnings.append(f"{n}: in {p['host_bound']} of {len(p['ms'])} calls the host took longer to launch the "
+                            f"work (median {_median(p['host_ms']):.3f} ms) than the {passes * pass_ms:.3f} ms flush "
+                            "cover: those times include waiting for the host (graph mode removes launch cost)")
 
     if persisting.method is not None and not persisting.working:
         warnings.append(f"persisting L2 could not be reset: {persisting.error}")
@@ -390,7 +416,9 @@ def measure(
         "device": {"index": dev, "name": props.name, "l2_bytes": l2, "sm_count": props.multi_processor_count},
         "config": {"reps": reps, "warmup": warmup, "flush_bytes": flush_bytes, "n_input_sets": n_sets,
                    "sample_every": sample_every, "watch": watch, "graph": graph,
-                   "tail_tolerance_ms": tail_tolerance_ms, "tail_tolerance_rel": tail_tolerance_rel},
+                   "tail_tolerance_ms": tail_tolerance_ms, "tail_tolerance_rel": tail_tolerance_rel,
+                   "cover_ms": cover_ms, "flush_passes": passes, "flush_pass_ms": pass_ms,
+                   "stream_priority": stream.priority},
         "l2": {"flush_bytes": flush_bytes, "persisting_reset": persisting.method if persisting.working else None,
                "persisting_error": persisting.error},
         "calibration": {"null_tail_ms": cal_tail, "null_wall_ms": cal_wall,
@@ -408,6 +436,19 @@ def measure(
 
 def _flush_buffer(nbytes: int, device: int) -> torch.Tensor:
     return torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+
+
+def _flush_pass_ms(flush: torch.Tensor, start: Any, end: Any) -> float:
+    """Device time of one write of the flush buffer (median of three), to size the cover ahead of each call."""
+    times = []
+    for _ in range(4):
+        _device_sync()
+        _RECORD(start)
+        _ZERO(flush)
+        _RECORD(end)
+        _device_sync()
+        times.append(float(_ELAPSED(start, end)))
+    return _median(times[1:])
 
 
 class _Fatal(Exception):
