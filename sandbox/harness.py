@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import secrets
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,6 +69,8 @@ class _Run:
     stages: list[StageResult] = field(default_factory=list)
     stage_start: float = 0.0
     network_isolated: bool = False
+    call_seconds: float = 0.0
+    calls: int = 0
 
 
 class Harness:
@@ -77,8 +80,6 @@ class Harness:
         self.device = resolve_device(device)
         self.workdir = Path(workdir or REPO_ROOT / "runs" / "sandbox").resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.triton_cache = self.workdir / "triton-cache"
-        self.triton_cache.mkdir(exist_ok=True)
         env = {"TRITON_INTERPRET": "1" if self.device == "cpu" else "0"}
         self.zygote = Zygote(env)
         self._tasks: dict[tuple[str, float], Task] = {}
@@ -136,9 +137,44 @@ class Harness:
                 timing = self._stage(run, Stage.TIMING, self._timing, reference)
         except _Reject as rej:
             stages.append(replace(rej.result, seconds=time.monotonic() - run.stage_start))
+            if rej.result.stage is Stage.TIMING:
+                timing = rej.result.details.get("timing")
         finally:
             child.close(graceful=True)
-        return self._result(task_obj, candidate, stages, start, timing, network_isolated=run.network_isolated)
+            self._clean(child)
+        return self._result(task_obj, candidate, stages, start, timing, network_isolated=run.network_isolated,
+                            run=run)
+
+    def bench(self, task: str | Path | Task, candidate: str | Path | None, *, baselines: tuple[str, ...] = ("eager",),
+              gpu: int = 0, timeout_s: float = 600.0) -> dict[str, Any]:
+        """The timing report of profiler.report for a candidate (checked first, every stage) or, with no candidate,
+        for the baselines alone. A rejected candidate's report carries the rejection in `problems` and `check`."""
+        if self.device != "cuda":
+            raise ValueError("timing needs a CUDA GPU")
+        options = CheckOptions(device="cuda", timing=True, gpu=gpu, baselines=tuple(baselines), timeout_s=timeout_s)
+        if candidate is not None:
+            result = self.check(task, candidate, options)
+            report = dict(result.timing or {"candidate_ms": None, "baselines": {}, "rows": [], "problems": []})
+            if not result.accepted and not report.get("problems"):
+                report["problems"] = [{"reason": result.reason.value, "message": result.message}]
+            report["check"] = result.to_dict()
+            return report
+        from . import timing_parent
+        task_obj = self.load(task)
+        child = self.zygote.spawn()
+        start = time.monotonic()
+        run = _Run(task_obj, Path("-"), options, child, start + timeout_s, random.Random(secrets.randbits(31)))
+        try:
+            reference = Reference(task_obj, self.device, run.rng.randrange(1 << 31))
+            scratch = self._scratch(child)
+            self._request(run, Stage.TIMING, self._setup_msg(run, None, reference, scratch))
+            return timing_parent.measure(self, run, reference, candidate=False)
+        except _Reject as rej:
+            return {"candidate_ms": None, "baselines": {}, "rows": [],
+                    "problems": [{"reason": rej.result.reason.value, "message": rej.result.message}]}
+        finally:
+            child.close(graceful=True)
+            self._clean(child)
 
     def _stage(self, run: _Run, stage: Stage, fn, *args: Any) -> Any:
         run.stage_start = time.monotonic()
@@ -158,8 +194,10 @@ class Harness:
             run.child.close(graceful=False)
             how = run.child.describe_exit()
             reason = Reason.TIMEOUT if "SIGXCPU" in how else Reason.CRASH
-            raise _Reject(stage, reason, f"the candidate's process {how}",
-                          details={"output_tail": run.child.output_tail()}) from None
+            tail = run.child.output_tail()
+            last = tail.strip().splitlines()[-1] if tail.strip() else ""
+            raise _Reject(stage, reason, f"the candidate's process {how}" + (f": {last}" if last else ""),
+                          details={"output_tail": tail}) from None
         except wire.WireError as exc:
             run.child.close(graceful=False)
             raise _Reject(stage, Reason.SANDBOX_VIOLATION, f"the candidate's process sent a malformed reply: {exc}") from None
@@ -189,25 +227,38 @@ class Harness:
             reference = Reference(run.task, self.device, run.rng.randrange(1 << 31))
         except TaskError:
             raise
-        scratch = self.workdir / f"scratch-{run.child.pid}"
-        scratch.mkdir(exist_ok=True)
-        msg = {
-            "op": "setup", "candidate": str(run.candidate), "seeds_dir": str(SEEDS_DIR), "device": self.device,
-            "gpu": run.options.gpu, "scratch": str(scratch), "write_roots": [str(scratch), str(self.triton_cache)],
-            "triton_cache": str(self.triton_cache), "cpu_seconds": int(max(60, 4 * run.options.timeout_s)),
-            "allow_compute": run.task.meta.allow_torch_compute, "seed": reference.model_seed,
-            "init_inputs": reference.init_inputs(), "state_dict": reference.state_dict(),
-        }
+        msg = self._setup_msg(run, str(run.candidate), reference, self._scratch(run.child))
         reply = self._request(run, Stage.COMPILE, msg)
         run.network_isolated = bool(reply.get("network_isolated"))
         return reference, {"network_isolated": run.network_isolated,
                            "filesystem_read_only": bool(reply.get("filesystem_read_only"))}
+
+    def _scratch(self, child: Child) -> Path:
+        """A fresh directory per candidate: its only writable place, Triton's cache included (a shared cache would
+        let one candidate plant compiled kernels for the next)."""
+        scratch = self.workdir / f"scratch-{child.pid}"
+        (scratch / "triton").mkdir(parents=True, exist_ok=True)
+        return scratch
+
+    def _clean(self, child: Child) -> None:
+        shutil.rmtree(self.workdir / f"scratch-{child.pid}", ignore_errors=True)
+
+    def _setup_msg(self, run: _Run, candidate: str | None, reference: Reference, scratch: Path) -> dict[str, Any]:
+        return {
+            "op": "setup", "candidate": candidate, "seeds_dir": str(SEEDS_DIR), "device": self.device,
+            "gpu": run.options.gpu, "scratch": str(scratch), "write_roots": [str(scratch)],
+            "triton_cache": str(scratch / "triton"), "cpu_seconds": int(max(60, 4 * run.options.timeout_s)),
+            "allow_compute": run.task.meta.allow_torch_compute, "seed": reference.model_seed,
+            "init_inputs": reference.init_inputs(), "state_dict": reference.state_dict(),
+        }
 
     def _call(self, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
               expected: Expected | None = None) -> tuple[dict[str, Any], Expected]:
         expected = expected or reference.run(inputs)
         reply = self._request(run, stage, {"op": "call", "inputs": _cpu(inputs)},
                               max_bytes=4 * expected.nbytes + (1 << 24))
+        run.calls += 1
+        run.call_seconds += float(reply.get("seconds") or 0.0)
         outs = reply.get("outputs")
         if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
             raise _Reject(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
@@ -282,11 +333,16 @@ class Harness:
 
     # ---- the verdict ----------------------------------------------------------------------------------------
     def _result(self, task: Task, candidate: Path, stages: list[StageResult], start: float,
-                timing: dict[str, Any] | None, network_isolated: bool = False) -> CheckResult:
+                timing: dict[str, Any] | None, network_isolated: bool = False,
+                run: _Run | None = None) -> CheckResult:
         last = stages[-1]
         accepted = all(s.passed for s in stages)
         if accepted:
             message = "accepted: correct on every input distribution and shape tried"
+            eager = ((timing or {}).get("baselines") or {}).get("eager") or {}
+            if eager.get("speedup") is not None:
+                message += (f"; {eager['speedup']:.2f}x eager [{eager['ci_low']:.2f}, {eager['ci_high']:.2f}] "
+                            f"({eager['verdict']})")
             message += "" if timing else " (not timed)"
         else:
             message = last.message
@@ -297,7 +353,15 @@ class Harness:
             seconds=time.monotonic() - start, timed=timing is not None, timing=timing,
             environment={"device": self.device, "torch": torch.__version__, "triton": _triton_version(),
                          "network_isolated": network_isolated, "constants": task.current_constants()},
+            costs=self._costs(stages, run, time.monotonic() - start),
         )
+
+    @staticmethod
+    def _costs(stages: list[StageResult], run: _Run | None, total: float) -> dict[str, float]:
+        timing_s = sum(s.seconds for s in stages if s.stage is Stage.TIMING)
+        calls_s = run.call_seconds if run else 0.0
+        return {"total_s": total, "candidate_calls_s": calls_s, "calls": float(run.calls if run else 0),
+                "timing_stage_s": timing_s, "harness_s": max(0.0, total - calls_s - timing_s)}
 
 
 def check(task: str | Path, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:

@@ -156,6 +156,8 @@ class CheckResult:
     timed: bool  # False on the CPU or with --no-timing: accepted says nothing about speed
     timing: dict[str, Any] | None = None
     environment: dict[str, Any] = field(default_factory=dict)
+    # Where the seconds went: the candidate's own calls (kernels, first-launch compilation) vs the harness.
+    costs: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if (self.verdict is Verdict.ACCEPTED) != (self.reason is Reason.OK):

@@ -32,7 +32,7 @@ def encode(obj: Any) -> bytes:
             t = x.detach().to("cpu").contiguous()
             if str(t.dtype) not in _DTYPES:
                 raise WireError(f"dtype {t.dtype} cannot cross the sandbox boundary")
-            raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
             buffers.append(raw)
             return {"__tensor__": len(buffers) - 1, "dtype": str(t.dtype), "shape": list(t.shape)}
         if isinstance(x, dict):

@@ -66,10 +66,14 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     pol = policy.Policy(scratch=msg["scratch"], write_roots=[os.path.realpath(p) for p in msg["write_roots"]],
                         cpu_seconds=int(msg["cpu_seconds"]))
     os.environ["TRITON_CACHE_DIR"] = msg["triton_cache"]
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(msg["scratch"], "inductor")
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # compile in this process: no worker pool to start
     state["policy"] = policy.apply(pol)
-    trace.install(msg["candidate"], msg["seeds_dir"])
     state.update(device=device, allow_compute=msg["allow_compute"])
     state["flags"] = _flags()
+    if msg["candidate"] is None:  # timing the baselines alone
+        return {"ok": True, "network_isolated": pol.network_isolated, "filesystem_read_only": pol.filesystem_read_only}
+    trace.install(msg["candidate"], msg["seeds_dir"])
 
     spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, msg["candidate"])
     module = importlib.util.module_from_spec(spec)

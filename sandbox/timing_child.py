@@ -1,0 +1,80 @@
+"""The timing stage's half that runs in the candidate's process: input sets, baselines, profiler.timing.measure.
+
+Input sets: a few base sets drawn with the task's own get_inputs() under seeds the parent chose, and the rest
+derived on the device by `derive` (roll the last dimension, rescale), which the parent repeats bit for bit to
+compute the expected output of any timed call. Every timed call therefore sees different values at a different
+address, and the parent can check any of them.
+
+The baselines (the task's reference eager, under torch.compile, Liger) are trusted code: they run with the sandbox's
+trusted flag so torch.compile may start the compiler tools it needs. The candidate's calls do not.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from . import policy
+
+SET_BUDGET_BYTES = 24 << 30  # device memory the input sets may take
+
+
+def derive(base_sets: list[list[Any]], k: int, fixed: tuple[int, ...]) -> list[Any]:
+    """Input set k: base set k % len(base_sets), floating inputs rolled along their last dim and rescaled from the
+    second round on (the parent repeats this bit for bit)."""
+    src = base_sets[k % len(base_sets)]
+    out = []
+    for i, x in enumerate(src):
+        if isinstance(x, torch.Tensor):
+            x = x.clone()
+            if k >= len(base_sets) and x.is_floating_point() and i not in fixed and x.dim() > 0 and x.numel():
+                rolled = torch.roll(x, shifts=(7919 * k) % x.shape[-1], dims=-1)
+                x = (rolled.float() * (1.0 + 0.01 * (k % 17))).to(x.dtype)
+        out.append(x)
+    return out
+
+
+def set_count(base_set: list[Any], wanted: int) -> int:
+    """As many input sets as calls, within the device-memory budget, and never fewer than two."""
+    nbytes = sum(x.numel() * x.element_size() for x in base_set if isinstance(x, torch.Tensor))
+    return max(2, min(wanted, SET_BUDGET_BYTES // max(1, nbytes)))
+
+
+def _trusted(fn: Callable[[list], Any]) -> Callable[[list], Any]:
+    def call(args: list) -> Any:
+        with policy.trusted():
+            return fn(args)
+    return call
+
+
+def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    from profiler import baselines as baseline_lib
+    from profiler import compile_stats, timing
+    from profiler.env import environment
+
+    from .task import load_task
+
+    with policy.trusted():  # the user's task file, the reference and the baselines: trusted code
+        task = load_task(msg["task"])
+        if msg["overrides"]:
+            task = task.with_constants(msg["overrides"])
+        device = "cuda"
+        base = [task.make_inputs(seed, "normal", device) for seed in msg["base_seeds"]]
+        n_sets = set_count(base[0], msg["warmup"] + msg["reps"])
+        sets = [derive(base, k, task.meta.fixed_inputs) for k in range(n_sets)]
+        reference = task.make_reference(msg["model_seed"], device)
+        built = baseline_lib.build_all(tuple(msg["baselines"]), reference, task.module)
+    fns: dict[str, Callable[[list], Any]] = {}
+    model = state.get("model")
+    if model is not None:
+        fns["candidate"] = lambda args: model(*args)
+    for name, b in built.items():
+        if b.available:
+            fns[name] = _trusted(b.fn)
+    measured = timing.measure(fns, sets, reps=msg["reps"], warmup=msg["warmup"], watch=next(iter(fns)),
+                              sample_every=msg["sample_every"])
+    with policy.trusted():
+        kernels = [k.to_dict() for k in compile_stats.kernel_stats(state["module"])] if "module" in state else []
+        env = environment(torch.cuda.current_device())
+    return {"ok": True, "measured": measured, "n_sets": n_sets, "kernels": kernels, "environment": env,
+            "baselines": {name: b.to_dict() for name, b in built.items()}}

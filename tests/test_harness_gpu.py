@@ -1,0 +1,59 @@
+"""The THREATS classes that only a GPU can show: allocator reuse, a CUDA fault, timer patching and caching during
+timing, side streams; and the timing stage on an honest kernel. Skipped without a CUDA GPU; on the H200:
+`CRUCIBLE_TEST_DEVICE=cuda python3 -m pytest -q tests/test_harness_gpu.py` (docs/BENCHMARKS.md has the output)."""
+from pathlib import Path
+
+import pytest
+
+from sandbox.harness import CheckOptions, Harness
+from sandbox.records import Reason, Stage, Verdict
+from tests.conftest import needs_gpu
+
+pytestmark = needs_gpu
+HERE = Path(__file__).parent
+GPU = HERE / "candidates" / "gpu"
+RMSNORM = HERE.parent / "tasks" / "rmsnorm_fwd.py"
+HONEST = HERE / "candidates" / "rmsnorm_honest.py"
+
+
+@pytest.fixture(scope="module")
+def harness():
+    with Harness("cuda") as h:
+        yield h
+
+
+def test_allocator_reuse_is_caught(harness):
+    r = harness.check(RMSNORM, GPU / "allocator_reuse.py", CheckOptions(timing=False))
+    assert (r.stage, r.reason) == (Stage.CORRECTNESS, Reason.NONFINITE_MISMATCH), r.message
+
+
+def test_cuda_fault_ends_only_that_candidate(harness):
+    r = harness.check(RMSNORM, GPU / "cuda_fault.py", CheckOptions(timing=False))
+    assert r.verdict is Verdict.REJECTED and r.reason in (Reason.RUNTIME_ERROR, Reason.CRASH), r.message
+    honest = harness.check(RMSNORM, HONEST, CheckOptions(timing=False))
+    assert honest.verdict is Verdict.ACCEPTED, honest.message
+
+
+def test_side_stream_is_refused(harness):
+    r = harness.check(RMSNORM, GPU / "side_stream.py")
+    assert r.verdict is Verdict.REJECTED and r.stage is Stage.STATIC, r.message
+
+
+def test_timer_patching_is_detected(harness):
+    r = harness.check(RMSNORM, GPU / "timer_patch.py")
+    assert (r.stage, r.reason) == (Stage.TIMING, Reason.TIMER_TAMPERED), r.message
+
+
+def test_caching_after_the_correctness_calls_is_caught_in_timing(harness):
+    r = harness.check(RMSNORM, GPU / "warmup_then_cache.py")
+    assert (r.stage, r.reason) == (Stage.TIMING, Reason.TIMING_OUTPUT_MISMATCH), r.message
+
+
+def test_honest_kernel_is_timed_and_stable(harness):
+    a = harness.check(RMSNORM, HONEST, CheckOptions(baselines=("eager",)))
+    b = harness.check(RMSNORM, HONEST, CheckOptions(baselines=("eager",)))
+    for r in (a, b):
+        assert r.verdict is Verdict.ACCEPTED and r.timed, r.message
+        assert r.timing["roofline"]["pct_of_roofline"] < 100
+    ms_a, ms_b = a.timing["candidate_ms"], b.timing["candidate_ms"]
+    assert abs(ms_a - ms_b) / min(ms_a, ms_b) < 0.1, (ms_a, ms_b)
