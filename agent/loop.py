@@ -123,6 +123,8 @@ class RunSummary:
     run_dir: Path
     not_measured: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    provider_failure: str | None = None  # why the run stopped when the provider (not the kernels) failed
+    replies: int = 0  # LLM replies received in this invocation
 
 
 class Evaluator(Protocol):
@@ -295,7 +297,8 @@ class _Coordinator:
         self.in_flight: set[str] = set()
         self.exhausted: set[int] = set()
         self.stop_reason: str | None = None
-        self.provider_errors = self.harness_errors = 0
+        self.provider_errors = self.harness_errors = self.replies = 0
+        self.provider_failure: str | None = None
         self.notes: list[str] = []
         self._last_recorded: Candidate | None = None
         self.check_times: list[float] = []
@@ -542,13 +545,19 @@ class _Coordinator:
             exc = future.exception()
             if exc is None:
                 self.provider_errors = 0
+                self.replies += 1
                 self._accept_reply(pending, future.result())
                 return
             self.provider_errors += 1
             message = str(exc) if isinstance(exc, ProviderError) else f"{type(exc).__name__}: {exc}"
             self._record(self._base(pending, "provider_error", message))
-            if self.provider_errors >= MAX_PROVIDER_ERRORS and self.stop_reason is None:
-                self._stopping(f"{self.provider_errors} requests in a row failed; last: {message}")
+            permanent = isinstance(exc, ProviderError) and not exc.transient  # a key, a model name: ask the user
+            # Each failure already spent the provider's retries; one that never answered is not worth many more.
+            limit = 2 if self.replies == 0 else MAX_PROVIDER_ERRORS
+            if (permanent or self.provider_errors >= limit) and self.stop_reason is None:
+                self.provider_failure = message
+                self._stopping(message if permanent else
+                               f"{self.provider_errors} requests in a row failed; last: {message}")
             return
         pending = self.evals.pop(future)
         self.free_slots.append(pending.slot)
@@ -651,7 +660,7 @@ class _Coordinator:
                           proposer=self.provider.name if self.provider else tuner_mod.NAME, stop_reason=reason,
                           progress=progress, start=self.start if hasattr(self, "start") else None, best=best,
                           best_path=best_path, run_dir=self.run_dir, not_measured=not_measured,
-                          notes=tuple(self.notes))
+                          notes=tuple(self.notes), provider_failure=self.provider_failure, replies=self.replies)
 
     def _progress(self) -> Progress:
         elapsed = time.monotonic() - self.started

@@ -175,3 +175,18 @@ def test_sigterm_stops_cleanly(tmp_path, tiny):
     con.close()
     assert stop_reason == "interrupted" and "interrupted" in stdout
     assert len(found) - 1 < 40  # it stopped well before its budget
+
+
+def test_rejected_key_exits_2_with_one_sentence(tmp_path, tiny):
+    from tests.llm_server import ScriptedServer, json_reply
+
+    task, _ = tiny
+    with ScriptedServer() as server:
+        server.add(*[json_reply({"error": {"message": "invalid api key", "type": "invalid_request_error"}},
+                                status=401) for _ in range(4)])
+        env = {"OPENAI_API_KEY": "sk-wrong", "OPENAI_BASE_URL": server.url + "/v1"}
+        out = crucible("run", task, "--model", "openai:served", "--budget", "6", "--device", "cpu",
+                       "--archive", tmp_path / "a.db", env_extra=env, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "OPENAI_API_KEY" in " ".join(out.stderr.split()) and "Traceback" not in out.stderr
+    assert {r[5] for r in rows(tmp_path / "a.db")} == {"provider_error"}  # recorded, then it stopped at once

@@ -268,3 +268,16 @@ def test_run_through_real_clients_survives_http_failures(tmp_path, task, monkeyp
         streamed = make_provider("openai:served", stream=True, **fast)
         s3 = run_search(RunConfig(task_path=task, budget=1, device="cpu", polish=0), archive, provider=streamed)
         assert [c.reason for c in archive.candidates(run_id=s3.run_id)] == ["ok"]
+
+
+def test_an_endpoint_that_never_answers_stops_the_run(tmp_path, task, monkeypatch):
+    from agent.llm import make_provider
+    from tests.llm_server import closed_port
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{closed_port()}/v1")
+    provider = make_provider("openai:served", backoff_s=0.01, backoff_max_s=0.02, max_attempts=2)
+    with Archive(tmp_path / "a.db") as archive:
+        s = run_search(RunConfig(task_path=task, budget=10, device="cpu", concurrency=1), archive, provider=provider)
+        assert [c.reason for c in archive.candidates()] == ["provider_error", "provider_error"]
+    assert s.replies == 0 and "could not reach" in s.provider_failure and s.progress.proposals == 2

@@ -124,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
             render_summary(summary, archive.path)
         if summary.stop_reason == "interrupted":
             return 130
+        if summary.provider_failure and summary.replies == 0:
+            # Not one reply: the model or endpoint is unusable as configured (key, name, address), not the kernels.
+            err_console.print(summary.provider_failure)
+            return 2
         return 0 if summary.best is not None else 1
 
 
