@@ -1,5 +1,6 @@
 """GeGLU forward: y = gelu(a) * b with GELU in its tanh form (Gemma) or its exact erf form, through the family
-kernel in seeds/swiglu.py (reads a, b and writes y: 6 B/element in bf16). Measured on the H200: docs/bench-mix.md."""
+kernel in seeds/swiglu.py (reads a, b and writes y: 6 B/element in bf16). Measured on the H200 at 16384 x 14336:
+tanh 0.328 ms = 4,296 GB/s (1.65x Liger), erf 0.356 ms = 3,955 GB/s (1.75x eager) (docs/bench-mix.md)."""
 from __future__ import annotations
 
 import torch

@@ -10,12 +10,14 @@ The tokens are processed in chunks of C rows; for each chunk, four launches:
     4. dweight (+)= L^T @ x_c                   accumulated in dweight's dtype from the second chunk on
 then one small kernel sums the per-row losses. All three products are one tl.dot kernel with strides.
 FLOPs: 3 x 2 BT V H = 25.8 TFLOP at the task's shape: 37 ms at cuBLAS's measured 694 TFLOP/s.
-Extra memory: dweight (1002 MiB) + dx (64 MiB) + the chunk's logits (C V 2 B: 62.6 MiB at C = 256) + the fp32
-split-K partials; the chunk size is chosen to keep the last two under 64 MiB.
+Extra memory: dweight (1002 MiB) + dx (64 MiB) + the chunk's logits (C V 2 B: 125 MiB at C = 512) + the fp32
+split-K partials; the chunk size is chosen to keep the last two under CHUNK_BUDGET.
 Bytes: every chunk reads weight twice and reads and writes dweight once (4.2 GB a chunk), so a smaller chunk costs
 memory traffic: that is the trade this op makes for memory.
 
-Measured on the H200: see docs/bench-mix.md (benchmarks/bench_mix.py).
+Measured on the H200 (docs/bench-mix.md): 59.0 ms (437 TFLOP/s) at 1.18 GiB extra, 512-token chunks; eager 49.1 ms
+at 13.7 GiB; ANCHORS.md has Liger at 54.9 ms / 1.1 GiB. Neither target (45 ms, 1.1 GiB) is met: each chunk re-reads
+the 1 GiB weight twice and reads and writes the 1 GiB dweight, about 4.2 GB of traffic a chunk beside its GEMMs.
 """
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ CRUCIBLE_SEED = {
     "ops": ["fused linear + cross-entropy fwd+bwd (loss, dx, dW)"],
 }
 
-CHUNK_BUDGET = 64 << 20  # bytes for the chunk's logits and split-K partials
+# Bytes for the chunk's logits and split-K partials: 160 MiB gives 512-token chunks at V 128256, the fastest measured
+# (59.0 ms at 1.18 GiB extra); 64 MiB (192 tokens, 1.09 GiB) took 101.5 ms and 256 tokens (1.11-1.12 GiB) 72.8-79.7 ms.
+CHUNK_BUDGET = 160 << 20
 
 
 @triton.jit
@@ -130,9 +134,10 @@ def _default_config(device: torch.device) -> tuple[int, int, int, int, int]:
 
 
 def default_chunk(n_tokens: int, v: int, h: int, split_k: int, elem_bytes: int) -> int:
-    """Tokens per chunk: the multiple of 64 whose logits and split-K partials fit CHUNK_BUDGET (at least 64)."""
+    """Tokens per chunk: the largest power of two (at least 64) whose logits and split-K partials fit CHUNK_BUDGET."""
     per_token = v * elem_bytes + split_k * h * 4
-    chunk = max(64, CHUNK_BUDGET // per_token // 64 * 64)
+    fit = max(1, CHUNK_BUDGET // per_token)
+    chunk = max(64, 1 << (fit.bit_length() - 1))
     return min(chunk, max(1, n_tokens))
 
 

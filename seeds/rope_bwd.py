@@ -1,5 +1,6 @@
 """RoPE backward: the gradients of q and k, the transposed rotation of dq and dk in one launch, through the kernel in
-seeds/rope.py (reads dq, dk and writes their rotations: the forward's bytes). Measured on the H200: docs/bench-mix.md."""
+seeds/rope.py (reads dq, dk and writes their rotations: the forward's bytes). Measured on the H200: 0.089 ms = 3,800 GB/s, 8.2x
+Liger's and torch.compile's forward+backward (docs/bench-mix.md)."""
 from __future__ import annotations
 
 import torch

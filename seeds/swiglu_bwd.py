@@ -1,5 +1,6 @@
 """SwiGLU backward: (da, db) for y = silu(a) * b, through the family kernel in seeds/swiglu.py
-(reads a, b, dy and writes da, db: 10 B/element in bf16). Measured on the H200: docs/bench-mix.md."""
+(reads a, b, dy and writes da, db: 10 B/element in bf16). Measured on the H200: 0.552 ms = 4,252 GB/s at 16384 x 14336,
+1.58x torch.compile's forward+backward (docs/bench-mix.md)."""
 from __future__ import annotations
 
 import torch

@@ -44,7 +44,7 @@ def crucible_liger(model):
     def run(logits, target):
         x = logits.detach().requires_grad_()
         loss = LigerCrossEntropyFunction.apply(x, target, None, model.ignore_index, 0.0, model.label_smoothing,
-                                               model.reduction)
+                                               model.reduction)[0]  # (loss, z_loss, accuracy, tokens)
         (dx,) = torch.autograd.grad(loss, x)
         return loss.detach(), dx
 

@@ -48,7 +48,7 @@ def crucible_liger(model):
     def run(x, target):
         x = x.detach().requires_grad_()
         loss = LigerFusedLinearCrossEntropyFunction.apply(x, model.weight, target, None, None, model.ignore_index,
-                                                          0.0, model.label_smoothing, model.reduction)
+                                                          0.0, model.label_smoothing, model.reduction)[0]
         dx, dw = torch.autograd.grad(loss, (x, model.weight))
         return loss.detach(), dx, dw
 
