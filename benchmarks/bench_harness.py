@@ -40,10 +40,12 @@ def main() -> None:
         r = harness.check(args.task, args.candidate, CheckOptions(timing=args.timing))
         assert r.accepted, r.message
         stages = {s.stage.value: s.seconds for s in r.stages}
-        rows.append({**r.costs, **{f"stage_{k}": v for k, v in stages.items()}})
+        laps = {k: v for k, v in r.stages[1].details.items() if k.endswith("_s")}
+        rows.append({**r.costs, **{f"stage_{k}": v for k, v in stages.items()}, **{f"compile.{k}": v for k, v in laps.items()}})
         print(f"run {i}: total {r.costs['total_s']:.2f} s, candidate calls {r.costs['candidate_calls_s']:.2f} s "
               f"({int(r.costs['calls'])} calls), timing stage {r.costs['timing_stage_s']:.2f} s, harness "
-              f"{r.costs['harness_s']:.2f} s | " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()), flush=True)
+              f"{r.costs['harness_s']:.2f} s | " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
+              + " | compile: " + ", ".join(f"{k} {v:.2f}" for k, v in laps.items()), flush=True)
     harness.close()
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
     print(f"\nharness start (zygote: imports torch+triton once): {start_s:.2f} s")

@@ -223,15 +223,15 @@ class Harness:
 
     # ---- stages ---------------------------------------------------------------------------------------------
     def _compile(self, run: _Run) -> tuple[Reference, dict[str, Any]]:
-        try:
-            reference = Reference(run.task, self.device, run.rng.randrange(1 << 31))
-        except TaskError:
-            raise
+        t0 = time.monotonic()
+        reference = Reference(run.task, self.device, run.rng.randrange(1 << 31))
+        reference_s = time.monotonic() - t0
         msg = self._setup_msg(run, str(run.candidate), reference, self._scratch(run.child))
         reply = self._request(run, Stage.COMPILE, msg)
         run.network_isolated = bool(reply.get("network_isolated"))
-        return reference, {"network_isolated": run.network_isolated,
-                           "filesystem_read_only": bool(reply.get("filesystem_read_only"))}
+        laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
+        return reference, {"network_isolated": run.network_isolated, "reference_s": reference_s,
+                           "filesystem_read_only": bool(reply.get("filesystem_read_only")), **laps}
 
     def _scratch(self, child: Child) -> Path:
         """A fresh directory per candidate: its only writable place, Triton's cache included (a shared cache would

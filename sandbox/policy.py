@@ -24,8 +24,10 @@ from pathlib import Path
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
-# The profiler resets the persisting L2 through the driver; nothing else is loaded after the candidate is imported.
-ALLOWED_LIBRARIES = {"libcuda.so.1"}
+# The CUDA stack's own libraries, which torch and the profiler load lazily (NVML for device queries, the driver for
+# the persisting-L2 reset): loading them gives a candidate nothing torch does not already have.
+CUDA_LIBRARY_PREFIXES = ("libcuda.", "libnvidia-ml.", "libcudart.", "libnvrtc", "libcublas", "libcudnn",
+                         "libnvJitLink", "libcusparse", "libcufft", "libcurand", "libcusolver", "libnvToolsExt")
 
 
 class SandboxViolation(PermissionError):
@@ -165,7 +167,7 @@ def _audit(event: str, args: tuple) -> None:
         _deny(f"starting a process ({event})")
     elif event in ("os.kill", "os.killpg", "signal.pthread_kill", "os.setuid", "os.setgid"):
         _deny(event)
-    elif event == "ctypes.dlopen" and not (args and str(args[0]) in ALLOWED_LIBRARIES):
+    elif event == "ctypes.dlopen" and not (args and os.path.basename(str(args[0])).startswith(CUDA_LIBRARY_PREFIXES)):
         _deny(f"loading a native library ({args[0] if args else ''})")
     elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.addaudithook",
                    "sys._current_frames", "sys.settrace", "sys.setprofile"):

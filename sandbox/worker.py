@@ -61,18 +61,30 @@ def _failure(reason: Reason, message: str, exc: BaseException | None = None) -> 
 def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     """Confine the process, import the candidate, build ModelNew with the reference's parameters."""
     device = msg["device"]
-    if device == "cuda":
+    clock = [time.perf_counter()]
+
+    def lap() -> float:
+        clock.append(time.perf_counter())
+        return clock[-1] - clock[-2]
+
+    laps: dict[str, float] = {}
+    if device == "cuda":  # the whole CUDA context now, before confinement: later lazy loads are the candidate's
         torch.cuda.set_device(msg["gpu"])
+        torch.empty(1, device="cuda").fill_(0)
+        torch.cuda.synchronize()
+        laps["cuda_init_s"] = lap()
     pol = policy.Policy(scratch=msg["scratch"], write_roots=[os.path.realpath(p) for p in msg["write_roots"]],
                         cpu_seconds=int(msg["cpu_seconds"]))
     os.environ["TRITON_CACHE_DIR"] = msg["triton_cache"]
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(msg["scratch"], "inductor")
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # compile in this process: no worker pool to start
     state["policy"] = policy.apply(pol)
+    laps["confine_s"] = lap()
     state.update(device=device, allow_compute=msg["allow_compute"])
     state["flags"] = _flags()
     if msg["candidate"] is None:  # timing the baselines alone
-        return {"ok": True, "network_isolated": pol.network_isolated, "filesystem_read_only": pol.filesystem_read_only}
+        return {"ok": True, "network_isolated": pol.network_isolated, "filesystem_read_only": pol.filesystem_read_only,
+                "laps": laps}
     trace.install(msg["candidate"], msg["seeds_dir"])
 
     spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, msg["candidate"])
@@ -83,7 +95,10 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:
         return _failure(Reason.IMPORT_ERROR, f"importing the candidate failed: {type(exc).__name__}: {exc}", exc)
     state["module"] = module
+    laps["import_s"] = lap()
     reply = _build(state, msg)
+    laps["build_s"] = lap()
+    reply["laps"] = laps
     reply["network_isolated"] = pol.network_isolated
     reply["filesystem_read_only"] = pol.filesystem_read_only
     return reply

@@ -62,10 +62,8 @@ def test_side_stream_work_is_counted_and_flagged(sets, honest_ms):
     assert not m["fns"]["honest"]["inconsistent"]
     assert cheat_ms > 0.8 * honest_ms, (cheat_ms, honest_ms)  # the device sync makes the hidden work count
     assert stream_ms < 0.5 * honest_ms  # what a stream-only timer would have seen
-    # and the naive timer: triton's do_bench, events on the current stream only
-    naive = triton.testing.do_bench(lambda: cheat(sets[0]), return_mode="median")
-    torch.cuda.synchronize()
-    assert naive < 0.5 * honest_ms, (naive, honest_ms)
+    # (triton's do_bench is not fooled much here: back-to-back calls queue behind the hidden work; on the H200 it
+    # read 0.48 ms for the cheat against 0.54 honest, 2026-11-29. The stream-only time above is the blind spot.)
     report = build_timing(m, candidate="cheat", roof=None)
     assert "timing_inconsistent" in [p["reason"] for p in report["problems"]]
 
