@@ -21,7 +21,11 @@ def serve(ctrl_fd: int) -> None:
     import triton.language  # noqa: F401
 
     import profiler.timing  # noqa: F401 - captures the timer functions before any candidate can replace them
-    from sandbox import worker
+    from sandbox import trace, worker
+
+    # The first TorchDispatchMode pulls in ~800 modules (sympy among them): pay that here, once, not per candidate.
+    with trace.tracing():
+        torch.nn.Linear(4, 4)(torch.empty(2, 4).fill_(1.0))
 
     ctrl = socket.socket(fileno=ctrl_fd)
     statuses: dict[int, int] = {}
