@@ -529,7 +529,7 @@ class _Coordinator:
 
     def _harness_evaluator(self, task: Task, device: str, slot: int) -> Evaluator:
         return HarnessEvaluator(task, device, slot, timeout_s=self.config.check_timeout_s,
-                                baselines=self.config.baselines, workdir=self.run_dir / "sandbox")
+                                baselines=self.config.baselines, workdir=self.archive.path.parent / "sandbox")
 
     def _wait(self) -> None:
         futures = list(self.requests) + list(self.evals)
