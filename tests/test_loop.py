@@ -281,3 +281,57 @@ def test_an_endpoint_that_never_answers_stops_the_run(tmp_path, task, monkeypatc
         s = run_search(RunConfig(task_path=task, budget=10, device="cpu", concurrency=1), archive, provider=provider)
         assert [c.reason for c in archive.candidates()] == ["provider_error", "provider_error"]
     assert s.replies == 0 and "could not reach" in s.provider_failure and s.progress.proposals == 2
+
+
+def test_time_and_cost_limits(tmp_path, task, kernel):
+    from agent.llm import Price
+
+    ScriptedEvaluator.calls = 0
+    with Archive(tmp_path / "a.db") as archive:
+        s = run_search(RunConfig(task_path=task, budget=5, device="cpu", start_from=kernel, time_limit_s=0),
+                       archive, evaluator_factory=ScriptedEvaluator)
+        assert s.stop_reason.startswith("time limit reached") and s.progress.proposals == 0
+        fake = FakeProvider("fake:priced", price=Price(input=1000.0, output=0.0))  # $0.001 per input token
+        for i in range(5):
+            fake.enqueue(fenced(GOOD.replace("1024", str(2 ** (i + 4))), f"v{i}"), usage=Usage(input_tokens=2))
+        s2 = run_search(RunConfig(task_path=task, budget=5, device="cpu", start_from=kernel, max_cost=0.005,
+                                  concurrency=1, polish=0), archive, provider=fake,
+                        evaluator_factory=ScriptedEvaluator)
+        assert s2.stop_reason.startswith("cost budget reached") and s2.progress.proposals == 3
+        assert s2.progress.cost_usd == pytest.approx(0.006)
+
+
+def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
+    """With --gpus 2 two harnesses (GPU 0 and 1) evaluate at once; scripted, since this machine has no GPU."""
+    import agent.loop as loop_mod
+    import torch
+
+    monkeypatch.setattr(loop_mod, "_device", lambda device: "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    made, busy, peak = [], set(), []
+    lock = threading.Lock()
+
+    class PerGpu(ScriptedEvaluator):
+        def __init__(self, task_obj, device, gpu):
+            made.append((device, gpu))
+            self.gpu = gpu
+
+        def check(self, path):
+            with lock:
+                busy.add(self.gpu)
+                peak.append(len(busy))
+            threading.Event().wait(0.3)
+            with lock:
+                busy.discard(self.gpu)
+            return super().check(path)
+
+    ScriptedEvaluator.calls = 0
+    with Archive(tmp_path / "a.db") as archive:
+        s = run_search(RunConfig(task_path=task, budget=6, device="cuda", gpus=2, start_from=kernel), archive,
+                       evaluator_factory=PerGpu)
+        assert s.progress.proposals == 6 and s.timed
+    assert sorted(made) == [("cuda", 0), ("cuda", 1)] and max(peak) == 2
+    with Archive(tmp_path / "b.db") as archive:
+        with pytest.raises(LoopError, match="more GPUs"):
+            run_search(RunConfig(task_path=task, budget=1, device="cuda", gpus=3, start_from=kernel), archive,
+                       evaluator_factory=PerGpu)
