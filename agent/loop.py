@@ -251,7 +251,8 @@ def resolve_start(config: RunConfig, task_path: Path) -> tuple[Path | None, str]
 
 
 def record_check(base: Candidate, result: CheckResult) -> Candidate:
-    env = dict(result.environment or {})
+    # The harness's fingerprint (torch, triton, device) and, when timed, the profiler's (GPU, driver, clocks).
+    env = {**(result.environment or {}), **((result.timing or {}).get("environment") or {})}
     env_hash = sha256(json.dumps(env, sort_keys=True, default=str))[:16] if env else None
     return replace(base, verdict=result.verdict.value, stage=result.stage.value, reason=result.reason.value,
                    message=result.message, diagnostics=result.to_dict(), timed=bool(result.timed),
