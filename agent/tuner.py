@@ -32,7 +32,7 @@ TUNING_NAME = re.compile(r"block|warps|stages|rows|group|split|tile|chunk|persis
 CONFIG_FUNCTION = re.compile(r"config|heuristic|setting|tune", re.IGNORECASE)
 WARPS = (1, 2, 4, 8, 16, 32)
 STAGES = (1, 2, 3, 4, 5, 6)
-LAUNCH_OPTIONS = {"num_warps": (2, 4, 8, 16), "num_stages": (1, 2, 3, 4)}
+LAUNCH_OPTIONS = {"num_warps": (2, 4, 8, 16, 32), "num_stages": (1, 2, 3, 4)}
 NAME = "tuner"
 
 
