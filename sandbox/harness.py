@@ -80,6 +80,8 @@ class Harness:
         self.device = resolve_device(device)
         self.workdir = Path(workdir or REPO_ROOT / "runs" / "sandbox").resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.triton_shared = self.workdir / "triton-driver"  # Triton's own driver stub, built before any candidate runs
+        self.triton_shared.mkdir(exist_ok=True)
         env = {"TRITON_INTERPRET": "1" if self.device == "cpu" else "0"}
         self.zygote = Zygote(env)
         self._tasks: dict[tuple[str, float], Task] = {}
@@ -247,7 +249,7 @@ class Harness:
         return {
             "op": "setup", "candidate": candidate, "seeds_dir": str(SEEDS_DIR), "device": self.device,
             "gpu": run.options.gpu, "scratch": str(scratch), "write_roots": [str(scratch)],
-            "triton_cache": str(scratch / "triton"), "cpu_seconds": int(max(60, 4 * run.options.timeout_s)),
+            "triton_cache": str(scratch / "triton"), "triton_shared": str(self.triton_shared), "cpu_seconds": int(max(60, 4 * run.options.timeout_s)),
             "allow_compute": run.task.meta.allow_torch_compute, "seed": reference.model_seed,
             "init_inputs": reference.init_inputs(), "state_dict": reference.state_dict(),
         }

@@ -18,6 +18,7 @@ import ctypes
 import os
 import resource
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def apply(policy: Policy) -> Policy:
     policy.filesystem_read_only = _read_only_filesystem(policy.write_roots)
     os.chdir(policy.scratch)
     os.environ["TMPDIR"] = str(policy.scratch)
+    tempfile.tempdir = str(policy.scratch)  # the zygote may already have cached /tmp
     os.environ["HOME"] = str(policy.scratch)
     _POLICY = policy
     sys.addaudithook(_audit)

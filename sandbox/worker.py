@@ -73,6 +73,12 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         torch.empty(1, device="cuda").fill_(0)
         torch.cuda.synchronize()
         laps["cuda_init_s"] = lap()
+        # Triton's driver stub (cuda_utils, built with gcc on first use) is trusted code: build or load it from the
+        # harness's shared cache now, which the candidate will only be able to read.
+        os.environ["TRITON_CACHE_DIR"] = msg["triton_shared"]
+        from triton.runtime import driver
+        driver.active.get_current_device()
+        laps["triton_driver_s"] = lap()
     pol = policy.Policy(scratch=msg["scratch"], write_roots=[os.path.realpath(p) for p in msg["write_roots"]],
                         cpu_seconds=int(msg["cpu_seconds"]))
     os.environ["TRITON_CACHE_DIR"] = msg["triton_cache"]

@@ -1,0 +1,29 @@
+"""Attention forward, non-causal, as PyTorch users run it: scaled_dot_product_attention on bf16 [B, H, S, D].
+
+FLOPs: 4 * B * H * S^2 * D (two matmuls of 2*S*S*D each per head). The ANCHORS row: B4 H32 S4096 D128.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+B = 4
+H = 32
+S = 4096
+D = 128
+
+CRUCIBLE_FIXED = ["D"]
+CRUCIBLE_FLOPS = "lambda c: 4 * c['B'] * c['H'] * c['S'] ** 2 * c['D']"
+CRUCIBLE_BYTES = "lambda c: 2 * 4 * c['B'] * c['H'] * c['S'] * c['D']"  # bf16: read q, k, v; write o
+
+
+class Model(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def get_inputs():
+    return [torch.randn(B, H, S, D, dtype=torch.bfloat16) for _ in range(3)]
+
+
+def get_init_inputs():
+    return []
