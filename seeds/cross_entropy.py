@@ -41,6 +41,16 @@ MODE_STATS, MODE_GRAD, MODE_FUSED = tl.constexpr(0), tl.constexpr(1), tl.constex
 
 
 @triton.jit
+def round_bf16_rne(x):
+    """fp32 x rounded to the nearest bf16 (ties to even), still in fp32, so that a following bf16 store is exact.
+    Used only on the CPU interpreter, whose fp32 -> bf16 conversion truncates (Triton 3.9): over a 100k-element
+    vocabulary that bias moves a loss by 1e-4, where the GPU (round to nearest) matches PyTorch."""
+    u = x.to(tl.uint32, bitcast=True)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _count_valid_kernel(TARGET, N, ignore_index, OUT, BLOCK: tl.constexpr):
     """OUT[0] = number of rows whose target is not ignore_index (fp32, one program, fixed order)."""
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -61,6 +71,7 @@ def _ce_kernel(
     N_VALID,        # [1] fp32 non-ignored rows (read only for the mean)
     V, ignore_index, smoothing,
     MEAN: tl.constexpr, MODE: tl.constexpr, SEGMENTS: tl.constexpr, SEG_POW2: tl.constexpr, BLOCK: tl.constexpr,
+    RNE: tl.constexpr,  # round to nearest bf16 before the store (the interpreter only, see round_bf16_rne)
 ):
     pid = tl.program_id(0)
     row = pid // SEGMENTS
@@ -130,8 +141,10 @@ def _ce_kernel(
             if seg == 0:
                 loss = (1.0 - smoothing) * (lse - x_target) + smoothing * (lse - tl.sum(sx_all, axis=0) / V)
                 tl.store(LOSS_ROWS + row, loss)
-            dx = tl.exp(x - lse) - smoothing / V - tl.where(cols == target, 1.0 - smoothing, 0.0)
-            tl.store(dx_ptrs, (dx * scale).to(DX.dtype.element_ty), mask=in_row)
+            dx = (tl.exp(x - lse) - smoothing / V - tl.where(cols == target, 1.0 - smoothing, 0.0)) * scale
+            if RNE:
+                dx = round_bf16_rne(dx)
+            tl.store(dx_ptrs, dx.to(DX.dtype.element_ty), mask=in_row)
 
 
 @triton.jit
@@ -184,7 +197,7 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     stats = torch.empty((n, segments, 4), dtype=torch.float32, device=logits.device)
     counter = torch.zeros((n,) if fused else (1,), dtype=torch.int32, device=logits.device)
     common = dict(MEAN=mean, SEGMENTS=segments, SEG_POW2=triton.next_power_of_2(segments), BLOCK=blk,
-                  num_warps=warps)
+                  RNE=needs_rne(dlogits), num_warps=warps)
     args = (logits, logits.stride(0), dlogits, dlogits.stride(0), target, stats, counter, loss_rows, n_valid, v,
             ignore_index, float(label_smoothing))
     grid = (n * segments,)
@@ -193,6 +206,11 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     else:
         _ce_kernel[grid](*args, MODE=MODE_STATS.value, **common)
         _ce_kernel[grid](*args, MODE=MODE_GRAD.value, **common)
+
+
+def needs_rne(out: torch.Tensor) -> bool:
+    """Whether bf16 stores into `out` need round_bf16_rne first: on the CPU interpreter only."""
+    return out.dtype == torch.bfloat16 and out.device.type != "cuda"
 
 
 def count_valid(target: torch.Tensor, ignore_index: int) -> torch.Tensor:

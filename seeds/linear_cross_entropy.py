@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from seeds.cross_entropy import ce_rows, count_valid, sum_rows
+from seeds.cross_entropy import ce_rows, count_valid, needs_rne, round_bf16_rne, sum_rows
 
 CRUCIBLE_SEED = {
     "name": "linear_cross_entropy",
@@ -48,6 +48,7 @@ def _matmul_kernel(
     ACCUMULATE: tl.constexpr,  # add the product to what C holds
     IEEE: tl.constexpr,        # full fp32 products for fp32 inputs (tf32 would fail an fp32 tolerance)
     UPCAST: tl.constexpr,      # multiply in fp32 (the CPU interpreter: its bf16 tl.dot is wrong in Triton 3.9)
+    RNE: tl.constexpr,         # round to nearest bf16 before the store (the interpreter truncates)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -86,17 +87,21 @@ def _matmul_kernel(
     c_ptrs = C + split.to(tl.int64) * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
     if ACCUMULATE:
         acc += tl.load(c_ptrs, mask=m_ok & n_ok).to(tl.float32)
+    if RNE:
+        acc = round_bf16_rne(acc)
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok & n_ok)
 
 
 @triton.jit
-def _sum_splits_kernel(P, OUT, n_elements, splits, BLOCK: tl.constexpr):
+def _sum_splits_kernel(P, OUT, n_elements, splits, RNE: tl.constexpr, BLOCK: tl.constexpr):
     """OUT = sum over s of P[s] (P: [splits, n_elements] fp32), in split order."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elements
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for s in range(0, splits):
         acc += tl.load(P + s * n_elements + offs, mask=mask, other=0.0)
+    if RNE:
+        acc = round_bf16_rne(acc)
     tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=mask)
 
 
@@ -118,19 +123,20 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool
     common = dict(IEEE=ieee, UPCAST=a.device.type != "cuda", BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
     if split_k == 1:
         _matmul_kernel[grid](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-                             out.stride(1), 0, k_per_split, ACCUMULATE=accumulate, **common)
+                             out.stride(1), 0, k_per_split, ACCUMULATE=accumulate, RNE=needs_rne(out), **common)
         return
     if accumulate or not out.is_contiguous():
         raise ValueError("matmul: split-K writes a fresh contiguous output")
     p = partials[: split_k * M * N]
     _matmul_kernel[grid](a, b, p, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), N, 1, M * N,
-                         k_per_split, ACCUMULATE=False, **common)
-    _sum_splits_kernel[(triton.cdiv(M * N, 1024),)](p, out, M * N, split_k, BLOCK=1024, num_warps=4)
+                         k_per_split, ACCUMULATE=False, RNE=False, **common)
+    _sum_splits_kernel[(triton.cdiv(M * N, 1024),)](p, out, M * N, split_k, RNE=needs_rne(out), BLOCK=1024,
+                                                    num_warps=4)
 
 
 def _default_config(device: torch.device) -> tuple[int, int, int, int, int]:
     """(BM, BN, BK, warps, stages): Hopper-sized tiles on a GPU, small ones on the interpreter."""
-    return (128, 256, 64, 8, 3) if device.type == "cuda" else (32, 32, 32, 4, 1)
+    return (128, 256, 64, 8, 3) if device.type == "cuda" else (64, 64, 64, 4, 1)
 
 
 def default_chunk(n_tokens: int, v: int, h: int, split_k: int, elem_bytes: int) -> int:
