@@ -9,7 +9,10 @@ It reads the kernel's source with `ast` and finds the knobs a person would turn,
   (`num_warps = 8 if n > 4096 else 4`, `block = min(4096, next_power_of_2(n))`) and in the returned tuple of a
   function named like a config/heuristic (`def fwd_config(...): return 1, row_warps(...)`);
 - launch options: at `kernel[grid](...)` launches of non-autotuned kernels, `num_warps=` / `num_stages=` with a
-  non-literal value or absent are set to a literal.
+  non-literal value or absent are set to a literal;
+- helper options: a call to a function imported from this repository (`from seeds.rmsnorm import rmsnorm_bwd`) whose
+  definition takes tuning keywords (`rows=None, num_warps=None`) gets them pinned. The helper's file is read with
+  `ast`, never imported.
 
 A proposal is returned as a `Reply` whose text carries the new source in a ```python block, exactly as a provider's
 reply would, so the loop extracts and evaluates both alike. Proposals are deterministic under the tuner's seed and
@@ -20,9 +23,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import random
+import functools
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent.archive import sha256
 from agent.llm import Reply, Usage
@@ -33,6 +38,11 @@ CONFIG_FUNCTION = re.compile(r"config|heuristic|setting|tune", re.IGNORECASE)
 WARPS = (1, 2, 4, 8, 16, 32)
 STAGES = (1, 2, 3, 4, 5, 6)
 LAUNCH_OPTIONS = {"num_warps": (2, 4, 8, 16, 32), "num_stages": (1, 2, 3, 4)}
+# Values for a tuning keyword of a helper imported from the repository (seeds.rmsnorm.rmsnorm_bwd(..., rows=None)),
+# by the kind its name implies; its default is decided inside the helper, so the tuner pins one of these.
+OPTION_SCALES = {"warps": (2, 4, 8, 16, 32), "stages": (1, 2, 3, 4), "block": (1024, 2048, 4096, 8192, 16384),
+                 "count": (1, 2, 4, 8)}
+REPO_ROOT = Path(__file__).resolve().parent.parent
 NAME = "tuner"
 
 
@@ -53,11 +63,12 @@ class Knob:
     insert: bool = False
     key: str = ""  # the same knob in another kernel of the lineage has the same key
     text: str = ""  # the source text at [start, end)
+    scale: tuple[int, ...] = ()  # the values an option may take (its current value is not a literal)
 
     def choices(self) -> list[int]:
         """Values to try in place of the current one, nearest first."""
         if self.kind == "option":
-            return [v for v in LAUNCH_OPTIONS[self.name] if v != self.value]
+            return [v for v in self.scale if v != self.value]
         v = self.value
         assert v is not None
         if self.kind in ("warps", "stages"):
@@ -85,7 +96,7 @@ def find_knobs(source: str) -> list[Knob]:
     except SyntaxError:
         return []
     offsets = _line_offsets(source)
-    knobs: dict[tuple[int, int], Knob] = {}
+    knobs: dict[tuple, Knob] = {}
 
     def literal(node: ast.AST, name: str, kind: str | None = None) -> None:
         if isinstance(node, ast.Constant) and type(node.value) is int and node.value >= 1:
@@ -107,6 +118,7 @@ def find_knobs(source: str) -> list[Knob]:
                     literal(sub, name, kind)
 
     jit_names, autotuned = _kernels(tree)
+    helpers = _helpers(tree)
     # Inside a kernel body literals are semantics (x * 2, arange(0, 16)), except keyword knobs like tl.range(num_stages=).
     in_kernel = {id(sub) for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in jit_names
                  for sub in ast.walk(node)}
@@ -117,9 +129,10 @@ def find_knobs(source: str) -> list[Knob]:
                 literal(node.value, name)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
-            launch = _launch_options(node, jit_names, autotuned, offsets, source, knobs)
+            options = _call_options(node, jit_names, autotuned, helpers)
+            _option_knobs(node, options, offsets, source, knobs)
             for kw in node.keywords:
-                if kw.arg and TUNING_NAME.search(kw.arg) and not (launch and kw.arg in LAUNCH_OPTIONS):
+                if kw.arg and TUNING_NAME.search(kw.arg) and kw.arg not in options:
                     literal(kw.value, kw.arg)
         elif isinstance(node, ast.Dict):
             for key, value in zip(node.keys, node.values):
@@ -151,9 +164,11 @@ def skeleton(source: str) -> str | None:
         return None
     tree = ast.parse(_apply(source, [(k, 0) for k in knobs if not k.insert and k.kind != "option"]))
     jit, autotuned = _kernels(tree)
+    helpers = _helpers(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _is_launch(node, jit, autotuned):
-            node.keywords = [kw for kw in node.keywords if kw.arg not in LAUNCH_OPTIONS]
+        if isinstance(node, ast.Call):
+            options = _call_options(node, jit, autotuned, helpers)
+            node.keywords = [kw for kw in node.keywords if kw.arg not in options]
     return ast.unparse(tree)
 
 
@@ -238,27 +253,67 @@ def _is_launch(call: ast.Call, jit: set[str], autotuned: set[str]) -> bool:
             and func.value.id not in autotuned)
 
 
-def _launch_options(call: ast.Call, jit: set[str], autotuned: set[str], offsets: list[int], source: str,
-                    knobs: dict[tuple[int, int], Knob]) -> bool:
-    """num_warps / num_stages of a launch of a (non-autotuned) kernel: literal, expression, or absent."""
-    if not _is_launch(call, jit, autotuned):
-        return False
-    kernel = call.func.value.id  # type: ignore[attr-defined]
+def _helpers(tree: ast.Module) -> dict[str, tuple[Path, str]]:
+    """Names imported with `from package.module import name` where the module is a file of this repository."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            path = REPO_ROOT.joinpath(*node.module.split(".")).with_suffix(".py")
+            if path.is_file():
+                for alias in node.names:
+                    found[alias.asname or alias.name] = (path, alias.name)
+    return found
+
+
+@functools.lru_cache(maxsize=256)
+def _tuning_parameters(path: Path, mtime: float, name: str) -> tuple[str, ...]:
+    """Keyword parameters with a tuning name and a default, of function `name` defined in `path`."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return ()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            positional = a.posonlyargs + a.args
+            with_default = positional[len(positional) - len(a.defaults):] + [
+                arg for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            return tuple(arg.arg for arg in with_default if TUNING_NAME.search(arg.arg))
+    return ()
+
+
+def _call_options(call: ast.Call, jit: set[str], autotuned: set[str],
+                  helpers: dict[str, tuple[Path, str]]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The options a call can be given: {keyword: (knob key prefix, values)}; {} for any other call."""
+    if _is_launch(call, jit, autotuned):
+        kernel = call.func.value.id  # type: ignore[attr-defined]
+        return {name: (f"{kernel}[]", scale) for name, scale in LAUNCH_OPTIONS.items()}
+    if isinstance(call.func, ast.Name) and call.func.id in helpers:
+        path, name = helpers[call.func.id]
+        params = _tuning_parameters(path, path.stat().st_mtime, name)
+        return {p: (f"{call.func.id}()", OPTION_SCALES[_kind(p, 0)]) for p in params}
+    return {}
+
+
+def _option_knobs(call: ast.Call, options: dict[str, tuple[str, tuple[int, ...]]], offsets: list[int], source: str,
+                  knobs: dict[tuple, Knob]) -> None:
+    """Each option of a call: a literal (tuned around its value), an expression or absent (pinned to a value)."""
     given = {kw.arg: kw for kw in call.keywords if kw.arg}
-    for option, scale in LAUNCH_OPTIONS.items():
+    for option, (prefix, scale) in options.items():
         kw = given.get(option)
-        key = f"{kernel}[].{option}"
+        key = f"{prefix}.{option}"
         if kw is not None:
             value = kw.value.value if isinstance(kw.value, ast.Constant) and type(kw.value.value) is int else None
             start, end = _span(kw.value, offsets, source)
-            kind = ("warps" if option == "num_warps" else "stages") if value in scale else "option"
+            kind = _kind(option, value or 0) if value in scale and _kind(option, 0) != "count" else "option"
             knobs.setdefault((start, end), Knob(option, kind, value, start, end, kw.value.lineno, key=key,
-                                                     text=source[start:end]))
+                                                text=source[start:end], scale=scale))
         elif call.args or call.keywords:
             last = call.args[-1] if not call.keywords else call.keywords[-1]
             _, end = _span(last, offsets, source)
-            knobs.setdefault((end, end), Knob(option, "option", None, end, end, call.lineno, insert=True, key=key))
-    return True
+            # several absent options insert at the same spot: keyed by name too
+            knobs.setdefault((end, end, option), Knob(option, "option", None, end, end, call.lineno, insert=True,
+                                                      key=key, scale=scale))
 
 
 def _is_module_level(node: ast.AST, tree: ast.Module) -> bool:

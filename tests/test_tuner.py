@@ -133,3 +133,25 @@ def test_crossover_combines_two_elites_of_one_lineage():
 def test_niche_reads_kernel_features():
     assert niche(LLM_KERNEL) == "k2-w8-b1024-s?"
     assert niche("def broken(:") == "unparsed"
+
+
+def test_options_of_a_helper_imported_from_the_repository():
+    """A thin seed calls seeds.rmsnorm.rmsnorm_bwd(...): its tuning keywords are read from that file and pinned."""
+    thin = (ROOT / "seeds" / "rmsnorm_bwd.py").read_text()
+    knobs = {k.key: k for k in find_knobs(thin)}
+    assert set(knobs) == {"rmsnorm_bwd().programs_per_sm#1", "rmsnorm_bwd().rows#1", "rmsnorm_bwd().num_warps#1"}
+    assert knobs["rmsnorm_bwd().num_warps#1"].choices() == [2, 4, 8, 16, 32]
+    tuner, known = Tuner(0), {sha256(thin)}
+    for _ in range(6):
+        prop = tuner.mutate(thin, known)
+        known.add(sha256(prop.source))
+        call = next(n for n in ast.walk(ast.parse(prop.source))
+                    if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "rmsnorm_bwd")
+        names = [kw.arg for kw in call.keywords]
+        assert names and len(names) == len(set(names)) and set(names) <= {"programs_per_sm", "rows", "num_warps"}
+        assert skeleton(prop.source) == skeleton(thin)
+        # a pinned option is tuned from its value next time
+        again = {k.key: k for k in find_knobs(prop.source)}
+        assert set(again) == set(knobs)
+    # a name imported from outside the repository is not a helper
+    assert find_knobs("from torch.nn.functional import rms_norm\n\ny = rms_norm(x, (4,), num_warps=None)\n") == []
