@@ -112,6 +112,8 @@ def test_kill_then_resume_loses_no_committed_record(tmp_path, tiny):
 def test_bad_invocations_exit_2_with_one_sentence(tmp_path, tiny):
     task, _ = tiny
     db = tmp_path / "archive.db"
+    garbage = tmp_path / "garbage.db"
+    garbage.write_text("not a database")
     cases = [
         (["run", tmp_path / "missing.py", "--archive", db], "does not exist"),
         (["run", task, "--device", "cpu", "--archive", db], "tuner needs a kernel"),
@@ -122,6 +124,8 @@ def test_bad_invocations_exit_2_with_one_sentence(tmp_path, tiny):
         (["archive", "list", "--archive", tmp_path / "none.db"], "no archive at"),
         (["batch", tmp_path / "nodir"], "not a folder"),
         (["run", task, "--baselines", "eager,magic", "--archive", db], "unknown baseline"),
+        (["archive", "list", "--archive", garbage], "cannot read the archive"),
+        (["batch", task.parent, "--archive", garbage], "cannot open the archive"),
     ]
     import torch
     if not torch.cuda.is_available():

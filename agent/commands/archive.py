@@ -42,7 +42,12 @@ def run(args: argparse.Namespace) -> int:
     if not Path(path).exists():
         err_console.print(f"no archive at {path}; run `crucible run TASK` first, or pass --archive PATH")
         return 2
-    with Archive(path) as archive:
+    try:
+        archive = Archive(path)
+    except Exception as exc:  # noqa: BLE001 - a file the user pointed at: one sentence, no traceback
+        err_console.print(f"cannot read the archive {path}: {exc}")
+        return 2
+    with archive:
         return _list(archive, args) if args.verb == "list" else _show(archive, args)
 
 

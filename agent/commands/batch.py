@@ -67,8 +67,13 @@ def run(args: argparse.Namespace) -> int:
     except ProviderError as exc:
         err_console.print(str(exc))
         return 2
+    try:
+        archive = Archive(args.archive)
+    except Exception as exc:  # noqa: BLE001 - a file the user pointed at: one sentence, no traceback
+        err_console.print(f"cannot open the archive {args.archive}: {exc}")
+        return 2
     rows: list[dict[str, Any]] = []
-    with Archive(args.archive) as archive, StopOnSignal() as stop, Progress(
+    with archive, StopOnSignal() as stop, Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(), console=console) as bars:
         ids = {t: bars.add_task(t.name, total=args.budget or 20, status="waiting") for t in tasks}
