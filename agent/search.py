@@ -4,8 +4,9 @@ A niche is a coarse description of a kernel read from its source: how many Trito
 the warps, largest block and pipeline stages it sets. Each niche keeps its best verified kernel, so a fast kernel of
 one shape does not crowd out a different design that may improve further.
 
-Fitness orders candidates: verified beats rejected; among verified, the measured speedup over eager (on the CPU
-nothing is timed, so verified kernels tie); among rejected, the one that got through more stages of the harness.
+Fitness orders candidates: verified beats rejected; among verified, the measured speedup over eager, by the lower
+end of its confidence interval (on the CPU nothing is timed, so verified kernels tie); among rejected, the one that
+got through more stages of the harness.
 
 The search holds no database: the loop hands it the elites (harness-verified only) and the failures it may fix.
 """
@@ -43,7 +44,12 @@ def niche(source: str) -> str:
 
 
 def fitness(c: Candidate) -> tuple[int, float, int]:
-    speed = c.speedup if c.accepted and c.speedup is not None else 0.0
+    speed = 0.0
+    if c.accepted and c.speedup is not None:
+        # The lower end of the speedup's confidence interval: among many noisy variants, the best point estimate is
+        # biased upwards (the winner's curse); the lower bound rewards a speedup that was measured to hold.
+        low = c.timings.eager_ci_low
+        speed = low if low is not None else c.speedup
     return (1 if c.accepted else 0, speed, STAGE_RANK.get(c.stage or "propose", 0))
 
 

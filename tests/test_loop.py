@@ -173,8 +173,9 @@ class ScriptedEvaluator:
         pct = 30.0 * ScriptedEvaluator.calls
         stage = StageResult(Stage.ROBUSTNESS, True, Reason.OK)
         timing = {"candidate_ms": 1.0 / ScriptedEvaluator.calls,
-                  "baselines": {"eager": {"ms": 1.0, "speedup": float(ScriptedEvaluator.calls), "ci_low": 0.9,
-                                          "ci_high": 1.1, "significant": True}},
+                  "baselines": {"eager": {"ms": 1.0, "speedup": float(ScriptedEvaluator.calls),
+                                          "ci_low": ScriptedEvaluator.calls - 0.1,
+                                          "ci_high": ScriptedEvaluator.calls + 0.1, "significant": True}},
                   "roofline": {"pct_of_roofline": pct, "bound": "memory"}}
         return CheckResult(task="t", candidate=str(path), device="cpu", verdict=Verdict.ACCEPTED,
                            stage=Stage.ROBUSTNESS, reason=Reason.OK, message="ok", stages=(stage,), seconds=0.01,
@@ -335,3 +336,22 @@ def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
         with pytest.raises(LoopError, match="more GPUs"):
             run_search(RunConfig(task_path=task, budget=1, device="cuda", gpus=3, start_from=kernel), archive,
                        evaluator_factory=PerGpu)
+
+
+def test_fitness_prefers_a_speedup_that_holds():
+    from agent.archive import Timings
+    from agent.search import fitness
+
+    def timed(speed, low, high):
+        return Candidate(task_path="t", task_hash="h", origin="tuner", proposer="tuner", verdict="accepted",
+                         reason="ok", source="x", timed=True,
+                         timings=Timings(speedup_eager=speed, eager_ci_low=low, eager_ci_high=high))
+    noisy, steady = timed(1.5, 1.1, 1.9), timed(1.45, 1.40, 1.50)
+    assert fitness(steady) > fitness(noisy)
+    rejected_late = Candidate(task_path="t", task_hash="h", origin="llm", proposer="m", verdict="rejected",
+                              reason="output_mismatch", stage="correctness")
+    rejected_early = Candidate(task_path="t", task_hash="h", origin="llm", proposer="m", verdict="rejected",
+                               reason="syntax_error", stage="static")
+    untimed = Candidate(task_path="t", task_hash="h", origin="llm", proposer="m", verdict="accepted", reason="ok",
+                        source="y")
+    assert fitness(noisy) > fitness(untimed) > fitness(rejected_late) > fitness(rejected_early)
