@@ -430,6 +430,8 @@ class _Coordinator:
             if self._tuner_turn():
                 if len(self.ready) + len(self.evals) >= self.slots:
                     return  # keep the tuner just ahead of evaluation, so it builds on fresh results
+                if any(p.origin == "llm" for p in [*self.requests.values(), *self.ready, *self.evals.values()]):
+                    return  # the polish starts once the LLM's last kernels have their verdicts: it tunes those too
                 if self.provider is not None and self.issued == self.budget - self.polish:
                     self._emit(EventKind.NOTE, f"polish: the tuner proposes the last {self.polish}")
                 proposal = self._tuner_proposal()

@@ -355,3 +355,25 @@ def test_fitness_prefers_a_speedup_that_holds():
     untimed = Candidate(task_path="t", task_hash="h", origin="llm", proposer="m", verdict="accepted", reason="ok",
                         source="y")
     assert fitness(noisy) > fitness(untimed) > fitness(rejected_late) > fitness(rejected_early)
+
+
+def test_llm_run_ends_with_a_tuner_polish(tmp_path, task, kernel):
+    ScriptedEvaluator.calls = 0
+    fake = FakeProvider("fake:model")
+    fake.enqueue(fenced(GOOD.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 128"), "v1"))
+    fake.enqueue(fenced(GOOD.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 64"), "v2"))
+    events = []
+    with Archive(tmp_path / "a.db") as archive:
+        s = run_search(RunConfig(task_path=task, model="fake:model", budget=4, polish=2, device="cpu",
+                                 start_from=kernel, concurrency=1), archive, provider=fake,
+                       evaluator_factory=ScriptedEvaluator, on_event=events.append)
+        mine = archive.candidates(run_id=s.run_id)
+        origins = [c.origin for c in mine]
+        tuned = [c for c in mine if c.origin == "tuner"]
+        llm_kernels = [c for c in mine if c.origin == "llm"]
+        seed_id = mine[0].id
+    assert origins == ["seed", "llm", "llm", "tuner", "tuner"] and fake.pending == 0
+    assert tuned[0].parent_id in {c.id for c in llm_kernels} | {seed_id}
+    assert min(c.id for c in tuned) > max(c.id for c in llm_kernels)  # the polish began after the LLM's verdicts
+    assert any(e.kind is EventKind.NOTE and "polish" in e.message for e in events)
+    assert "the tuner polishes the last 2" in events[0].message
