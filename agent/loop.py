@@ -400,7 +400,8 @@ class _Coordinator:
                 if not budget_left:
                     break
                 if self.stop_reason is None and self._tuner_turn():
-                    self.stop_reason = "the tuner has tried every variant it can make of the verified kernels"
+                    self.stop_reason = ("the tuner has tried every variant it can make of the verified kernels"
+                                        if self.elites else "no verified kernel for the tuner to polish")
                     break
             if self.stop_reason is not None and not self.evals and not self.ready:
                 break  # pending LLM requests after a limit are abandoned, not waited for
