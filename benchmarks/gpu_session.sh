@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One H200 session for the harness and profiler: GPU-only cheat tests, check overhead, crucible bench on ANCHORS rows.
-#   run from the repo root on the GPU machine, with .whl carried (pydantic, tenacity, liger-kernel wheels)
+# One H200 session for the harness and profiler: GPU-only cheat tests, the cost of a check, `crucible bench` on the
+# ANCHORS rows (RMSNorm, softmax, SwiGLU seeds against eager / torch.compile / Liger; SDPA attention baselines).
+#   bash benchmarks/gpu_session.sh        (repo root, GPU machine, .whl carried: pydantic, tenacity, liger-kernel)
 set -uo pipefail
 OUT=${OUT:-runs/gpu-session}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
@@ -9,13 +10,19 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 step() { echo; echo "=== $*"; }
 step "GPU cheat tests"
-CRUCIBLE_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_harness_gpu.py tests/test_profiler_gpu.py 2>&1 | tail -25
-step "check overhead (no timing)"
-timeout 120 python3 benchmarks/bench_harness.py --device cuda --n 5 2>&1 | tail -14
-for spec in "rmsnorm_fwd rmsnorm" "softmax_fwd softmax" "swiglu_fwd swiglu"; do
+CRUCIBLE_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_harness_gpu.py tests/test_profiler_gpu.py 2>&1 | tail -30
+step "check cost, no timing stage"
+timeout 150 python3 benchmarks/bench_harness.py --device cuda --n 4 2>&1 | tail -24
+step "check cost, with the timing stage (eager baseline)"
+timeout 150 python3 benchmarks/bench_harness.py --device cuda --n 2 --timing 2>&1 | tail -24
+step "crucible bench --ceilings"
+timeout 120 python3 -m agent.cli bench --ceilings 2>&1 | tail -12
+for spec in "rmsnorm_fwd seeds/rmsnorm.py eager,compile,liger" "softmax_fwd seeds/softmax.py eager,compile,liger" \
+            "swiglu_fwd seeds/swiglu.py eager,compile,liger" "attention_fwd - eager,compile"; do
   set -- $spec
-  step "crucible bench tasks/$1.py seeds/$2.py"
-  timeout 200 python3 -m agent.cli bench tasks/$1.py seeds/$2.py --baselines eager,compile,liger --json > "$OUT/bench_$1.json" 2> "$OUT/bench_$1.err"
+  cand=$2; [ "$cand" = "-" ] && cand=""
+  step "crucible bench tasks/$1.py $cand --baselines $3"
+  timeout 240 python3 -m agent.cli bench tasks/$1.py $cand --baselines $3 --json > "$OUT/bench_$1.json" 2> "$OUT/bench_$1.err"
   echo "rc=$?"; tail -3 "$OUT/bench_$1.err"
   python3 - "$OUT/bench_$1.json" <<'PY'
 import json, sys
@@ -23,10 +30,15 @@ try:
     t = json.load(open(sys.argv[1]))
 except Exception as exc:
     print("no report:", exc); raise SystemExit
+chk = t.get("check") or {}
+if chk:
+    print("check:", chk.get("verdict"), chk.get("stage"), chk.get("reason"), round(chk.get("seconds", 0), 2), "s",
+          {s["stage"]: round(s["seconds"], 2) for s in chk.get("stages", [])})
 for r in t.get("rows", []):
     vs = " ".join(f"vs {b}: {c['speedup']:.3f} [{c['ci_low']:.3f},{c['ci_high']:.3f}]" for b, c in r.get("vs", {}).items())
-    print(f"{r['impl']:10s} {r['ms'] if r['ms'] is None else round(r['ms'], 4)} ms  {r.get('gbps') or 0:8.0f} GB/s  {vs}")
-for p in t.get("problems", []): print("PROBLEM", p)
+    rate = f"{r.get('gbps') or 0:8.0f} GB/s {r.get('tflops') or 0:7.1f} TFLOP/s {r.get('pct_of_roofline') or 0:5.1f}%"
+    print(f"{r['impl']:10s} {r['ms'] if r['ms'] is None else round(r['ms'], 4)} ms {rate}  {vs}")
+for p in t.get("problems", []): print("PROBLEM", str(p)[:400])
 for w in t.get("warnings", []): print("warning", w[:200])
 PY
 done

@@ -257,7 +257,7 @@ class Harness:
     def _call(self, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
               expected: Expected | None = None) -> tuple[dict[str, Any], Expected]:
         expected = expected or reference.run(inputs)
-        reply = self._request(run, stage, {"op": "call", "inputs": _cpu(inputs)},
+        reply = self._request(run, stage, {"op": "call", "inputs": _ship(inputs)},
                               max_bytes=4 * expected.nbytes + (1 << 24))
         run.calls += 1
         run.call_seconds += float(reply.get("seconds") or 0.0)
@@ -291,7 +291,7 @@ class Harness:
 
     def _smoke(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
         seed = run.rng.randrange(1 << 31)
-        inputs = run.task.make_inputs(seed, run.task.meta.distributions[0])
+        inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], self.device)
         reply, expected = self._call(run, Stage.SMOKE, reference, inputs)
         first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
                  "label": f"{run.task.meta.distributions[0]} inputs"}
@@ -301,7 +301,7 @@ class Harness:
         self._compare(run, Stage.CORRECTNESS, first["outputs"], first["expected"], first["label"])
         checked = [run.task.meta.distributions[0]]
         for dist in run.task.meta.distributions[1:]:
-            inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist)
+            inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, self.device)
             reply, expected = self._call(run, Stage.CORRECTNESS, reference, inputs)
             self._compare(run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
             checked.append(dist)
@@ -322,7 +322,7 @@ class Harness:
             vref = Reference(vtask, self.device, reference.model_seed)
             self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
                                                   "state_dict": vref.state_dict(), "seed": reference.model_seed})
-            inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal")
+            inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", self.device)
             reply, expected = self._call(run, Stage.ROBUSTNESS, vref, inputs)
             label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
             self._compare(run, Stage.ROBUSTNESS, reply["outputs"], expected, label)
@@ -373,8 +373,20 @@ def check(task: str | Path, candidate: str | Path, options: CheckOptions | None 
         return harness.check(task, candidate, options)
 
 
-def _cpu(inputs: list[Any]) -> list[Any]:
-    return [x.detach().to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
+def _ship(inputs: list[Any]) -> list[Any]:
+    """Inputs as the child receives them: CUDA tensors by IPC handle (the child copies them into memory of its own
+    at once; large inputs never cross the host), others by value."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    out: list[Any] = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_cuda:
+            out.append(("cuda-ipc",) + reduce_tensor(x.detach()))
+        elif isinstance(x, torch.Tensor):
+            out.append(x.detach())
+        else:
+            out.append(x)
+    return out
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -77,8 +77,8 @@ def _as_list(out: Any) -> list[Any]:
 def check_task(task: Task, device: str, seed: int = 0) -> dict[str, Any]:
     """Refuse a task that cannot run or whose output ignores its inputs; return a summary of it otherwise."""
     ref = Reference(task, device, seed)
-    a = ref.run(task.make_inputs(seed + 1, "normal"))
-    b = ref.run(task.make_inputs(seed + 2, "normal"))
+    a = ref.run(task.make_inputs(seed + 1, "normal", device))
+    b = ref.run(task.make_inputs(seed + 2, "normal", device))
     if all(torch.equal(x, y) for x, y in zip(a.ref, b.ref)):
         raise TaskError(f"{task.path.name}: the reference returns the same output for different inputs, so any "
                         "constant would pass; make its output depend on its inputs")

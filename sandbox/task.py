@@ -132,12 +132,17 @@ class Task:
         if distribution not in DISTRIBUTIONS:
             raise ValueError(f"unknown distribution {distribution!r}")
         torch.manual_seed(seed)
-        inputs = list(self.module.get_inputs())
-        gen = torch.Generator().manual_seed(seed ^ 0x5EED)
+        # get_inputs() makes its tensors on the default device: on the GPU that is the device itself, so large
+        # inputs are drawn there (CPU-made inputs of several GB take seconds). Same seed, same values.
+        with torch.device(device):
+            inputs = list(self.module.get_inputs())
+        gens: dict[torch.device, torch.Generator] = {}
         out = []
         for i, x in enumerate(inputs):
             if isinstance(x, torch.Tensor) and x.is_floating_point() and i not in self.meta.fixed_inputs:
-                x = _redraw(x.detach().cpu(), distribution, gen)
+                if x.device not in gens:
+                    gens[x.device] = torch.Generator(device=x.device).manual_seed(seed ^ 0x5EED)
+                x = _redraw(x.detach(), distribution, gens[x.device])
             if isinstance(x, torch.Tensor):
                 x = x.to(device)
             out.append(x)
@@ -149,7 +154,7 @@ class Task:
 
 def load_task(path: str | Path) -> Task:
     """Load a task file; TaskError with one sentence saying what to fix when it cannot be used."""
-    path = Path(path)
+    path = Path(path).resolve()
     if not path.exists():
         raise TaskError(f"task file {path} does not exist; pass the path of a .py file that defines Model, "
                         "get_inputs() and get_init_inputs()")
@@ -213,22 +218,22 @@ def _read_meta(module: types.ModuleType, path: Path) -> TaskMeta:
 
 
 def _redraw(x: torch.Tensor, distribution: str, gen: torch.Generator) -> torch.Tensor:
-    dtype, shape = x.dtype, x.shape
+    dtype, shape, dev = x.dtype, x.shape, x.device
     if distribution == "normal" or x.numel() == 0:
         return x
     if distribution == "uniform":
-        y = torch.rand(shape, generator=gen, dtype=torch.float32) * 2 - 1
+        y = torch.rand(shape, generator=gen, dtype=torch.float32, device=dev) * 2 - 1
     elif distribution == "large":
-        y = torch.randn(shape, generator=gen, dtype=torch.float32) * 100.0
+        y = torch.randn(shape, generator=gen, dtype=torch.float32, device=dev) * 100.0
     elif distribution == "outliers":
-        y = torch.randn(shape, generator=gen, dtype=torch.float32)
+        y = torch.randn(shape, generator=gen, dtype=torch.float32, device=dev)
         flat = y.view(-1)
         n = max(1, flat.numel() // 1000)
-        idx = torch.randint(0, flat.numel(), (n,), generator=gen)
-        signs = torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1
+        idx = torch.randint(0, flat.numel(), (n,), generator=gen, device=dev)
+        signs = torch.randint(0, 2, (n,), generator=gen, device=dev).float() * 2 - 1
         flat[idx] = signs * 50.0
     elif distribution == "constant_rows":
-        rows = torch.randn(shape[:-1] + (1,) if len(shape) else (), generator=gen, dtype=torch.float32)
+        rows = torch.randn(shape[:-1] + (1,) if len(shape) else (), generator=gen, dtype=torch.float32, device=dev)
         y = rows.expand(shape).contiguous() if len(shape) else rows
     else:
         raise ValueError(distribution)

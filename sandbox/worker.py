@@ -152,6 +152,12 @@ def _load_parameters(model: torch.nn.Module, ref_state: dict[str, torch.Tensor])
 
 
 def _fresh(x: Any, device: str) -> Any:
+    """The candidate's own copy of an input, at a fresh address."""
+    if isinstance(x, tuple) and x and x[0] == "cuda-ipc":  # (tag, rebuild, args) from torch's CUDA IPC
+        shared = x[1](*x[2])
+        mine = shared.clone()
+        del shared
+        return mine
     if isinstance(x, torch.Tensor):
         return x.to(device, copy=True)
     return x
