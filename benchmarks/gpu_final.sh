@@ -25,16 +25,16 @@ for p in t.get("problems", []): print("PROBLEM", str(p)[:300])
 PY
 }
 step "bench rmsnorm"
-timeout 75 python3 -m agent.cli bench tasks/rmsnorm_fwd.py seeds/rmsnorm.py --baselines eager,compile,liger --json > "$OUT/bench_rmsnorm_fwd.json"; summarise "$OUT/bench_rmsnorm_fwd.json"
+timeout 60 python3 -m agent.cli bench tasks/rmsnorm_fwd.py seeds/rmsnorm.py --baselines eager,compile,liger --json > "$OUT/bench_rmsnorm_fwd.json"; summarise "$OUT/bench_rmsnorm_fwd.json"
 for t in rmsnorm_fwd swiglu_fwd; do
-  step "crucible run tasks/$t.py (tuner, budget 5)"
-  timeout 70 python3 -m agent.cli run tasks/$t.py --device cuda --budget 5 --baselines eager --archive "$OUT/archive.db" --json > "$OUT/run_$t.json"
+  step "crucible run tasks/$t.py (tuner, budget 4)"
+  timeout 50 python3 -m agent.cli run tasks/$t.py --device cuda --budget 4 --baselines eager --archive "$OUT/archive.db" --json > "$OUT/run_$t.json"
   python3 -c "
 import json; d=json.load(open('$OUT/run_$t.json')); b=d.get('best') or {}
 print({k: d.get(k) for k in ('proposals','accepted','rejected','elapsed_s','proposals_per_minute','mean_check_s','stop_reason')})
 print('best', {k: b.get(k) for k in b if k != 'source'})" 2>&1 | tail -3
   best=$(python3 -c "import json; print((json.load(open('$OUT/run_$t.json')).get('best') or {}).get('path') or '')" 2>/dev/null)
-  if [ -n "$best" ]; then step "re-verify $best"; timeout 40 python3 -m agent.cli check tasks/$t.py "$best" --json > "$OUT/check_$t.json"; python3 -c "
+  if [ -n "$best" ]; then step "re-verify $best"; timeout 30 python3 -m agent.cli check tasks/$t.py "$best" --json > "$OUT/check_$t.json"; python3 -c "
 import json; d=json.load(open('$OUT/check_$t.json')); print(d['verdict'], d['stage'], d['reason'], d['message'][:300])"; fi
 done
 for t in "softmax_fwd softmax" "swiglu_fwd swiglu"; do set -- $t
