@@ -64,9 +64,9 @@ def recv_from_parent(fd: int) -> dict[str, Any]:
 
 
 # Child → parent: never unpickled.
-def send_to_parent(fd: int, msg: dict[str, Any]) -> None:
-    write_frame(fd, wire.encode(msg))
+def send_to_parent(fd: int, msg: dict[str, Any], shared: Any = None) -> None:
+    write_frame(fd, wire.encode(msg, shared))
 
 
-def recv_from_child(fd: int, deadline: float | None, max_bytes: int = wire.MAX_MESSAGE) -> Any:
-    return wire.decode(read_frame(fd, deadline, max_bytes))
+def recv_from_child(fd: int, deadline: float | None, max_bytes: int = wire.MAX_MESSAGE, shared: Any = None) -> Any:
+    return wire.decode(read_frame(fd, deadline, max_bytes), shared)

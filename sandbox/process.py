@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from . import channel
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OUTPUT_TAIL_BYTES = 64 * 1024
+SHARED_BYTES = 1 << 36  # the shared output buffer's size: sparse, so only what the child writes takes memory
 
 
 class ZygoteError(RuntimeError):
@@ -54,12 +56,16 @@ class Zygote:
     def spawn(self) -> "Child":
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
+        shared_fd = os.memfd_create("crucible-outputs")
+        os.ftruncate(shared_fd, SHARED_BYTES)
         with self._lock:
-            socket.send_fds(self.ctrl, [json.dumps({"op": "spawn"}).encode()], [theirs.fileno(), out_w])
+            socket.send_fds(self.ctrl, [json.dumps({"op": "spawn"}).encode()], [theirs.fileno(), out_w, shared_fd])
             pid = json.loads(self.ctrl.recv(1 << 16))["pid"]
         theirs.close()
         os.close(out_w)
-        return Child(pid, mine, out_r, self)
+        shared = mmap.mmap(shared_fd, 0, prot=mmap.PROT_READ)
+        os.close(shared_fd)
+        return Child(pid, mine, out_r, self, shared)
 
     def wait_status(self, pid: int) -> int:
         with self._lock:
@@ -82,8 +88,8 @@ class Zygote:
 class Child:
     """One candidate's process. Requests carry a deadline; output is drained into a capped tail."""
 
-    def __init__(self, pid: int, sock: socket.socket, out_fd: int, zygote: Zygote):
-        self.pid, self.sock, self.zygote = pid, sock, zygote
+    def __init__(self, pid: int, sock: socket.socket, out_fd: int, zygote: Zygote, shared: mmap.mmap):
+        self.pid, self.sock, self.zygote, self.shared = pid, sock, zygote, shared
         self.status: int | None = None
         self.output_bytes = 0
         self._tail = bytearray()
@@ -103,7 +109,7 @@ class Child:
             channel.send_to_child(self.sock.fileno(), msg)
         except (BrokenPipeError, ConnectionResetError):
             raise channel.ChannelClosed() from None
-        reply = channel.recv_from_child(self.sock.fileno(), deadline, max_bytes)
+        reply = channel.recv_from_child(self.sock.fileno(), deadline, max_bytes, self.shared)
         if not isinstance(reply, dict):
             raise channel.ChannelClosed()
         return reply
@@ -127,6 +133,7 @@ class Child:
             pass
         self.status = self.zygote.wait_status(self.pid)
         self.sock.close()
+        self.shared.close()
         self._drain.join(timeout=2.0)
 
     def describe_exit(self) -> str:

@@ -7,6 +7,7 @@ Requests (from the parent, pickled): setup, call, time, exit. Replies (to the pa
 from __future__ import annotations
 
 import importlib.util
+import mmap
 import os
 import sys
 import threading
@@ -21,10 +22,12 @@ from .records import ErrorInfo, Reason
 CANDIDATE_MODULE = "crucible_candidate"
 
 
-def main(sock_fd: int, out_fd: int) -> None:
+def main(sock_fd: int, out_fd: int, shared_fd: int) -> None:
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
     os.close(out_fd)
+    shared = mmap.mmap(shared_fd, 0)  # outputs go back through it, not through the socket
+    os.close(shared_fd)
     state: dict[str, Any] = {}
     while True:
         try:
@@ -45,7 +48,7 @@ def main(sock_fd: int, out_fd: int) -> None:
             reply.update(reason=Reason.SANDBOX_VIOLATION.value, message=violations[0])
         reply["violations"] = violations
         with policy.trusted():
-            channel.send_to_parent(sock_fd, reply)
+            channel.send_to_parent(sock_fd, reply, shared)
         sys.stdout.flush()
         sys.stderr.flush()
 

@@ -3,7 +3,7 @@ child per candidate on request. A fresh interpreter costs ~4 s of imports (ANCHO
 and every candidate still gets a process (and, on the GPU, a CUDA context) of its own.
 
 Protocol on a SOCK_SEQPACKET control socket (JSON messages; descriptors passed with SCM_RIGHTS):
-  {"op": "spawn"} + [child's socket, child's stdout/stderr pipe]  ->  {"pid": N}
+  {"op": "spawn"} + [child's socket, child's stdout/stderr pipe, shared output buffer]  ->  {"pid": N}
   {"op": "wait", "pid": N}                                        ->  {"pid": N, "status": raw wait status}
 Each child starts a new session (its own process group) so the parent can kill everything it starts at once.
 """
@@ -45,7 +45,7 @@ def serve(ctrl_fd: int) -> None:
                 try:
                     ctrl.close()
                     os.setsid()
-                    worker.main(fds[0], fds[1])
+                    worker.main(fds[0], fds[1], fds[2])
                 except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
                     import traceback
                     traceback.print_exc()  # into the captured output tail the verdict carries
