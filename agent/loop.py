@@ -1,8 +1,9 @@
 """The search loop: propose (LLM or tuner) and evaluate (the harness) concurrently, archive everything.
 
-One coordinating thread owns the archive and the search; LLM requests and evaluations run on daemon threads, so that
-a stop never waits for a slow request. There is one evaluation slot per GPU (each with its own warm harness), or one
-on the CPU, where the harness checks correctness through Triton's interpreter and nothing is timed.
+One coordinating thread owns the archive and the search; LLM requests run on daemon threads, so that a stop never
+waits for a slow request. Evaluations go through an executor (agent/executors.py), which says how many slots the run
+has and on what device: by default one warm harness per GPU of this machine, or one on the CPU, where the harness
+checks correctness through Triton's interpreter and nothing is timed; or actors across a Ray cluster.
 
 Every finished candidate is committed as soon as its verdict is known. A stop (Ctrl-C, SIGTERM: the caller sets
 `stop`) records candidates still under evaluation as interrupted and ends; a kill loses at most those. `resume`
@@ -23,10 +24,13 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from agent import tuner as tuner_mod
 from agent.archive import Archive, Candidate, Run, Timings, now, sha256
+from agent.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
+                             HarnessEvaluator, LocalExecutor)
+from agent.executors import spawn as _spawn
 from agent.extract import NoCode, extract_code
 from agent.llm import Message, Provider, ProviderError, Reply
 from agent.search import Search, Selection, fitness, niche
@@ -127,36 +131,6 @@ class RunSummary:
     replies: int = 0  # LLM replies received in this invocation
 
 
-class Evaluator(Protocol):
-    def check(self, candidate: Path) -> CheckResult: ...
-    def close(self) -> None: ...
-
-
-class HarnessEvaluator:
-    """One warm harness on one device (one GPU index), created on first use in the evaluating thread."""
-
-    def __init__(self, task: Task, device: str, gpu: int, *, timeout_s: float, baselines: tuple[str, ...],
-                 workdir: Path):
-        self.task, self.device, self.gpu = task, device, gpu
-        self.timeout_s, self.baselines, self.workdir = timeout_s, baselines, workdir
-        self._harness = None
-
-    def check(self, candidate: Path) -> CheckResult:
-        from sandbox.harness import CheckOptions, Harness
-        if self._harness is None:
-            self._harness = Harness(self.device, workdir=self.workdir)
-        options = CheckOptions(device=self.device, timing=self.device == "cuda", timeout_s=self.timeout_s,
-                               gpu=self.gpu, baselines=self.baselines)
-        return self._harness.check(self.task, candidate, options)
-
-    def close(self) -> None:
-        if self._harness is not None:
-            self._harness.close()
-
-
-EvaluatorFactory = Callable[[Task, str, int], Evaluator]
-
-
 @dataclass
 class _Pending:
     """A proposal on its way: requested, extracted, under evaluation."""
@@ -173,27 +147,20 @@ class _Pending:
     started: float = field(default_factory=time.monotonic)
 
 
-def _spawn(fn: Callable[..., Any], *args: Any) -> cf.Future:
-    """Run fn on a daemon thread (a stop must not wait for a hung request), returning a Future."""
-    future: cf.Future = cf.Future()
-
-    def body() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to the coordinator, which records it
-            future.set_exception(exc)
-    threading.Thread(target=body, daemon=True).start()
-    return future
-
-
 def run_search(config: RunConfig, archive: Archive, *, provider: Provider | None = None,
                on_event: Callable[[Event], None] | None = None, stop: threading.Event | None = None,
-               evaluator_factory: EvaluatorFactory | None = None) -> RunSummary:
-    """Run (or resume) a search on one task; LoopError when it cannot start."""
+               evaluator_factory: EvaluatorFactory | None = None, executor: Executor | None = None) -> RunSummary:
+    """Run (or resume) a search on one task; LoopError when it cannot start.
+
+    Candidates are evaluated by `executor` (the caller's to close), else by warm harnesses in this process made by
+    `evaluator_factory` (default: the real harness), one per GPU.
+    """
+    if executor is None:
+        executor = LocalExecutor(evaluator_factory, resolve_device=_device)
+    elif evaluator_factory is not None:
+        raise ValueError("pass an executor or an evaluator factory, not both")
     return _Coordinator(prepare(config, archive), archive, provider, on_event, stop or threading.Event(),
-                        evaluator_factory).run()
+                        executor).run()
 
 
 def prepare(config: RunConfig, archive: Archive) -> RunConfig:
@@ -265,27 +232,24 @@ def messages_text(messages: list[Message]) -> str:
 
 class _Coordinator:
     def __init__(self, config: RunConfig, archive: Archive, provider: Provider | None,
-                 on_event: Callable[[Event], None] | None, stop: threading.Event,
-                 evaluator_factory: EvaluatorFactory | None):
+                 on_event: Callable[[Event], None] | None, stop: threading.Event, executor: Executor):
         self.config, self.archive, self.provider, self.stop = config, archive, provider, stop
         self.on_event = on_event or (lambda event: None)
         self.task = _load(config.task_path)
-        self.device = _device(config.device)
-        self.timed = self.device == "cuda"
-        self.slots = config.gpus if self.device == "cuda" else 1
-        if self.device == "cuda":
-            import torch
-            if config.gpus > torch.cuda.device_count():
-                raise LoopError(f"--gpus {config.gpus} asks for more GPUs than the {torch.cuda.device_count()} visible")
         self.start_path, self.start_desc = resolve_start(config, self.task.path)
         if provider is None and self.start_path is None:
             raise LoopError(f"no seed kernel is registered for {self.task.path.name} and no model is configured: the "
                             "tuner needs a kernel to tune; pass --from KERNEL.py, or --model openai:NAME / "
                             "anthropic:NAME to let an LLM write the first one")
+        try:
+            self.session = executor.session(self.task, config, archive.path.parent / "sandbox")
+        except ExecutorError as exc:
+            raise LoopError(str(exc)) from None
+        self.device, self.slots = self.session.device, self.session.slots
+        self.timed = self.device == "cuda"
         self.budget = config.budget if config.budget is not None else DEFAULT_BUDGET
         self.polish = (0 if provider is None else
                        config.polish if config.polish is not None else self.budget // 5)
-        self.factory = evaluator_factory or self._harness_evaluator
         self.search = Search(config.seed)
         self.tuner = tuner_mod.Tuner(config.seed)
         self.started = time.monotonic()
@@ -294,7 +258,6 @@ class _Coordinator:
         self.ready: deque[_Pending] = deque()
         self.evals: dict[cf.Future, _Pending] = {}
         self.free_slots = list(range(self.slots))[::-1]
-        self.evaluators: dict[int, Evaluator] = {}
         self.in_flight: set[str] = set()
         self.exhausted: set[int] = set()
         self.stop_reason: str | None = None
@@ -523,17 +486,7 @@ class _Coordinator:
             pending = self.ready.popleft()
             pending.slot = self.free_slots.pop()
             pending.started = time.monotonic()
-            self.evals[_spawn(self._evaluate, pending.slot, pending.path)] = pending
-
-    def _evaluate(self, slot: int, path: Path) -> CheckResult:
-        evaluator = self.evaluators.get(slot)
-        if evaluator is None:
-            evaluator = self.evaluators[slot] = self.factory(self.task, self.device, slot)
-        return evaluator.check(path)
-
-    def _harness_evaluator(self, task: Task, device: str, slot: int) -> Evaluator:
-        return HarnessEvaluator(task, device, slot, timeout_s=self.config.check_timeout_s,
-                                baselines=self.config.baselines, workdir=self.archive.path.parent / "sandbox")
+            self.evals[self.session.submit(pending.slot, pending.path)] = pending
 
     def _wait(self) -> None:
         futures = list(self.requests) + list(self.evals)
@@ -570,7 +523,7 @@ class _Coordinator:
         if exc is not None:
             self.harness_errors += 1
             log.warning("harness failed on %s", pending.path, exc_info=exc)
-            self._drop_evaluator(pending.slot)
+            self.session.reset(pending.slot)
             self._record(replace(self._base(pending, "harness_error", f"{type(exc).__name__}: {exc}",
                                             source=pending.source), stage=None))
             if self.harness_errors >= MAX_HARNESS_ERRORS and self.stop_reason is None:
@@ -580,11 +533,6 @@ class _Coordinator:
         self.check_times.append(time.monotonic() - pending.started)
         base = self._base(pending, "ok", "", source=pending.source)
         self._record(record_check(base, future.result()))
-
-    def _drop_evaluator(self, slot: int) -> None:
-        evaluator = self.evaluators.pop(slot, None)
-        if evaluator is not None:
-            threading.Thread(target=evaluator.close, daemon=True).start()
 
     # ---- recording -------------------------------------------------------------------------------------------
     def _base(self, p: _Pending, reason: str, message: str, *, source: str | None = None) -> Candidate:
@@ -638,12 +586,7 @@ class _Coordinator:
             self.stop_reason = reason
 
     def _close(self) -> None:
-        closers = [threading.Thread(target=e.close, daemon=True) for e in self.evaluators.values()]
-        for t in closers:
-            t.start()
-        for t in closers:
-            t.join(timeout=10)
-        self.evaluators.clear()
+        self.session.close()
 
     def _finish(self) -> RunSummary:
         reason = self.stop_reason or "budget spent"

@@ -2,16 +2,21 @@
 
 Tasks run one after another (each with --gpus evaluation workers); a task that cannot start (no seed and no model,
 a broken file) is reported and skipped. The summary table can also be written as JSON (--json-out) and CSV (--csv).
+
+With --executor ray the candidates are evaluated across a Ray cluster (--address; one worker per GPU of the cluster,
+docs/ray.md) while the search, the LLM requests and the archive stay in this process. --resume continues each
+task's latest run, so a batch whose driver was killed picks up where its archive stops.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import csv
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -29,6 +34,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("batch", help="run the search over a folder of tasks", description=__doc__)
     p.add_argument("dir", type=Path, help="folder of task files")
     add_search_options(p)
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: harnesses on this machine (--gpus); ray: one evaluation worker per GPU of a Ray "
+                        "cluster (pip install 'kernel-crucible[ray]')")
+    p.add_argument("--address", metavar="ADDR",
+                   help="the Ray cluster to join (HOST:6379, or auto); default: $RAY_ADDRESS, else the cluster "
+                        "`ray start` made on this machine, else a new local one")
+    p.add_argument("--resume", dest="resume_all", action="store_true",
+                   help="continue each task's latest run in the archive instead of starting new ones")
     p.add_argument("--json-out", type=Path, metavar="FILE", help="write the summary as JSON")
     p.add_argument("--csv", type=Path, metavar="FILE", help="write the summary as CSV")
     p.set_defaults(func=run)
@@ -52,9 +65,13 @@ def find_tasks(folder: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     from agent.archive import Archive
+    from agent.executors import ExecutorError
     from agent.llm import ProviderError, make_provider
     from agent.loop import LoopError, prepare, run_search
 
+    if args.address is not None and args.executor != "ray":
+        err_console.print("--address is the Ray cluster to join; use it with --executor ray")
+        return 2
     if not args.dir.is_dir():
         err_console.print(f"{args.dir} is not a folder; pass a folder of task files")
         return 2
@@ -72,8 +89,14 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - a file the user pointed at: one sentence, no traceback
         err_console.print(f"cannot open the archive {args.archive}: {exc}")
         return 2
+    try:
+        executor = _executor(args)
+    except ExecutorError as exc:
+        archive.close()
+        err_console.print(str(exc))
+        return 2
     rows: list[dict[str, Any]] = []
-    with archive, StopOnSignal() as stop, Progress(
+    with archive, _closing(executor), StopOnSignal() as stop, Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(), console=console) as bars:
         ids = {t: bars.add_task(t.name, total=args.budget or 20, status="waiting") for t in tasks}
@@ -92,8 +115,10 @@ def run(args: argparse.Namespace) -> int:
                 bars.update(bar, completed=p.proposals, total=max(p.budget, 1),
                             status=f"{p.accepted} verified {status}".strip())
             try:
-                config = prepare(config_from(args, task), archive)
-                summary = run_search(config, archive, provider=provider, on_event=on_event, stop=stop)
+                resume = "latest" if args.resume_all and _has_run(archive, task) else None
+                config = prepare(config_from(args, task, resume=resume), archive)
+                summary = run_search(config, archive, provider=provider, on_event=on_event, stop=stop,
+                                     executor=executor)
             except LoopError as exc:
                 rows.append(_row(task, "skipped", note=str(exc)))
                 bars.update(bar, status="[yellow]skipped[/yellow]")
@@ -113,6 +138,35 @@ def run(args: argparse.Namespace) -> int:
     if any(r["status"] == "interrupted" for r in rows):
         return 130
     return 0 if all(r["best_id"] is not None for r in rows) else 1
+
+
+def _executor(args: argparse.Namespace) -> Any:
+    """None: the loop's own local executor (harnesses on this machine)."""
+    if args.executor == "local":
+        return None
+    from agent.executors import RayExecutor
+    executor = RayExecutor(args.address)
+    where = f"{executor.gpus} GPU(s)" if executor.gpus else f"no GPU, {executor.cpus} CPU(s)"
+    console.print(f"Ray cluster: {where}; one evaluation worker per {'GPU' if executor.gpus else 'CPU'}"
+                  + ("; --gpus is not used" if args.gpus != 1 else ""))
+    return executor
+
+
+@contextlib.contextmanager
+def _closing(executor: Any) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+def _has_run(archive: Any, task: Path) -> bool:
+    from sandbox.task import TaskError, load_task
+    try:
+        return archive.latest_run(load_task(task).source_hash) is not None
+    except TaskError:
+        return False  # the run reports the broken file
 
 
 def _row(task: Path, status: str, summary: Any = None, note: str = "") -> dict[str, Any]:
