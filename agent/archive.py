@@ -80,6 +80,29 @@ MIGRATIONS: list[str] = [
     CREATE INDEX candidates_run ON candidates(run_id);
     CREATE INDEX candidates_source ON candidates(task_hash, source_sha);
     """,
+    # 2: `crucible archive reverify` re-checks archived winners in a new environment. Each re-check is a new row
+    # (the candidate's own record never changes); the latest row says whether it is confirmed or stale.
+    """
+    CREATE TABLE reverifications (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        uid           TEXT NOT NULL UNIQUE,
+        candidate_id  INTEGER NOT NULL REFERENCES candidates(id),
+        status        TEXT NOT NULL,    -- confirmed | stale
+        note          TEXT NOT NULL,    -- why, in one sentence
+        verdict       TEXT NOT NULL,
+        stage         TEXT,
+        reason        TEXT NOT NULL,
+        timed         INTEGER NOT NULL DEFAULT 0,
+        candidate_ms  REAL,
+        speedup_eager REAL, eager_ci_low REAL, eager_ci_high REAL,
+        pct_roofline  REAL,
+        diagnostics   TEXT,             -- JSON: the new CheckResult
+        env           TEXT,
+        env_hash      TEXT,
+        created       TEXT NOT NULL
+    );
+    CREATE INDEX reverifications_candidate ON reverifications(candidate_id, id);
+    """,
 ]
 
 
@@ -178,6 +201,35 @@ class Candidate:
         """The row `crucible archive list --json` prints."""
         return {"id": self.id, "task": self.task_path, "verdict": self.verdict, "stage": self.stage,
                 "reason": self.reason, "proposer": self.proposer, "speedup": self.speedup, "created": self.created}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Reverification:
+    """One re-check of an archived candidate in a later environment: `status` confirmed or stale, and why."""
+
+    candidate_id: int
+    status: str
+    note: str
+    verdict: str
+    reason: str
+    stage: str | None = None
+    timed: bool = False
+    timings: Timings = Timings()
+    diagnostics: dict[str, Any] | None = None
+    env: dict[str, Any] | None = None
+    env_hash: str | None = None
+    id: int = 0
+    uid: str = ""
+    created: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in ("confirmed", "stale"):
+            raise ValueError(f"unknown reverification status {self.status!r}")
+        if self.status == "confirmed" and self.verdict != "accepted":
+            raise ValueError("only a candidate the harness accepts again can be confirmed")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -329,6 +381,58 @@ class Archive:
         return {"proposals": int(row[0]), "input_tokens": int(row[1]), "output_tokens": int(row[2]),
                 "cost_usd": float(row[3])}
 
+    # ---- browsing (issue 8) ---------------------------------------------------------------------------------
+    def by_uid(self, prefix: str) -> list[Candidate]:
+        """Candidates whose uid starts with `prefix` (a whole uid matches one at most)."""
+        rows = self._db.execute("SELECT * FROM candidates WHERE uid LIKE ? ORDER BY id LIMIT 2",
+                                (prefix.replace("%", "").replace("_", "") + "%",))
+        return [_candidate(r) for r in rows]
+
+    def children(self, cand_id: int) -> list[Candidate]:
+        """Candidates built on this one, as first or second parent."""
+        rows = self._db.execute("SELECT * FROM candidates WHERE parent_id=? OR parent2_id=? ORDER BY id",
+                                (cand_id, cand_id))
+        return [_candidate(r) for r in rows]
+
+    def runs(self) -> list[Run]:
+        return [_run(r) for r in self._db.execute("SELECT * FROM runs ORDER BY started, rowid")]
+
+    def add_run_if_new(self, run: Run) -> bool:
+        """For merging archives: a run id already here is kept as it is."""
+        with self._lock:
+            cur = self._db.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
+                                   (run.id, run.task_path, run.task_hash, run.proposer, run.device,
+                                    json.dumps(run.config), run.started, run.finished, run.stop_reason))
+            return cur.rowcount > 0
+
+    def add_reverification(self, rev: Reverification) -> Reverification:
+        rev = dataclasses.replace(rev, uid=rev.uid or uuid.uuid4().hex, created=rev.created or now())
+        t = rev.timings
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO reverifications (uid, candidate_id, status, note, verdict, stage, reason, timed, "
+                "candidate_ms, speedup_eager, eager_ci_low, eager_ci_high, pct_roofline, diagnostics, env, env_hash, "
+                "created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (rev.uid, rev.candidate_id, rev.status, rev.note, rev.verdict, rev.stage, rev.reason, int(rev.timed),
+                 t.candidate_ms, t.speedup_eager, t.eager_ci_low, t.eager_ci_high, t.pct_roofline,
+                 json.dumps(rev.diagnostics) if rev.diagnostics is not None else None,
+                 json.dumps(rev.env) if rev.env is not None else None, rev.env_hash, rev.created))
+        return dataclasses.replace(rev, id=int(cur.lastrowid))
+
+    def reverifications(self, cand_id: int | None = None) -> list[Reverification]:
+        """Re-checks in the order they were made, of one candidate or of all."""
+        sql, params = "SELECT * FROM reverifications", ()
+        if cand_id is not None:
+            sql, params = sql + " WHERE candidate_id=?", (cand_id,)
+        return [_reverification(r) for r in self._db.execute(sql + " ORDER BY id", params)]
+
+    def has_reverification(self, uid: str) -> bool:
+        return self._db.execute("SELECT 1 FROM reverifications WHERE uid=?", (uid,)).fetchone() is not None
+
+    def latest_status(self) -> dict[int, Reverification]:
+        """Each re-checked candidate's latest re-check."""
+        return {r.candidate_id: r for r in self.reverifications()}
+
 
 def _filters(**kw: Any) -> tuple[str, list[Any]]:
     clauses, params = [], []
@@ -372,6 +476,16 @@ def _candidate(row: sqlite3.Row) -> Candidate:
     d["timed"] = bool(d["timed"])
     d["message"] = d["message"] or ""
     return Candidate(timings=timings, **d)
+
+
+def _reverification(row: sqlite3.Row) -> Reverification:
+    d = dict(row)
+    timings = Timings(**{k: d.pop(k) for k in ("candidate_ms", "speedup_eager", "eager_ci_low", "eager_ci_high",
+                                                 "pct_roofline")})
+    for col in ("diagnostics", "env"):
+        d[col] = json.loads(d[col]) if d[col] else None
+    d["timed"] = bool(d["timed"])
+    return Reverification(timings=timings, **{k: v for k, v in d.items() if k in Reverification.__dataclass_fields__})
 
 
 def _run(row: sqlite3.Row) -> Run:
