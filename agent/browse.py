@@ -80,8 +80,13 @@ def parse_date(text: str, *, end: bool = False) -> _dt.datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=_dt.timezone.utc)
 
 
+def task_arg(task: str | None) -> str | None:
+    """A task named as the user types it: a path, a file name, or a name without .py."""
+    return task if not task or task.endswith(".py") else task + ".py"
+
+
 def select(archive: Archive, query: Query) -> list[Candidate]:
-    cands = archive.candidates(task=query.task, verdict=query.verdict)
+    cands = archive.candidates(task=task_arg(query.task), verdict=query.verdict)
     if query.proposer:
         want = query.proposer.lower()
         cands = [c for c in cands if want in c.proposer.lower() or want == c.origin]
@@ -229,7 +234,7 @@ class TaskSummary:
 
 def task_summaries(archive: Archive, task: str | None = None) -> list[TaskSummary]:
     groups: dict[str, list[Candidate]] = {}
-    for c in archive.candidates(task=task):
+    for c in archive.candidates(task=task_arg(task)):
         groups.setdefault(task_name(c), []).append(c)
     out = []
     for name, cands in sorted(groups.items()):

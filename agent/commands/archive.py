@@ -92,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - a file the user pointed at: one sentence, no traceback
         err_console.print(f"cannot read the archive {path}: {exc}")
         return 2
+    if getattr(args, "task", None):
+        from agent.browse import task_arg
+
+        args.task = task_arg(args.task)
     handler = {"list": _list, "show": _show, "diff": _diff, "lineage": _lineage, "tasks": _tasks,
                "export": _export, "import": _import, "reverify": _reverify, "report": _report}[args.verb]
     with archive:
