@@ -312,6 +312,9 @@ class _Pool:
             try:
                 result = self.ray.get(actor.check.remote(job.payload))
             except (RayActorError, WorkerCrashedError) as exc:
+                if self.closed:  # killed by close(): its run is over
+                    _settle(job.future, error=EvaluationLost("the executor closed during the evaluation"))
+                    return
                 self._lost(i, job, exc)
                 if not self._replace(i):
                     return
@@ -372,16 +375,19 @@ class _Pool:
                 job.future.cancel()
             self.queue.clear()
             self.cond.notify_all()
-        for t in self.threads:
-            t.join(timeout=5)
-        refs = [a.close.remote() for a in self.actors if a is not None]
+            busy = set(self.busy)
+        # An actor still checking a dropped candidate (a stopped run) is killed; an idle one cleans up first.
+        idle = [a for i, a in enumerate(self.actors) if a is not None and i not in busy]
+        for i in busy:
+            self.ray.kill(self.actors[i])
         try:
-            self.ray.get(refs, timeout=30)
+            self.ray.get([a.close.remote() for a in idle], timeout=30)
         except Exception as exc:  # noqa: BLE001 - a worker that cannot close is killed below anyway
             log.warning("closing the evaluation workers: %s", exc)
-        for actor in self.actors:
-            if actor is not None:
-                self.ray.kill(actor)
+        for actor in idle:
+            self.ray.kill(actor)
+        for t in self.threads:
+            t.join(timeout=5)
 
 
 class RayExecutor:

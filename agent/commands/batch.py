@@ -15,6 +15,7 @@ import contextlib
 import csv
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         executor = _executor(args)
     except ExecutorError as exc:
         archive.close()
-        err_console.print(str(exc))
+        err_console.print(str(exc), markup=False, soft_wrap=True)  # "kernel-crucible[ray]" is not markup
         return 2
     rows: list[dict[str, Any]] = []
     with archive, _closing(executor), StopOnSignal() as stop, Progress(
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                             status=f"{p.accepted} verified {status}".strip())
             try:
                 resume = "latest" if args.resume_all and _has_run(archive, task) else None
-                config = prepare(config_from(args, task, resume=resume), archive)
+                config = prepare(replace(config_from(args, task), resume=resume), archive)
                 summary = run_search(config, archive, provider=provider, on_event=on_event, stop=stop,
                                      executor=executor)
             except LoopError as exc:
