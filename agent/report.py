@@ -122,10 +122,10 @@ def plot(cands: list[Candidate], *, width: int = 720, height: int = 280) -> str:
     lo, hi = min(values), max(values)
     pad = max(0.05, (hi - lo) * 0.12)
     lo, hi = max(0.0, lo - pad), hi + pad
-    n_max = max(len(cands), 2)
+    n_max = len(cands)
 
-    def x(n: float) -> float:
-        return left + (n - 1) / (n_max - 1) * (width - left - right)
+    def x(n: float) -> float:  # half a proposal of margin each side, so the first and last points show whole
+        return left + (n - 0.5) / n_max * (width - left - right)
 
     def y(v: float) -> float:
         return top + (hi - v) / (hi - lo) * (height - top - bottom)
@@ -140,6 +140,9 @@ def plot(cands: list[Candidate], *, width: int = 720, height: int = 280) -> str:
     svg.append(f"<line x1='{left}' x2='{width - right}' y1='{y(1.0):.1f}' y2='{y(1.0):.1f}' stroke='#8c959f' "
                "stroke-dasharray='5 4'/>"
                f"<text x='{width - right - 4}' y='{y(1.0) - 4:.1f}' text-anchor='end'>eager (1.0x)</text>")
+    every = max(1, -(-n_max // 12))
+    for n in range(1, n_max + 1, every):
+        svg.append(f"<text x='{x(n):.1f}' y='{height - bottom + 17}' text-anchor='middle'>{n}</text>")
     for n, c in enumerate(cands, start=1):  # every proposal gets a tick on the axis: red when rejected
         color = "#116329" if c.accepted else "#b42318" if c.verdict == "rejected" else "#9a6700"
         svg.append(f"<line x1='{x(n):.1f}' x2='{x(n):.1f}' y1='{height - bottom}' y2='{height - bottom + 5}' "
@@ -149,7 +152,7 @@ def plot(cands: list[Candidate], *, width: int = 720, height: int = 280) -> str:
         best = c.speedup if best is None else max(best, c.speedup)
         steps.append((x(n), y(best)))
     path = f"M{steps[0][0]:.1f},{steps[0][1]:.1f}" + "".join(f" H{sx:.1f} V{sy:.1f}" for sx, sy in steps[1:])
-    svg.append(f"<path class='best-so-far' d='{path} H{x(n_max):.1f}' fill='none' stroke='#0969da' "
+    svg.append(f"<path class='best-so-far' d='{path} H{x(n_max + 0.5):.1f}' fill='none' stroke='#0969da' "
                "stroke-width='2'/>")
     for n, c in points:
         t = c.timings
