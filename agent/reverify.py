@@ -63,7 +63,8 @@ def changes(cand: Candidate, current: dict[str, Any]) -> str:
 
 def resolve_task(cand: Candidate) -> Path | None:
     """The task file: its recorded path, else a file of that name under ./tasks or this checkout's tasks/."""
-    for path in (Path(cand.task_path), Path("tasks") / Path(cand.task_path).name, REPO_TASKS / Path(cand.task_path).name):
+    name = Path(cand.task_path).name
+    for path in (Path(cand.task_path), Path("tasks") / name, REPO_TASKS / name):
         if path.is_file():
             return path
     return None
@@ -105,13 +106,14 @@ def reverify(archive: Archive, *, task: str | None = None, every: bool = False, 
     """Re-checks the due targets and appends a Reverification for each one checked."""
     import torch
 
-    from sandbox.harness import CheckOptions, Harness
+    from sandbox.harness import Harness
 
     chosen = targets(archive, task=task, every=every)
     if not chosen:
         raise ReverifyError("no verified candidates" + (f" for {task}" if task else "") + f" in {archive.path}")
     factory = harness_factory or Harness
     harnesses: dict[str, Any] = {}
+    envs: dict[str, dict[str, Any]] = {}
     outcomes: list[Outcome] = []
 
     def emit(outcome: Outcome) -> None:
@@ -125,8 +127,9 @@ def reverify(archive: Archive, *, task: str | None = None, every: bool = False, 
             if device == "cuda" and not torch.cuda.is_available():
                 emit(Outcome(cand, "skipped", "checked on a GPU; reverify it on a machine with one"))
                 continue
-            current = current_environment(device)
-            if not force and not due(cand, current):
+            if device not in envs:
+                envs[device] = current_environment(device)
+            if not force and not due(cand, envs[device]):
                 emit(Outcome(cand, "current", "measured in this environment already"))
                 continue
             task_path = resolve_task(cand)
@@ -137,22 +140,30 @@ def reverify(archive: Archive, *, task: str | None = None, every: bool = False, 
             cand = archive.with_source(cand)
             if device not in harnesses:
                 harnesses[device] = factory(device)
-            baselines = ("eager", "compile") if cand.timings.speedup_compile is not None else ("eager",)
-            with tempfile.TemporaryDirectory(prefix="crucible-reverify-") as tmp:
-                path = Path(tmp) / f"candidate_{cand.id}.py"
-                path.write_text(cand.source or "", encoding="utf-8")
-                result = harnesses[device].check(task_path, path, CheckOptions(device=device, timing=cand.timed,
-                                                                                 baselines=baselines))
-            status, note = judge(cand, result)
-            env = {**(result.environment or {}), **((result.timing or {}).get("environment") or {})}
-            rev = archive.add_reverification(Reverification(
-                candidate_id=cand.id, status=status, note=f"{note} [{changes(cand, env)}]", verdict=result.verdict.value,
-                stage=result.stage.value, reason=result.reason.value, timed=bool(result.timed),
-                timings=Timings.from_check(result.timing), diagnostics=result.to_dict(), env=env,
-                env_hash=sha256(json.dumps(env, sort_keys=True, default=str))[:16]))
-            log.info("candidate #%d: %s (%s)", cand.id, status, note)
+            rev = archive.add_reverification(recheck(harnesses[device], cand, task_path, device))
+            log.info("candidate #%d: %s (%s)", cand.id, rev.status, rev.note)
             emit(Outcome(cand, "checked", rev.note, rev))
     finally:
         for harness in harnesses.values():
             harness.close()
     return outcomes
+
+
+def recheck(harness: Any, cand: Candidate, task_path: Path, device: str) -> Reverification:
+    """One archived candidate through the harness again, every stage, timed again where it was timed."""
+    from sandbox.harness import CheckOptions
+
+    baselines = ("eager", "compile") if cand.timings.speedup_compile is not None else ("eager",)
+    with tempfile.TemporaryDirectory(prefix="crucible-reverify-") as tmp:
+        path = Path(tmp) / f"candidate_{cand.id}.py"
+        path.write_text(cand.source or "", encoding="utf-8")
+        result = harness.check(task_path, path, CheckOptions(device=device, timing=cand.timed, baselines=baselines))
+    status, note = judge(cand, result)
+    if sha256(task_path.read_text(encoding="utf-8"))[:16] != cand.task_hash:
+        note += "; the task file has changed since it was archived"
+    env = {**(result.environment or {}), **((result.timing or {}).get("environment") or {})}
+    return Reverification(
+        candidate_id=cand.id, status=status, note=f"{note} [{changes(cand, env)}]", verdict=result.verdict.value,
+        stage=result.stage.value, reason=result.reason.value, timed=bool(result.timed),
+        timings=Timings.from_check(result.timing), diagnostics=result.to_dict(), env=env,
+        env_hash=sha256(json.dumps(env, sort_keys=True, default=str))[:16])

@@ -119,7 +119,8 @@ def test_show_has_verdict_timings_environment_lineage_and_source(h200, capsys):
     code, out, _ = cli(capsys, "show", "2", "--json", "--archive", h200)
     record = json.loads(out)
     assert record["timings"]["eager_ci_low"] == pytest.approx(1.1477, abs=1e-3) and record["reverifications"] == []
-    for ref, sentence in (("#999", "no candidate #999"), ("abc", "not a candidate"), ("ffffff", "no candidate with uid")):
+    for ref, sentence in (("#999", "no candidate #999"), ("abc", "not a candidate"),
+                          ("ffffff", "no candidate with uid")):
         code, _, err = cli(capsys, "show", ref, "--archive", h200)
         assert code == 2 and sentence in " ".join(err.split()) and "Traceback" not in err
 
@@ -316,6 +317,7 @@ def test_reverify_marks_stale_or_confirmed_through_the_harness(tmp_path, capsys)
         outcomes = {o.candidate.id: o for o in reverify(a, every=True)}
         assert outcomes[still_good.id].record.status == "confirmed"
         assert "triton 2.0.0 -> " in outcomes[still_good.id].note
+        assert "task file has changed" in outcomes[still_good.id].note  # archived with task_hash "t"
         bad = outcomes[gone_bad.id].record
         assert bad.status == "stale" and bad.verdict == "rejected" and bad.reason == "output_mismatch"
         assert outcomes[current.id].action == "current" and outcomes[current.id].record is None

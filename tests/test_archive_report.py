@@ -100,7 +100,8 @@ def test_plot_puts_faster_kernels_higher_and_steps_up_at_each_new_best(archive_p
 # ---- in a real browser ---------------------------------------------------------------------------------------
 PROBE = """<pre id='probe'></pre><script>
 const box = el => { const r = el.getBoundingClientRect(), s = getComputedStyle(el);
-  return {x: r.x + scrollX, y: r.y + scrollY, w: r.width, h: r.height, shown: s.display != 'none' && s.visibility != 'hidden'}; };
+  return {x: r.x + scrollX, y: r.y + scrollY, w: r.width, h: r.height,
+          shown: s.display != 'none' && s.visibility != 'hidden'}; };
 document.getElementById('probe').textContent = JSON.stringify({
   plots: [...document.querySelectorAll('svg.speedup-plot')].map(box),
   points: [...document.querySelectorAll('svg.speedup-plot circle.point')].map(box),

@@ -177,7 +177,8 @@ def _print_diagnostics(diag: dict[str, Any]) -> None:
     if stages:
         table = Table("stage", "result", "seconds", "message", title="harness stages", title_justify="left")
         for s in stages:
-            table.add_row(s.get("stage", ""), "[green]ok[/green]" if s.get("passed") else f"[red]{s.get('reason')}[/red]",
+            result = "[green]ok[/green]" if s.get("passed") else f"[red]{s.get('reason')}[/red]"
+            table.add_row(s.get("stage", ""), result,
                           f"{s.get('seconds') or 0:.2f}", (s.get("message") or "")[:300])
         console.print(table)
     timing = diag.get("timing") or {}
