@@ -252,13 +252,3 @@ def winners(cands: list[Candidate]) -> list[Candidate]:
     verified = [c for c in cands if c.accepted]
     return sorted(verified, key=lambda c: (c.timed, fitness(c), c.id), reverse=True)
 
-
-def best_so_far(cands: list[Candidate]) -> list[tuple[int, float]]:
-    """(proposal number, best speedup so far) at each timed verified candidate, in archive order."""
-    points, best = [], None
-    for n, c in enumerate(cands, start=1):
-        if c.accepted and c.speedup is not None and (best is None or c.speedup > best):
-            best = c.speedup
-        if best is not None and c.accepted and c.speedup is not None:
-            points.append((n, best))
-    return points
