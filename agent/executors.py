@@ -16,12 +16,12 @@ lost node) goes back to the head of the queue for another actor while the dead o
 from __future__ import annotations
 
 import concurrent.futures as cf
+import importlib.metadata
 import logging
 import os
 import shutil
 import tempfile
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -162,7 +162,7 @@ class LocalSession:
         self.evaluators.clear()
 
 
-# ---- across a Ray cluster ---------------------------------------------------------------------------------------------
+# ---- across a Ray cluster -------------------------------------------------------------------------------------------
 
 class EvaluationLost(Exception):
     """A candidate's evaluation was lost with its worker more times than the executor retries."""
@@ -282,12 +282,12 @@ class _Pool:
         self.names[i] = where
         return True
 
-    def submit(self, job: _Job, *, first: bool = False) -> None:
+    def submit(self, job: _Job) -> None:
         with self.cond:
             if not self.live:
                 _settle(job.future, error=EvaluationLost("no Ray evaluation worker is left; check `ray status`"))
                 return
-            (self.queue.appendleft if first else self.queue.append)(job)
+            self.queue.append(job)
             self.cond.notify()
 
     def _take(self) -> _Job | None:
@@ -411,11 +411,8 @@ class RayExecutor:
         if self.owns_ray:
             try:
                 # Workers' output stays in the cluster's logs (/tmp/ray/session_latest/logs): the CLI owns the terminal.
-                # Workers import crucible: from their own installation, or from this checkout where the path exists.
-                root = str(Path(__file__).resolve().parent.parent)
                 ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
-                         include_dashboard=False,
-                         runtime_env={"env_vars": {"PYTHONPATH": f"{root}{os.pathsep}${{PYTHONPATH}}"}})
+                         include_dashboard=False, **_checkout_env())
             except Exception as exc:  # noqa: BLE001 - ConnectionError, a bad address, a version mismatch
                 why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise ExecutorError(f"cannot join the Ray cluster at {address or 'this machine'}: {why}; start one "
@@ -488,6 +485,17 @@ class RaySession:
 
     def close(self) -> None:
         self.pool.cancel(self)
+
+
+def _checkout_env() -> dict[str, Any]:
+    """Workers import crucible from their own installation; a driver run from a checkout that is not installed lends
+    them its path (on nodes where that path exists: this machine, a shared file system)."""
+    try:
+        importlib.metadata.distribution("kernel-crucible")
+        return {}
+    except importlib.metadata.PackageNotFoundError:
+        root = str(Path(__file__).resolve().parent.parent)
+        return {"runtime_env": {"env_vars": {"PYTHONPATH": f"{root}{os.pathsep}${{PYTHONPATH}}"}}}
 
 
 def _last_line(exc: BaseException) -> str:
