@@ -71,7 +71,7 @@ def spawn(fn: Callable[..., Any], *args: Any) -> cf.Future:
     return future
 
 
-# ---- on this machine --------------------------------------------------------------------------------------------------
+# ---- on this machine ------------------------------------------------------------------------------------------------
 
 class Evaluator(Protocol):
     def check(self, candidate: Path) -> CheckResult: ...
