@@ -233,7 +233,8 @@ class Harness:
         run.network_isolated = bool(reply.get("network_isolated"))
         laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
         return reference, {"network_isolated": run.network_isolated, "reference_s": reference_s,
-                           "filesystem_read_only": bool(reply.get("filesystem_read_only")), **laps}
+                           "filesystem_read_only": bool(reply.get("filesystem_read_only")),
+                           "capabilities_dropped": bool(reply.get("capabilities_dropped")), **laps}
 
     def _scratch(self, child: Child) -> Path:
         """A fresh directory per candidate: its only writable place, Triton's cache included (a shared cache would

@@ -25,6 +25,7 @@ from pathlib import Path
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, _LINUX_CAPABILITY_VERSION_3 = 38, 24, 0x20080522
 # The CUDA stack's own libraries, which torch and the profiler load lazily (NVML for device queries, the driver for
 # the persisting-L2 reset): loading them gives a candidate nothing torch does not already have.
 CUDA_LIBRARY_PREFIXES = ("libcuda.", "libnvidia-ml.", "libcudart.", "libnvrtc", "libcublas", "libcudnn",
@@ -45,6 +46,7 @@ class Policy:
     violations: list[str] = field(default_factory=list)
     network_isolated: bool = False
     filesystem_read_only: bool = False
+    capabilities_dropped: bool = False
     # True while trusted code (Triton compiling, the harness itself) is running, so tools may be invoked.
     trusted_depth: int = 0
 
@@ -57,6 +59,9 @@ def apply(policy: Policy) -> Policy:
     _set_limits(policy)
     policy.network_isolated = _isolate_network()
     policy.filesystem_read_only = _read_only_filesystem(policy.write_roots)
+    # Last: without capabilities even a root process cannot undo the namespaces (remount, setns) or raise limits,
+    # whatever the candidate later does to the Python-level checks below.
+    policy.capabilities_dropped = _drop_capabilities()
     os.chdir(policy.scratch)
     os.environ["TMPDIR"] = str(policy.scratch)
     tempfile.tempdir = str(policy.scratch)  # the zygote may already have cached /tmp
@@ -117,6 +122,26 @@ def _read_only_filesystem(write_roots: list[Path]) -> bool:
             if libc.mount(None, target_b, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None) != 0:
                 ok = ok and target != "/"
         return ok
+    except (OSError, AttributeError):
+        return False
+
+
+def _drop_capabilities() -> bool:
+    """No new privileges, an empty bounding set, and empty effective/permitted/inheritable capability sets."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        for cap in range(64):
+            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # past the last capability this fails harmlessly
+
+        class Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class Data(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                        ("inheritable", ctypes.c_uint32)]
+
+        return libc.capset(ctypes.byref(Header(_LINUX_CAPABILITY_VERSION_3, 0)), (Data * 2)()) == 0
     except (OSError, AttributeError):
         return False
 

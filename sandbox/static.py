@@ -37,6 +37,11 @@ FORBIDDEN_ATTRS = {
     "allow_tf32", "set_float32_matmul_precision", "allow_fp16_reduced_precision_reduction",
     "allow_bf16_reduced_precision_reduction", "Stream", "stream", "ExternalStream", "set_stream",
     "launch_enter_hook", "launch_exit_hook", "empty_cache", "_cached", "CUDAGraph", "graph",
+    # Modules an allowed module happens to hold as attributes (torch.sys, torch.os, torch.ctypes, ...): the way
+    # around the import allow-list, and to sys.modules, where the harness's own state lives.
+    "sys", "os", "ctypes", "subprocess", "importlib", "builtins", "gc", "inspect", "threading", "_thread",
+    "multiprocessing", "socket", "signal", "shutil", "pickle", "io", "mmap", "resource", "weakref", "tempfile",
+    "pathlib", "warnings", "traceback", "hub", "utils", "serialization", "distributed",
 }
 
 ALLOWED_DUNDERS = {"__init__", "__name__"}

@@ -110,6 +110,7 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     reply["laps"] = laps
     reply["network_isolated"] = pol.network_isolated
     reply["filesystem_read_only"] = pol.filesystem_read_only
+    reply["capabilities_dropped"] = pol.capabilities_dropped
     return reply
 
 
