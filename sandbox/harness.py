@@ -202,7 +202,8 @@ class Harness:
                           details={"output_tail": tail}) from None
         except wire.WireError as exc:
             run.child.close(graceful=False)
-            raise _Reject(stage, Reason.SANDBOX_VIOLATION, f"the candidate's process sent a malformed reply: {exc}") from None
+            raise _Reject(stage, Reason.SANDBOX_VIOLATION,
+                          f"the candidate's process sent a malformed reply: {exc}") from None
         if not reply.get("ok"):
             raise self._reject_from_reply(stage, reply, run)
         return reply
@@ -250,7 +251,8 @@ class Harness:
         return {
             "op": "setup", "candidate": candidate, "seeds_dir": str(SEEDS_DIR), "device": self.device,
             "gpu": run.options.gpu, "scratch": str(scratch), "write_roots": [str(scratch)],
-            "triton_cache": str(scratch / "triton"), "triton_shared": str(self.triton_shared), "cpu_seconds": int(max(60, 4 * run.options.timeout_s)),
+            "triton_cache": str(scratch / "triton"), "triton_shared": str(self.triton_shared),
+            "cpu_seconds": int(max(60, 4 * run.options.timeout_s)),
             "allow_compute": run.task.meta.allow_torch_compute, "seed": reference.model_seed,
             "init_inputs": reference.init_inputs(), "state_dict": reference.state_dict(),
         }
@@ -266,11 +268,13 @@ class Harness:
         if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
             raise _Reject(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
         if len(outs) != len(expected.ref) or reply.get("structure") != expected.structure:
-            raise _Reject(stage, Reason.OUTPUT_SHAPE, f"the candidate returned {len(outs)} output(s) as a "
-                          f"{reply.get('structure')}; the reference returns {len(expected.ref)} as a {expected.structure}")
+            raise _Reject(stage, Reason.OUTPUT_SHAPE,
+                          f"the candidate returned {len(outs)} output(s) as a {reply.get('structure')}; "
+                          f"the reference returns {len(expected.ref)} as a {expected.structure}")
         for i, (got, ref, strides) in enumerate(zip(outs, expected.ref, reply.get("strides", []))):
             if got.shape != ref.shape:
-                raise _Reject(stage, Reason.OUTPUT_SHAPE, f"output {i} has shape {list(got.shape)}, expected {list(ref.shape)}")
+                raise _Reject(stage, Reason.OUTPUT_SHAPE,
+                              f"output {i} has shape {list(got.shape)}, expected {list(ref.shape)}")
             if got.dtype != ref.dtype:
                 raise _Reject(stage, Reason.OUTPUT_DTYPE, f"output {i} has dtype {got.dtype}, expected {ref.dtype}")
             if ref.is_contiguous() and list(strides) != list(ref.stride()) and ref.numel() > 1:
@@ -285,8 +289,10 @@ class Harness:
             mismatch = tolerance.compare(f"output {i}", got.to(expected.ref[i].device), expected.ref[i], truth,
                                          allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale)
             if mismatch is not None:
-                reason = Reason.NONFINITE_MISMATCH if mismatch.first_nonfinite_diff is not None and \
-                    mismatch.mismatched == mismatch.nonfinite_got + mismatch.nonfinite_expected else Reason.OUTPUT_MISMATCH
+                # NaN/Inf where the reference has none (or the reverse) is named as such: the clearest signal of
+                # unwritten or uninitialised output.
+                reason = Reason.NONFINITE_MISMATCH if mismatch.first_nonfinite_diff is not None \
+                    else Reason.OUTPUT_MISMATCH
                 raise _Reject(stage, reason, f"wrong result on {label}:\n{mismatch.describe()}", mismatch=mismatch,
                               details={"inputs": label})
 
