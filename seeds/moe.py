@@ -1,0 +1,385 @@
+"""Mixture-of-Experts dispatch and grouped GEMM over experts with uneven loads, forward and backward.
+
+The layout every MoE kernel here shares is vLLM's `moe_align_block_size`: the T*K (token, slot) pairs of a top-K
+routing, identified by their flat index i = t*K + k, sorted by expert (stably: by i within an expert), each
+expert's run padded to a multiple of BLOCK_M with a sentinel id (T*K), so that every BLOCK_M-row block of the
+sorted list belongs to one expert:
+    sorted_ids   [T*K + E*(BLOCK_M-1)] int32  flat ids in expert order, sentinel-padded
+    expert_ids   [len(sorted_ids) / BLOCK_M] int32  the expert of each block (-1 past the end)
+    num_padded   [1] int32                    padded rows in use (a multiple of BLOCK_M), read on the device
+    expert_start / expert_count [E] int32     each expert's first padded row and its number of real rows
+Three kernels build it without atomics (so it is deterministic): per-chunk histograms, one scan program, a
+scatter that ranks each pair inside its chunk with a cumulative sum over a one-hot [chunk, E] matrix.
+
+Grouped GEMM (forward, persistent): C[row(i)] = A[row(i)] @ B[e]^T for every sorted id i of expert e. Programs
+walk the (m-block, n-block) tiles of the padded layout; the number of tiles is read on the device, so no host
+sync is needed. A rows may be gathered (A row = id // K: the K copies of a token share its hidden state) and C
+rows scattered back to id order. With SWIGLU the program keeps two accumulators (gate and up rows of B, F rows
+apart) and stores silu(gate) * up, so the [T*K, 2F] product never exists.
+Backward: dA = dC @ B[e] is the same kernel with B's strides swapped; dB[e] = dC_e^T @ A_e (here dW per expert of
+a [E, F, H] weight; X_e^T dY_e for the transposed layout) is `_grouped_dw_kernel`, one program per
+(expert, n-block, k-block) tile reducing over that expert's rows, no split-K, so it is deterministic.
+FLOPs: 2 R N K forward for R routed rows, twice that backward. At 64 experts x 2048 rows, H 4096 -> F 1408:
+1.51 TFLOP forward; 2.3 ms at the 640 TFLOP/s target (ANCHORS.md: per-expert loop 592, torch._grouped_mm 573).
+
+Measured on the H200: not measured yet (benchmarks/bench_moe.py is the script that will).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from seeds._common import sm_count
+from seeds.cross_entropy import needs_rne, round_bf16_rne
+
+CRUCIBLE_SEED = {
+    "name": "moe_grouped_gemm",
+    "tasks": ["moe_grouped_gemm.py"],
+    "ops": ["MoE align (counts, padded offsets, sorted ids, expert per block)",
+            "grouped GEMM over experts, persistent (fwd; dX via the same kernel)"],
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Dispatch: the aligned layout
+# ---------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _align_count_kernel(IDS, n_ids, CHUNK_COUNTS, E, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+    """CHUNK_COUNTS[c, e] = number of entries of chunk c (BLOCK_N ids) routed to expert e."""
+    c = tl.program_id(0)
+    offs = c * BLOCK_N + tl.arange(0, BLOCK_N)
+    ids = tl.load(IDS + offs, mask=offs < n_ids, other=-1).to(tl.int32)
+    cols = tl.arange(0, BLOCK_E)
+    hits = (ids[:, None] == cols[None, :]).to(tl.int32)
+    tl.store(CHUNK_COUNTS + c * E + cols, tl.sum(hits, axis=0), mask=cols < E)
+
+
+@triton.jit
+def _align_scan_kernel(
+    CHUNK_COUNTS, num_chunks, E,  # [num_chunks, E] counts (any integer dtype)
+    CHUNK_OFFSETS,                # out [num_chunks, E] int32: entries of expert e in chunks before c
+    EXPERT_START, EXPERT_COUNT, EXPERT_OFFSET,  # out [E] int32: padded start, real rows, unpadded start
+    EXPERT_IDS, max_blocks,       # out [max_blocks] int32: the expert of each BLOCK_M block, -1 past the end
+    NUM_PADDED,                   # out [1] int32
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_E)
+    col_ok = cols < E
+    running = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for c in range(0, num_chunks):
+        tl.store(CHUNK_OFFSETS + c * E + cols, running, mask=col_ok)
+        running += tl.load(CHUNK_COUNTS + c * E + cols, mask=col_ok, other=0).to(tl.int32)
+    padded = (running + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    end = tl.cumsum(padded, axis=0)
+    start = end - padded
+    tl.store(EXPERT_START + cols, start, mask=col_ok)
+    tl.store(EXPERT_COUNT + cols, running, mask=col_ok)
+    tl.store(EXPERT_OFFSET + cols, tl.cumsum(running, axis=0) - running, mask=col_ok)
+    total = tl.sum(padded, axis=0)
+    tl.store(NUM_PADDED, total)
+    # Block b (rows b*BLOCK_M...) belongs to the first expert whose padded run ends after its first row; empty
+    # experts end where they start and are skipped by the count.
+    end = tl.where(col_ok, end, total + BLOCK_M)
+    for b0 in range(0, max_blocks, BLOCK_B):
+        blocks = b0 + tl.arange(0, BLOCK_B)
+        row = blocks * BLOCK_M
+        expert = tl.sum((end[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        tl.store(EXPERT_IDS + blocks, tl.where(row < total, expert, -1), mask=blocks < max_blocks)
+
+
+@triton.jit
+def _align_scatter_kernel(IDS, n_ids, CHUNK_OFFSETS, EXPERT_START, SORTED_IDS, E,
+                          BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+    """SORTED_IDS[start[e] + offset[c, e] + rank] = i: a stable counting sort of the flat ids by expert."""
+    c = tl.program_id(0)
+    offs = c * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = offs < n_ids
+    ids = tl.load(IDS + offs, mask=ok, other=-1).to(tl.int32)
+    cols = tl.arange(0, BLOCK_E)
+    col_ok = cols < E
+    hits = (ids[:, None] == cols[None, :]).to(tl.int32)
+    rank = tl.sum((tl.cumsum(hits, axis=0) - hits) * hits, axis=1)  # earlier entries of the same expert
+    base = tl.load(EXPERT_START + cols, mask=col_ok, other=0) + tl.load(CHUNK_OFFSETS + c * E + cols, mask=col_ok,
+                                                                         other=0)
+    pos = tl.sum(hits * base[None, :], axis=1) + rank
+    tl.store(SORTED_IDS + pos, offs.to(tl.int32), mask=ok)
+
+
+@triton.jit
+def _align_contiguous_kernel(EXPERT_START, EXPERT_COUNT, EXPERT_OFFSET, SORTED_IDS, BLOCK: tl.constexpr):
+    """For rows already grouped by expert (counts given): expert e's padded run lists rows offset[e]..+count[e]."""
+    e = tl.program_id(0)
+    start = tl.load(EXPERT_START + e)
+    count = tl.load(EXPERT_COUNT + e)
+    first = tl.load(EXPERT_OFFSET + e)
+    for j in range(0, count, BLOCK):
+        offs = j + tl.arange(0, BLOCK)
+        tl.store(SORTED_IDS + start + offs, first + offs, mask=offs < count)
+
+
+class Aligned:
+    """The aligned layout of one routing (see the module docstring); `n_valid` is the sentinel id."""
+
+    def __init__(self, sorted_ids, expert_ids, num_padded, expert_start, expert_count, n_valid, block_m):
+        self.sorted_ids, self.expert_ids, self.num_padded = sorted_ids, expert_ids, num_padded
+        self.expert_start, self.expert_count = expert_start, expert_count
+        self.n_valid, self.block_m = n_valid, block_m
+
+
+def _alloc_layout(n_ids: int, experts: int, block_m: int, device) -> tuple:
+    max_rows = triton.cdiv(n_ids + experts * (block_m - 1), block_m) * block_m
+    sorted_ids = torch.full((max(max_rows, block_m),), n_ids, dtype=torch.int32, device=device)
+    max_blocks = sorted_ids.numel() // block_m
+    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
+    vecs = torch.empty((3, experts), dtype=torch.int32, device=device)  # start, count, unpadded offset
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    return sorted_ids, expert_ids, vecs, num_padded
+
+
+def _scan(chunk_counts, experts, block_m, expert_ids, vecs, num_padded) -> torch.Tensor:
+    chunk_offsets = torch.empty_like(chunk_counts, dtype=torch.int32)
+    _align_scan_kernel[(1,)](chunk_counts, chunk_counts.shape[0], experts, chunk_offsets, vecs[0], vecs[1], vecs[2],
+                             expert_ids, expert_ids.numel(), num_padded, BLOCK_M=block_m,
+                             BLOCK_E=_block_e(experts), BLOCK_B=64, num_warps=4)
+    return chunk_offsets
+
+
+def _block_e(experts: int) -> int:
+    return max(16, triton.next_power_of_2(experts))
+
+
+def align_block_size(topk_ids: torch.Tensor, experts: int, block_m: int) -> Aligned:
+    """The aligned layout of a routing `topk_ids` [T, K] (any integer dtype, values in [0, experts))."""
+    if experts > 1024:
+        raise ValueError(f"align_block_size: at most 1024 experts are kept in one program, got {experts}")
+    ids = topk_ids.reshape(-1)
+    n = ids.numel()
+    sorted_ids, expert_ids, vecs, num_padded = _alloc_layout(n, experts, block_m, ids.device)
+    block_e = _block_e(experts)
+    chunk = max(16, min(1024, 16384 // block_e))  # a [chunk, E] one-hot of at most 16k int32 per program
+    num_chunks = max(1, triton.cdiv(n, chunk))
+    chunk_counts = torch.empty((num_chunks, experts), dtype=torch.int32, device=ids.device)
+    _align_count_kernel[(num_chunks,)](ids, n, chunk_counts, experts, BLOCK_N=chunk, BLOCK_E=block_e, num_warps=4)
+    chunk_offsets = _scan(chunk_counts, experts, block_m, expert_ids, vecs, num_padded)
+    _align_scatter_kernel[(num_chunks,)](ids, n, chunk_offsets, vecs[0], sorted_ids, experts, BLOCK_N=chunk,
+                                         BLOCK_E=block_e, num_warps=4)
+    return Aligned(sorted_ids, expert_ids, num_padded, vecs[0], vecs[1], n, block_m)
+
+
+def align_counts(counts: torch.Tensor, n_rows: int, block_m: int) -> Aligned:
+    """The aligned layout of rows already grouped by expert: expert e owns the next counts[e] rows."""
+    experts = counts.numel()
+    sorted_ids, expert_ids, vecs, num_padded = _alloc_layout(n_rows, experts, block_m, counts.device)
+    _scan(counts.reshape(1, experts), experts, block_m, expert_ids, vecs, num_padded)
+    _align_contiguous_kernel[(experts,)](vecs[0], vecs[1], vecs[2], sorted_ids, BLOCK=256, num_warps=4)
+    return Aligned(sorted_ids, expert_ids, num_padded, vecs[0], vecs[1], n_rows, block_m)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grouped GEMM
+# ---------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _dot(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    if UPCAST:  # the CPU interpreter: its bf16 tl.dot is wrong in Triton 3.9; bf16 products are exact in fp32
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif IEEE:  # fp32 inputs: full fp32 products (tf32 would fail an fp32 tolerance)
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    A, B, C,
+    SORTED_IDS, EXPERT_IDS, NUM_PADDED,  # the aligned layout
+    n_valid,                  # sorted ids >= n_valid are padding
+    N, K,
+    stride_am, stride_ak,
+    stride_be, stride_bn, stride_bk,  # B[e, n, k]: any layout ([E, N, K] weights, or their transpose)
+    stride_cm, stride_cn,
+    up_offset,                # with SWIGLU: elements between a gate row of B and its up row (F * stride_bn)
+    A_ROW_DIV: tl.constexpr,  # A's row of a sorted id (K with top-K routing: the copies share their token's row)
+    GATHER_A: tl.constexpr,   # A rows by id (else by sorted position)
+    SCATTER_C: tl.constexpr,  # C rows by id (else by sorted position)
+    SWIGLU: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+):
+    num_m = tl.load(NUM_PADDED) // BM
+    num_n = tl.cdiv(N, BN)
+    num_tiles = num_m * num_n
+    for tile in range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
+        # GROUP_M consecutive m-blocks (mostly one expert's) sweep the n-blocks together: B tiles stay in L2.
+        group = tile // (GROUP_M * num_n)
+        first_m = group * GROUP_M
+        group_size = min(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % (GROUP_M * num_n)) % group_size
+        pid_n = (tile % (GROUP_M * num_n)) // group_size
+
+        expert = tl.load(EXPERT_IDS + pid_m).to(tl.int64)
+        pos = pid_m * BM + tl.arange(0, BM)
+        ids = tl.load(SORTED_IDS + pos)
+        row_ok = ids < n_valid
+        if GATHER_A:
+            a_rows = (ids // A_ROW_DIV).to(tl.int64)
+        else:
+            a_rows = pos.to(tl.int64)
+        rn = pid_n * BN + tl.arange(0, BN)
+        n_ok = rn < N
+        rk = tl.arange(0, BK)
+        a_ptrs = A + a_rows[:, None] * stride_am + rk[None, :] * stride_ak
+        b_ptrs = B + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rk[:, None] * stride_bk
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        acc_up = tl.zeros([BM, BN], dtype=tl.float32)
+        for k in range(0, K, BK):
+            k_ok = (k + rk) < K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = _dot(a, b, acc, UPCAST, IEEE)
+            if SWIGLU:
+                b_up = tl.load(b_ptrs + up_offset, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                acc_up = _dot(a, b_up, acc_up, UPCAST, IEEE)
+            a_ptrs += BK * stride_ak
+            b_ptrs += BK * stride_bk
+        if SWIGLU:
+            acc = acc * tl.sigmoid(acc) * acc_up  # silu(gate) * up, in fp32
+        if RNE:
+            acc = round_bf16_rne(acc)
+        if SCATTER_C:
+            c_rows = ids.to(tl.int64)
+        else:
+            c_rows = pos.to(tl.int64)
+        c_ptrs = C + c_rows[:, None] * stride_cm + rn[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _grouped_dw_kernel(
+    DC, A, DB,                # DB[e] = DC_e^T @ A_e: DC [rows, N], A [rows, K], DB [E, N, K]
+    SORTED_IDS, EXPERT_START, EXPERT_COUNT, n_valid, E, N, K,
+    stride_dcm, stride_dcn, stride_am, stride_ak, stride_de, stride_dn, stride_dk,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,  # BR rows per step; divides the layout's BLOCK_M
+    NUM_PROGRAMS: tl.constexpr,
+):
+    # dL/dW[e, n, k] = sum over rows r of expert e of dY[r, n] * X[r, k]: a [N, rows] @ [rows, K] product whose
+    # reduction runs over the expert's (padded) rows; padding rows load as zeros. An expert without rows gets 0.
+    num_n = tl.cdiv(N, BN)
+    num_k = tl.cdiv(K, BK)
+    for tile in range(tl.program_id(0), E * num_n * num_k, NUM_PROGRAMS):
+        e = tile // (num_n * num_k)
+        pid_n = (tile % (num_n * num_k)) // num_k
+        pid_k = tile % num_k
+        start = tl.load(EXPERT_START + e)
+        count = tl.load(EXPERT_COUNT + e)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = pid_k * BK + tl.arange(0, BK)
+        n_ok = rn < N
+        k_ok = rk < K
+        acc = tl.zeros([BN, BK], dtype=tl.float32)
+        for r in range(start, start + count, BR):
+            ids = tl.load(SORTED_IDS + r + tl.arange(0, BR))
+            ok = ids < n_valid
+            rows = ids.to(tl.int64)
+            dc = tl.load(DC + rows[:, None] * stride_dcm + rn[None, :] * stride_dcn, mask=ok[:, None] & n_ok[None, :],
+                         other=0.0)
+            a = tl.load(A + rows[:, None] * stride_am + rk[None, :] * stride_ak, mask=ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            acc = _dot(tl.trans(dc), a, acc, UPCAST, IEEE)
+        if RNE:
+            acc = round_bf16_rne(acc)
+        d_ptrs = DB + e.to(tl.int64) * stride_de + rn[:, None] * stride_dn + rk[None, :] * stride_dk
+        tl.store(d_ptrs, acc.to(DB.dtype.element_ty), mask=n_ok[:, None] & k_ok[None, :])
+
+
+def default_config(device: torch.device, swiglu: bool = False) -> tuple[int, int, int, int, int, int]:
+    """(BM, BN, BK, warps, stages, GROUP_M): Hopper-sized tiles on a GPU (not tuned yet), small ones on the
+    interpreter. The SwiGLU variant keeps two accumulators, so its n-tile is half as wide."""
+    if device.type != "cuda":
+        return (16, 32, 32, 4, 1, 4)
+    return (128, 64, 64, 8, 4, 8) if swiglu else (128, 128, 64, 8, 4, 8)
+
+
+def grouped_gemm(a: torch.Tensor, b: torch.Tensor, layout: Aligned, out: torch.Tensor, *, transpose_b: bool = False,
+                 a_row_div: int = 1, gather_a: bool = True, scatter_c: bool = True, swiglu: bool = False,
+                 config=None, programs: int | None = None) -> torch.Tensor:
+    """out[row] = a[row] @ b[e]^T (b [E, N, K]) or a[row] @ b[e] (transpose_b: b [E, K, N]) for each routed row
+    of the aligned layout; with swiglu, b holds [gate; up] rows (b [E, 2N, K]) and out gets silu(gate) * up."""
+    if a.dtype != b.dtype or out.dtype != a.dtype:
+        raise ValueError(f"grouped_gemm: a, b and out must share one dtype, got {a.dtype}, {b.dtype}, {out.dtype}")
+    if b.dim() != 3:
+        raise ValueError(f"grouped_gemm: expected b [E, N, K], got {tuple(b.shape)}")
+    if transpose_b:
+        k_dim, n_dim = b.shape[1], b.shape[2]
+        stride_bk, stride_bn = b.stride(1), b.stride(2)
+    else:
+        n_dim, k_dim = b.shape[1], b.shape[2]
+        stride_bn, stride_bk = b.stride(1), b.stride(2)
+    if swiglu:
+        n_dim //= 2
+    if a.shape[1] != k_dim or out.shape[1] != n_dim:
+        raise ValueError(f"grouped_gemm: a {tuple(a.shape)}, b {tuple(b.shape)} and out {tuple(out.shape)} "
+                         "do not chain")
+    bm, bn, bk, warps, stages, group_m = config or default_config(a.device, swiglu)
+    if bm != layout.block_m:
+        raise ValueError(f"grouped_gemm: BLOCK_M {bm} differs from the layout's {layout.block_m}")
+    if n_dim == 0 or out.shape[0] == 0:
+        return out
+    programs = programs or sm_count(a.device)
+    _grouped_gemm_kernel[(programs,)](
+        a, b, out, layout.sorted_ids, layout.expert_ids, layout.num_padded, layout.n_valid, n_dim, k_dim,
+        a.stride(0), a.stride(1), b.stride(0), stride_bn, stride_bk, out.stride(0), out.stride(1),
+        n_dim * stride_bn, A_ROW_DIV=a_row_div, GATHER_A=gather_a, SCATTER_C=scatter_c, SWIGLU=swiglu,
+        UPCAST=a.device.type != "cuda", IEEE=a.dtype == torch.float32, RNE=needs_rne(out),
+        BM=bm, BN=bn, BK=bk, GROUP_M=group_m, NUM_PROGRAMS=programs, num_warps=warps, num_stages=stages)
+    return out
+
+
+def grouped_dw(dc: torch.Tensor, a: torch.Tensor, layout: Aligned, out: torch.Tensor, *, config=None,
+               programs: int | None = None) -> torch.Tensor:
+    """out[e] = dc_e^T @ a_e over each expert's routed rows (rows of dc and a by sorted id): out [E, N, K]."""
+    experts, n_dim, k_dim = out.shape
+    if dc.shape[1] != n_dim or a.shape[1] != k_dim or dc.dtype != a.dtype:
+        raise ValueError(f"grouped_dw: dc {tuple(dc.shape)} and a {tuple(a.shape)} do not give {tuple(out.shape)}")
+    bn, bk, br, warps, stages = config or ((16, 32, 16, 4, 1) if a.device.type != "cuda" else (128, 128, 64, 8, 3))
+    if layout.block_m % br:
+        raise ValueError(f"grouped_dw: rows per step {br} must divide the layout's BLOCK_M {layout.block_m}")
+    if out.numel() == 0:
+        return out
+    programs = programs or sm_count(a.device)
+    _grouped_dw_kernel[(programs,)](
+        dc, a, out, layout.sorted_ids, layout.expert_start, layout.expert_count, layout.n_valid, experts, n_dim,
+        k_dim, dc.stride(0), dc.stride(1), a.stride(0), a.stride(1), out.stride(0), out.stride(1), out.stride(2),
+        UPCAST=a.device.type != "cuda", IEEE=a.dtype == torch.float32, RNE=needs_rne(out),
+        BN=bn, BK=bk, BR=br, NUM_PROGRAMS=programs, num_warps=warps, num_stages=stages)
+    return out
+
+
+def grouped_linear_fwd(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, config=None) -> torch.Tensor:
+    """y[rows of e] = x[rows of e] @ weight[e]^T for x grouped by expert (expert e owns the next counts[e] rows)."""
+    _check_grouped(x, weight, counts)
+    bm = (config or default_config(x.device))[0]
+    layout = align_counts(counts, x.shape[0], bm)
+    y = torch.empty((x.shape[0], weight.shape[1]), dtype=x.dtype, device=x.device)
+    return grouped_gemm(x.contiguous(), weight, layout, y, config=config)
+
+
+def _check_grouped(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> None:
+    if x.dim() != 2 or weight.dim() != 3 or x.shape[1] != weight.shape[2]:
+        raise ValueError(f"grouped linear: expected x [rows, H] and weight [E, F, H], got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if counts.shape != (weight.shape[0],) or counts.is_floating_point():
+        raise ValueError(f"grouped linear: expected integer counts of shape [{weight.shape[0]}], got "
+                         f"{tuple(counts.shape)} {counts.dtype}")
+
+
+class ModelNew(torch.nn.Module):
+    """tasks/moe_grouped_gemm.py: y = x_e @ W_e^T per expert, rows grouped by expert with counts[e] each."""
+
+    def __init__(self, experts: int, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(experts, out_features, in_features, dtype=torch.bfloat16))
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return grouped_linear_fwd(x, self.weight.detach(), counts)
