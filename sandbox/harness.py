@@ -72,6 +72,11 @@ class _Run:
     call_seconds: float = 0.0
     calls: int = 0
 
+    @property
+    def device(self) -> str:
+        """Where the parent draws inputs and runs references: the candidate's own GPU, or the CPU."""
+        return f"cuda:{self.options.gpu}" if self.options.device == "cuda" else "cpu"
+
 
 class Harness:
     """Keeps the warm zygote for one device; `check` evaluates one candidate against one task."""
@@ -127,6 +132,7 @@ class Harness:
             return self._result(task_obj, candidate, stages, start, None)
         stages.append(StageResult(Stage.STATIC, True, Reason.OK, seconds=time.monotonic() - t0))
 
+        options = replace(options, device=self.device)
         child = self.zygote.spawn()
         run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages)
         timing: dict[str, Any] | None = None
@@ -167,7 +173,7 @@ class Harness:
         start = time.monotonic()
         run = _Run(task_obj, Path("-"), options, child, start + timeout_s, random.Random(secrets.randbits(31)))
         try:
-            reference = Reference(task_obj, self.device, run.rng.randrange(1 << 31))
+            reference = Reference(task_obj, run.device, run.rng.randrange(1 << 31))
             scratch = self._scratch(child)
             self._request(run, Stage.TIMING, self._setup_msg(run, None, reference, scratch))
             return timing_parent.measure(self, run, reference, candidate=False)
@@ -227,7 +233,7 @@ class Harness:
     # ---- stages ---------------------------------------------------------------------------------------------
     def _compile(self, run: _Run) -> tuple[Reference, dict[str, Any]]:
         t0 = time.monotonic()
-        reference = Reference(run.task, self.device, run.rng.randrange(1 << 31))
+        reference = Reference(run.task, run.device, run.rng.randrange(1 << 31))
         reference_s = time.monotonic() - t0
         msg = self._setup_msg(run, str(run.candidate), reference, self._scratch(run.child))
         reply = self._request(run, Stage.COMPILE, msg)
@@ -298,7 +304,7 @@ class Harness:
 
     def _smoke(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
         seed = run.rng.randrange(1 << 31)
-        inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], self.device)
+        inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], run.device)
         reply, expected = self._call(run, Stage.SMOKE, reference, inputs)
         first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
                  "label": f"{run.task.meta.distributions[0]} inputs"}
@@ -308,7 +314,7 @@ class Harness:
         self._compare(run, Stage.CORRECTNESS, first["outputs"], first["expected"], first["label"])
         checked = [run.task.meta.distributions[0]]
         for dist in run.task.meta.distributions[1:]:
-            inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, self.device)
+            inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
             reply, expected = self._call(run, Stage.CORRECTNESS, reference, inputs)
             self._compare(run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
             checked.append(dist)
@@ -326,10 +332,10 @@ class Harness:
         shapes = []
         for variant in run.task.shape_variants():
             vtask = run.task.with_constants(variant)
-            vref = Reference(vtask, self.device, reference.model_seed)
+            vref = Reference(vtask, run.device, reference.model_seed)
             self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
                                                   "state_dict": vref.state_dict(), "seed": reference.model_seed})
-            inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", self.device)
+            inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
             reply, expected = self._call(run, Stage.ROBUSTNESS, vref, inputs)
             label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
             self._compare(run, Stage.ROBUSTNESS, reply["outputs"], expected, label)

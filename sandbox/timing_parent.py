@@ -50,7 +50,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
 
     task, opts = run.task, run.options
     seeds = [run.rng.randrange(1 << 31) for _ in range(BASE_SETS)]
-    base = [task.make_inputs(s, "normal", "cuda") for s in seeds]
+    base = [task.make_inputs(s, "normal", run.device) for s in seeds]
     out_bytes = reference.run(base[0]).nbytes
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
            "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,

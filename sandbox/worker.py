@@ -159,7 +159,7 @@ def _fresh(x: Any, device: str) -> Any:
     """The candidate's own copy of an input, at a fresh address."""
     if isinstance(x, tuple) and x and x[0] == "cuda-ipc":  # (tag, rebuild, args) from torch's CUDA IPC
         shared = x[1](*x[2])
-        mine = shared.clone()
+        mine = shared.to(device, copy=True)  # onto this process's GPU, wherever the parent's copy lives
         del shared
         return mine
     if isinstance(x, torch.Tensor):
