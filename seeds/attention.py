@@ -1,0 +1,680 @@
+"""Attention in the FlashAttention-2 style: forward and backward, causal or not, GQA/MQA, packed variable-length
+sequences, never materialising the S x S score matrix.
+
+Shapes: q [B, Hq, Sq, D]; k, v [B, Hkv, Sk, D] with Hq a multiple of Hkv (GQA; Hkv = 1 is MQA); D a power of two
+from 16 to 256 (64 and 128 are the targets); fp16/bf16 (fp32 works, through full-precision dots); any strides with
+a unit stride along D. Variable-length packed sequences: q [Tq, Hq, D], k/v [Tk, Hkv, D] and int32 cu_seqlens
+[batch + 1] (the FlashAttention convention), forward and backward. Causal masks are top-left aligned (key j is seen
+by query i when j <= i), as SDPA's is_causal; for Sq == Sk that is the usual mask.
+
+Forward, per (query block of BLOCK_M rows, batch, query head): stream the key/value blocks of BLOCK_N rows and keep
+the online softmax in base 2 (exp2 with log2(e) folded into the scale):
+    s = (q k^T) * scale * log2(e),  m' = max(m, rowmax s),  p = exp2(s - m'),
+    l' = l exp2(m - m') + rowsum p,  acc' = acc exp2(m - m') + p v,
+    o = acc / l,  lse2 = m + log2 l    ([B, Hq, Sq] fp32: the log-sum-exp of the scaled scores in base 2, that is
+                                        log2(e) times the natural one; kept in base 2 so that the backward's
+                                        p = exp2(s - lse2) is exactly 1 where a row's softmax is one-hot)
+The key loop is split in two: blocks wholly inside the sequence and below the diagonal run without masks; the
+diagonal blocks (causal) and the partial last block run with them.
+FLOPs: 4 B Hq Sq Sk D (half of it when causal); at B4 H32 S4096 D128 that is 275 GFLOP.
+
+Backward (the FA2 algorithm; see _attn_bwd_dkdv_kernel for the maths): a preprocess kernel computes
+delta = rowsum(dO o O); one kernel per key block accumulates dK and dV over all query blocks of every query head
+of its group (GQA reduced in registers, no atomics: bitwise repeatable); one kernel per query block accumulates dQ
+over the key blocks. P is recomputed from q, k and the saved lse in both, so the backward does 2.5x the forward's
+matmul FLOPs (5 matmuls against 2; 3.5x the forward for forward + backward together).
+
+Every tl.dot takes the input dtype (bf16/fp16) with fp32 accumulation on the GPU. On the CPU interpreter (Triton
+3.9), whose bf16 tl.dot is wrong and whose fp32 -> bf16 conversion truncates, the operands are upcast to fp32
+(UPCAST: bf16/fp16 products are exact in fp32) and bf16 outputs rounded to nearest before the store (RNE).
+P and dS enter their dots in the input dtype on the GPU (the tensor cores' input, as in FlashAttention) but stay
+fp32 on the interpreter: the CPU check covers the algorithm, not that rounding. Emulated exactly on the CPU, the
+rounding put 1 element of dQ in ~10^5 outside the harness's elementwise tolerance on the "outliers" inputs, against
+SDPA's CPU backward whose P and dS stay fp32; on the GPU the reference (SDPA's flash/cuDNN backends) rounds them too.
+Hopper features (tensor descriptors/TMA, warp specialisation, persistent scheduling) are not used yet: loads are
+plain pointer tiles in one place per kernel so that a descriptor variant can replace them.
+
+Tile sizes are a heuristic starting point, NOT measured: forward BLOCK_M 128, BLOCK_N 64, 8 warps, 3 stages at
+D = 128 (4 warps at D <= 64); backward 128-row key blocks x 64-row query blocks for dK/dV and 128 x 64 for dQ,
+8 warps, 2 stages. benchmarks/bench_attention.py tries alternatives.
+Measured on the H200: not measured yet (ANCHORS.md: SDPA flash backend 340 TFLOP/s, cuDNN 597 at the task shape).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+from seeds.cross_entropy import round_bf16_rne
+
+CRUCIBLE_SEED = {
+    "name": "attention",
+    "tasks": ["attention_fwd.py", "attention_fwd_causal.py"],
+    "ops": ["attention fwd (FlashAttention-2, causal or not, GQA, varlen)"],
+}
+
+
+
+# ---- shared device functions -----------------------------------------------------------------------------------
+@triton.jit
+def _mm(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a @ b with fp32 accumulation (see the module docstring for UPCAST)."""
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif IEEE:
+        out = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def _seq_bounds(CU_Q, CU_K, b, S_Q, S_K, VARLEN: tl.constexpr):
+    """(first row, length) of sequence b's queries and keys: packed through cu_seqlens, or the dense lengths."""
+    if VARLEN:
+        q_start = tl.load(CU_Q + b)
+        q_len = tl.load(CU_Q + b + 1) - q_start
+        k_start = tl.load(CU_K + b)
+        k_len = tl.load(CU_K + b + 1) - k_start
+    else:  # tensors, not constexprs (S_Q == 1 arrives as a constexpr), so that callers may .to() them
+        q_start = b * 0
+        q_len = b * 0 + S_Q
+        k_start = b * 0
+        k_len = b * 0 + S_K
+    return q_start, q_len, k_start, k_len
+
+
+@triton.jit
+def _operand(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 P or dS as a tl.dot operand: `dtype` on the GPU (the tensor cores' input, as in FlashAttention and
+    SDPA's GPU backends); left in fp32 on the interpreter, whose dots run in fp32 anyway (see the docstring)."""
+    if not UPCAST:
+        x = x.to(dtype)
+    return x
+
+
+@triton.jit
+def _store_rows(ptrs, x, mask, RNE: tl.constexpr):
+    if RNE:
+        x = round_bf16_rne(x)
+    tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
+
+
+# ---- forward ------------------------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, lo, hi, k_len, qk_scale,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+               UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
+    # Key blocks [lo, hi) of one sequence; MASK applies the key bound and the causal mask.
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    # Pointers advance by BLOCK_N rows a step (64-bit pointers, 32-bit increments: no overflow on long caches).
+    k_ptrs = k_base + tl.cast(lo, tl.int64) * stride_ks + offs_n[:, None] * stride_ks + offs_d[None, :]
+    v_ptrs = v_base + tl.cast(lo, tl.int64) * stride_vs + offs_n[:, None] * stride_vs + offs_d[None, :]
+    for start_n in range(lo, hi, BLOCK_N):
+        if MASK:
+            kv_ok = (start_n + offs_n) < k_len
+            k = tl.load(k_ptrs, mask=kv_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        if MASK:
+            ok = kv_ok[None, :]
+            if CAUSAL:
+                ok = ok & ((start_n + offs_n)[None, :] <= rows[:, None])
+            s = tl.where(ok, s, float("-inf"))
+        # Every row meets a valid key in the first block it processes (see _attn_fwd_kernel), so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if MASK:
+            v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = _mm(_operand(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST, IEEE)
+        m_i = m_new
+        k_ptrs += BLOCK_N * stride_ks
+        v_ptrs += BLOCK_N * stride_vs
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, O, LSE,
+    DO, DELTA,   # WITH_DELTA only: an upstream gradient known at forward time, and delta = rowsum(dO o O) out
+    CU_Q, CU_K,  # [batch + 1] int32 sequence starts (VARLEN only; any pointer otherwise)
+    qk_scale,    # softmax scale * log2(e)
+    stride_qb, stride_qh, stride_qs,  # elements; D has unit stride. Packed sequences: stride_*b = 0
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_os,
+    stride_dob, stride_doh, stride_dos,
+    stride_lb, stride_lh,             # LSE (and DELTA) [B, Hq, Sq] (packed: [Hq, Tq], stride_lb = 0); rows unit stride
+    S_Q, S_K,                         # dense lengths (VARLEN: unused, the grid covers the longest sequence)
+    HQ,                               # query heads
+    GROUP: tl.constexpr,              # query heads per key/value head
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, WITH_DELTA: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    hq = bh % HQ
+    hkv = hq // GROUP
+    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, S_Q, S_K, VARLEN)
+    if start_m * BLOCK_M >= q_len:  # the grid covers the longest packed sequence
+        return
+    b64 = b.to(tl.int64)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = rows < q_len
+    q_rows = (q_start + rows).to(tl.int64)
+    q = tl.load(Q + b64 * stride_qb + hq.to(tl.int64) * stride_qh + q_rows[:, None] * stride_qs + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    k_base = K + b64 * stride_kb + hkv.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks
+    v_base = V + b64 * stride_vb + hkv.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # Unmasked blocks: wholly inside the keys and, when causal, wholly left of this block's first row. The masked
+    # range then starts at a key every row of the block may see (j = its first key <= every row i), so no row
+    # is left with only -inf scores after its first block.
+    full_k = (k_len // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        bulk_hi = tl.minimum((start_m * BLOCK_M // BLOCK_N) * BLOCK_N, full_k)
+        hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M)
+    else:
+        bulk_hi = full_k
+        hi = k_len
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, 0, bulk_hi, k_len,
+                               qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, UPCAST, IEEE, RNE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, bulk_hi, hi, k_len,
+                               qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, UPCAST, IEEE, RNE)
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a query with no key at all (an empty packed key sequence): o = 0
+    o = acc / l_safe[:, None]
+    o_ptrs = O + b64 * stride_ob + hq.to(tl.int64) * stride_oh + q_rows[:, None] * stride_os + offs_d[None, :]
+    _store_rows(o_ptrs, o, row_ok[:, None], RNE)
+    l_off = b64 * stride_lb + hq.to(tl.int64) * stride_lh + q_start + rows
+    if STORE_LSE:
+        tl.store(LSE + l_off, m_i + tl.log2(l_safe), mask=row_ok)
+    if WITH_DELTA:
+        # The backward's delta from the fp32 o, before its rounding to bf16: the rounding error of a stored O
+        # would enter every dS of the row (dS = P o (dP - delta)) and bias dQ and dK.
+        do = tl.load(DO + b64 * stride_dob + hq.to(tl.int64) * stride_doh + q_rows[:, None] * stride_dos
+                     + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        tl.store(DELTA + l_off, tl.sum(o * do.to(tl.float32), axis=1), mask=row_ok)
+
+
+# ---- backward -----------------------------------------------------------------------------------------------------
+# For one head with scale c, S = c Q K^T, P = softmax(S) row-wise = exp(S - lse), O = P V. Given dO:
+#     dV = P^T dO
+#     dP = dO V^T
+#     dS = P o (dP - delta),   delta_i = sum_j P_ij dP_ij = sum_j P_ij (dO_i . V_j) = dO_i . O_i
+#     dQ = c dS K,   dK = c dS^T Q
+# (dS from the softmax Jacobian: dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik).) delta is one dot product per row, computed
+# once by _attn_bwd_delta_kernel from O and dO, so neither main kernel needs V's full row of P. P is recomputed from
+# q, k and the forward's base-2 lse2 (p = exp2(s c log2e - lse2)) in both main kernels. With GQA, the dK and
+# dV of a key/value head sum those of its GROUP query heads.
+@triton.jit
+def _attn_bwd_delta_kernel(
+    O, DO, DELTA, CU_Q,
+    stride_ob, stride_oh, stride_os, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh,
+    S_Q, HQ,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr,
+):
+    """delta[b, h, i] = sum_d O[b, h, i, d] dO[b, h, i, d] (fp32)."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    hq = bh % HQ
+    q_start, q_len, _, _ = _seq_bounds(CU_Q, CU_Q, b, S_Q, S_Q, VARLEN)
+    if start_m * BLOCK_M >= q_len:
+        return
+    b64, h64 = b.to(tl.int64), hq.to(tl.int64)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = rows < q_len
+    q_rows = (q_start + rows).to(tl.int64)[:, None]
+    o = tl.load(O + b64 * stride_ob + h64 * stride_oh + q_rows * stride_os + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b64 * stride_dob + h64 * stride_doh + q_rows * stride_dos + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + b64 * stride_lb + h64 * stride_lh + q_start + rows, delta, mask=row_ok)
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, cols, lo, hi, q_len, k_len,
+                qk_scale, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
+    # Query blocks [lo, hi) of one query head against this program's key block (k, v: [BLOCK_N, D]). Transposed
+    # tiles (keys on rows) so that dK and dV accumulate with plain dots: dV += P^T dO, dK += dS^T Q.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_ptrs = q_base + tl.cast(lo, tl.int64) * stride_qs + offs_m[:, None] * stride_qs + offs_d[None, :]
+    do_ptrs = do_base + tl.cast(lo, tl.int64) * stride_dos + offs_m[:, None] * stride_dos + offs_d[None, :]
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        if MASK:
+            row_ok = rows < q_len
+            q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+            do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
+            lse2 = tl.load(l_base + rows, mask=row_ok, other=0.0)
+            delta = tl.load(d_base + rows, mask=row_ok, other=0.0)
+        else:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+            lse2 = tl.load(l_base + rows)
+            delta = tl.load(d_base + rows)
+        s_t = _mm(k, tl.trans(q), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        p_t = tl.exp2(s_t - lse2[None, :])
+        if MASK:
+            ok = row_ok[None, :] & (cols < k_len)[:, None]
+            if CAUSAL:
+                ok = ok & (cols[:, None] <= rows[None, :])
+            p_t = tl.where(ok, p_t, 0.0)
+        dv = _mm(_operand(p_t, do.dtype, UPCAST), do, dv, UPCAST, IEEE)
+        dp_t = _mm(v, tl.trans(do), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = _mm(_operand(ds_t, q.dtype, UPCAST), q, dk, UPCAST, IEEE)
+        q_ptrs += BLOCK_M * stride_qs
+        do_ptrs += BLOCK_M * stride_dos
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV, LSE, DELTA,
+    CU_Q, CU_K,
+    sm_scale, qk_scale,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+    stride_dob, stride_doh, stride_dos,
+    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+    stride_lb, stride_lh,
+    S_Q, S_K, HKV,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per step of the loop
+    BLOCK_N: tl.constexpr,  # key rows held by the program
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+):
+    start_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HKV
+    hkv = bh % HKV
+    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, S_Q, S_K, VARLEN)
+    if start_n * BLOCK_N >= k_len:
+        return
+    b64 = b.to(tl.int64)
+    n0 = start_n * BLOCK_N
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = cols < k_len
+    k_rows = (k_start + cols).to(tl.int64)[:, None]
+    k = tl.load(K + b64 * stride_kb + hkv.to(tl.int64) * stride_kh + k_rows * stride_ks + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + b64 * stride_vb + hkv.to(tl.int64) * stride_vh + k_rows * stride_vs + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+
+    # Query blocks in three ranges: [a_lo, a_hi) the diagonal ones (causal; masked), [a_hi, b_hi) whole blocks off
+    # the diagonal (unmasked), [b_hi, q_len) the partial last block (masked). Keys past k_len in an unmasked step
+    # only touch their own rows of dK and dV, which are not stored.
+    full_q = (q_len // BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        a_lo = (n0 // BLOCK_M) * BLOCK_M
+        a_hi = tl.minimum(a_lo + tl.cdiv(n0 + BLOCK_N - a_lo, BLOCK_M) * BLOCK_M, q_len)
+        b_hi = tl.maximum(a_hi, full_q)
+    else:
+        a_lo = 0
+        a_hi = 0
+        b_hi = full_q
+    for g in range(0, GROUP):
+        h64 = (hkv * GROUP + g).to(tl.int64)
+        q_base = Q + b64 * stride_qb + h64 * stride_qh + q_start.to(tl.int64) * stride_qs
+        do_base = DO + b64 * stride_dob + h64 * stride_doh + q_start.to(tl.int64) * stride_dos
+        l_base = LSE + b64 * stride_lb + h64 * stride_lh + q_start
+        d_base = DELTA + b64 * stride_lb + h64 * stride_lh + q_start
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, cols, a_lo, a_hi,
+                             q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, True, CAUSAL, UPCAST, IEEE, RNE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, cols, a_hi, b_hi,
+                             q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, False, CAUSAL, UPCAST, IEEE, RNE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, cols, b_hi, q_len,
+                             q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, True, CAUSAL, UPCAST, IEEE, RNE)
+    dk = dk * sm_scale
+    _store_rows(DK + b64 * stride_dkb + hkv.to(tl.int64) * stride_dkh + k_rows * stride_dks + offs_d[None, :], dk,
+                col_ok[:, None], RNE)
+    _store_rows(DV + b64 * stride_dvb + hkv.to(tl.int64) * stride_dvh + k_rows * stride_dvs + offs_d[None, :], dv,
+                col_ok[:, None], RNE)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows, lo, hi, k_len, qk_scale,
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+              UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
+    # dQ += dS K over key blocks [lo, hi). Keys past k_len must be masked here: their p = exp2(-lse2) can overflow.
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    # Pointers advance by BLOCK_N rows a step (64-bit pointers, 32-bit increments: no overflow on long caches).
+    k_ptrs = k_base + tl.cast(lo, tl.int64) * stride_ks + offs_n[:, None] * stride_ks + offs_d[None, :]
+    v_ptrs = v_base + tl.cast(lo, tl.int64) * stride_vs + offs_n[:, None] * stride_vs + offs_d[None, :]
+    for start_n in range(lo, hi, BLOCK_N):
+        if MASK:
+            kv_ok = (start_n + offs_n) < k_len
+            k = tl.load(k_ptrs, mask=kv_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        p = tl.exp2(s - lse2[:, None])
+        if MASK:
+            ok = kv_ok[None, :]
+            if CAUSAL:
+                ok = ok & ((start_n + offs_n)[None, :] <= rows[:, None])
+            p = tl.where(ok, p, 0.0)
+        dp = _mm(do, tl.trans(v), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
+        ds = p * (dp - delta[:, None])
+        dq = _mm(_operand(ds, k.dtype, UPCAST), k, dq, UPCAST, IEEE)
+        k_ptrs += BLOCK_N * stride_ks
+        v_ptrs += BLOCK_N * stride_vs
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA,
+    CU_Q, CU_K,
+    sm_scale, qk_scale,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+    stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
+    stride_lb, stride_lh,
+    S_Q, S_K, HQ,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows held by the program
+    BLOCK_N: tl.constexpr,  # key rows per step of the loop
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    hq = bh % HQ
+    hkv = hq // GROUP
+    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, S_Q, S_K, VARLEN)
+    if start_m * BLOCK_M >= q_len:
+        return
+    b64, h64 = b.to(tl.int64), hq.to(tl.int64)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = rows < q_len
+    q_rows = (q_start + rows).to(tl.int64)[:, None]
+    q = tl.load(Q + b64 * stride_qb + h64 * stride_qh + q_rows * stride_qs + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b64 * stride_dob + h64 * stride_doh + q_rows * stride_dos + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    l_off = b64 * stride_lb + h64 * stride_lh + q_start + rows
+    lse2 = tl.load(LSE + l_off, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + l_off, mask=row_ok, other=0.0)
+    k_base = K + b64 * stride_kb + hkv.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks
+    v_base = V + b64 * stride_vb + hkv.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    full_k = (k_len // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        bulk_hi = tl.minimum((start_m * BLOCK_M // BLOCK_N) * BLOCK_N, full_k)
+        hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M)
+    else:
+        bulk_hi = full_k
+        hi = k_len
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows, 0, bulk_hi, k_len, qk_scale,
+                   BLOCK_N, HEAD_DIM, False, CAUSAL, UPCAST, IEEE, RNE)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows, bulk_hi, hi, k_len, qk_scale,
+                   BLOCK_N, HEAD_DIM, True, CAUSAL, UPCAST, IEEE, RNE)
+    dq = dq * sm_scale
+    _store_rows(DQ + b64 * stride_dqb + h64 * stride_dqh + q_rows * stride_dqs + offs_d[None, :], dq,
+                row_ok[:, None], RNE)
+
+
+# ---- launchers ----------------------------------------------------------------------------------------------------
+def fwd_config(head_dim: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps, stages) of the forward. GPU values are unmeasured starting points (the Triton
+    tutorial's Hopper choices); on the interpreter 32 x 32 tiles keep the tests quick and still loop."""
+    if device.type != "cuda":
+        return 32, 32, 4, 1
+    if head_dim <= 64:
+        return 128, 64, 4, 3
+    if head_dim <= 128:
+        return 128, 64, 8, 3
+    return 64, 32, 8, 2
+
+
+def bwd_config(head_dim: int, device: torch.device) -> tuple[int, int, int, int, int, int]:
+    """(dkdv BLOCK_M, dkdv BLOCK_N, dq BLOCK_M, dq BLOCK_N, warps, stages) of the backward; unmeasured on the GPU.
+    The dK/dV kernel keeps two [BLOCK_N, D] fp32 accumulators and K, V; the dQ kernel one accumulator and Q, dO."""
+    if device.type != "cuda":
+        return 32, 32, 32, 32, 4, 1
+    if head_dim <= 64:
+        return 64, 128, 128, 64, 4, 3
+    if head_dim <= 128:
+        return 64, 128, 128, 64, 8, 2
+    return 32, 64, 64, 32, 8, 1
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: int) -> None:
+    what = "[B, H, S, D]" if dims == 4 else "[T, H, D]"
+    if q.dim() != dims or k.dim() != dims or v.dim() != dims:
+        raise ValueError(f"attention: q, k, v must be {what}, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"attention: q, k, v must share one of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    d = q.shape[-1]
+    if k.shape[-1] != d or v.shape[-1] != d or d not in (16, 32, 64, 128, 256):
+        raise ValueError(f"attention: the head dim must be one of 16..256 (a power of two) and equal in q, k, v; "
+                         f"got {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if v.shape[1] != hkv or hkv == 0 or hq % hkv:
+        raise ValueError(f"attention: query heads ({hq}) must be a multiple of key/value heads ({hkv}, {v.shape[1]})")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"attention: k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+
+
+def _unit_d(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _bhs(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, sequence) strides of a [B, H, S, D] tensor, or of a packed [T, H, D] one (batch stride 0)."""
+    if t.dim() == 4:
+        return t.stride(0), t.stride(1), t.stride(2)
+    return 0, t.stride(1), t.stride(0)
+
+
+def _modes(x: torch.Tensor) -> dict:
+    interp = x.device.type != "cuda"
+    return dict(UPCAST=interp, IEEE=x.dtype == torch.float32, RNE=interp and x.dtype == torch.bfloat16)
+
+
+def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None):
+    # q, k, v: [B, H, S, D] (varlen None) or [T, H, D] with varlen = (cu_q, cu_k, max_q, max_k).
+    d = q.shape[-1]
+    hq, hkv = q.shape[1], k.shape[1]
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    bm, bn, warps, stages = config or fwd_config(d, q.device)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if varlen is None:
+        batch, s_q, s_k = q.shape[0], q.shape[2], k.shape[2]
+        lse = torch.empty((batch, hq, s_q), dtype=torch.float32, device=q.device)
+        cu_q = cu_k = lse  # unused
+        l_strides = (lse.stride(0), lse.stride(1))
+        grid_m = s_q
+    else:
+        cu_q, cu_k, max_q, max_k = varlen
+        batch, s_q, s_k = cu_q.shape[0] - 1, max_q, max_k
+        lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
+        l_strides = (0, lse.stride(0))
+        grid_m = max_q
+    delta = torch.empty_like(lse) if do is not None else None
+    if o.numel() == 0 or batch == 0:
+        return o, lse, delta
+    grid = (triton.cdiv(grid_m, bm), batch * hq)
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse, do if do is not None else q, delta if do is not None else lse, cu_q, cu_k,
+        scale * 1.4426950408889634, *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(o), *_bhs(do if do is not None else q),
+        *l_strides, s_q, s_k, hq,
+        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), VARLEN=varlen is not None,
+        STORE_LSE=store_lse, WITH_DELTA=do is not None, num_warps=warps, num_stages=stages, **_modes(q),
+    )
+    return o, lse, delta
+
+
+def _grad_like(t: torch.Tensor, bshd: bool) -> torch.Tensor:
+    if bshd and t.dim() == 4:  # [B, S, H, D] storage seen as [B, H, S, D], as SDPA's backward returns it
+        return torch.empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3]), dtype=t.dtype,
+                           device=t.device).transpose(1, 2)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd=False):
+    d = q.shape[-1]
+    hq, hkv = q.shape[1], k.shape[1]
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    m1, n1, m2, n2, warps, stages = config or bwd_config(d, q.device)
+    dq, dk, dv = _grad_like(q, bshd), _grad_like(k, bshd), _grad_like(v, bshd)
+    have_delta = delta is not None
+    delta = delta if have_delta else torch.empty_like(lse)
+    if varlen is None:
+        batch, s_q, s_k = q.shape[0], q.shape[2], k.shape[2]
+        cu_q = cu_k = lse
+        l_strides = (lse.stride(0), lse.stride(1))
+    else:
+        cu_q, cu_k, s_q, s_k = varlen
+        batch = cu_q.shape[0] - 1
+        l_strides = (0, lse.stride(0))
+    if batch == 0 or (dq.numel() == 0 and dk.numel() == 0):
+        return dq, dk, dv
+    if k.shape[-2] == 0 or s_k == 0 or dq.numel() == 0:  # no keys or no queries: zero gradients
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    modes = _modes(q)
+    common = dict(HEAD_DIM=d, VARLEN=varlen is not None)
+    if not have_delta:
+        _attn_bwd_delta_kernel[(triton.cdiv(s_q, 64 if q.is_cuda else 32), batch * hq)](
+            o, do, delta, cu_q, *_bhs(o), *_bhs(do), *l_strides, s_q, hq,
+            BLOCK_M=64 if q.is_cuda else 32, num_warps=4, **common,
+        )
+    qk_scale = scale * 1.4426950408889634
+    common.update(GROUP=hq // hkv, CAUSAL=bool(causal), num_warps=warps, num_stages=stages, **modes)
+    _attn_bwd_dkdv_kernel[(triton.cdiv(s_k, n1), batch * hkv)](
+        q, k, v, do, dk, dv, lse, delta, cu_q, cu_k, scale, qk_scale,
+        *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dk), *_bhs(dv), *l_strides, s_q, s_k, hkv,
+        BLOCK_M=m1, BLOCK_N=n1, **common,
+    )
+    _attn_bwd_dq_kernel[(triton.cdiv(s_q, m2), batch * hq)](
+        q, k, v, do, dq, lse, delta, cu_q, cu_k, scale, qk_scale,
+        *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dq), *l_strides, s_q, s_k, hq,
+        BLOCK_M=m2, BLOCK_N=n2, **common,
+    )
+    return dq, dk, dv
+
+
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                  sm_scale: float | None = None, config: tuple[int, int, int, int] | None = None,
+                  store_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o [B, Hq, Sq, D], lse2 [B, Hq, Sq] fp32) of softmax(q k^T * scale) v; scale defaults to 1/sqrt(D).
+    lse2 is the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for the natural one)."""
+    _check_qkv(q, k, v, 4)
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"attention: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
+    return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, store_lse)[:2]
+
+
+def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                             causal: bool = False, sm_scale: float | None = None, config=None):
+    """(o, lse, delta) when the upstream gradient do is known at forward time (a fused forward + backward): the
+    forward's epilogue computes delta = rowsum(do o o) from the fp32 o, which saves the backward's preprocess
+    kernel (a read of o and do) and the error of o's rounding. Pass delta to attention_bwd."""
+    _check_qkv(q, k, v, 4)
+    if q.shape[0] != k.shape[0] or do.shape != q.shape:
+        raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)} and do {tuple(do.shape)} do not fit")
+    return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, True, _unit_d(do))
+
+
+def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+                  config: tuple[int, int, int, int, int, int] | None = None, delta: torch.Tensor | None = None,
+                  bshd_grads: bool = False):
+    """(dq, dk, dv) of attention_fwd for the upstream gradient do, from the forward's o and lse (and delta, when
+    attention_fwd_with_delta made it; else the preprocess kernel computes it from o and do). bshd_grads: the
+    gradients in [B, S, H, D] storage (transposed views), the layout SDPA's CPU backward returns."""
+    _check_qkv(q, k, v, 4)
+    if do.shape != q.shape or o.shape != q.shape or lse.shape != q.shape[:3]:
+        raise ValueError(f"attention_bwd: do and o must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}")
+    if delta is not None and delta.shape != lse.shape:
+        raise ValueError(f"attention_bwd: delta must have lse's shape {tuple(lse.shape)}")
+    return _bwd(_unit_d(do), _unit_d(q), _unit_d(k), _unit_d(v), _unit_d(o), lse.contiguous(), causal, sm_scale,
+                config, None, None if delta is None else delta.contiguous(), bshd_grads)
+
+
+def _check_varlen(q, k, v, cu_q, cu_k):
+    _check_qkv(q, k, v, 3)
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if cu.dim() != 1 or cu.dtype != torch.int32 or cu.shape[0] < 1:
+            raise ValueError(f"attention_varlen: {name} must be a 1-D int32 tensor of batch + 1 offsets")
+    if cu_q.shape != cu_k.shape:
+        raise ValueError("attention_varlen: cu_seqlens_q and cu_seqlens_k must have the same length")
+
+
+def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                         sm_scale: float | None = None, config=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed sequences: q [Tq, Hq, D], k/v [Tk, Hkv, D]; sequence b holds rows cu_seqlens[b]:cu_seqlens[b+1].
+    Returns (o [Tq, Hq, D], lse2 [Hq, Tq] fp32, base 2 as in attention_fwd). max_seqlen_* (host ints, as FlashAttention takes them) size the
+    grid; a sequence longer than max_seqlen_q would be left partly unwritten."""
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    varlen = (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k))
+    return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, varlen)[:2]
+
+
+def attention_varlen_bwd(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                         causal: bool = False, sm_scale: float | None = None, config=None):
+    """(dq, dk, dv) of attention_varlen_fwd; lse is the forward's [Hq, Tq]."""
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    varlen = (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k))
+    return _bwd(_unit_d(do), _unit_d(q), _unit_d(k), _unit_d(v), _unit_d(o), lse.contiguous(), causal, sm_scale,
+                config, varlen)
+
+
+class FlashAttention(torch.autograd.Function):
+    """softmax(q k^T * scale) v with the backward above; saves q, k, v, o and the lse (no S x S matrix)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, sm_scale=None):
+        o, lse = attention_fwd(q, k, v, causal, sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.sm_scale = causal, sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(q, k, v, causal: bool = False, sm_scale: float | None = None) -> torch.Tensor:
+    return FlashAttention.apply(q, k, v, causal, sm_scale)
+
+
+class ModelNew(nn.Module):
+    """tasks/attention_fwd.py and tasks/attention_fwd_causal.py: o = SDPA(q, k, v, is_causal=causal)."""
+
+    def __init__(self, causal: bool = False):
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention_fwd(q, k, v, self.causal, store_lse=False)[0]

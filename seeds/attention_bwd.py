@@ -1,0 +1,34 @@
+"""Attention forward + backward task seed: (q, k, v, do) -> (o, dq, dk, dv) through the FlashAttention-2 kernels of
+seeds/attention.py: the forward (o, the log-sum-exp, and delta = rowsum(do o o) from the fp32 o in its epilogue,
+since do is an input here), then the backward's two main launches (dK/dV per key block with the GQA group reduced
+in registers, dQ per query block). No S x S matrix, no atomics. delta from the stored bf16 o (FA2's preprocess, the
+training path of FlashAttention in seeds/attention.py) put a few elements of dQ outside the CPU harness's
+elementwise tolerance against SDPA's CPU backward, which uses its unrounded output.
+FLOPs: 3.5x the forward's (14 B H S^2 D non-causal, half of it causal).
+Measured on the H200: not measured yet (ANCHORS.md: SDPA flash backend 302 / 269 TFLOP/s, cuDNN 514 / 449).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from seeds.attention import attention_bwd, attention_fwd_with_delta
+
+CRUCIBLE_SEED = {
+    "name": "attention_bwd",
+    "tasks": ["attention_fwd_bwd.py", "attention_fwd_bwd_causal.py"],
+    "ops": ["attention fwd+bwd (FlashAttention-2: o, dq, dk, dv)"],
+}
+
+
+class ModelNew(nn.Module):
+    def __init__(self, causal: bool = False):
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor):
+        o, lse, delta = attention_fwd_with_delta(q, k, v, do, self.causal)
+        # Gradients in SDPA's [B, S, H, D] storage: at H = 1 the harness compares the strides of a "contiguous"
+        # reference literally, size-1 dimension included (a harness issue, reported), and SDPA's are BSHD ones.
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, self.causal, delta=delta, bshd_grads=True)
+        return o, dq, dk, dv

@@ -1,0 +1,247 @@
+"""Decode attention (one new query token per sequence) over a long KV cache: split-K flash-decoding, GQA, and a
+paged variant that reads K/V through a block table.
+
+Shapes: q [B, Hq, 1, D] (or [B, Hq, D]); a contiguous cache k, v [B, Hkv, N, D], or a paged one
+k_cache, v_cache [num_pages, PAGE, Hkv, D] with block_table [B, max_pages] int32 (page ids) and seq_lens [B] int32
+(the FlashAttention / vLLM layout); Hq a multiple of Hkv; D a power of two; fp16/bf16 (fp32 with full-precision dots).
+Output o [B, Hq, 1, D] (q's shape) = softmax(q k^T / sqrt(D)) v over each sequence's first seq_lens[b] keys.
+
+One query row per head cannot fill a GPU, so the key axis is split: program (b, kv head, split) streams its share of
+the cache once for all GROUP query heads of the kv head (the group's queries are the rows of one tl.dot tile, padded
+to 16), and leaves an fp32 partial output o_s and its log-sum-exp lse_s. A second kernel combines the splits:
+    lse = log sum_s exp(lse_s),   o = sum_s exp(lse_s - lse) o_s            (empty splits have lse_s = -inf)
+in a fixed order, so results are bitwise repeatable.
+Bytes: the KV read dominates: 2 B Hkv N D elt (2.15 GB at batch 64, Hkv 8, N 8192, D 128, bf16: 0.51 ms at the
+copy ceiling of 4,244 GB/s); partials add 2 x B Hq splits (D + 1) x 4 bytes each way (8.4 MB at 8 splits).
+
+On the CPU interpreter (Triton 3.9: wrong bf16 tl.dot, truncating fp32 -> bf16) the operands are upcast and bf16
+outputs rounded to nearest, as in seeds/attention.py. The split count and tiles are heuristic, NOT measured.
+Measured on the H200: not measured yet (ANCHORS.md: SDPA enable_gqa 0.49 ms = 4,353 GB/s on the KV bytes).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+from seeds._common import sm_count
+from seeds.attention import _mm, _operand, _store_rows
+
+CRUCIBLE_SEED = {
+    "name": "decode_attention",
+    "tasks": ["decode_attention.py"],
+    "ops": ["decode attention (split-K flash-decoding, GQA)"],
+}
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, O_PART, LSE_PART,
+    SEQ_LENS,     # [B] int32 keys per sequence (HAS_LENS), else every sequence has N_CTX keys
+    BLOCK_TABLE,  # [B, max_pages] int32 page ids (PAGED)
+    qk_scale,     # softmax scale * log2(e)
+    stride_qb, stride_qh,
+    stride_kb, stride_kh, stride_kn,  # contiguous cache: batch, head, token. PAGED: page, head, token in page
+    stride_vb, stride_vh, stride_vn,
+    stride_bt,                        # elements between block-table rows
+    N_CTX,                            # cache length (the largest seq_len when HAS_LENS)
+    tokens_per_split,                 # a multiple of BLOCK_N
+    HKV, SPLITS,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr,  # query heads per kv head, padded to a tl.dot tile (>= 16)
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr, PAGED: tl.constexpr, HAS_LENS: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // HKV
+    hkv = bh % HKV
+    b64 = b.to(tl.int64)
+    if HAS_LENS:
+        kv_len = tl.load(SEQ_LENS + b)
+    else:
+        kv_len = N_CTX + b * 0
+    lo = split * tokens_per_split
+    hi = tl.minimum(kv_len, lo + tokens_per_split)
+
+    heads = tl.arange(0, BLOCK_H)
+    head_ok = heads < GROUP
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    hq = (hkv * GROUP + heads).to(tl.int64)
+    q = tl.load(Q + b64 * stride_qb + hq[:, None] * stride_qh + offs_d[None, :], mask=head_ok[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        tok = start + offs_n
+        ok = tok < hi
+        if PAGED:
+            # A BLOCK_N tile spans BLOCK_N / PAGE pages (or part of one): gather each token's row from its page.
+            page = tl.load(BLOCK_TABLE + b64 * stride_bt + tok // PAGE, mask=ok, other=0).to(tl.int64)
+            k_rows = page * stride_kb + (tok % PAGE) * stride_kn
+            v_rows = page * stride_vb + (tok % PAGE) * stride_vn
+            k_ptrs = K + hkv.to(tl.int64) * stride_kh + k_rows[:, None] + offs_d[None, :]
+            v_ptrs = V + hkv.to(tl.int64) * stride_vh + v_rows[:, None] + offs_d[None, :]
+        else:
+            k_ptrs = K + b64 * stride_kb + hkv.to(tl.int64) * stride_kh + tok.to(tl.int64)[:, None] * stride_kn \
+                + offs_d[None, :]
+            v_ptrs = V + b64 * stride_vb + hkv.to(tl.int64) * stride_vh + tok.to(tl.int64)[:, None] * stride_vn \
+                + offs_d[None, :]
+        k = tl.load(k_ptrs, mask=ok[:, None], other=0.0)
+        s = _mm(q, tl.trans(k), tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        s = tl.where(ok[None, :], s, float("-inf"))
+        # The first step of a split has at least one valid key (start < hi), so m_new is finite from then on.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptrs, mask=ok[:, None], other=0.0)
+        acc = _mm(_operand(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST, IEEE)
+        m_i = m_new
+
+    # Partials: O_PART [B, Hq, SPLITS, D] and LSE_PART [B, Hq, SPLITS] fp32, base-2 lse; an empty split (its
+    # range past this sequence's length) leaves o_s = 0 and lse_s = -inf.
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    part = (b64 * HKV * GROUP + hq) * SPLITS + split
+    tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None], mask=head_ok[:, None])
+    tl.store(LSE_PART + part, m_i + tl.log2(l_safe), mask=head_ok)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    O_PART, LSE_PART, OUT,
+    stride_ob, stride_oh,
+    HQ, SPLITS,
+    HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr, RNE: tl.constexpr,
+):
+    """OUT[b, h] = sum_s 2^(lse_s - lse) o_s with lse = log2 sum_s 2^lse_s, splits added in order."""
+    bh = tl.program_id(0).to(tl.int64)
+    b = bh // HQ
+    h = bh % HQ
+    s = tl.arange(0, SPLITS_POW2)
+    s_ok = s < SPLITS
+    offs_d = tl.arange(0, HEAD_DIM)
+    lse_s = tl.load(LSE_PART + bh * SPLITS + s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse_s, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # no key at all (seq_len 0): every weight is 0 and o = 0
+    w = tl.exp2(lse_s - m)
+    o_s = tl.load(O_PART + (bh * SPLITS + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    total = tl.sum(w, axis=0)
+    o = tl.sum(w[:, None] * o_s, axis=0) / tl.where(total > 0.0, total, 1.0)
+    _store_rows(OUT + b * stride_ob + h * stride_oh + offs_d, o, offs_d < HEAD_DIM, RNE)
+
+
+def decode_config(device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_N, warps, stages) of the split kernel: 64-token tiles, 4 warps, 3 stages on the GPU (unmeasured: a
+    [16, 128] x [128, 64] dot per step is small; the loop is a stream of 32 KB K/V tiles); 32 on the interpreter."""
+    if device.type != "cuda":
+        return 32, 4, 1
+    return 64, 4, 3
+
+
+def default_splits(batch: int, hkv: int, n_ctx: int, block_n: int, device: torch.device) -> int:
+    """Splits so that batch x hkv x splits programs fill the GPU about four times over (unmeasured), each split at
+    least 4 tiles long; at batch 64 and 8 kv heads that is 2 splits of 4096 tokens on 132 SMs."""
+    programs = max(1, batch * hkv)
+    want = triton.cdiv(4 * sm_count(device), programs)
+    most = max(1, n_ctx // (4 * block_n))
+    return max(1, min(want, most, 256))
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dim() not in (3, 4) or (q.dim() == 4 and q.shape[2] != 1):
+        raise ValueError(f"decode_attention: q must be [B, Hq, D] or [B, Hq, 1, D], got {tuple(q.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"decode_attention: q, k, v must share one of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}")
+    d = q.shape[-1]
+    if k.dim() != 4 or k.shape != v.shape or k.shape[-1] != d or d not in (16, 32, 64, 128, 256):
+        raise ValueError(f"decode_attention: k and v must be 4-D of one shape with q's head dim (a power of two, "
+                         f"16..256); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+
+
+def _decode(q, k, v, kv_heads_dim, n_ctx, seq_lens, block_table, page, sm_scale, num_splits, config):
+    q3 = q.reshape(q.shape[0], q.shape[1], q.shape[-1]) if q.dim() == 4 else q
+    q3 = q3 if q3.stride(-1) == 1 else q3.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    batch, hq, d = q3.shape
+    hkv = k.shape[kv_heads_dim]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"decode_attention: query heads ({hq}) must be a multiple of kv heads ({hkv})")
+    out = torch.empty((batch, hq, d), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out.view(q.shape)
+    block_n, warps, stages = config or decode_config(q.device)
+    splits = num_splits or default_splits(batch, hkv, n_ctx, block_n, q.device)
+    per_split = triton.cdiv(triton.cdiv(max(n_ctx, 1), splits), block_n) * block_n
+    splits = max(1, triton.cdiv(max(n_ctx, 1), per_split))
+    o_part = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((batch, hq, splits), dtype=torch.float32, device=q.device)
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    interp = q.device.type != "cuda"
+    paged = block_table is not None
+    if paged:  # [pages, PAGE, Hkv, D]: page, head, token-in-page strides
+        ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
+    else:      # [B, Hkv, N, D]
+        ks, vs = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
+    _decode_split_kernel[(batch * hkv, splits)](
+        q3, k, v, o_part, lse_part, seq_lens if seq_lens is not None else lse_part,
+        block_table if paged else lse_part, scale * 1.4426950408889634,
+        q3.stride(0), q3.stride(1), *ks, *vs, block_table.stride(0) if paged else 0, n_ctx, per_split, hkv, splits,
+        GROUP=hq // hkv, BLOCK_H=max(16, triton.next_power_of_2(hq // hkv)), HEAD_DIM=d, BLOCK_N=block_n,
+        PAGE=page, PAGED=paged, HAS_LENS=seq_lens is not None, UPCAST=interp, IEEE=q.dtype == torch.float32,
+        RNE=interp and q.dtype == torch.bfloat16,
+        num_warps=warps, num_stages=stages,
+    )
+    _decode_combine_kernel[(batch * hq,)](
+        o_part, lse_part, out, out.stride(0), out.stride(1), hq, splits,
+        HEAD_DIM=d, SPLITS_POW2=triton.next_power_of_2(splits), RNE=interp and q.dtype == torch.bfloat16,
+        num_warps=4,
+    )
+    return out.view(q.shape)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                     num_splits: int | None = None, config: tuple[int, int, int] | None = None,
+                     seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """One query per sequence against a contiguous cache k, v [B, Hkv, N, D] (optionally only the first
+    seq_lens[b] keys of sequence b); returns q's shape."""
+    _check(q, k, v)
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"decode_attention: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
+    if seq_lens is not None and (seq_lens.shape != (q.shape[0],) or seq_lens.dtype != torch.int32):
+        raise ValueError("decode_attention: seq_lens must be an int32 tensor of shape [B]")
+    return _decode(q, k, v, 1, k.shape[2], seq_lens, None, 1, sm_scale, num_splits, config)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                           seq_lens: torch.Tensor, sm_scale: float | None = None, num_splits: int | None = None,
+                           config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """One query per sequence against a paged cache k_cache, v_cache [num_pages, PAGE, Hkv, D]: token t of
+    sequence b lives at page block_table[b, t // PAGE], row t % PAGE. Keys past seq_lens[b] are not read."""
+    _check(q, k_cache, v_cache)
+    b = q.shape[0]
+    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.dtype != torch.int32:
+        raise ValueError(f"paged_decode_attention: block_table must be int32 [B, max_pages], got "
+                         f"{tuple(block_table.shape)} {block_table.dtype}")
+    if seq_lens.shape != (b,) or seq_lens.dtype != torch.int32:
+        raise ValueError("paged_decode_attention: seq_lens must be an int32 tensor of shape [B]")
+    page = k_cache.shape[1]
+    if page & (page - 1):
+        raise ValueError(f"paged_decode_attention: the page size must be a power of two, got {page}")
+    n_ctx = block_table.shape[1] * page  # the most keys a sequence can hold: sizes the splits without a sync
+    bt = block_table if block_table.stride(1) == 1 else block_table.contiguous()
+    return _decode(q, k_cache, v_cache, 2, n_ctx, seq_lens, bt, page, sm_scale, num_splits, config)
+
+
+class ModelNew(nn.Module):
+    """tasks/decode_attention.py: SDPA(q, k, v, enable_gqa=True) for one query token per sequence."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return decode_attention(q, k, v)

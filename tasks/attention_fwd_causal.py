@@ -1,0 +1,34 @@
+"""Causal attention forward: scaled_dot_product_attention(q, k, v, is_causal=True) on bf16 [B, H, S, D].
+
+FLOPs: 2 * B * H * S^2 * D (half of the non-causal count, the convention of ANCHORS.md and FlashAttention's
+benchmarks). The ANCHORS row: B4 H32 S4096 D128 (SDPA flash backend 313 TFLOP/s, cuDNN 523 on the H200).
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+B = 4
+H = 32
+S = 4096
+D = 128
+
+CRUCIBLE_FIXED = ["D"]
+CRUCIBLE_FLOPS = "lambda c: 2 * c['B'] * c['H'] * c['S'] ** 2 * c['D']"
+CRUCIBLE_BYTES = "lambda c: 2 * 4 * c['B'] * c['H'] * c['S'] * c['D']"  # bf16: read q, k, v; write o
+
+
+class Model(nn.Module):
+    def __init__(self, causal: bool = True):
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
+def get_inputs():
+    return [torch.randn(B, H, S, D, dtype=torch.bfloat16) for _ in range(3)]
+
+
+def get_init_inputs():
+    return [True]
