@@ -7,6 +7,7 @@ ends in a ProviderError of one sentence. Keys and base URLs come from the SDKs' 
 """
 from __future__ import annotations
 
+import abc
 import email.utils
 import json
 import logging
@@ -39,7 +40,7 @@ class _Raw:
     finish_reason: str | None
 
 
-class _SDKProvider:
+class _SDKProvider(abc.ABC):
     """The retry policy, error translation and accounting shared by the SDK-backed providers."""
 
     kind = ""  # "openai" | "anthropic"
@@ -80,15 +81,17 @@ class _SDKProvider:
     def _extra_key(self) -> str | None:
         return None
 
+    @abc.abstractmethod
     def _make_client(self, key: str) -> Any:
-        raise NotImplementedError
+        """The SDK client, with the SDK's own retries off (tenacity is the one retry policy)."""
 
+    @abc.abstractmethod
     def _request(self, messages: list[Message], max_tokens: int, temperature: float) -> _Raw:
-        raise NotImplementedError
+        """One request through the SDK, plain or streamed."""
 
+    @abc.abstractmethod
     def _sdk_errors(self) -> tuple[type, type, type, type]:
         """The SDK's (APIStatusError, APIConnectionError, APITimeoutError, APIResponseValidationError)."""
-        raise NotImplementedError
 
     def _adapt(self, exc: Exception) -> bool:
         """After a 400: stop sending a parameter the server said it does not support; True when something changed."""
