@@ -1,0 +1,295 @@
+"""The attention seeds (seeds/attention.py, attention_bwd.py, decode.py, decode_paged.py) through the CPU interpreter
+at small shapes, against the tasks' references with the one tolerance module (truth: the reference in float64):
+causal and not, GQA/MQA ratios, head dims 64/128 (and 16/32), odd and unequal sequence lengths, fp16/bf16/fp32,
+packed variable-length sequences, and the decode kernels with several splits (some empty) and scattered pages.
+Small explicit tiles (16) make the loops run several blocks with masked tails at these lengths.
+
+Also: every GPU kernel variant the launchers pick compiles for sm_90 (the H200) with Triton's own ptxas on this
+machine, within Hopper's 227 KiB of shared memory, so the next GPU call does not fail on compilation.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sandbox.task import load_task
+from sandbox.tolerance import compare
+from seeds import attention as A
+from seeds import decode as DEC
+
+TASKS = Path(__file__).resolve().parent.parent / "tasks"
+SMALL_FWD = (16, 16, 4, 1)
+SMALL_BWD = (16, 16, 16, 16, 4, 1)
+
+
+def _check(name, got, ref, truth, scale=1.0):
+    mismatch = compare(name, got, ref, truth, scale=scale)
+    assert mismatch is None, mismatch.describe()
+
+
+# The training path's delta = rowsum(dO o O) reads the stored bf16/fp16 O (FlashAttention-2's preprocess); its
+# rounding enters every dS of a row, which puts ~1 element in 10^4 of dQ/dK just outside the elementwise bound
+# against SDPA's CPU backward (fp32 throughout). Those gradients are checked at twice the tolerance; the fused path
+# (delta from the fp32 o in the forward's epilogue, what the fwd+bwd task uses) at the harness's own.
+TRAINING_PATH_SCALE = 2.0
+
+
+def _sdpa_grads(q, k, v, do, causal):
+    with torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+        return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
+
+
+def _draw(shape, dtype, dist, gen):
+    x = torch.randn(shape, generator=gen)
+    if dist == "outliers":
+        flat = x.view(-1)
+        idx = torch.randint(0, flat.numel(), (max(1, flat.numel() // 500),), generator=gen)
+        flat[idx] = 20.0 * torch.sign(flat[idx])
+    elif dist == "constant_rows":
+        x = x[..., :1].expand(shape).contiguous()
+    return x.to(dtype)
+
+
+FWD_BWD_CASES = [
+    # B, Hq, Hkv, Sq, Sk, D, causal, dtype, distribution
+    (2, 4, 4, 37, 37, 64, False, torch.bfloat16, "normal"),
+    (1, 4, 2, 37, 37, 128, True, torch.bfloat16, "normal"),
+    (1, 8, 1, 29, 29, 64, True, torch.float16, "outliers"),       # MQA
+    (2, 4, 1, 1, 23, 32, False, torch.bfloat16, "normal"),         # one query row
+    (1, 2, 2, 45, 19, 16, True, torch.float32, "normal"),          # Sq > Sk, top-left causal as SDPA
+    (1, 2, 2, 17, 50, 64, True, torch.bfloat16, "constant_rows"),  # Sq < Sk
+]
+
+
+@pytest.mark.parametrize("b,hq,hkv,sq,sk,d,causal,dtype,dist", FWD_BWD_CASES)
+def test_forward_backward_matches_sdpa(b, hq, hkv, sq, sk, d, causal, dtype, dist):
+    gen = torch.Generator().manual_seed(hash((b, hq, hkv, sq, sk, d)) % 1000)
+    q = _draw((b, hq, sq, d), dtype, dist, gen)
+    k, v = (_draw((b, hkv, sk, d), dtype, dist, gen) for _ in range(2))
+    do = _draw((b, hq, sq, d), dtype, "normal", gen)
+    ref = _sdpa_grads(q, k, v, do, causal)
+    truth = _sdpa_grads(q.double(), k.double(), v.double(), do.double(), causal)
+    o, lse, delta = A.attention_fwd_with_delta(q, k, v, do, causal, config=SMALL_FWD)
+    grads = A.attention_bwd(do, q, k, v, o, lse, causal, config=SMALL_BWD, delta=delta)
+    for name, got, r, t in zip(("o", "dq", "dk", "dv"), (o, *grads), ref, truth):
+        _check(name, got, r, t)
+    # the training path: delta from the stored o by the preprocess kernel
+    o2, lse2 = A.attention_fwd(q, k, v, causal, config=SMALL_FWD)
+    assert torch.equal(o2, o) and torch.equal(lse2, lse)
+    grads = A.attention_bwd(do, q, k, v, o, lse, causal, config=SMALL_BWD)
+    for name, got, r, t in zip(("dq", "dk", "dv"), grads, ref[1:], truth[1:]):
+        _check("training " + name, got, r, t, TRAINING_PATH_SCALE)
+    # lse2 is the base-2 log-sum-exp of the scaled scores
+    s = (q.double() @ k.double().repeat_interleave(hq // hkv, 1).transpose(-1, -2)) / math.sqrt(d)
+    if causal:
+        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool).tril().logical_not(), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1) / math.log(2), rtol=1e-5, atol=1e-5)
+
+
+def test_autograd_function_matches_sdpa():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, 4, 21, 64, generator=gen).to(torch.bfloat16) for _ in range(4))
+    ref = _sdpa_grads(q, k, v, do, True)
+    truth = _sdpa_grads(q.double(), k.double(), v.double(), do.double(), True)
+    with torch.enable_grad():
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        o = A.flash_attention(qq, kk, vv, causal=True)
+        grads = torch.autograd.grad(o, (qq, kk, vv), do)
+    for name, got, r, t in zip(("o", "dq", "dk", "dv"), (o.detach(), *grads), ref, truth):
+        _check(name, got, r, t, 1.0 if name == "o" else TRAINING_PATH_SCALE)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_packed_sequences(causal):
+    lens_q = [5, 40, 1, 33]
+    lens_k = lens_q if causal else [7, 19, 3, 50]
+    hq, hkv, d, dtype = 4, 2, 64, torch.bfloat16
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32)
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(sum(lens_q), hq, d, generator=gen).to(dtype)
+    k, v = (torch.randn(sum(lens_k), hkv, d, generator=gen).to(dtype) for _ in range(2))
+    do = torch.randn(q.shape, generator=gen).to(dtype)
+    o, lse = A.attention_varlen_fwd(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal, config=SMALL_FWD)
+    grads = A.attention_varlen_bwd(do, q, k, v, o, lse, cu_q, cu_k, max(lens_q), max(lens_k), causal,
+                                   config=SMALL_BWD)
+    for i in range(len(lens_q)):
+        rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        per = [t[sl].transpose(0, 1)[None] for t, sl in ((q, rows), (k, keys), (v, keys), (do, rows))]
+        ref = _sdpa_grads(*per, causal)
+        truth = _sdpa_grads(*(t.double() for t in per), causal)
+        got = [o[rows], grads[0][rows], grads[1][keys], grads[2][keys]]
+        for name, g, r, t in zip(("o", "dq", "dk", "dv"), got, ref, truth):
+            _check(f"seq {i} {name}", g, r[0].transpose(0, 1), t[0].transpose(0, 1),
+                   1.0 if name == "o" else TRAINING_PATH_SCALE)
+
+
+@pytest.mark.parametrize("task_file,seed_module", [
+    ("attention_fwd_causal.py", "seeds.attention"), ("attention_fwd_bwd_causal.py", "seeds.attention_bwd"),
+    ("decode_attention.py", "seeds.decode"), ("decode_attention_paged.py", "seeds.decode_paged"),
+])
+def test_task_models(task_file, seed_module):
+    """Each seed's ModelNew against its task's Model at the task's CPU shape (and an odd one)."""
+    module = __import__(seed_module, fromlist=["ModelNew"])
+    base = load_task(TASKS / task_file).scaled_for_cpu()
+    for task in (base, base.with_constants(base.shape_variants()[0])):
+        model = task.make_reference(0, "cpu")
+        inputs = task.make_inputs(11, "outliers")
+        ref = model(*inputs)
+        truth = copy.deepcopy(model).double()(*[x.double() if x.is_floating_point() else x for x in inputs])
+        got = module.ModelNew(*task.init_inputs())(*inputs)
+        ref, truth, got = ((x,) if isinstance(x, torch.Tensor) else x for x in (ref, truth, got))
+        for i, (g, r, t) in enumerate(zip(got, ref, truth)):
+            _check(f"{task_file} output {i}", g, r, t)
+
+
+DECODE_CASES = [
+    # B, Hkv, group, N, D, dtype, splits
+    (3, 2, 4, 100, 64, torch.bfloat16, 3),
+    (2, 1, 8, 1, 128, torch.float16, None),   # one key
+    (2, 2, 1, 77, 32, torch.float32, 5),      # MHA
+    (1, 1, 16, 130, 128, torch.bfloat16, 8),  # GQA 16:1, many splits
+]
+
+
+@pytest.mark.parametrize("b,hkv,group,n,d,dtype,splits", DECODE_CASES)
+def test_decode_dense_and_paged(b, hkv, group, n, d, dtype, splits):
+    gen = torch.Generator().manual_seed(n)
+    q = torch.randn(b, hkv * group, 1, d, generator=gen).to(dtype)
+    k, v = (torch.randn(b, hkv, n, d, generator=gen).to(dtype) for _ in range(2))
+    ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    truth = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
+    _check("dense", DEC.decode_attention(q, k, v, num_splits=splits, config=(16, 4, 1)), ref, truth)
+
+    page = 16
+    pages = -(-n // page)
+    # the last sequence is short, so that its later splits are empty
+    lens = torch.tensor([max(1, n - (i * 37) % (n // 4 + 1)) for i in range(b - 1)] + [min(n, 3)], dtype=torch.int32)
+    table = torch.randperm(b * pages, generator=gen).view(b, pages).to(torch.int32)
+    kc, vc = (torch.randn(b * pages, page, hkv, d, generator=gen).to(dtype) for _ in range(2))
+    kk, vv = (c[table.long()].reshape(b, pages * page, hkv, d).transpose(1, 2) for c in (kc, vc))
+    mask = (torch.arange(pages * page)[None, :] < lens[:, None])[:, None, None, :]
+    ref = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)
+    truth = F.scaled_dot_product_attention(q.double(), kk.double(), vv.double(), attn_mask=mask, enable_gqa=True)
+    got = DEC.paged_decode_attention(q, kc, vc, table, lens, num_splits=splits, config=(16, 4, 1))
+    _check("paged", got, ref, truth)
+
+
+def test_bad_inputs_are_one_sentence():
+    q = torch.randn(1, 3, 8, 64)
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        A.attention_fwd(q, torch.randn(1, 2, 8, 64), torch.randn(1, 2, 8, 64))
+    with pytest.raises(ValueError, match="head dim"):
+        A.attention_fwd(torch.randn(1, 2, 8, 48), torch.randn(1, 2, 8, 48), torch.randn(1, 2, 8, 48))
+    with pytest.raises(ValueError, match="block_table"):
+        DEC.paged_decode_attention(torch.randn(2, 4, 1, 64), torch.randn(4, 16, 2, 64), torch.randn(4, 16, 2, 64),
+                                   torch.zeros(2, 2, dtype=torch.int64), torch.ones(2, dtype=torch.int32))
+
+
+# ---- the GPU path compiles for the H200 -------------------------------------------------------------------------
+HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
+
+
+def _compile_sm90(fn, values: dict, num_warps: int, num_stages: int):
+    """Compile a kernel for sm_90 from example argument values: pointers as dtype strings, ints (a multiple of 16 is
+    marked divisible, as the launcher's specialisation would), floats, and constexprs."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    constexprs = {p.name for p in fn.params if p.is_constexpr}
+    sig, const, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        value = values[name]
+        if name in constexprs:
+            sig[name], const[name] = "constexpr", value
+        elif isinstance(value, str):
+            sig[name] = value
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def _nvidia_backend_available() -> bool:
+    import triton
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return ptxas.exists()
+
+
+def _strides(names: str, value: int = 128) -> dict:
+    return {n: value for n in names.split()}
+
+
+def _compile_all(d: int) -> dict:
+    """Shared memory of each launched GPU variant at head dim d (run in a process without TRITON_INTERPRET)."""
+    import seeds.attention as A  # noqa: N811 - the compiled (not interpreted) kernels
+    import seeds.decode as DEC  # noqa: N811
+    out = {}
+    dev = torch.device("cuda")
+    flags = dict(VARLEN=False, UPCAST=False, IEEE=False, RNE=False)
+    bm, bn, warps, stages = A.fwd_config(d, dev)
+    fwd = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", DO="*bf16", DELTA="*fp32", CU_Q="*i32",
+               CU_K="*i32", qk_scale=0.1, S_Q=4096, S_K=4096, HQ=32, GROUP=1, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
+               CAUSAL=True, STORE_LSE=True, WITH_DELTA=True, **flags,
+               **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh stride_vs "
+                          "stride_ob stride_oh stride_os stride_dob stride_doh stride_dos stride_lb stride_lh"))
+    out["fwd"] = _compile_sm90(A._attn_fwd_kernel, fwd, warps, stages).metadata.shared
+    m1, n1, m2, n2, warps, stages = A.bwd_config(d, dev)
+    common = dict(CU_Q="*i32", CU_K="*i32", sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096, GROUP=4, HEAD_DIM=d,
+                  CAUSAL=True, **flags)
+    ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32")
+    dkdv = dict(**common, **ptrs, DK="*bf16", DV="*bf16", HKV=8, BLOCK_M=m1, BLOCK_N=n1,
+                **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh stride_vs "
+                           "stride_dob stride_doh stride_dos stride_dkb stride_dkh stride_dks stride_dvb stride_dvh "
+                           "stride_dvs stride_lb stride_lh"))
+    out["dkdv"] = _compile_sm90(A._attn_bwd_dkdv_kernel, dkdv, warps, stages).metadata.shared
+    dq = dict(**common, **ptrs, DQ="*bf16", HQ=32, BLOCK_M=m2, BLOCK_N=n2,
+              **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh stride_vs "
+                         "stride_dob stride_doh stride_dos stride_dqb stride_dqh stride_dqs stride_lb stride_lh"))
+    out["dq"] = _compile_sm90(A._attn_bwd_dq_kernel, dq, warps, stages).metadata.shared
+    if d == 128:
+        block_n, warps, stages = DEC.decode_config(dev)
+        split = dict(Q="*bf16", K="*bf16", V="*bf16", O_PART="*fp32", LSE_PART="*fp32", SEQ_LENS="*i32",
+                     BLOCK_TABLE="*i32", qk_scale=0.1, stride_bt=512, N_CTX=8192, tokens_per_split=4096, HKV=8,
+                     SPLITS=2, GROUP=4, BLOCK_H=16, HEAD_DIM=d, BLOCK_N=block_n, PAGE=16, PAGED=True, HAS_LENS=True,
+                     UPCAST=False, IEEE=False, RNE=False,
+                     **_strides("stride_qb stride_qh stride_kb stride_kh stride_kn stride_vb stride_vh stride_vn"))
+        out["decode"] = _compile_sm90(DEC._decode_split_kernel, split, warps, stages).metadata.shared
+    return out
+
+
+@pytest.mark.skipif(not _nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_kernels_compile_for_sm90(d):
+    """The interpreter never compiles; a child process without TRITON_INTERPRET compiles every launched variant."""
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    proc = subprocess.run([sys.executable, __file__, "--compile-sm90", str(d)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shared = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(shared) >= {"fwd", "dkdv", "dq"}
+    for kernel, nbytes in shared.items():
+        assert nbytes <= HOPPER_SMEM, f"{kernel} at D={d} needs {nbytes} bytes of shared memory"
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--compile-sm90"]:
+    print(json.dumps(_compile_all(int(sys.argv[2]))))
