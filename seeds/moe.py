@@ -296,8 +296,8 @@ def _grouped_dw_kernel(
 def default_config(device: torch.device, swiglu: bool = False) -> tuple[int, int, int, int, int, int]:
     """(BM, BN, BK, warps, stages, GROUP_M): Hopper-sized tiles on a GPU (not tuned yet), small ones on the
     interpreter. The SwiGLU variant keeps two accumulators, so its n-tile is half as wide."""
-    if device.type != "cuda":
-        return (16, 32, 32, 4, 1, 4)
+    if device.type != "cuda":  # the interpreter pays per operation, not per FLOP: few, wide tiles
+        return (16, 128, 128, 4, 1, 4)
     return (128, 64, 64, 8, 4, 8) if swiglu else (128, 128, 64, 8, 4, 8)
 
 
@@ -342,7 +342,7 @@ def grouped_dw(dc: torch.Tensor, a: torch.Tensor, layout: Aligned, out: torch.Te
     experts, n_dim, k_dim = out.shape
     if dc.shape[1] != n_dim or a.shape[1] != k_dim or dc.dtype != a.dtype:
         raise ValueError(f"grouped_dw: dc {tuple(dc.shape)} and a {tuple(a.shape)} do not give {tuple(out.shape)}")
-    bn, bk, br, warps, stages = config or ((16, 32, 16, 4, 1) if a.device.type != "cuda" else (128, 128, 64, 8, 3))
+    bn, bk, br, warps, stages = config or ((128, 128, 16, 4, 1) if a.device.type != "cuda" else (128, 128, 64, 8, 3))
     if layout.block_m % br:
         raise ValueError(f"grouped_dw: rows per step {br} must divide the layout's BLOCK_M {layout.block_m}")
     if out.numel() == 0:
