@@ -1,0 +1,81 @@
+"""The one tolerance module, directly: what passes and what fails, per dtype, and what the report says."""
+import pytest
+import torch
+
+from sandbox.harness import _contiguous
+from sandbox.tolerance import REF_FACTOR, compare, tolerance_for
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _refs(dtype, shape=(64, 257), scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    truth = torch.randn(shape, generator=g, dtype=torch.float64) * scale
+    return truth.to(dtype), truth
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_output_rounded_to_the_dtype_passes(dtype, scale):
+    ref, truth = _refs(dtype, scale=scale)
+    assert compare("out", ref.clone(), ref, truth) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zeros_fail_even_for_a_small_valued_output(dtype):
+    ref, truth = _refs(dtype, scale=1e-3)
+    m = compare("out", torch.zeros_like(ref), ref, truth)
+    assert m is not None and m.rel_l2_err == pytest.approx(1.0) and m.mismatched > 0
+
+
+def test_float32_fails_at_tf32_precision_unless_the_task_allows_it():
+    ref, truth = _refs(torch.float32)
+    tf32_like = (truth * (1 + 3e-4 * torch.randn(truth.shape, dtype=torch.float64))).float()
+    assert compare("out", tf32_like, ref, truth) is not None
+    assert compare("out", tf32_like, ref, truth, allow_tf32=True) is None
+
+
+def test_the_bound_follows_pytorchs_own_error():
+    """An error of PyTorch's own size, falling on other elements (another summation order), passes; twice the
+    allowed factor fails."""
+    ref, truth = _refs(torch.bfloat16)
+    g = torch.Generator().manual_seed(1)
+
+    def noisy(sigma):
+        return (truth + sigma * torch.randn(truth.shape, generator=g, dtype=torch.float64)).to(torch.bfloat16)
+
+    pytorch = noisy(0.05)
+    assert compare("out", noisy(0.05), pytorch, truth) is None
+    assert compare("out", noisy(0.05 * REF_FACTOR * 2), pytorch, truth) is not None
+
+
+def test_nan_where_the_reference_is_finite_is_reported_with_its_position():
+    ref, truth = _refs(torch.bfloat16)
+    got = ref.clone()
+    got[3, 5] = float("nan")
+    m = compare("out", got, ref, truth)
+    assert m is not None and m.first_nonfinite_diff == (3, 5) and m.nonfinite_got == 1
+    assert "NaN/Inf" in m.describe() and "[3, 5]" in m.describe()
+
+
+def test_matching_infinities_pass_and_integer_outputs_must_be_exact():
+    ref = torch.tensor([1.0, float("inf"), -float("inf")], dtype=torch.float16)
+    assert compare("out", ref.clone(), ref) is None
+    assert compare("out", torch.tensor([1.0, float("inf"), float("inf")], dtype=torch.float16), ref) is not None
+    labels = torch.tensor([3, 1, 4])
+    assert compare("idx", labels.clone(), labels) is None
+    assert compare("idx", torch.tensor([3, 1, 5]), labels).mismatched == 1
+
+
+def test_tolerance_scale_and_unknown_dtypes():
+    base = tolerance_for(torch.bfloat16)
+    assert tolerance_for(torch.bfloat16, scale=2.0).rtol == pytest.approx(2 * base.rtol)
+    with pytest.raises(KeyError):
+        tolerance_for(torch.int8)
+
+
+@pytest.mark.parametrize("shape,strides,ok", [
+    ([4, 8], [8, 1], True), ([4, 8], [1, 4], False), ([2, 1, 9, 128], [1152, 128, 128, 1], True),
+    ([2, 1, 9, 128], [1152, 1152, 128, 1], True), ([], [], True), ([3], [2], False), ([3], [1, 1], False)])
+def test_contiguity_ignores_size_one_dimensions(shape, strides, ok):
+    assert _contiguous(shape, strides) is ok
