@@ -190,6 +190,14 @@ def _dot(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _round_to(x, dtype: tl.constexpr, RNE: tl.constexpr):
+    """fp32 x rounded to `dtype` and back (round to nearest even on the interpreter too)."""
+    if RNE:
+        return round_bf16_rne(x)
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     A, B, C,
     SORTED_IDS, EXPERT_IDS, NUM_PADDED,  # the aligned layout
@@ -243,7 +251,12 @@ def _grouped_gemm_kernel(
             a_ptrs += BK * stride_ak
             b_ptrs += BK * stride_bk
         if SWIGLU:
-            acc = acc * tl.sigmoid(acc) * acc_up  # silu(gate) * up, in fp32
+            # silu(gate) * up with the rounding points of the bf16 reference (gate, up, silu(gate) each rounded to
+            # the output dtype): the rounding errors then track PyTorch's own, elementwise, where one rounding of
+            # the fp32 product would differ from it on outlier inputs. A few casts in the epilogue.
+            gate = _round_to(acc, C.dtype.element_ty, RNE)
+            act = _round_to(gate * tl.sigmoid(gate), C.dtype.element_ty, RNE)
+            acc = act * _round_to(acc_up, C.dtype.element_ty, RNE)
         if RNE:
             acc = round_bf16_rne(acc)
         if SCATTER_C:
