@@ -37,6 +37,7 @@ import triton.testing  # noqa: E402
 
 from seeds import attention as A  # noqa: E402
 from seeds import decode as DEC  # noqa: E402
+from _bench import rotating_median_ms  # noqa: E402
 
 T0 = time.time()
 ROWS: list[dict] = []
@@ -62,18 +63,7 @@ def guarded(fn):
 
 
 def bench(fn, sets: int = 3) -> float:
-    state = {"i": 0}
-
-    def call():
-        fn(state["i"] % sets)
-        state["i"] += 1
-
-    if SMOKE:
-        call()
-        start = time.perf_counter()
-        call()
-        return (time.perf_counter() - start) * 1e3
-    return triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
+    return rotating_median_ms(fn, sets, SMOKE)
 
 
 def rel_l2(got: torch.Tensor, truth: torch.Tensor) -> float:

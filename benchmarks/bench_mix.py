@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sandbox.task import load_task  # noqa: E402
+from _bench import rel_l2, rotating_median_ms  # noqa: E402
 
 COPY_GBPS = 4244.0
 DEV = "cuda"
@@ -47,26 +48,7 @@ def log(msg: str) -> None:
 
 
 def bench(fn, sets: int = 3) -> float:
-    state = {"i": 0}
-
-    def call():
-        fn(state["i"] % sets)
-        state["i"] += 1
-
-    if SMOKE:
-        call()
-        start = time.perf_counter()
-        call()
-        return (time.perf_counter() - start) * 1e3
-    return triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
-
-
-def rel_l2(got: torch.Tensor, truth: torch.Tensor) -> float:
-    g, t = got.double(), truth.double()
-    if not torch.isfinite(g).all():
-        return float("inf")
-    n = float(t.norm())
-    return float((g - t).norm()) / (n if n else 1.0)
+    return rotating_median_ms(fn, sets, SMOKE)
 
 
 def check(op: str, names, got, eager, truth) -> None:

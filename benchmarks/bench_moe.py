@@ -38,6 +38,7 @@ from sandbox.task import formula, load_task  # noqa: E402
 from seeds.moe import grouped_linear_fwd  # noqa: E402
 from seeds.moe_bwd import grouped_linear_bwd  # noqa: E402
 from seeds.moe_layer import moe_layer_fwd  # noqa: E402
+from _bench import rel_l2, rotating_median_ms  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 SETS = 3
@@ -71,26 +72,7 @@ def log(msg: str) -> None:
 
 
 def bench(fn) -> float:
-    state = {"i": 0}
-
-    def call():
-        fn(state["i"] % SETS)
-        state["i"] += 1
-
-    if SMOKE:
-        call()
-        start = time.perf_counter()
-        call()
-        return (time.perf_counter() - start) * 1e3
-    return triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
-
-
-def rel_l2(got: torch.Tensor, truth: torch.Tensor) -> float:
-    g, t = got.double(), truth.double()
-    if not torch.isfinite(g).all():
-        return float("inf")
-    n = float(t.norm())
-    return float((g - t).norm()) / (n if n else 1.0)
+    return rotating_median_ms(fn, SETS, SMOKE)
 
 
 def check(op: str, names, got, eager, truth) -> None:

@@ -18,7 +18,6 @@ The task file is the user's own code and is trusted: it runs in the harness's pr
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import importlib.util
 import math
@@ -148,9 +147,6 @@ class Task:
             out.append(x)
         return out
 
-    def constants_for_formula(self) -> dict[str, int]:
-        return self.current_constants()
-
 
 def load_task(path: str | Path) -> Task:
     """Load a task file; TaskError with one sentence saying what to fix when it cannot be used."""
@@ -253,7 +249,3 @@ def formula(expr: str | None) -> Callable[[dict[str, int]], float] | None:
         return None
     fn = eval(expr, {"math": math})  # noqa: S307 - task files are the user's own trusted code
     return fn if callable(fn) else (lambda c, v=fn: float(v))
-
-
-def clone_module(model: torch.nn.Module) -> torch.nn.Module:
-    return copy.deepcopy(model)
