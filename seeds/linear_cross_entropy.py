@@ -3,21 +3,35 @@
 x: [BT, H], weight: [V, H] (an LM head: BT 8192, H 4096, V 128256 in bf16 in the task), target: [BT] int64.
 Returns the loss (fp32 scalar), dx [BT, H] and dweight [V, H], the gradients of
     loss = cross_entropy((x @ weight^T).float(), target, ignore_index, label_smoothing, reduction).
-The tokens are processed in chunks of C rows; for each chunk, four launches:
-    1. L = x_c @ weight^T                       [C, V] logits in the input dtype (the only large buffer)
-    2. L <- dlogits, in place                   the cross-entropy kernel of seeds/cross_entropy.py; per-row losses
-    3. dx_c = L @ weight                        split over K (= V) in fp32 partials, summed in a fixed order
-    4. dweight (+)= L^T @ x_c                   accumulated in dweight's dtype from the second chunk on
-then one small kernel sums the per-row losses. All three products are one tl.dot kernel with strides.
-FLOPs: 3 x 2 BT V H = 25.8 TFLOP at the task's shape: 37 ms at cuBLAS's measured 694 TFLOP/s.
-Extra memory: dweight (1002 MiB) + dx (64 MiB) + the chunk's logits (C V 2 B: 125 MiB at C = 512) + the fp32
-split-K partials; the chunk size is chosen to keep the last two under CHUNK_BUDGET.
-Bytes: every chunk reads weight twice and reads and writes dweight once (4.2 GB a chunk), so a smaller chunk costs
-memory traffic: that is the trade this op makes for memory.
+With l = x W^T, lse_t = log sum_v exp(l_tv), g_t = 1/n_valid (mean) or 1 (sum), 0 for an ignored row, e = smoothing:
+    loss_t = lse_t - (1 - e) l_t,target - (e / V) sum_v l_tv
+    dl_tv  = g_t (exp(l_tv - lse_t) - e / V - (1 - e) [v == target_t])
+    dx = dl W,  dweight = dl^T x.
+FLOPs: 3 x 2 BT V H = 25.8 TFLOP at the task's shape (37 ms at cuBLAS's 694 TFLOP/s). The task does not allow
+torch compute ops (no CRUCIBLE_ALLOW_TORCH_COMPUTE), so every product is the Triton GEMM below.
 
-Measured on the H200 (docs/bench-mix.md): 59.0 ms (437 TFLOP/s) at 1.18 GiB extra, 512-token chunks; eager 49.1 ms
-at 13.7 GiB; ANCHORS.md has Liger at 54.9 ms / 1.1 GiB. Neither target (45 ms, 1.1 GiB) is met: each chunk re-reads
-the 1 GiB weight twice and reads and writes the 1 GiB dweight, about 4.2 GB of traffic a chunk beside its GEMMs.
+Extra memory, as the bench measures it (peak allocated minus what was allocated before the call, outputs included):
+dweight (1002 MiB) + dx (64 MiB) leave 60 MiB of the 1.1 GiB budget for everything else. Two forms:
+
+"vocab" (the default): the vocabulary is the outer loop, so each row of dweight is written once, from a GEMM over all
+    BT tokens (K = 8192), and dx is accumulated over a few large vocabulary chunks.
+    1. stats: l = x W^T tile by tile (BM x BN), per tile row max / sum exp / sum, and the target's logit; nothing of
+       l is kept except, optionally, the first chunk's columns (`store_first`).
+    2. a small kernel combines the tiles: lse, the per-row loss, g_t.
+    3. per vocabulary chunk [v0, v1): dl = the gradient of l recomputed in the GEMM's epilogue (or converted in
+       place from the stored logits), dweight[v0:v1] = dl^T x, dx (+)= dl W[v0:v1].
+    dl lives in dweight's own tail while that is not written yet: a chunk of n columns fits when
+    v1 H + n BT <= V H, i.e. n <= (V - v0) H / (H + BT) (a third of what is left at BT = 2 H), so the chunks
+    shrink geometrically (42752, 28501, ... columns) until a fixed workspace (`workspace` bytes) holds the rest.
+    FLOPs: 4 products instead of 3, less the first chunk's stored logits: 31.5 TFLOP at the task's shape, every GEMM
+    large (M, N >= 3072, K >= 3072); dweight written once, weight read 4 times, dx rounded to bf16 ~11 times.
+"token" (the earlier form): chunks of C tokens; per chunk the [C, V] logits, the cross-entropy kernel of
+    seeds/cross_entropy.py in place, dx_c = dl W (split over K), dweight (+)= dl^T x_c. Every chunk reads weight
+    twice and reads and writes dweight (4.2 GB a chunk); C V 2 B must fit the 60 MiB left, so C <= 240 at budget.
+
+Measured on the H200 (docs/bench-mix.md), token form: 59.0 ms (437 TFLOP/s) at 1.18 GiB extra with 512-token chunks,
+72.8-79.7 ms at 256 tokens (1.11 GiB); eager 49.1 ms at 13.7 GiB; ANCHORS.md has Liger at 54.9 ms / 1.1 GiB.
+The vocab form: not measured yet (benchmarks/bench_lce.py, docs/bench-lce.md).
 """
 from __future__ import annotations
 
@@ -33,9 +47,63 @@ CRUCIBLE_SEED = {
     "ops": ["fused linear + cross-entropy fwd+bwd (loss, dx, dW)"],
 }
 
-# Bytes for the chunk's logits and split-K partials: 160 MiB gives 512-token chunks at V 128256, the fastest measured
-# (59.0 ms at 1.18 GiB extra); 64 MiB (192 tokens, 1.09 GiB) took 101.5 ms and 256 tokens (1.11-1.12 GiB) 72.8-79.7 ms.
+# Token form: bytes for the chunk's logits and split-K partials: 160 MiB gives 512-token chunks at V 128256, the
+# fastest measured (59.0 ms at 1.18 GiB extra); 64 MiB (192 tokens, 1.09 GiB) took 101.5 ms and 256 tokens
+# (1.11-1.12 GiB) 72.8-79.7 ms.
 CHUNK_BUDGET = 160 << 20
+# Vocab form: the fixed workspace (the last chunks' gradients, the stats of pass 1): 48 MiB keeps the total at
+# 1.09 GiB at the task's shape (dweight 1002 MiB + dx 64 MiB + 48 MiB + four [BT] fp32 vectors).
+VOCAB_WORKSPACE = 48 << 20
+CHUNK_ALIGN = 256  # vocabulary chunks are whole GEMM tiles
+
+MODE_STATS: tl.constexpr = tl.constexpr(0)
+MODE_GRAD: tl.constexpr = tl.constexpr(1)
+
+
+@triton.jit
+def _swizzle(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program pid: groups of GROUP_M row tiles walk the column tiles together, so the
+    column operand's tiles are reused from L2."""
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = pid // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    group_size = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_n)) % group_size
+    pid_n = (pid % (GROUP_M * num_n)) // group_size
+    return pid_m, pid_n
+
+
+@triton.jit
+def _tile_product(A, B, rm, rn, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
+                  IEEE: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr, BM: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr):
+    """A[rm, k_lo:k_hi] @ B[k_lo:k_hi, rn] in fp32. EVEN_K: (k_hi - k_lo) is a multiple of BK (no mask along K).
+    IEEE: full fp32 products for fp32 inputs (tf32 would fail an fp32 tolerance). UPCAST: multiply in fp32 (the CPU
+    interpreter, whose bf16 tl.dot is wrong in Triton 3.9; bf16/fp16 products are exact in fp32)."""
+    rk = tl.arange(0, BK)
+    a_ptrs = A + rm[:, None].to(tl.int64) * stride_am + (k_lo + rk)[None, :].to(tl.int64) * stride_ak
+    b_ptrs = B + (k_lo + rk)[:, None].to(tl.int64) * stride_bk + rn[None, :].to(tl.int64) * stride_bn
+    m_ok = rm[:, None] < M
+    n_ok = rn[None, :] < N
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k in range(k_lo, k_hi, BK):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=m_ok, other=0.0)
+            b = tl.load(b_ptrs, mask=n_ok, other=0.0)
+        else:
+            k_ok = (k + rk) < k_hi
+            a = tl.load(a_ptrs, mask=m_ok & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok, other=0.0)
+        if UPCAST:
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        elif IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BK * stride_ak
+        b_ptrs += BK * stride_bk
+    return acc
 
 
 @triton.jit
@@ -46,50 +114,25 @@ def _matmul_kernel(
     stride_cs,    # elements between the splits' partial outputs
     k_per_split,  # a multiple of BK
     ACCUMULATE: tl.constexpr,  # add the product to what C holds
-    IEEE: tl.constexpr,        # full fp32 products for fp32 inputs (tf32 would fail an fp32 tolerance)
-    UPCAST: tl.constexpr,      # multiply in fp32 (the CPU interpreter: its bf16 tl.dot is wrong in Triton 3.9)
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr,
     RNE: tl.constexpr,         # round to nearest bf16 before the store (the interpreter truncates)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid_m, pid_n = _swizzle(tl.program_id(0), M, N, BM, BN, GROUP_M)
     split = tl.program_id(1)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    # Programs in groups of GROUP_M row-tiles walk the column tiles together, so B's tiles are reused from L2.
-    group = pid // (GROUP_M * num_n)
-    first_m = group * GROUP_M
-    group_size = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * num_n)) % group_size
-    pid_n = (pid % (GROUP_M * num_n)) // group_size
-
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
     k_lo = split * k_per_split
     k_hi = min(K, k_lo + k_per_split)
-    a_ptrs = A + rm[:, None].to(tl.int64) * stride_am + (k_lo + rk)[None, :].to(tl.int64) * stride_ak
-    b_ptrs = B + (k_lo + rk)[:, None].to(tl.int64) * stride_bk + rn[None, :].to(tl.int64) * stride_bn
-    m_ok = rm[:, None] < M
-    n_ok = rn[None, :] < N
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for k in range(k_lo, k_hi, BK):
-        k_ok = (k + rk) < k_hi
-        a = tl.load(a_ptrs, mask=m_ok & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok, other=0.0)
-        if UPCAST:
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        elif IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
-        a_ptrs += BK * stride_ak
-        b_ptrs += BK * stride_bk
+    acc = _tile_product(A, B, rm, rn, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
+                        IEEE, UPCAST, EVEN_K, BM, BN, BK)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
     c_ptrs = C + split.to(tl.int64) * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
     if ACCUMULATE:
-        acc += tl.load(c_ptrs, mask=m_ok & n_ok).to(tl.float32)
+        acc += tl.load(c_ptrs, mask=mask).to(tl.float32)
     if RNE:
         acc = round_bf16_rne(acc)
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok & n_ok)
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -105,6 +148,117 @@ def _sum_splits_kernel(P, OUT, n_elements, splits, RNE: tl.constexpr, BLOCK: tl.
     tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _vocab_logits_kernel(
+    X, W,           # x [M, K] (unit column stride), weight [V, K] (unit column stride)
+    TARGET, STATS,  # STATS: [3, num column tiles, M] fp32 (tile max, tile sum exp(l - max), tile sum l)
+    TGT_LOGIT,      # [M] fp32 l[t, target_t], written by the tile holding the target
+    LSE, ROW_SCALE,  # [M] fp32 (MODE_GRAD)
+    DL, stride_dl,  # [M, N] logits (MODE_STATS, columns < store_cols) or their gradient (MODE_GRAD)
+    M, N, K, v0, V, stride_xm, stride_wv, store_cols, smoothing,
+    MODE: tl.constexpr, SMOOTH: tl.constexpr, STORE: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr, RNE: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """Logits l = x W[v0:v0+N]^T tile by tile; the epilogue reduces them (MODE_STATS) or writes their gradient."""
+    pid_n_tiles = tl.cdiv(N, BN)
+    pid_m, pid_n = _swizzle(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    # B[k, n] = W[v0 + n, k]
+    acc = _tile_product(X, W + v0.to(tl.int64) * stride_wv, rm, rn, M, N, 0, K, stride_xm, 1, 1, stride_wv,
+                        IEEE, UPCAST, EVEN_K, BM, BN, BK)
+    m_ok = rm < M
+    n_ok = rn < N
+    target = tl.load(TARGET + rm, mask=m_ok, other=-1)
+    hit = (v0 + rn)[None, :] == target[:, None]
+    dl_ptrs = DL + rm[:, None].to(tl.int64) * stride_dl + rn[None, :]
+    if MODE == MODE_STATS:
+        logit = tl.where(n_ok[None, :], acc, float("-inf"))
+        mx = tl.max(logit, axis=1)
+        stat = STATS + pid_n.to(tl.int64) * M + rm
+        tl.store(stat, mx, mask=m_ok)
+        tl.store(stat + pid_n_tiles * M, tl.sum(tl.exp(logit - mx[:, None]), axis=1), mask=m_ok)
+        if SMOOTH:
+            tl.store(stat + 2 * pid_n_tiles * M, tl.sum(tl.where(n_ok[None, :], acc, 0.0), axis=1), mask=m_ok)
+        tile_lo = v0 + pid_n * BN
+        in_tile = (target >= tile_lo) & (target < tile_lo + BN) & (target < v0 + N)
+        tl.store(TGT_LOGIT + rm, tl.sum(tl.where(hit, acc, 0.0), axis=1), mask=m_ok & in_tile)
+        if STORE:
+            if pid_n * BN < store_cols:
+                out = acc
+                if RNE:
+                    out = round_bf16_rne(out)
+                tl.store(dl_ptrs, out.to(DL.dtype.element_ty), mask=m_ok[:, None] & (rn < store_cols)[None, :])
+    else:
+        lse = tl.load(LSE + rm, mask=m_ok, other=0.0)
+        scale = tl.load(ROW_SCALE + rm, mask=m_ok, other=0.0)
+        grad = (tl.exp(acc - lse[:, None]) - smoothing / V - tl.where(hit, 1.0 - smoothing, 0.0)) * scale[:, None]
+        if RNE:
+            grad = round_bf16_rne(grad)
+        tl.store(dl_ptrs, grad.to(DL.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _lse_kernel(STATS, TGT_LOGIT, TARGET, N_VALID, LSE, ROW_SCALE, LOSS_ROWS, M, n_tiles, V, ignore_index,
+                smoothing, SMOOTH: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+    """Per row: lse from the tiles' (max, sum exp) in tile order, the loss, and the gradient scale g_t."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = rows < M
+    m = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    s = tl.zeros([BLOCK], dtype=tl.float32)
+    sx = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(0, n_tiles):
+        mj = tl.load(STATS + j * M + rows, mask=ok, other=0.0)
+        sj = tl.load(STATS + (n_tiles + j) * M + rows, mask=ok, other=0.0)
+        new_m = tl.maximum(m, mj)
+        s = s * tl.exp(m - new_m) + sj * tl.exp(mj - new_m)
+        m = new_m
+        if SMOOTH:
+            sx += tl.load(STATS + (2 * n_tiles + j) * M + rows, mask=ok, other=0.0)
+    lse = m + tl.log(s)
+    target = tl.load(TARGET + rows, mask=ok, other=ignore_index)
+    valid = ok & (target != ignore_index)
+    x_target = tl.load(TGT_LOGIT + rows, mask=valid, other=0.0)
+    loss = (1.0 - smoothing) * (lse - x_target) + smoothing * (lse - sx / V)
+    if MEAN:
+        g = 1.0 / tl.load(N_VALID)
+    else:
+        g = 1.0
+    tl.store(LSE + rows, lse, mask=ok)
+    tl.store(ROW_SCALE + rows, tl.where(valid, g, 0.0), mask=ok)
+    tl.store(LOSS_ROWS + rows, tl.where(valid, loss, 0.0), mask=ok)
+
+
+@triton.jit
+def _logits_to_grad_kernel(DL, stride_dl, TARGET, LSE, ROW_SCALE, N, v0, V, smoothing, RNE: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """In place: stored logits of columns [v0, v0 + N) -> their gradient (program: one row, BLOCK columns)."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    ptrs = DL + row.to(tl.int64) * stride_dl + cols
+    lse = tl.load(LSE + row)
+    scale = tl.load(ROW_SCALE + row)
+    target = tl.load(TARGET + row)
+    l = tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
+    grad = (tl.exp(l - lse) - smoothing / V - tl.where(v0 + cols == target, 1.0 - smoothing, 0.0)) * scale
+    if RNE:
+        grad = round_bf16_rne(grad)
+    tl.store(ptrs, grad.to(DL.dtype.element_ty), mask=ok)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def _default_config(device: torch.device) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, warps, stages): Hopper-sized tiles on a GPU, small ones on the interpreter."""
+    return (128, 256, 64, 8, 3) if device.type == "cuda" else (64, 64, 64, 4, 1)
+
+
+def _flags(a: torch.Tensor) -> dict:
+    # bf16 and fp16 products are exact in fp32, so upcasting on the interpreter changes no result.
+    return dict(IEEE=a.dtype == torch.float32, UPCAST=a.device.type != "cuda")
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool = False, split_k: int = 1,
            config: tuple[int, int, int, int, int] | None = None, partials: torch.Tensor | None = None) -> None:
     """out (+)= a @ b for 2-D views with any strides; `config` = (BM, BN, BK, warps, stages). With split_k > 1,
@@ -118,9 +272,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool
     k_per_split = triton.cdiv(triton.cdiv(K, split_k), bk) * bk if K else bk
     split_k = max(1, triton.cdiv(K, k_per_split)) if K else 1
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split_k)
-    ieee = a.dtype == torch.float32
-    # bf16 and fp16 products are exact in fp32, so upcasting on the interpreter changes no result.
-    common = dict(IEEE=ieee, UPCAST=a.device.type != "cuda", BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+    common = dict(**_flags(a), EVEN_K=K % bk == 0, BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=warps,
+                  num_stages=stages)
     if split_k == 1:
         _matmul_kernel[grid](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
                              out.stride(1), 0, k_per_split, ACCUMULATE=accumulate, RNE=needs_rne(out), **common)
@@ -134,40 +287,37 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool
                                                     num_warps=4)
 
 
-def _default_config(device: torch.device) -> tuple[int, int, int, int, int]:
-    """(BM, BN, BK, warps, stages): Hopper-sized tiles on a GPU, small ones on the interpreter."""
-    return (128, 256, 64, 8, 3) if device.type == "cuda" else (64, 64, 64, 4, 1)
-
-
 def default_chunk(n_tokens: int, v: int, h: int, split_k: int, elem_bytes: int) -> int:
-    """Tokens per chunk: the largest power of two (at least 64) whose logits and split-K partials fit CHUNK_BUDGET."""
+    """Token form: the largest power of two (at least 64) of tokens whose logits and partials fit CHUNK_BUDGET."""
     per_token = v * elem_bytes + split_k * h * 4
     fit = max(1, CHUNK_BUDGET // per_token)
     chunk = max(64, 1 << (fit.bit_length() - 1))
     return min(chunk, max(1, n_tokens))
 
 
-def linear_cross_entropy_fwd_bwd(
-    x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
-    label_smoothing: float = 0.0, reduction: str = "mean", chunk: int | None = None, split_k: int | None = None,
-    logits_config=None, dx_config=None, dw_config=None, fused_ce: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, dx, dweight) of cross_entropy(x @ weight^T, target) for an upstream gradient of 1."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"linear_cross_entropy: expected x [BT, H] and weight [V, H], got {tuple(x.shape)} and "
-                         f"{tuple(weight.shape)}")
-    if target.shape != (x.shape[0],) or target.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"linear_cross_entropy: expected an integer target of shape [{x.shape[0]}], got "
-                         f"{tuple(target.shape)} {target.dtype}")
-    if x.dtype != weight.dtype or not x.is_floating_point():
-        raise ValueError(f"linear_cross_entropy: x and weight must share one float dtype, got {x.dtype} and "
-                         f"{weight.dtype}")
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"linear_cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r}")
-    x, weight, target = x.contiguous(), weight.contiguous(), target.contiguous()
+def vocab_chunks(bt: int, h: int, v: int, ws_cols: int, align: int = CHUNK_ALIGN) -> list[tuple[int, int, int]]:
+    """Vocab form: (v0, v1, start) per chunk, start = the element offset of its [bt, v1 - v0] gradient in dweight's
+    flat storage, or -1 for the workspace. A chunk in dweight's tail must end before it: v1 h <= start."""
+    chunks, v0 = [], 0
+    while v0 < v:
+        n = (v - v0) * h // (h + bt)
+        n = n // align * align if n >= align else n
+        if n > ws_cols and n > 0:
+            start = (v * h - n * bt) // 8 * 8  # 16-byte aligned for bf16
+            if start >= (v0 + n) * h:
+                chunks.append((v0, v0 + n, start))
+                v0 += n
+                continue
+        n = min(max(1, ws_cols), v - v0)
+        chunks.append((v0, v0 + n, -1))
+        v0 += n
+    return chunks
+
+
+def _token_form(x, weight, target, ignore_index, label_smoothing, mean, chunk, split_k, logits_config, dx_config,
+                dw_config, fused_ce):
     bt, h = x.shape
     v = weight.shape[0]
-    mean = reduction == "mean"
     if split_k is None:
         split_k = 2 if x.is_cuda else 3
     dx = torch.empty_like(x)
@@ -186,6 +336,98 @@ def linear_cross_entropy_fwd_bwd(
         matmul(lc, weight, dx[r0:r1], split_k=split_k, config=dx_config, partials=partials)
         matmul(lc.t(), xc, dw, accumulate=i > 0, config=dw_config)
     return sum_rows(loss_rows, n_valid, mean), dx, dw
+
+
+def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
+                workspace, store_first):
+    bt, h = x.shape
+    v = weight.shape[0]
+    dev = x.device
+    dx = torch.empty_like(x)
+    dw = torch.empty_like(weight)
+    n_valid = count_valid(target, ignore_index)
+    vec = torch.empty(4, bt, dtype=torch.float32, device=dev)
+    lse, row_scale, loss_rows, tgt_logit = vec[0], vec[1], vec[2], vec[3]
+    if bt == 0:
+        dw.zero_()
+        return sum_rows(loss_rows, n_valid, mean), dx, dw
+    bm, bn, bk, warps, stages = logits_config or _default_config(dev)
+    smooth = label_smoothing != 0.0
+    n_stats = 3 if smooth else 2
+    stats_words = n_stats * triton.cdiv(v, bn) * bt
+    budget = VOCAB_WORKSPACE if workspace is None else workspace
+    ws_cols = max(1, budget // (bt * x.element_size()))
+    if ws_cols >= CHUNK_ALIGN:
+        ws_cols = ws_cols // CHUNK_ALIGN * CHUNK_ALIGN
+    ws_elems = max(ws_cols * bt, triton.cdiv(stats_words * 4, x.element_size()))
+    ws = torch.empty(ws_elems, dtype=x.dtype, device=dev)
+    stats = ws.view(torch.float32) if x.element_size() == 4 else ws[: ws_elems - ws_elems % 2].view(torch.float32)
+    chunks = vocab_chunks(bt, h, v, ws_cols)
+    flat = dw.view(-1)
+
+    def grad_buffer(v0: int, v1: int, start: int) -> torch.Tensor:
+        n = v1 - v0
+        return (flat[start: start + bt * n] if start >= 0 else ws[: bt * n]).view(bt, n)
+
+    store_first = store_first and chunks[0][2] >= 0  # a first chunk in the workspace would overwrite the stats
+    first = grad_buffer(*chunks[0]) if store_first else None
+    store_cols = chunks[0][1] if store_first else 0
+    common = dict(**_flags(x), EVEN_K=h % bk == 0, RNE=needs_rne(dw), BM=bm, BN=bn, BK=bk, GROUP_M=8,
+                  num_warps=warps, num_stages=stages)
+    grid = (triton.cdiv(bt, bm) * triton.cdiv(v, bn),)
+    _vocab_logits_kernel[grid](x, weight, target, stats, tgt_logit, lse, row_scale, first if store_first else dx,
+                               store_cols, bt, v, h, 0, v, x.stride(0), weight.stride(0), store_cols,
+                               label_smoothing, MODE=MODE_STATS, SMOOTH=smooth, STORE=store_first, **common)
+    _lse_kernel[(triton.cdiv(bt, 128),)](stats, tgt_logit, target, n_valid, lse, row_scale, loss_rows, bt,
+                                         triton.cdiv(v, bn), v, ignore_index, label_smoothing, SMOOTH=smooth,
+                                         MEAN=mean, BLOCK=128, num_warps=4)
+    for i, (v0, v1, start) in enumerate(chunks):
+        n = v1 - v0
+        dl = grad_buffer(v0, v1, start)
+        if i == 0 and store_first:
+            _logits_to_grad_kernel[(bt, triton.cdiv(n, 4096))](dl, n, target, lse, row_scale, n, v0, v,
+                                                               label_smoothing, RNE=needs_rne(dl), BLOCK=4096,
+                                                               num_warps=8)
+        else:
+            grid = (triton.cdiv(bt, bm) * triton.cdiv(n, bn),)
+            _vocab_logits_kernel[grid](x, weight, target, stats, tgt_logit, lse, row_scale, dl, n, bt, n, h, v0, v,
+                                       x.stride(0), weight.stride(0), 0, label_smoothing, MODE=MODE_GRAD,
+                                       SMOOTH=smooth, STORE=False, **common)
+        matmul(dl.t(), x, dw[v0:v1], config=dw_config)
+        matmul(dl, weight[v0:v1], dx, accumulate=i > 0, config=dx_config)
+    return sum_rows(loss_rows, n_valid, mean), dx, dw
+
+
+def linear_cross_entropy_fwd_bwd(
+    x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+    label_smoothing: float = 0.0, reduction: str = "mean", form: str = "vocab", chunk: int | None = None,
+    split_k: int | None = None, logits_config=None, dx_config=None, dw_config=None, fused_ce: bool | None = None,
+    workspace: int | None = None, store_first: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, dx, dweight) of cross_entropy(x @ weight^T, target) for an upstream gradient of 1.
+    form "vocab": logits_config tiles the logits/gradient kernel, workspace (bytes) is the fixed scratch,
+    store_first keeps pass 1's logits for the first chunk. form "token": chunk (tokens), split_k of dx, fused_ce.
+    dx_config / dw_config tile the two backward products in both forms; configs are (BM, BN, BK, warps, stages)."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear_cross_entropy: expected x [BT, H] and weight [V, H], got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if target.shape != (x.shape[0],) or target.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"linear_cross_entropy: expected an integer target of shape [{x.shape[0]}], got "
+                         f"{tuple(target.shape)} {target.dtype}")
+    if x.dtype != weight.dtype or not x.is_floating_point():
+        raise ValueError(f"linear_cross_entropy: x and weight must share one float dtype, got {x.dtype} and "
+                         f"{weight.dtype}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"linear_cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r}")
+    if form not in ("vocab", "token"):
+        raise ValueError(f"linear_cross_entropy: form must be 'vocab' or 'token', got {form!r}")
+    x, weight, target = x.contiguous(), weight.contiguous(), target.contiguous()
+    mean = reduction == "mean"
+    if form == "token":
+        return _token_form(x, weight, target, ignore_index, label_smoothing, mean, chunk, split_k, logits_config,
+                           dx_config, dw_config, fused_ce)
+    return _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
+                       workspace, store_first)
 
 
 class ModelNew(torch.nn.Module):
