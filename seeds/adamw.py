@@ -5,17 +5,32 @@ never synchronises with the host):
     p <- p (1 - lr wd);  m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
     p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps);  p16 <- bf16(p)
 which is torch.optim.AdamW's update (decoupled weight decay, no amsgrad).
-Bytes: read p, g, m, v (16 B with fp32 g) and write p, m, v, p16 (14 B): 30 B/param, 28 with bf16 grads.
+Bytes per parameter: read p, g, m, v (16 B with fp32 g) and write p, m, v, p16 (14 B): 30 B, 28 with bf16 grads.
 torch's fused=True moves 28 B/param with fp32 grads and writes no bf16 copy.
-One launch per tensor (a step over a model's tensors is a handful of long launches queued back to back; at 1B
-parameters in 64 tensors each launch streams ~470 MB, so launch cost is hidden behind the previous kernel).
-Updates in place by default; with inplace=False new tensors are returned (the task's contract).
 
-Measured on the H200 (docs/bench-mix.md), 1B fp32 params in 64 tensors, fp32 grads: 10.8 ms = 2,775 GB/s (65% of the
-measured copy) against torch fused=True 8.05 ms (28 B/param, no bf16 copy; 9.65 ms with the copy): 0.74x, not the
-1.0x target. Larger blocks were slower still (16 ms), which points at the kernel, not launch cost; not yet explained.
+Two forms, the same per-element code:
+- multi-tensor (default): ONE launch over all tensors. A small int64 table on the device holds, per tensor, its first
+  chunk (a prefix sum), its size and the element offset of each of its eight arrays from the lowest-addressed array
+  of the same role (so the kernel needs eight base pointers and no pointer casts). A program binary-searches the
+  prefix sums for its chunk's tensor, then streams ITERS blocks of BLOCK elements; a persistent grid (`programs=`)
+  walks chunks with a stride instead. `plan_adamw` builds the table once for tensors that stay put (a trainer);
+  `adamw_step` builds it per call (one small host-to-device copy).
+- per-tensor: one launch per tensor (kept for comparison).
+Bias corrections are computed once per program in fp64 from the step (1 - b^t in fp32 loses digits at small t);
+per element: fp32, sqrt(v) times 1/sqrt(1 - b2^t), one fast division (div.full, 2 ulp).
+
+Why the first seed reached only 65% of the copy bandwidth (10.8 ms at 1B params in 64 tensors of 15,625,000): every
+load and store was masked by `offs < n`, and n is not a multiple of 16, so Triton could not prove a mask constant
+over a 16-byte vector and emitted 4-byte accesses (PTX: 33 scalar ld.global, no v4; at n a multiple of 16, v4
+loads). Here only a tensor's last, partial chunk is masked; full chunks load and store unmasked, 16-byte vectors
+(the offsets are multiples of 16 elements when the arrays are 64-byte aligned, which the table records as ALIGN).
+
+Measured on the H200: not measured yet (benchmarks/bench_adamw.py is the one call that measures it).
 """
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -23,60 +38,179 @@ import triton.language as tl
 
 CRUCIBLE_SEED = {"name": "adamw", "tasks": ["adamw.py"], "ops": ["AdamW step (fp32 master, bf16 copy)"]}
 
+N_FIELDS = 10  # table rows: first chunk, size, then the element offsets of p, g, m, v, p_out, m_out, v_out, p16
+MAX_ALIGN = 16  # elements: offsets that are multiples of this keep every array's accesses 16-byte vectors
+
 
 @triton.jit
-def _adamw_kernel(
-    P, G, M, V,                 # inputs: fp32 params, grads (any float), fp32 moments
-    P_OUT, M_OUT, V_OUT, P16,   # outputs (P_OUT, M_OUT, V_OUT may alias P, M, V: each element is read first)
-    STEP,                       # 0-d tensor: the step number after this update (1 on the first step)
-    n_elements, lr, beta1, beta2, eps, weight_decay,
-    BLOCK: tl.constexpr,
+def _bias_terms(STEP, lr, ln_beta1, ln_beta2):
+    """lr / (1 - b1^t) and 1 / sqrt(1 - b2^t), in fp64 once per program (b^t = exp(t ln b); ln b comes from the host
+    in double, rounded to fp32: at t = 1 and b2 = 0.999 an fp32 1 - b2^t would be off by ~1e-4 relative)."""
+    step = tl.load(STEP).to(tl.float64)
+    bias1 = 1.0 - tl.exp(step * ln_beta1)  # fp64: the fp32 arguments are promoted
+    bias2 = 1.0 - tl.exp(step * ln_beta2)
+    step_size = (lr / bias1).to(tl.float32)
+    inv_sqrt_bias2 = (1.0 / tl.sqrt(bias2)).to(tl.float32)
+    return step_size, inv_sqrt_bias2
+
+
+@triton.jit
+def _adamw_chunk(
+    P, G, M, V, P_OUT, M_OUT, V_OUT, P16,   # one tensor's arrays (outputs may alias inputs: each element is read first)
+    start, numel,                           # first element of the chunk, elements in the tensor
+    decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, inv_sqrt_bias2,
+    BLOCK: tl.constexpr, ITERS: tl.constexpr,
+    VEC: tl.constexpr,                      # elements per contiguous run of a thread (4: one 16-byte fp32 vector)
+    MASKED: tl.constexpr,                   # False: the whole chunk lies inside the tensor (unmasked 16-byte vectors)
+    STREAMING: tl.constexpr,                # evict-first loads, streaming stores: nothing here is read again soon
 ):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n_elements
-    step = tl.load(STEP).to(tl.float32)
-    # b^t = 2^(t log2 b): fp32-accurate for the step counts of training (relative error ~1e-7 at t = 1e5).
-    bias1 = 1.0 - tl.exp2(step * tl.log2(beta1))
-    bias2 = 1.0 - tl.exp2(step * tl.log2(beta2))
-    p = tl.load(P + offs, mask=mask, other=0.0)
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    m = tl.load(M + offs, mask=mask, other=0.0)
-    v = tl.load(V + offs, mask=mask, other=0.0)
-    p = p * (1.0 - lr * weight_decay)
-    m = beta1 * m + (1.0 - beta1) * g
-    v = beta2 * v + (1.0 - beta2) * g * g
-    denom = tl.sqrt(v) / tl.sqrt(bias2) + eps
-    p = p - (lr / bias1) * (m / denom)
-    tl.store(P_OUT + offs, p, mask=mask)
-    tl.store(M_OUT + offs, m, mask=mask)
-    tl.store(V_OUT + offs, v, mask=mask)
-    tl.store(P16 + offs, p.to(P16.dtype.element_ty), mask=mask)
+    for i in tl.static_range(ITERS):
+        offs = tl.max_contiguous(start + i * BLOCK + tl.arange(0, BLOCK), VEC)
+        if MASKED:
+            mask = offs < numel
+            p = tl.load(P + offs, mask=mask, other=0.0)
+            g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+            m = tl.load(M + offs, mask=mask, other=0.0)
+            v = tl.load(V + offs, mask=mask, other=0.0)
+        elif STREAMING:
+            p = tl.load(P + offs, eviction_policy="evict_first")
+            g = tl.load(G + offs, eviction_policy="evict_first").to(tl.float32)
+            m = tl.load(M + offs, eviction_policy="evict_first")
+            v = tl.load(V + offs, eviction_policy="evict_first")
+        else:
+            p = tl.load(P + offs)
+            g = tl.load(G + offs).to(tl.float32)
+            m = tl.load(M + offs)
+            v = tl.load(V + offs)
+        p = p * decay
+        m = beta1 * m + one_minus_beta1 * g
+        v = beta2 * v + one_minus_beta2 * (g * g)
+        p = p - step_size * (m / (tl.sqrt(v) * inv_sqrt_bias2 + eps))
+        p16 = p.to(P16.dtype.element_ty)
+        if MASKED:
+            tl.store(P_OUT + offs, p, mask=mask)
+            tl.store(M_OUT + offs, m, mask=mask)
+            tl.store(V_OUT + offs, v, mask=mask)
+            tl.store(P16 + offs, p16, mask=mask)
+        elif STREAMING:
+            tl.store(P_OUT + offs, p, cache_modifier=".cs")
+            tl.store(M_OUT + offs, m, cache_modifier=".cs")
+            tl.store(V_OUT + offs, v, cache_modifier=".cs")
+            tl.store(P16 + offs, p16, cache_modifier=".cs")
+        else:
+            tl.store(P_OUT + offs, p)
+            tl.store(M_OUT + offs, m)
+            tl.store(V_OUT + offs, v)
+            tl.store(P16 + offs, p16)
 
 
-def _settings(n: int) -> tuple[int, int]:
-    """BLOCK and warps: 1024 elements at 4 warps (two 16-byte vectors per thread and tensor), smaller for small
-    tensors. The H200 run: 1024/4 10.8 ms, 2048/8 13.2, 4096/8 16.3, 8192/8 15.9 for 1B params in 64 tensors."""
-    block = 1024
-    while block > 256 and triton.cdiv(n, block) < 264:
-        block //= 2
-    return block, 4
+@triton.jit
+def _adamw_multi_kernel(
+    P, G, M, V, P_OUT, M_OUT, V_OUT, P16,   # the lowest-addressed array of each role; the table offsets are from these
+    STEP,                                   # 0-d tensor: the step number after this update (1 on the first step)
+    TABLE,                                  # int64 [N_FIELDS, n_tensors + 1]: row 0 the prefix sum of chunks
+    n_tensors, n_chunks,
+    lr, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, ln_beta1, ln_beta2, eps,
+    SEARCH_STEPS: tl.constexpr,             # ceil(log2(n_tensors)): binary-search steps over the prefix sums
+    ALIGN: tl.constexpr,                    # every offset in the table is a multiple of this (tells Triton so)
+    BLOCK: tl.constexpr, ITERS: tl.constexpr, VEC: tl.constexpr,
+    PERSISTENT: tl.constexpr,               # programs walk chunks pid, pid + grid, ...; else one chunk per program
+    SPLIT_TAIL: tl.constexpr,               # unmasked full chunks; False masks every chunk (the first seed's form)
+    STREAMING: tl.constexpr,
+):
+    CHUNK: tl.constexpr = BLOCK * ITERS
+    step_size, inv_sqrt_bias2 = _bias_terms(STEP, lr, ln_beta1, ln_beta2)
+    stride = n_tensors + 1
+    pid = tl.program_id(0)
+    last = pid + 1
+    if PERSISTENT:
+        last = n_chunks
+    for c in tl.range(pid, last, tl.num_programs(0)):
+        # The tensor of chunk c: the largest t with first_chunk[t] <= c (first_chunk[n_tensors] = n_chunks).
+        lo = 0
+        hi = n_tensors
+        for _ in tl.static_range(SEARCH_STEPS):
+            mid = (lo + hi) // 2
+            right = tl.load(TABLE + mid) <= c
+            lo = tl.where(right, mid, lo)
+            hi = tl.where(right, hi, mid)
+        row = TABLE + lo
+        start = (c - tl.load(row)).to(tl.int64) * CHUNK
+        numel = tl.load(row + stride)
+        # Offsets are stored divided by ALIGN, so the multiply shows Triton their divisibility (16-byte vectors).
+        p_ = P + tl.load(row + 2 * stride) * ALIGN
+        g_ = G + tl.load(row + 3 * stride) * ALIGN
+        m_ = M + tl.load(row + 4 * stride) * ALIGN
+        v_ = V + tl.load(row + 5 * stride) * ALIGN
+        po = P_OUT + tl.load(row + 6 * stride) * ALIGN
+        mo = M_OUT + tl.load(row + 7 * stride) * ALIGN
+        vo = V_OUT + tl.load(row + 8 * stride) * ALIGN
+        p16 = P16 + tl.load(row + 9 * stride) * ALIGN
+        full = start + CHUNK <= numel
+        if SPLIT_TAIL:
+            if full:
+                _adamw_chunk(p_, g_, m_, v_, po, mo, vo, p16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                             one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, False, STREAMING)
+            else:
+                _adamw_chunk(p_, g_, m_, v_, po, mo, vo, p16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                             one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
+        else:
+            _adamw_chunk(p_, g_, m_, v_, po, mo, vo, p16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                         one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
 
 
-def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step: torch.Tensor, lr: float = 1e-3,
-               betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-               inplace: bool = True, low_precision_dtype: torch.dtype = torch.bfloat16,
-               block: int | None = None, num_warps: int | None = None):
-    """One AdamW step over lists of tensors; returns (params, exp_avgs, exp_avg_sqs, low-precision params)."""
+@triton.jit
+def _adamw_tensor_kernel(
+    P, G, M, V, P_OUT, M_OUT, V_OUT, P16, STEP, numel,
+    lr, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, ln_beta1, ln_beta2, eps,
+    BLOCK: tl.constexpr, ITERS: tl.constexpr, VEC: tl.constexpr, SPLIT_TAIL: tl.constexpr, STREAMING: tl.constexpr,
+):
+    CHUNK: tl.constexpr = BLOCK * ITERS
+    step_size, inv_sqrt_bias2 = _bias_terms(STEP, lr, ln_beta1, ln_beta2)
+    start = tl.program_id(0).to(tl.int64) * CHUNK
+    full = start + CHUNK <= numel
+    if SPLIT_TAIL:
+        if full:
+            _adamw_chunk(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                         one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, False, STREAMING)
+        else:
+            _adamw_chunk(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                         one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
+    else:
+        _adamw_chunk(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                     one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
+
+
+# ---- launchers ------------------------------------------------------------------------------------------------------
+
+def _settings(total: int, block: int | None, num_warps: int | None, iters: int | None) -> tuple[int, int, int]:
+    """BLOCK, warps, ITERS: 1024 elements at 4 warps (two 16-byte vectors per thread and fp32 array), four blocks
+    per chunk; fewer and smaller (where not given) for small steps, so that ~1,000 chunks still spread over the SMs."""
+    b, it = block or 1024, iters or 4
+    while iters is None and it > 1 and triton.cdiv(total, b * it) < 1024:
+        it //= 2
+    while block is None and b > 256 and triton.cdiv(total, b * it) < 1024:
+        b //= 2
+    return b, num_warps or 4, it
+
+
+def _hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> dict:
+    beta1, beta2 = betas
+    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+        raise ValueError(f"adamw_step: betas must lie in [0, 1), got {betas}")
+    ln_beta1, ln_beta2 = (math.log(b) if b > 0 else -math.inf for b in betas)  # b = 0: b^t = exp(-inf) = 0
+    return dict(lr=float(lr), decay=1.0 - lr * weight_decay, beta1=float(beta1), beta2=float(beta2),
+                one_minus_beta1=1.0 - beta1, one_minus_beta2=1.0 - beta2, ln_beta1=ln_beta1, ln_beta2=ln_beta2,
+                eps=float(eps))
+
+
+def _state(params, grads, exp_avgs, exp_avg_sqs, inplace: bool):
+    """The four lists, checked; contiguous (copies of the inputs that are not updated in place, where needed)."""
+    params, grads, exp_avgs, exp_avg_sqs = list(params), list(grads), list(exp_avgs), list(exp_avg_sqs)
     n = len(params)
     if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == n):
         raise ValueError(f"adamw_step: {n} params but {len(grads)} grads, {len(exp_avgs)} exp_avgs and "
                          f"{len(exp_avg_sqs)} exp_avg_sqs")
-    if step.numel() != 1:
-        raise ValueError(f"adamw_step: step must be a one-element tensor, got shape {tuple(step.shape)}")
-    beta1, beta2 = betas
-    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
-        raise ValueError(f"adamw_step: betas must lie in [0, 1), got {betas}")
-    outs = ([], [], [], [])
     for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
         if p.dtype != torch.float32 or m.dtype != torch.float32 or v.dtype != torch.float32:
             raise ValueError(f"adamw_step: params and moments must be float32 (master weights), got {p.dtype}, "
@@ -84,23 +218,146 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step: torch.Tensor, lr: flo
         if not (p.shape == g.shape == m.shape == v.shape) or not g.is_floating_point():
             raise ValueError(f"adamw_step: a param {tuple(p.shape)} needs a float grad and moments of its shape, "
                              f"got {tuple(g.shape)}, {tuple(m.shape)}, {tuple(v.shape)}")
+        if not (p.device == g.device == m.device == v.device == params[0].device):
+            raise ValueError("adamw_step: all params, grads and moments must be on one device")
         if inplace and not (p.is_contiguous() and m.is_contiguous() and v.is_contiguous()):
             raise ValueError("adamw_step: in-place updates need contiguous params and moments")
-        p_in, g, m_in, v_in = p.contiguous(), g.contiguous(), m.contiguous(), v.contiguous()
-        p_out = p_in if inplace else torch.empty_like(p_in)
-        m_out = m_in if inplace else torch.empty_like(m_in)
-        v_out = v_in if inplace else torch.empty_like(v_in)
-        p16 = torch.empty(p_in.shape, dtype=low_precision_dtype, device=p_in.device)
-        numel = p_in.numel()
-        if numel:
-            blk, warps = _settings(numel)
-            blk, warps = block or blk, num_warps or warps
-            _adamw_kernel[(triton.cdiv(numel, blk),)](
-                p_in, g, m_in, v_in, p_out, m_out, v_out, p16, step, numel, float(lr), float(beta1), float(beta2),
-                float(eps), float(weight_decay), BLOCK=blk, num_warps=warps)
-        for lst, t in zip(outs, (p_out, m_out, v_out, p16)):
-            lst.append(t)
+        if g.dtype != grads[0].dtype:
+            raise ValueError(f"adamw_step: all grads must share one dtype, got {grads[0].dtype} and {g.dtype}")
+    return tuple([t.contiguous() for t in lst] for lst in (params, grads, exp_avgs, exp_avg_sqs))
+
+
+def _flat_outputs(like: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """One allocation for a whole list of outputs, each a view starting on a multiple of MAX_ALIGN elements."""
+    sizes = [triton.cdiv(t.numel(), MAX_ALIGN) * MAX_ALIGN for t in like]
+    flat = torch.empty(max(1, sum(sizes)), dtype=dtype, device=like[0].device)
+    outs, at = [], 0
+    for t, size in zip(like, sizes):
+        outs.append(flat[at:at + t.numel()].view(t.shape))
+        at += size
     return outs
+
+
+def _step_tensor(step, device: torch.device) -> torch.Tensor:
+    if isinstance(step, torch.Tensor):
+        if step.numel() != 1:
+            raise ValueError(f"adamw_step: step must be a one-element tensor, got shape {tuple(step.shape)}")
+        return step.to(device)
+    return torch.full((), float(step), dtype=torch.float32, device=device)
+
+
+@dataclass(frozen=True)
+class AdamWPlan:
+    """A multi-tensor launch: its arrays, outputs and device table. Valid while the tensors stay where they are."""
+    arrays: tuple[list[torch.Tensor], ...]  # p, g, m, v, p_out, m_out, v_out, p16 (the non-empty tensors)
+    outputs: tuple[list[torch.Tensor], ...]  # params, exp_avgs, exp_avg_sqs, low-precision params (all tensors)
+    bases: tuple[torch.Tensor, ...]          # the lowest-addressed tensor of each role
+    table: torch.Tensor
+    n_chunks: int
+    align: int
+    block: int
+    num_warps: int
+    iters: int
+    vec: int
+    programs: int | None
+    split_tail: bool
+    streaming: bool
+
+
+def plan_adamw(params, grads, exp_avgs, exp_avg_sqs, *, inplace: bool = True, out16: list | None = None,
+               low_precision_dtype: torch.dtype = torch.bfloat16, block: int | None = None,
+               num_warps: int | None = None, iters: int | None = None, vec: int = 4, programs: int | None = None,
+               split_tail: bool = True, streaming: bool = False) -> AdamWPlan:
+    """Check the state, allocate the outputs (new tensors unless inplace; the low-precision copy into out16 when
+    given) and build the device table. programs: a persistent grid of that many programs (None: one per chunk)."""
+    params, grads, exp_avgs, exp_avg_sqs = _state(params, grads, exp_avgs, exp_avg_sqs, inplace)
+    if not params:
+        raise ValueError("adamw_step: no parameters")
+    if inplace:
+        p_out, m_out, v_out = params, exp_avgs, exp_avg_sqs
+    else:
+        p_out, m_out, v_out = (_flat_outputs(params, torch.float32) for _ in range(3))
+    if out16 is None:
+        out16 = _flat_outputs(params, low_precision_dtype)
+    elif len(out16) != len(params) or any(h.shape != p.shape or not h.is_contiguous() for h, p in zip(out16, params)):
+        raise ValueError("adamw_step: out16 must hold one contiguous tensor of each param's shape")
+    roles = (params, grads, exp_avgs, exp_avg_sqs, p_out, m_out, v_out, out16)
+    keep = [i for i, p in enumerate(params) if p.numel()]
+    arrays = tuple([role[i] for i in keep] for role in roles)
+    bases = tuple(min(role, key=lambda t: t.data_ptr()) if role else None for role in arrays)
+    total = sum(params[i].numel() for i in keep)
+    blk, warps, it = _settings(total, block, num_warps, iters)
+    chunks = [triton.cdiv(params[i].numel(), blk * it) for i in keep]
+    first = [0]
+    for c in chunks:
+        first.append(first[-1] + c)
+    offsets = []
+    for role, base in zip(arrays, bases):
+        size = base.element_size() if base is not None else 1
+        byte_offs = [t.data_ptr() - base.data_ptr() for t in role]
+        if any(b % size for b in byte_offs):
+            raise ValueError("adamw_step: an array's address is not a whole number of elements from its peers'")
+        offsets.append([b // size for b in byte_offs])
+    align = MAX_ALIGN
+    while align > 1 and any(o % align for row in offsets for o in row):
+        align //= 2
+    pad = [0]  # row 0 has n + 1 entries (the last prefix sum); the others get one unused pad
+    rows = [first, [params[i].numel() for i in keep] + pad] + [[o // align for o in row] + pad for row in offsets]
+    device = params[0].device
+    table = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+    return AdamWPlan(arrays, (p_out, m_out, v_out, out16), bases, table, first[-1], align, blk, warps, it, vec,
+                     programs, split_tail, streaming)
+
+
+def run_plan(plan: AdamWPlan, step, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+             eps: float = 1e-8, weight_decay: float = 1e-2):
+    """One step through a plan (a single launch); returns (params, exp_avgs, exp_avg_sqs, low-precision params)."""
+    hyper = _hyper(lr, betas, eps, weight_decay)
+    n = len(plan.arrays[0])
+    if n:
+        step = _step_tensor(step, plan.bases[0].device)
+        grid = min(plan.programs, plan.n_chunks) if plan.programs else plan.n_chunks
+        _adamw_multi_kernel[(grid,)](
+            *plan.bases, step, plan.table, n, plan.n_chunks, **hyper, SEARCH_STEPS=(n - 1).bit_length(),
+            ALIGN=plan.align, BLOCK=plan.block, ITERS=plan.iters, VEC=plan.vec, PERSISTENT=plan.programs is not None,
+            SPLIT_TAIL=plan.split_tail, STREAMING=plan.streaming, num_warps=plan.num_warps)
+    return plan.outputs
+
+
+def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr: float = 1e-3,
+               betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+               inplace: bool = True, low_precision_dtype: torch.dtype = torch.bfloat16, out16: list | None = None,
+               multi_tensor: bool = True, block: int | None = None, num_warps: int | None = None,
+               iters: int | None = None, vec: int = 4, programs: int | None = None, split_tail: bool = True,
+               streaming: bool = False):
+    """One AdamW step over lists of tensors; returns (params, exp_avgs, exp_avg_sqs, low-precision params).
+    Knobs for benchmarks: multi_tensor (one launch, else one per tensor), block / num_warps / iters (elements per
+    block, warps, blocks per chunk: block / (32 num_warps) elements per thread and array), vec (the contiguous
+    run per thread Triton is told of: 4 keeps every array in one register layout; with more, Triton gives the
+    loads and the bf16 store 8 per thread but caps fp32 stores at 4, and converts through shared memory), programs
+    (a persistent grid, multi-tensor form), split_tail (False masks every chunk), streaming (cache hints)."""
+    if multi_tensor:
+        plan = plan_adamw(params, grads, exp_avgs, exp_avg_sqs, inplace=inplace, out16=out16,
+                          low_precision_dtype=low_precision_dtype, block=block, num_warps=num_warps, iters=iters,
+                          vec=vec, programs=programs, split_tail=split_tail, streaming=streaming)
+        return run_plan(plan, step, lr, betas, eps, weight_decay)
+    params, grads, exp_avgs, exp_avg_sqs = _state(params, grads, exp_avgs, exp_avg_sqs, inplace)
+    hyper = _hyper(lr, betas, eps, weight_decay)
+    if inplace:
+        p_out, m_out, v_out = params, exp_avgs, exp_avg_sqs
+    else:
+        p_out, m_out, v_out = ([torch.empty_like(p) for p in params] for _ in range(3))
+    if out16 is None:
+        out16 = [torch.empty(p.shape, dtype=low_precision_dtype, device=p.device) for p in params]
+    step = _step_tensor(step, params[0].device) if params else step
+    for arrays in zip(params, grads, exp_avgs, exp_avg_sqs, p_out, m_out, v_out, out16):
+        numel = arrays[0].numel()
+        if numel:
+            blk, warps, it = _settings(numel, block, num_warps, iters)
+            _adamw_tensor_kernel[(triton.cdiv(numel, blk * it),)](
+                *arrays, step, numel, **hyper, BLOCK=blk, ITERS=it, VEC=vec, SPLIT_TAIL=split_tail,
+                STREAMING=streaming, num_warps=warps)
+    return p_out, m_out, v_out, out16
 
 
 class ModelNew(torch.nn.Module):

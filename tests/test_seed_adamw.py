@@ -1,5 +1,6 @@
 """AdamW seed against the task reference (torch's AdamW update written out) and torch.optim.AdamW itself, through
-the Triton interpreter."""
+the Triton interpreter: the multi-tensor launch (chunk -> tensor search, tails, persistent grid, unaligned
+arrays) and the per-tensor form, every knob the benchmark sweeps."""
 import copy
 from pathlib import Path
 
@@ -8,13 +9,25 @@ import torch
 
 from sandbox.task import load_task
 from sandbox.tolerance import compare
-from seeds.adamw import ModelNew, adamw_step
+from seeds.adamw import ModelNew, adamw_step, plan_adamw, run_plan
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
 SIZES = [  # N0..N3
     {"N0": 1, "N1": 1, "N2": 1, "N3": 1}, {"N0": 4099, "N1": 257, "N2": 17, "N3": 2},
     {"N0": 30000, "N1": 4096, "N2": 31, "N3": 1000},
 ]
+# Knob sets the benchmark sweeps; small blocks so that the interpreter crosses chunk and tensor boundaries often.
+VARIANTS = [
+    dict(),
+    dict(block=64, num_warps=1, iters=2),
+    dict(block=128, num_warps=4, iters=1, vec=128),
+    dict(block=64, num_warps=2, iters=4, programs=3),
+    dict(block=64, num_warps=2, iters=2, split_tail=False),
+    dict(block=64, num_warps=2, iters=2, streaming=True),
+    dict(multi_tensor=False),
+    dict(multi_tensor=False, block=64, iters=2, split_tail=False),
+]
+ODD_SHAPES = [(37, 5), (1,), (1000,), (0,), (129,), (3, 7, 11), (64,), (2049,)]
 
 
 def _run(consts, grad_dtype, dist, device):
@@ -47,22 +60,98 @@ def test_adamw_distributions(dist, device):
     _run(SIZES[1], torch.float32, dist, device)
 
 
-def test_adamw_matches_torch_optim_over_steps(device):
-    """Three in-place steps track torch.optim.AdamW (foreach=False) step for step."""
+def _state(shapes, device, seed=0, grad_dtype=torch.float32, flat_offset=None):
+    """params, grads, exp_avgs, exp_avg_sqs; with flat_offset, each list is made of views of one buffer, the
+    first starting flat_offset elements in (so the arrays are not 16-element aligned)."""
+    g = torch.Generator().manual_seed(seed)
+    lists = [[torch.randn(s, generator=g) * 0.02 for s in shapes],
+             [(torch.randn(s, generator=g) * 1e-3).to(grad_dtype) for s in shapes],
+             [torch.randn(s, generator=g) * 1e-4 for s in shapes],
+             [torch.rand(s, generator=g) * 1e-6 for s in shapes]]
+    if flat_offset is not None:
+        packed = []
+        for lst in lists:
+            flat = torch.empty(flat_offset + sum(t.numel() + 3 for t in lst), dtype=lst[0].dtype)
+            views, at = [], flat_offset
+            for t in lst:
+                views.append(flat[at:at + t.numel()].view(t.shape).copy_(t))
+                at += t.numel() + 3
+            packed.append(views)
+        lists = packed
+    return [[t.to(device) for t in lst] for lst in lists]
+
+
+def _reference(p, g, m, v, step, lr, betas, eps, wd):
+    """The update in float64, from the task's Model (one tensor at a time)."""
+    model = load_task(TASKS / "adamw.py").module.Model(lr, betas[0], betas[1], eps, wd).double()
+    n = len(p)
+    out = model(*[t.double() for t in (*p, *g, *m, *v)], torch.tensor(float(step), dtype=torch.float64))
+    return [list(out[i * n:(i + 1) * n]) for i in range(4)]
+
+
+@pytest.mark.parametrize("knobs", VARIANTS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "default")
+@pytest.mark.parametrize("wd,step", [(0.1, 1), (0.0, 7)])
+def test_adamw_variants_many_tensors(knobs, wd, step, device):
+    """Eight tensors of odd sizes (one empty) in one call: every variant against float64, in place."""
+    p, g, m, v = _state(ODD_SHAPES, device, seed=step)
+    truth = _reference(p, g, m, v, step, 1e-2, (0.9, 0.999), 1e-8, wd)
+    outs = adamw_step(p, g, m, v, torch.tensor(float(step), device=device), 1e-2, (0.9, 0.999), 1e-8, wd, **knobs)
+    for got, came in zip(outs[:3], (p, m, v)):  # in place: the tensors that came in
+        assert all(a is b for a, b in zip(got, came))
+    for name, got, ref in zip(("param", "exp_avg", "exp_avg_sq"), outs[:3], truth[:3]):
+        for i, (a, b) in enumerate(zip(got, ref)):
+            torch.testing.assert_close(a.double(), b, rtol=3e-6, atol=1e-9, msg=f"{name}[{i}] {tuple(a.shape)}")
+    for i, (h, b) in enumerate(zip(outs[3], truth[0])):
+        assert h.dtype == torch.bfloat16 and h.shape == b.shape
+        torch.testing.assert_close(h.double(), b, rtol=8e-3, atol=0, msg=f"bf16 param[{i}]")
+
+
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
+def test_adamw_unaligned_views(grad_dtype, device):
+    """Arrays that are views of flat buffers at odd element offsets: the table's offsets are not multiples of 16,
+    so the launch must fall back to a smaller ALIGN (and stay correct)."""
+    shapes = [(33,), (100,), (5, 9)]
+    p, g, m, v = _state(shapes, device, grad_dtype=grad_dtype, flat_offset=1)
+    truth = _reference(p, g, m, v, 3, 1e-3, (0.9, 0.95), 1e-8, 0.1)
+    plan = plan_adamw(p, g, m, v, inplace=False, block=32, num_warps=1, iters=2)
+    assert plan.align == 1
+    outs = run_plan(plan, 3, 1e-3, (0.9, 0.95), 1e-8, 0.1)
+    for got, ref in zip(outs[:3], truth[:3]):
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a.double(), b, rtol=3e-6, atol=1e-9)
+
+
+def test_adamw_bias_correction_at_step_one(device):
+    """beta2 = 0.999 at step 1: 1 - beta2^t = 0.001, where an fp32 1 - exp2(t log2 b) would be off by ~1e-4."""
+    p, g, m, v = _state([(300,)], device)
+    m[0].zero_()
+    v[0].zero_()
+    truth = _reference(p, g, m, v, 1, 1.0, (0.9, 0.999), 1e-12, 0.0)
+    outs = adamw_step(p, g, m, v, 1, 1.0, (0.9, 0.999), 1e-12, 0.0, inplace=False)
+    # At step 1 from zero moments the update is lr * sign(g): the bias corrections cancel only if both are exact.
+    torch.testing.assert_close(outs[0][0].double(), truth[0][0], rtol=0, atol=2e-7)
+
+
+def test_adamw_plan_reuse_matches_torch_optim_over_steps(device):
+    """One plan, three in-place steps, tracking torch.optim.AdamW (foreach=False) step for step, with the bf16
+    copy written into caller-owned tensors."""
     g = torch.Generator().manual_seed(0)
-    shapes = [(33, 7), (129,), (1,)]
+    shapes = [(33, 7), (129,), (1,), (2048,)]
     params = [torch.randn(s, generator=g).to(device) for s in shapes]
+    grads = [torch.zeros(s, device=device) for s in shapes]
     ref = [p.clone().requires_grad_() for p in params]
     opt = torch.optim.AdamW(ref, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=False)
     m = [torch.zeros_like(p) for p in params]
     v = [torch.zeros_like(p) for p in params]
+    out16 = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in shapes]
+    plan = plan_adamw(params, grads, m, v, out16=out16, block=64, num_warps=2, iters=2)
     for step in range(1, 4):
-        grads = [torch.randn(p.shape, generator=g).to(device) for p in params]
         for r, gr in zip(ref, grads):
+            gr.copy_(torch.randn(gr.shape, generator=g))
             r.grad = gr.clone()
         opt.step()
-        _, _, _, p16 = adamw_step(params, grads, m, v, torch.tensor(float(step), device=device), 1e-2, (0.9, 0.95),
-                                  1e-8, 0.1)
+        _, _, _, p16 = run_plan(plan, torch.tensor(float(step), device=device), 1e-2, (0.9, 0.95), 1e-8, 0.1)
+        assert p16 is out16
         for p, r, h in zip(params, ref, p16):
             torch.testing.assert_close(p, r.detach(), rtol=2e-6, atol=2e-7)
             # Within one bf16 step: the interpreter rounds fp32 -> bf16 by truncation, the GPU to nearest.
@@ -75,3 +164,10 @@ def test_adamw_rejects_bad_state():
                    torch.tensor(1.0))
     with pytest.raises(ValueError, match="grads"):
         adamw_step([torch.zeros(3)], [], [torch.zeros(3)], [torch.zeros(3)], torch.tensor(1.0))
+    with pytest.raises(ValueError, match="one dtype"):
+        adamw_step([torch.zeros(3), torch.zeros(2)], [torch.zeros(3), torch.zeros(2, dtype=torch.bfloat16)],
+                   [torch.zeros(3), torch.zeros(2)], [torch.zeros(3), torch.zeros(2)], torch.tensor(1.0))
+    with pytest.raises(ValueError, match="contiguous"):
+        adamw_step([torch.zeros(4, 4).t()], [torch.zeros(4, 4)], [torch.zeros(4, 4)], [torch.zeros(4, 4)], 1)
+    with pytest.raises(ValueError, match="betas"):
+        adamw_step([torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)], 1, betas=(0.9, 1.0))
