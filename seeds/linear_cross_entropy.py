@@ -168,6 +168,12 @@ def _vocab_logits_kernel(
     # B[k, n] = W[v0 + n, k]
     acc = _tile_product(X, W + v0.to(tl.int64) * stride_wv, rm, rn, M, N, 0, K, stride_xm, 1, 1, stride_wv,
                         IEEE, UPCAST, EVEN_K, BM, BN, BK)
+    # Logits rounded to the input dtype, as F.linear returns them: the stats, the stored logits and the recomputed
+    # ones then agree exactly (an fp32 lse with rounded stored logits is off by up to half a bf16 ulp of a large
+    # logit inside exp), and the result has PyTorch's error, not more.
+    if RNE:
+        acc = round_bf16_rne(acc)
+    acc = acc.to(X.dtype.element_ty).to(tl.float32)
     m_ok = rm < M
     n_ok = rn < N
     target = tl.load(TARGET + rm, mask=m_ok, other=-1)
@@ -186,10 +192,7 @@ def _vocab_logits_kernel(
         tl.store(TGT_LOGIT + rm, tl.sum(tl.where(hit, acc, 0.0), axis=1), mask=m_ok & in_tile)
         if STORE:
             if pid_n * BN < store_cols:
-                out = acc
-                if RNE:
-                    out = round_bf16_rne(out)
-                tl.store(dl_ptrs, out.to(DL.dtype.element_ty), mask=m_ok[:, None] & (rn < store_cols)[None, :])
+                tl.store(dl_ptrs, acc.to(DL.dtype.element_ty), mask=m_ok[:, None] & (rn < store_cols)[None, :])
     else:
         lse = tl.load(LSE + rm, mask=m_ok, other=0.0)
         scale = tl.load(ROW_SCALE + rm, mask=m_ok, other=0.0)
