@@ -1,28 +1,39 @@
-"""Cross-entropy over a large vocabulary, forward and backward together: the loss and dlogits from one visit of the
-logits (ignore_index, label smoothing, reduction mean or sum).
+"""Cross-entropy over a large vocabulary, forward and backward together: the loss and dlogits (ignore_index, label
+smoothing, reduction mean or sum).
 
-logits: [N, V] (8192 x 128256 bf16 in the task), any float dtype, fp32 maths; target: [N] int64. Returns the loss
-(fp32 scalar) and dlogits ([N, V], the logits' dtype), the gradient of the loss.
-Bytes (bf16, 8192 x 128256): read the logits once and write dlogits once, 4.2 GB: 0.99 ms at the H200's copy
-bandwidth of 4,244 GB/s. A row (250 KB in bf16) is too wide to stay in one program's registers between its
-statistics and its gradient, so the row is split into SEGMENTS programs of BLOCK columns, each holding its part:
-    1. each program: m_s = max x, d_s = sum exp(x - m_s), sx_s = sum x, xt_s = x[target] if the target is its own
-    2. the row's statistics combined in a fixed order:  m = max m_s,  lse = m + log sum_s d_s exp(m_s - m)
-    3. loss_row = (1 - eps) (lse - x[target]) + eps (lse - sum_j x_j / V)              (eps: label smoothing)
-       dx_j    = scale (exp(x_j - lse) - (1 - eps) [j == target] - eps / V)              (scale: 1 / n_valid or 1)
-       ignored rows: loss 0 and dx 0.
-Two launches of one kernel: statistics, then the gradient from a second read of the logits (6.3 GB). A third form
-(FUSED) has the programs of a row meet in the middle: each publishes its statistics, counts itself in with a
-release atomic, waits until the row's SEGMENTS programs are in and writes its gradient from registers (4.2 GB).
-It is correct on the H200 (bitwise repeatable) but measured slower, 3.4-5.4 ms against 2.22 ms: waiting programs
-hold their SM slots. It stays selectable (fused=True) for the search to improve on; the interpreter cannot run it
-(it runs programs one after another).
-The mean's divisor n_valid is counted by a one-program kernel first; the per-row losses are summed by another in
-a fixed order, so repeated runs agree bitwise.
+logits: [N, V] (8192 x 128256 bf16 in the task), any float dtype, fp32 maths; target: [N] int64/int32. Returns the
+loss (fp32 scalar) and dlogits ([N, V], the logits' dtype), the gradient of the loss for an upstream gradient of 1:
+    lse      = log sum_j exp(x_j)
+    loss_row = (1 - eps) (lse - x[target]) + eps (lse - sum_j x_j / V)              (eps: label smoothing)
+    dx_j     = scale (exp(x_j - lse) - (1 - eps) [j == target] - eps / V)            (scale: 1 / n_valid or 1)
+    ignored rows: loss 0 and dx 0; the mean divides by n_valid, the non-ignored rows (0 / 0 = NaN when none is).
+Bytes (bf16, 8192 x 128256): at least one read of the logits and one write of dlogits, 4.2 GB: 0.99 ms at the
+H200's copy bandwidth of 4,244 GB/s. A row (250 KB in bf16) does not fit in one program's registers, so the
+gradient needs the row a second time; the forms differ in where that second read comes from.
 
-Measured on the H200 (docs/bench-mix.md): 2.22 ms (two-pass, 8192 columns a program) against torch.compile 2.59 ms
-and eager 13.5 ms in the same run (1.17x); ANCHORS.md has Liger at 2.05 ms, which this does not beat, and the
-target is 1.3 ms: not met.
+PERSISTENT (the default): about one program per multiprocessor, each looping over rows pid, pid + P, ... For a row:
+    pass 1, columns in order:    the running max m and sum d of exp(x - m) (per tile, or per lane with LANES), the
+                                 sum of x (label smoothing only);
+    pass 2, columns in REVERSE:  dx from a second read of the row. With P rows in flight (P x 250 KB: 33 MB at
+                                 P = 132, under the 50-60 MB L2) the second read should come from L2, and reversing
+                                 the order re-reads the most recently loaded tiles first (if L2 overflows, LRU loses
+                                 the oldest tiles, not all of them).
+The loads are software-pipelined by hand: each tile's load is issued before the previous tile is used, the last
+tile of pass 1 is the first of pass 2 (kept in registers), and the last load of pass 2 fetches the next row's first
+tile, so HBM never waits on a row boundary. Eviction hints (HINTS) keep pass-1 lines in L2 and drop pass-2 lines
+and the gradient's stores first. With P = N it is Liger's one-program-per-row form (the hardware schedules rows).
+TWO_PASS: rows split into SEGMENTS programs of BLOCK columns; a statistics launch (m_s, d_s, sum x, x[target] per
+segment), then a gradient launch that combines the row's statistics in segment order and reads the logits again
+(6.3 GB of HBM traffic).
+RENDEZVOUS: the segments of a row meet in the middle of one launch (publish statistics, count in with a release
+atomic, wait for the row) and write the gradient from registers (4.2 GB); waiting programs hold SM slots. The
+interpreter cannot run it (it runs programs one after another).
+Every form writes per-row losses; the mean's divisor is counted by one small kernel first, and the losses are summed
+by another in a fixed order, so repeated runs agree bitwise (no float atomics).
+
+Measured on the H200 (docs/bench-mix.md, 2026-11-29): TWO_PASS 2.22 ms (8192 columns a program) against
+torch.compile 2.59 ms and eager 13.5 ms in the same run; ANCHORS.md has Liger at 2.05 ms; RENDEZVOUS 3.4-5.4 ms.
+PERSISTENT: not measured yet (benchmarks/bench_ce.py sweeps it; docs/bench-ce.md). The target is 1.3 ms.
 """
 from __future__ import annotations
 
@@ -30,14 +41,20 @@ import torch
 import triton
 import triton.language as tl
 
+from seeds._common import sm_count
+
 CRUCIBLE_SEED = {
     "name": "cross_entropy",
     "tasks": ["cross_entropy.py", "cross_entropy_smooth_sum.py"],
     "ops": ["cross-entropy fwd+bwd (ignore_index, label smoothing, mean/sum)"],
 }
 
-# _ce_kernel modes (constexpr globals: a kernel may read no other globals)
+FORMS = ("pipelined", "persistent", "two_pass", "rendezvous")
+DEFAULT_FORM = "pipelined"
+
+# _ce_segments_kernel modes (constexpr globals: a kernel may read no other globals)
 MODE_STATS, MODE_GRAD, MODE_FUSED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -61,8 +78,224 @@ def _count_valid_kernel(TARGET, N, ignore_index, OUT, BLOCK: tl.constexpr):
     tl.store(OUT, tl.sum(acc, axis=0))
 
 
+# ---- PERSISTENT ------------------------------------------------------------------------------------------------
 @triton.jit
-def _ce_kernel(
+def _stats_tile(m, d, sx, x, limit, LANES: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
+    """One tile of pass 1. x: the tile in the logits' dtype (-inf past the row's end); limit: the row's columns left
+    from this tile's start. LANES: m and d are [BLOCK] per-lane running values, updated with one exponential,
+        up = x > m:   d <- d exp(m - x) + 1, m <- x;   else  d <- d + exp(x - m)     (exp of -|x - m| either way)
+    so the loop has no cross-warp reduction; else m and d are the row's scalars, one max and one sum per tile."""
+    x = x.to(tl.float32)
+    if LANES:
+        diff = x - m
+        e = tl.exp2(-tl.abs(diff) * LOG2E)
+        up = diff > 0
+        d = tl.where(up, d * e + 1.0, d + e)
+        m = tl.where(up, x, m)
+    else:
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        d = d * tl.exp2((m - m_new) * LOG2E) + tl.sum(tl.exp2(x * LOG2E - m_new * LOG2E), axis=0)
+        m = m_new
+    if SMOOTH:
+        sx += tl.where(tl.arange(0, BLOCK) < limit, x, 0.0)
+    return m, d, sx
+
+
+@triton.jit
+def _grad_tile(x, dx_ptrs, limit, tgt, lse2, scale, off_s, hit_s, DROP: tl.constexpr, RNE: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """dx = scale (exp(x - lse) - eps / V) - scale (1 - eps) [col == target] for one tile, stored in dx's dtype.
+    lse2 = lse log2(e); off_s = scale eps / V; hit_s = scale (1 - eps); tgt: the target's column in this tile."""
+    cols = tl.arange(0, BLOCK)
+    dx = tl.exp2(x.to(tl.float32) * LOG2E - lse2) * scale - off_s
+    dx = tl.where(cols == tgt, dx - hit_s, dx)
+    if RNE:
+        dx = round_bf16_rne(dx)
+    tl.store(dx_ptrs + cols, dx.to(dx_ptrs.dtype.element_ty), mask=cols < limit, eviction_policy=DROP)
+
+
+@triton.jit
+def _ce_persistent_kernel(
+    X, stride_x,    # logits, row stride in elements (unit column stride)
+    DX, stride_dx,  # dlogits (may be X itself: a tile is in registers before its gradient overwrites it)
+    TARGET, LOSS_ROWS,
+    N_VALID,        # [1] fp32 non-ignored rows (read only for the mean)
+    N, V, ignore_index, smoothing,
+    MEAN: tl.constexpr, SMOOTH: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
+    KEEP: tl.constexpr,  # eviction hint of pass-1 loads ("evict_last" or "")
+    DROP: tl.constexpr,  # eviction hint of pass-2 loads and the gradient's stores ("evict_first" or "")
+    RNE: tl.constexpr,   # round to nearest bf16 before the store (the interpreter only, see round_bf16_rne)
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)  # the launcher keeps it <= N, so every program has a first row
+    cols = tl.arange(0, BLOCK)
+    n_tiles = tl.cdiv(V, BLOCK)
+    if MEAN:
+        scale = 1.0 / tl.load(N_VALID)
+    else:
+        scale = 1.0
+    off_s = scale * smoothing / V
+    hit_s = scale * (1.0 - smoothing)
+
+    # The first row's first tile; afterwards each row's last load fetches the next row's first tile.
+    t_next = tl.load(TARGET + pid)
+    x_row = X + pid.to(tl.int64) * stride_x  # 64-bit row offsets, advanced by step rows each iteration
+    dx_row = DX + pid.to(tl.int64) * stride_dx
+    x_step = step.to(tl.int64) * stride_x
+    dx_step = step.to(tl.int64) * stride_dx
+    x = tl.load(x_row + cols, mask=cols < tl.where(t_next != ignore_index, V, 0), other=float("-inf"),
+                eviction_policy=KEEP)
+    for row in range(pid, N, step):
+        target = t_next
+        nrow = row + step
+        t_next = tl.load(TARGET + nrow, mask=nrow < N, other=ignore_index)
+        next_len = tl.where(t_next != ignore_index, V, 0)  # columns to fetch of the next row (masked past N)
+        x_nrow = x_row + x_step
+        if target == ignore_index:
+            for start in range(0, V, BLOCK):
+                tl.store(dx_row + start + cols, tl.zeros([BLOCK], dtype=DX.dtype.element_ty), mask=start + cols < V,
+                         eviction_policy=DROP)
+            tl.store(LOSS_ROWS + row, 0.0)
+            x = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
+        else:
+            in_row = (target >= 0) & (target < V)
+            # Read before any store of this row (in place, the target's column is overwritten in pass 2); the
+            # reductions ending pass 1 are barriers, so every warp has its value before any warp stores.
+            x_target = tl.load(x_row + target, mask=in_row, other=0.0).to(tl.float32)
+            if LANES:
+                m = tl.full([BLOCK], -1e30, tl.float32)  # finite: -inf - -inf would poison a lane
+                d = tl.zeros([BLOCK], dtype=tl.float32)
+            else:
+                m = float("-inf")
+                d = 0.0
+            sx = tl.zeros([BLOCK], dtype=tl.float32)
+            # pass 1: tiles 0 .. n-1 in order; tile t + 1 is in flight while tile t is reduced
+            for t in range(0, n_tiles - 1):
+                start = (t + 1) * BLOCK
+                x_ahead = tl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf"),
+                                  eviction_policy=KEEP)
+                m, d, sx = _stats_tile(m, d, sx, x, V - t * BLOCK, LANES, SMOOTH, BLOCK)
+                x = x_ahead
+            last = (n_tiles - 1) * BLOCK
+            m, d, sx = _stats_tile(m, d, sx, x, V - last, LANES, SMOOTH, BLOCK)
+            if LANES:
+                m_row = tl.max(m, axis=0)
+                lse = m_row + tl.log(tl.sum(d * tl.exp2((m - m_row) * LOG2E), axis=0))
+            else:
+                lse = m + tl.log(d)
+            loss = lse - x_target
+            if SMOOTH:
+                loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(sx, axis=0) / V)
+            tl.store(LOSS_ROWS + row, loss)
+            lse2 = lse * LOG2E
+            # pass 2: tiles n-1 .. 0; x holds tile n-1 already, tile t - 1 is in flight while tile t is written
+            for i in range(0, n_tiles - 1):
+                start = (n_tiles - 1 - i) * BLOCK
+                x_ahead = tl.load(x_row + start - BLOCK + cols, eviction_policy=DROP)  # a whole tile
+                _grad_tile(x, dx_row + start, V - start, target - start, lse2, scale, off_s, hit_s, DROP, RNE, BLOCK)
+                x = x_ahead
+            x_ahead = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
+            _grad_tile(x, dx_row, V, target, lse2, scale, off_s, hit_s, DROP, RNE, BLOCK)
+            x = x_ahead
+        x_row = x_nrow
+        dx_row += dx_step
+
+
+@triton.jit
+def _ce_pipelined_kernel(
+    X, stride_x, DX, stride_dx, TARGET, LOSS_ROWS, N_VALID, N, V, ignore_index, smoothing,  # as in _ce_persistent
+    MEAN: tl.constexpr, SMOOTH: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
+    KEEP: tl.constexpr, DROP: tl.constexpr, RNE: tl.constexpr,
+):
+    """PIPELINED: the persistent loop with the two passes of consecutive rows interleaved. Phase k walks the tiles
+    once: pass 1 of row A (this program's k-th row) over tiles 0 .. n-1 and, in the same iterations, pass 2 of
+    row B (the (k-1)-th) over tiles n-1 .. 0. HBM reads (A) and L2 re-reads plus stores (B) stream together all
+    the time, and a program still holds one row's worth of tiles in L2 (A's loaded tiles plus B's unread ones).
+    B's first tile is A's last tile of the previous phase, still in registers. An ignored or missing row B has
+    its loads masked off and its statistics zeroed, so its gradient comes out 0 (or is not stored) without a
+    branch."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)  # <= N (the launcher), so every program has a first row
+    cols = tl.arange(0, BLOCK)
+    n_tiles = tl.cdiv(V, BLOCK)
+    last = (n_tiles - 1) * BLOCK
+    if MEAN:
+        scale = 1.0 / tl.load(N_VALID)
+    else:
+        scale = 1.0
+    my_rows = tl.cdiv(N - pid, step)
+    x_step = step.to(tl.int64) * stride_x
+    dx_step = step.to(tl.int64) * stride_dx
+
+    # row A: pointers, target, columns to load (0 if ignored or past N); its first tile in `a`
+    a_row = X + pid.to(tl.int64) * stride_x
+    a_dx = DX + pid.to(tl.int64) * stride_dx
+    a_tgt = tl.load(TARGET + pid)
+    a_len = tl.where(a_tgt != ignore_index, V, 0)
+    a = tl.load(a_row + cols, mask=cols < a_len, other=float("-inf"), eviction_policy=KEEP)
+    # row B: none yet (nothing stored: b_len 0)
+    b, b_row, b_dx, b_tgt = a, a_row, a_dx, a_tgt
+    b_len = 0       # columns to store
+    b_load = 0      # columns to load (0 for an ignored row)
+    b_lse2 = 0.0    # lse log2(e), and the gradient's three scalars (all 0 for an ignored row)
+    b_scale = 0.0
+    b_off = 0.0
+    b_hit = 0.0
+    for k in range(0, my_rows + 1):
+        row = pid + k * step
+        n_tgt = tl.load(TARGET + row + step, mask=row + step < N, other=ignore_index)
+        n_len = tl.where(n_tgt != ignore_index, V, 0)
+        n_row = a_row + x_step
+        x_target = tl.load(a_row + a_tgt, mask=(a_tgt >= 0) & (a_tgt < a_len), other=0.0).to(tl.float32)
+        if LANES:
+            m = tl.full([BLOCK], -1e30, tl.float32)
+            d = tl.zeros([BLOCK], dtype=tl.float32)
+        else:
+            m = float("-inf")
+            d = 0.0
+        sx = tl.zeros([BLOCK], dtype=tl.float32)
+        for t in range(0, n_tiles - 1):
+            j = n_tiles - 1 - t  # B's tile in this iteration
+            a_ahead = tl.load(a_row + (t + 1) * BLOCK + cols, mask=cols < a_len - (t + 1) * BLOCK,
+                              other=float("-inf"), eviction_policy=KEEP)
+            b_ahead = tl.load(b_row + (j - 1) * BLOCK + cols, mask=cols < b_load - (j - 1) * BLOCK,
+                              other=float("-inf"), eviction_policy=DROP)
+            m, d, sx = _stats_tile(m, d, sx, a, V - t * BLOCK, LANES, SMOOTH, BLOCK)
+            _grad_tile(b, b_dx + j * BLOCK, b_len - j * BLOCK, b_tgt - j * BLOCK, b_lse2, b_scale, b_off, b_hit,
+                       DROP, RNE, BLOCK)
+            a = a_ahead
+            b = b_ahead
+        a_ahead = tl.load(n_row + cols, mask=cols < n_len, other=float("-inf"), eviction_policy=KEEP)
+        m, d, sx = _stats_tile(m, d, sx, a, V - last, LANES, SMOOTH, BLOCK)
+        _grad_tile(b, b_dx, b_len, b_tgt, b_lse2, b_scale, b_off, b_hit, DROP, RNE, BLOCK)
+        if LANES:
+            m_row = tl.max(m, axis=0)
+            lse = m_row + tl.log(tl.sum(d * tl.exp2((m - m_row) * LOG2E), axis=0))
+        else:
+            lse = m + tl.log(d)
+        loss = lse - x_target
+        if SMOOTH:
+            loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(sx, axis=0) / V)
+        live = a_len > 0
+        tl.store(LOSS_ROWS + row, tl.where(live, loss, 0.0), mask=row < N)
+        # A becomes B (its last tile, in `a`, is B's first), the next row becomes A
+        b, b_row, b_dx, b_tgt = a, a_row, a_dx, a_tgt
+        b_len = tl.where(row < N, V, 0)
+        b_load = a_len
+        b_lse2 = tl.where(live, lse * LOG2E, 0.0)
+        b_scale = tl.where(live, scale, 0.0)
+        b_off = tl.where(live, scale * smoothing / V, 0.0)
+        b_hit = tl.where(live, scale * (1.0 - smoothing), 0.0)
+        a = a_ahead
+        a_row = n_row
+        a_dx += dx_step
+        a_tgt = n_tgt
+        a_len = n_len
+
+
+# ---- TWO_PASS and RENDEZVOUS -------------------------------------------------------------------------------------
+@triton.jit
+def _ce_segments_kernel(
     X, stride_x,    # logits, row stride in elements (unit column stride)
     DX, stride_dx,  # dlogits (may be X itself: each element is read before it is overwritten)
     TARGET, STATS,  # STATS: [N, SEGMENTS, 4] fp32 (m_s, d_s, sx_s, xt_s)
@@ -147,6 +380,7 @@ def _ce_kernel(
             tl.store(dx_ptrs, dx.to(DX.dtype.element_ty), mask=in_row)
 
 
+
 @triton.jit
 def _sum_rows_kernel(LOSS_ROWS, N, N_VALID, OUT, MEAN: tl.constexpr, BLOCK: tl.constexpr):
     """OUT[0] = sum of the per-row losses (divided by n_valid for the mean), one program, fixed order."""
@@ -173,39 +407,62 @@ def _check(logits: torch.Tensor, target: torch.Tensor, reduction: str, label_smo
         raise ValueError(f"cross_entropy: label_smoothing must lie in [0, 1], got {label_smoothing}")
 
 
-def ce_block(v: int, device: torch.device) -> tuple[int, int]:
-    """Columns per program and warps: 8192 columns at 8 warps on a GPU (a 128k vocabulary row is 16 programs; the
-    H200's best two-pass variant: 2.22 ms against 2.27 at 16384/8 warps, 3.04 at 16384/16); 2048 on the
-    interpreter, where wide blocks only cost time."""
-    cap = 8192 if device.type == "cuda" else 2048
+def ce_block(v: int, device: torch.device, form: str = DEFAULT_FORM) -> tuple[int, int]:
+    """Columns per tile and warps.
+    PERSISTENT on a GPU: 16384 columns (32 KB of bf16 a tile, so a tile in flight behind the one in use keeps about
+    64 KB of loads outstanding per multiprocessor) at 16 warps: a guess until bench_ce.py measures it.
+    TWO_PASS on a GPU: 8192 columns at 8 warps, a 128k-vocabulary row in 16 programs (the H200's best: 2.22 ms
+    against 2.27 at 16384/8 warps, 3.04 at 16384/16). The interpreter: 2048, where wide blocks only cost time."""
+    if device.type != "cuda":
+        cap, warps = 2048, 4
+    elif form in ("pipelined", "persistent"):
+        cap, warps = 8192, 16
+    else:
+        cap, warps = 8192, 8
     block = min(cap, max(16, triton.next_power_of_2(v)))
-    return block, max(4, min(8, block // 2048))
+    return block, max(4, min(warps, block // 256 if form in ("pipelined", "persistent") else block // 2048))
 
 
 def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, loss_rows: torch.Tensor,
             n_valid: torch.Tensor, ignore_index: int, label_smoothing: float, mean: bool,
-            fused: bool | None = None, block: int | None = None, num_warps: int | None = None) -> None:
-    """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself)."""
+            fused: bool | None = None, block: int | None = None, num_warps: int | None = None,
+            form: str | None = None, programs: int | None = None, lanes: bool = False, hints: bool = True) -> None:
+    """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
+    form: "pipelined" (default), "persistent", "two_pass" or "rendezvous"; `fused` is the older switch (True:
+    rendezvous, False: two_pass) and is read only when form is None. Pipelined and persistent only: programs
+    (default: one per multiprocessor; N gives one program per row), lanes (per-lane running max/sum), hints (L2
+    eviction hints)."""
     n, v = logits.shape
     if n == 0:
         return
-    if fused is None:
-        fused = False  # measured slower on the H200 (see the module docstring)
-    blk, warps = ce_block(v, logits.device)
+    if form is None:
+        form = DEFAULT_FORM if fused is None else ("rendezvous" if fused else "two_pass")
+    if form not in FORMS:
+        raise ValueError(f"cross_entropy: form must be one of {', '.join(FORMS)}, got {form!r}")
+    blk, warps = ce_block(v, logits.device, form)
     blk, warps = block or blk, num_warps or warps
+    rne = needs_rne(dlogits)
+    if form in ("pipelined", "persistent"):
+        grid = (max(1, min(n, programs or sm_count(logits.device))),)
+        kernel = _ce_pipelined_kernel if form == "pipelined" else _ce_persistent_kernel
+        kernel[grid](
+            logits, logits.stride(0), dlogits, dlogits.stride(0), target, loss_rows, n_valid, n, v, ignore_index,
+            float(label_smoothing), MEAN=mean, SMOOTH=label_smoothing > 0, LANES=lanes, BLOCK=blk,
+            KEEP="evict_last" if hints else "", DROP="evict_first" if hints else "", RNE=rne, num_warps=warps)
+        return
     segments = triton.cdiv(v, blk)
     stats = torch.empty((n, segments, 4), dtype=torch.float32, device=logits.device)
-    counter = torch.zeros((n,) if fused else (1,), dtype=torch.int32, device=logits.device)
-    common = dict(MEAN=mean, SEGMENTS=segments, SEG_POW2=triton.next_power_of_2(segments), BLOCK=blk,
-                  RNE=needs_rne(dlogits), num_warps=warps)
+    counter = torch.zeros((n,) if form == "rendezvous" else (1,), dtype=torch.int32, device=logits.device)
+    common = dict(MEAN=mean, SEGMENTS=segments, SEG_POW2=triton.next_power_of_2(segments), BLOCK=blk, RNE=rne,
+                  num_warps=warps)
     args = (logits, logits.stride(0), dlogits, dlogits.stride(0), target, stats, counter, loss_rows, n_valid, v,
             ignore_index, float(label_smoothing))
     grid = (n * segments,)
-    if fused:
-        _ce_kernel[grid](*args, MODE=MODE_FUSED.value, **common)
+    if form == "rendezvous":
+        _ce_segments_kernel[grid](*args, MODE=MODE_FUSED.value, **common)
     else:
-        _ce_kernel[grid](*args, MODE=MODE_STATS.value, **common)
-        _ce_kernel[grid](*args, MODE=MODE_GRAD.value, **common)
+        _ce_segments_kernel[grid](*args, MODE=MODE_STATS.value, **common)
+        _ce_segments_kernel[grid](*args, MODE=MODE_GRAD.value, **common)
 
 
 def needs_rne(out: torch.Tensor) -> bool:
@@ -213,33 +470,50 @@ def needs_rne(out: torch.Tensor) -> bool:
     return out.dtype == torch.bfloat16 and out.device.type != "cuda"
 
 
+def _small_block(n: int) -> tuple[int, int]:
+    """One step over up to 8192 entries (a 64 KB int64 target vector in one load, not eight latency-bound ones)."""
+    block = min(8192, max(128, triton.next_power_of_2(n)))
+    return block, max(4, min(16, block // 512))
+
+
 def count_valid(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
     out = torch.empty(1, dtype=torch.float32, device=target.device)
-    _count_valid_kernel[(1,)](target, target.shape[0], ignore_index, out, BLOCK=1024, num_warps=4)
+    block, warps = _small_block(target.shape[0])
+    _count_valid_kernel[(1,)](target, target.shape[0], ignore_index, out, BLOCK=block, num_warps=warps)
     return out
 
 
 def sum_rows(loss_rows: torch.Tensor, n_valid: torch.Tensor, mean: bool) -> torch.Tensor:
     out = torch.empty((), dtype=torch.float32, device=loss_rows.device)
-    _sum_rows_kernel[(1,)](loss_rows, loss_rows.shape[0], n_valid, out, MEAN=mean, BLOCK=1024, num_warps=4)
+    block, warps = _small_block(loss_rows.shape[0])
+    _sum_rows_kernel[(1,)](loss_rows, loss_rows.shape[0], n_valid, out, MEAN=mean, BLOCK=block, num_warps=warps)
     return out
 
 
 def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                           label_smoothing: float = 0.0, reduction: str = "mean", fused: bool | None = None,
-                          block: int | None = None, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1."""
+                          block: int | None = None, num_warps: int | None = None, form: str | None = None,
+                          programs: int | None = None, lanes: bool = False, hints: bool = True,
+                          out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
+    out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller
+    that owns the logits buffer. The other keywords choose the kernel (see ce_rows)."""
     _check(logits, target, reduction, label_smoothing)
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     target = target.contiguous()
     mean = reduction == "mean"
     n = logits.shape[0]
-    dlogits = torch.empty_like(logits, memory_format=torch.contiguous_format)
+    if out is None:
+        out = torch.empty_like(logits, memory_format=torch.contiguous_format)
+    elif out.shape != logits.shape or out.dtype != logits.dtype or out.stride(-1) != 1:
+        raise ValueError(f"cross_entropy: out must be a {tuple(logits.shape)} {logits.dtype} tensor with unit column "
+                         "stride")
     loss_rows = torch.empty(n, dtype=torch.float32, device=logits.device)
     n_valid = count_valid(target, ignore_index)
-    ce_rows(logits, target, dlogits, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps)
-    return sum_rows(loss_rows, n_valid, mean), dlogits
+    ce_rows(logits, target, out, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps,
+            form, programs, lanes, hints)
+    return sum_rows(loss_rows, n_valid, mean), out
 
 
 class ModelNew(torch.nn.Module):

@@ -66,12 +66,84 @@ def test_cross_entropy_segments_agree(block, device):
     torch.testing.assert_close(dx, dx2, rtol=1e-5, atol=1e-7)
 
 
+FORM_CASES = [  # (form, programs, lanes, hints): the persistent forms with fewer programs than rows, one per row, more
+    ("pipelined", 3, False, True), ("pipelined", 3, True, False), ("pipelined", None, False, True),
+    ("pipelined", 1000, True, True), ("persistent", 3, False, True), ("persistent", 3, True, True),
+    ("persistent", 1000, False, False), ("two_pass", None, False, True),
+]
+
+
+@pytest.mark.parametrize("form,programs,lanes,hints", FORM_CASES)
+@pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum"), (0.3, "mean")])
+@pytest.mark.parametrize("shape,block", [((10, 1000), 256), ((7, 515), 128), ((4, 100), 128)])
+def test_cross_entropy_forms(form, programs, lanes, hints, smoothing, reduction, shape, block, device):
+    """Every form and knob the bench sweeps: several tiles a row (a partial last tile; V below one tile), ignored
+    rows first, last and in a run, bf16 logits with outliers."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    task = load_task(TASKS / "cross_entropy.py").with_constants({"N": shape[0], "V": shape[1]})
+    model = task.module.Model(-100, smoothing, reduction).to(device)
+    x, t = task.make_inputs(3, "outliers", device)
+    t[0] = -100
+    t[-1] = -100
+    t[2:4] = -100
+    got = cross_entropy_fwd_bwd(x, t, -100, smoothing, reduction, form=form, programs=programs, lanes=lanes,
+                                hints=hints, block=block, num_warps=4)
+    _compare_all(got, model(x, t), _truth(model, [x, t]))
+
+
+@pytest.mark.parametrize("form", ["pipelined", "persistent", "two_pass"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_all_ignored(form, reduction, device):
+    """No valid row: the mean is 0/0 = NaN and the sum 0, as in PyTorch; the gradient is all zeros either way."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    x = torch.randn(5, 300, device=device, dtype=torch.bfloat16)
+    t = torch.full((5,), -100, device=device)
+    x_ = x.float().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(x_, t, reduction=reduction, label_smoothing=0.1)
+    (ref_dx,) = torch.autograd.grad(ref, x_)
+    loss, dx = cross_entropy_fwd_bwd(x, t, label_smoothing=0.1, reduction=reduction, form=form, programs=2, block=128)
+    assert torch.equal(torch.isnan(loss), torch.isnan(ref)) and (reduction == "mean" or float(loss) == 0.0)
+    assert torch.equal(dx, torch.zeros_like(dx)) and torch.equal(ref_dx, torch.zeros_like(ref_dx))
+
+
+@pytest.mark.parametrize("form", ["pipelined", "persistent"])
+def test_cross_entropy_in_place(form, device):
+    """out=logits (a buffer the caller owns, as in linear + CE): the gradient overwrites the logits and equals the
+    out-of-place result bitwise, ignored rows included."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(9, 700, generator=g) * 3).to(device=device, dtype=torch.bfloat16)
+    t = torch.randint(0, 700, (9,), generator=g).to(device)
+    t[4] = -100
+    loss, dx = cross_entropy_fwd_bwd(x, t, label_smoothing=0.1, form=form, programs=2, block=128)
+    buf = x.clone()
+    loss2, dx2 = cross_entropy_fwd_bwd(buf, t, label_smoothing=0.1, form=form, programs=2, block=128, out=buf)
+    assert dx2.data_ptr() == buf.data_ptr()
+    assert torch.equal(loss, loss2) and torch.equal(dx, dx2)
+
+
+@pytest.mark.parametrize("form", ["pipelined", "persistent"])
+def test_cross_entropy_forms_bitwise_across_programs(form, device):
+    """A row's loss and gradient do not depend on which program computes it (grid size, lanes fixed)."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    x = torch.randn(12, 900, device=device)
+    t = torch.randint(0, 900, (12,), device=device)
+    t[5] = -100
+    a = cross_entropy_fwd_bwd(x, t, form=form, programs=1, block=256)
+    b = cross_entropy_fwd_bwd(x, t, form=form, programs=5, block=256)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
 def test_cross_entropy_rejects_bad_inputs():
     from seeds.cross_entropy import cross_entropy_fwd_bwd
     with pytest.raises(ValueError, match="reduction"):
         cross_entropy_fwd_bwd(torch.randn(2, 5), torch.zeros(2, dtype=torch.long), reduction="none")
     with pytest.raises(ValueError, match=r"\[N, V\]"):
         cross_entropy_fwd_bwd(torch.randn(2, 5), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="form"):
+        cross_entropy_fwd_bwd(torch.randn(2, 5), torch.zeros(2, dtype=torch.long), form="magic")
+    with pytest.raises(ValueError, match="out"):
+        cross_entropy_fwd_bwd(torch.randn(2, 5), torch.zeros(2, dtype=torch.long), out=torch.empty(2, 4))
 
 
 LCE_SHAPES = [(1, 16, 1), (5, 24, 37), (70, 32, 129), (33, 48, 300)]  # BT, H, V
