@@ -11,7 +11,7 @@ Bytes (bf16, 8192 x 128256): at least one read of the logits and one write of dl
 H200's copy bandwidth of 4,244 GB/s. A row (250 KB in bf16) does not fit in one program's registers, so the
 gradient needs the row a second time; the forms differ in where that second read comes from.
 
-PERSISTENT (the default): about one program per multiprocessor, each looping over rows pid, pid + P, ... For a row:
+PERSISTENT: about one program per multiprocessor, each looping over rows pid, pid + P, ... For a row:
     pass 1, columns in order:    the running max m and sum d of exp(x - m) (per tile, or per lane with LANES), the
                                  sum of x (label smoothing only);
     pass 2, columns in REVERSE:  dx from a second read of the row. With P rows in flight (P x 250 KB: 33 MB at
@@ -22,6 +22,9 @@ The loads are software-pipelined by hand: each tile's load is issued before the 
 tile of pass 1 is the first of pass 2 (kept in registers), and the last load of pass 2 fetches the next row's first
 tile, so HBM never waits on a row boundary. Eviction hints (HINTS) keep pass-1 lines in L2 and drop pass-2 lines
 and the gradient's stores first. With P = N it is Liger's one-program-per-row form (the hardware schedules rows).
+PIPELINED (the default): the persistent loop with pass 1 of a program's row k and pass 2 of its row k - 1 in the
+same tile iterations, so each multiprocessor streams HBM reads (pass 1) and L2 re-reads plus stores (pass 2) all
+the time instead of alternating, with still one row's worth of tiles per program in L2.
 TWO_PASS: rows split into SEGMENTS programs of BLOCK columns; a statistics launch (m_s, d_s, sum x, x[target] per
 segment), then a gradient launch that combines the row's statistics in segment order and reads the logits again
 (6.3 GB of HBM traffic).
@@ -33,7 +36,8 @@ by another in a fixed order, so repeated runs agree bitwise (no float atomics).
 
 Measured on the H200 (docs/bench-mix.md, 2026-11-29): TWO_PASS 2.22 ms (8192 columns a program) against
 torch.compile 2.59 ms and eager 13.5 ms in the same run; ANCHORS.md has Liger at 2.05 ms; RENDEZVOUS 3.4-5.4 ms.
-PERSISTENT: not measured yet (benchmarks/bench_ce.py sweeps it; docs/bench-ce.md). The target is 1.3 ms.
+PIPELINED and PERSISTENT: not measured yet (benchmarks/bench_ce.py sweeps them; docs/bench-ce.md). The target is
+1.3 ms.
 """
 from __future__ import annotations
 
@@ -409,8 +413,9 @@ def _check(logits: torch.Tensor, target: torch.Tensor, reduction: str, label_smo
 
 def ce_block(v: int, device: torch.device, form: str = DEFAULT_FORM) -> tuple[int, int]:
     """Columns per tile and warps.
-    PERSISTENT on a GPU: 16384 columns (32 KB of bf16 a tile, so a tile in flight behind the one in use keeps about
-    64 KB of loads outstanding per multiprocessor) at 16 warps: a guess until bench_ce.py measures it.
+    PIPELINED / PERSISTENT on a GPU: 8192 columns at 16 warps, 16 columns a thread: 99-128 registers for sm_90
+    (ptxas), no spills, one 512-thread program per multiprocessor with two 16 KB tiles (pass 1's and pass 2's) in
+    flight behind the two in use; 16384 columns at 16 or 32 warps spill. A guess until bench_ce.py measures it.
     TWO_PASS on a GPU: 8192 columns at 8 warps, a 128k-vocabulary row in 16 programs (the H200's best: 2.22 ms
     against 2.27 at 16384/8 warps, 3.04 at 16384/16). The interpreter: 2048, where wide blocks only cost time."""
     if device.type != "cuda":
