@@ -104,14 +104,14 @@ def _adamw_chunk(
             tl.store(P16 + offs, p16)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tensors", "n_chunks", "search_steps"])  # one compile for any list of tensors
 def _adamw_multi_kernel(
     P, G, M, V, P_OUT, M_OUT, V_OUT, P16,   # the lowest-addressed array of each role; the table offsets are from these
     STEP,                                   # 0-d tensor: the step number after this update (1 on the first step)
     TABLE,                                  # int64 [N_FIELDS, n_tensors + 1]: row 0 the prefix sum of chunks
     n_tensors, n_chunks,
+    search_steps,                           # ceil(log2(n_tensors)): binary-search steps over the prefix sums
     lr, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, ln_beta1, ln_beta2, eps,
-    SEARCH_STEPS: tl.constexpr,             # ceil(log2(n_tensors)): binary-search steps over the prefix sums
     ALIGN: tl.constexpr,                    # every offset in the table is a multiple of this (tells Triton so)
     BLOCK: tl.constexpr, ITERS: tl.constexpr, VEC: tl.constexpr,
     PERSISTENT: tl.constexpr,               # programs walk chunks pid, pid + grid, ...; else one chunk per program
@@ -129,7 +129,7 @@ def _adamw_multi_kernel(
         # The tensor of chunk c: the largest t with first_chunk[t] <= c (first_chunk[n_tensors] = n_chunks).
         lo = 0
         hi = n_tensors
-        for _ in tl.static_range(SEARCH_STEPS):
+        for _ in range(search_steps):
             mid = (lo + hi) // 2
             right = tl.load(TABLE + mid) <= c
             lo = tl.where(right, mid, lo)
@@ -159,7 +159,7 @@ def _adamw_multi_kernel(
                          one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def _adamw_tensor_kernel(
     P, G, M, V, P_OUT, M_OUT, V_OUT, P16, STEP, numel,
     lr, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, ln_beta1, ln_beta2, eps,
@@ -318,7 +318,7 @@ def run_plan(plan: AdamWPlan, step, lr: float = 1e-3, betas: tuple[float, float]
         step = _step_tensor(step, plan.bases[0].device)
         grid = min(plan.programs, plan.n_chunks) if plan.programs else plan.n_chunks
         _adamw_multi_kernel[(grid,)](
-            *plan.bases, step, plan.table, n, plan.n_chunks, **hyper, SEARCH_STEPS=(n - 1).bit_length(),
+            *plan.bases, step, plan.table, n, plan.n_chunks, (n - 1).bit_length(), **hyper,
             ALIGN=plan.align, BLOCK=plan.block, ITERS=plan.iters, VEC=plan.vec, PERSISTENT=plan.programs is not None,
             SPLIT_TAIL=plan.split_tail, STREAMING=plan.streaming, num_warps=plan.num_warps)
     return plan.outputs
