@@ -150,7 +150,7 @@ def _sum_splits_kernel(P, OUT, n_elements, splits, RNE: tl.constexpr, BLOCK: tl.
 
 @triton.jit
 def _vocab_logits_kernel(
-    X, W,           # x [M, K] (unit column stride), weight [V, K] (unit column stride)
+    X, W,           # x [M, K], weight rows from v0 on [N, K] (both with unit column stride)
     TARGET, STATS,  # STATS: [3, num column tiles, M] fp32 (tile max, tile sum exp(l - max), tile sum l)
     TGT_LOGIT,      # [M] fp32 l[t, target_t], written by the tile holding the target
     LSE, ROW_SCALE,  # [M] fp32 (MODE_GRAD)
@@ -165,8 +165,8 @@ def _vocab_logits_kernel(
     pid_m, pid_n = _swizzle(tl.program_id(0), M, N, BM, BN, GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
-    # B[k, n] = W[v0 + n, k]
-    acc = _tile_product(X, W + v0.to(tl.int64) * stride_wv, rm, rn, M, N, 0, K, stride_xm, 1, 1, stride_wv,
+    # B[k, n] = W[n, k]
+    acc = _tile_product(X, W, rm, rn, M, N, 0, K, stride_xm, 1, 1, stride_wv,
                         IEEE, UPCAST, EVEN_K, BM, BN, BK)
     # Logits rounded to the input dtype, as F.linear returns them: the stats, the stored logits and the recomputed
     # ones then agree exactly (an fp32 lse with rounded stored logits is off by up to half a bf16 ulp of a large
@@ -393,8 +393,8 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
                                                                num_warps=8)
         else:
             grid = (triton.cdiv(bt, bm) * triton.cdiv(n, bn),)
-            _vocab_logits_kernel[grid](x, weight, target, stats, tgt_logit, lse, row_scale, dl, n, bt, n, h, v0, v,
-                                       x.stride(0), weight.stride(0), 0, label_smoothing, MODE=MODE_GRAD,
+            _vocab_logits_kernel[grid](x, weight[v0:], target, stats, tgt_logit, lse, row_scale, dl, n, bt, n, h,
+                                       v0, v, x.stride(0), weight.stride(0), 0, label_smoothing, MODE=MODE_GRAD,
                                        SMOOTH=smooth, STORE=False, **common)
         matmul(dl.t(), x, dw[v0:v1], config=dw_config)
         matmul(dl, weight[v0:v1], dx, accumulate=i > 0, config=dx_config)
