@@ -24,6 +24,10 @@ load and store was masked by `offs < n`, and n is not a multiple of 16, so Trito
 over a 16-byte vector and emitted 4-byte accesses (PTX: 33 scalar ld.global, no v4; at n a multiple of 16, v4
 loads). Here only a tensor's last, partial chunk is masked; full chunks load and store unmasked, 16-byte vectors
 (the offsets are multiples of 16 elements when the arrays are 64-byte aligned, which the table records as ALIGN).
+And one register layout: left to itself, Triton gives the loads and the bf16 store 8 elements per thread at
+1024/4 warps but caps the fp32 stores at 4 (128 bits), converting p, m, v through shared memory before each store;
+`tl.max_contiguous(offs, VEC=4)` keeps every access at 4 per thread (repeated), so nothing goes through shared
+memory (tests/test_seed_adamw.py compiles both for sm_90 and checks the PTX).
 
 Measured on the H200: not measured yet (benchmarks/bench_adamw.py is the one call that measures it).
 """
@@ -38,7 +42,6 @@ import triton.language as tl
 
 CRUCIBLE_SEED = {"name": "adamw", "tasks": ["adamw.py"], "ops": ["AdamW step (fp32 master, bf16 copy)"]}
 
-N_FIELDS = 10  # table rows: first chunk, size, then the element offsets of p, g, m, v, p_out, m_out, v_out, p16
 MAX_ALIGN = 16  # elements: offsets that are multiples of this keep every array's accesses 16-byte vectors
 
 
@@ -108,7 +111,7 @@ def _adamw_chunk(
 def _adamw_multi_kernel(
     P, G, M, V, P_OUT, M_OUT, V_OUT, P16,   # the lowest-addressed array of each role; the table offsets are from these
     STEP,                                   # 0-d tensor: the step number after this update (1 on the first step)
-    TABLE,                                  # int64 [N_FIELDS, n_tensors + 1]: row 0 the prefix sum of chunks
+    TABLE,                                  # int64 [10, n_tensors + 1]: first chunk (prefix sum), size, 8 offsets
     n_tensors, n_chunks,
     search_steps,                           # ceil(log2(n_tensors)): binary-search steps over the prefix sums
     lr, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, ln_beta1, ln_beta2, eps,
@@ -191,7 +194,7 @@ def _settings(total: int, block: int | None, num_warps: int | None, iters: int |
         it //= 2
     while block is None and b > 256 and triton.cdiv(total, b * it) < 1024:
         b //= 2
-    return b, num_warps or 4, it
+    return b, num_warps or max(1, min(4, b // 128)), it  # at least 4 elements (one vector) per thread
 
 
 def _hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> dict:
