@@ -46,7 +46,8 @@ class Session(Protocol):
     device: str  # "cuda": candidates are timed; "cpu": correctness only, through Triton's interpreter
     slots: int  # candidates the loop may have under evaluation at once
 
-    def submit(self, slot: int, candidate: Path) -> cf.Future: ...  # resolves to a CheckResult
+    # resolves to a CheckResult; `baselines` overrides the run's (the final re-check of a run's best)
+    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None) -> cf.Future: ...
     def reset(self, slot: int) -> None: ...  # the slot's last evaluation raised: start it afresh
     def close(self) -> None: ...  # the run is over; evaluations not started are dropped
 
@@ -74,7 +75,7 @@ def spawn(fn: Callable[..., Any], *args: Any) -> cf.Future:
 # ---- on this machine ------------------------------------------------------------------------------------------------
 
 class Evaluator(Protocol):
-    def check(self, candidate: Path) -> CheckResult: ...
+    def check(self, candidate: Path, baselines: tuple[str, ...] | None = None) -> CheckResult: ...
     def close(self) -> None: ...
 
 
@@ -90,12 +91,12 @@ class HarnessEvaluator:
         self.timeout_s, self.baselines, self.workdir = timeout_s, baselines, workdir
         self._harness = None
 
-    def check(self, candidate: Path) -> CheckResult:
+    def check(self, candidate: Path, baselines: tuple[str, ...] | None = None) -> CheckResult:
         from sandbox.harness import CheckOptions, Harness
         if self._harness is None:
             self._harness = Harness(self.device, workdir=self.workdir)
         options = CheckOptions(device=self.device, timing=self.device == "cuda", timeout_s=self.timeout_s,
-                               gpu=self.gpu, baselines=self.baselines)
+                               gpu=self.gpu, baselines=baselines or self.baselines)
         return self._harness.check(self.task, candidate, options)
 
     def close(self) -> None:
@@ -139,14 +140,14 @@ class LocalSession:
         self.task, self.device, self.slots, self.factory = task, device, slots, factory
         self.evaluators: dict[int, Evaluator] = {}
 
-    def submit(self, slot: int, candidate: Path) -> cf.Future:
-        return spawn(self._evaluate, slot, candidate)
+    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None) -> cf.Future:
+        return spawn(self._evaluate, slot, candidate, baselines)
 
-    def _evaluate(self, slot: int, candidate: Path) -> CheckResult:
+    def _evaluate(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None) -> CheckResult:
         evaluator = self.evaluators.get(slot)
         if evaluator is None:
             evaluator = self.evaluators[slot] = self.factory(self.task, self.device, slot)
-        return evaluator.check(candidate)
+        return evaluator.check(candidate, baselines) if baselines else evaluator.check(candidate)
 
     def reset(self, slot: int) -> None:
         evaluator = self.evaluators.pop(slot, None)
@@ -473,10 +474,12 @@ class RaySession:
                             "task_source": task.path.read_text(encoding="utf-8"),
                             "timeout_s": config.check_timeout_s, "baselines": list(config.baselines)}
 
-    def submit(self, slot: int, candidate: Path) -> cf.Future:
+    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None) -> cf.Future:
         future: cf.Future = cf.Future()
         payload = {**self.task_fields, "candidate_name": candidate.name, "candidate_path": str(candidate),
                    "candidate_source": candidate.read_text(encoding="utf-8")}
+        if baselines:
+            payload["baselines"] = list(baselines)
         self.pool.submit(_Job(payload, future, self))
         return future
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent import tuner as tuner_mod
-from agent.archive import Archive, Candidate, Run, Timings, now, sha256
+from agent.archive import Archive, Candidate, Reverification, Run, Timings, now, sha256
 from agent.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
                              HarnessEvaluator, LocalExecutor)
 from agent.executors import spawn as _spawn
@@ -102,7 +102,8 @@ class RunConfig:
     concurrency: int = 4  # LLM requests in flight
     seed: int = 0
     check_timeout_s: float = 300.0
-    baselines: tuple[str, ...] = ("eager", "compile")
+    baselines: tuple[str, ...] = ("eager",)  # each candidate's timing (torch.compile alone costs ~20 s a check)
+    final_baselines: tuple[str, ...] = ("eager", "compile", "liger")  # the best's final re-check
 
     def stored(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("resume", "time_limit_s")}
@@ -129,6 +130,7 @@ class RunSummary:
     notes: tuple[str, ...] = ()
     provider_failure: str | None = None  # why the run stopped when the provider (not the kernels) failed
     replies: int = 0  # LLM replies received in this invocation
+    final: Reverification | None = None  # the best kernel checked again at the end, timed against final_baselines
 
 
 @dataclass
@@ -266,6 +268,7 @@ class _Coordinator:
         self.notes: list[str] = []
         self._last_recorded: Candidate | None = None
         self.check_times: list[float] = []
+        self.final: Reverification | None = None
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -274,6 +277,8 @@ class _Coordinator:
             self._start_kernel()
             if self.stop_reason is None:
                 self._loop()
+            if self.stop_reason != "interrupted":
+                self._final_check()
         except BaseException:
             self._interrupt("interrupted")
             raise
@@ -534,6 +539,37 @@ class _Coordinator:
         base = self._base(pending, "ok", "", source=pending.source)
         self._record(record_check(base, future.result()))
 
+    def _final_check(self) -> None:
+        """The run's best, checked once more from the start (fresh hidden seeds, every stage) and timed against the
+        final baselines: the verdict a user acts on is never a single lucky check, and torch.compile and Liger are
+        timed once per run rather than once per candidate."""
+        from agent import reverify
+
+        best = max(self.elites, key=_rank, default=None)
+        if best is None or not best.timed or not self.timed:
+            return
+        best = self.archive.with_source(best)
+        path = self.run_dir / "final" / f"{(best.source_sha or sha256(best.source or ''))[:16]}.py"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(best.source or "", encoding="utf-8")
+        names = ", ".join(self.config.final_baselines)
+        self._emit(EventKind.NOTE, f"final re-check of the best kernel #{best.id}, timed against {names}", best)
+        future = self.session.submit(0, path, baselines=tuple(self.config.final_baselines))
+        while not future.done():
+            if self.stop.is_set():
+                self._emit(EventKind.NOTE, "final re-check abandoned: the run was stopped")
+                return
+            cf.wait([future], timeout=0.25)
+        exc = future.exception()
+        if exc is not None:
+            self.session.reset(0)
+            self.notes.append(f"the final re-check of #{best.id} failed in the harness: {type(exc).__name__}: {exc}")
+            return
+        self.final = self.archive.add_reverification(reverify.record(best, future.result()))
+        self._emit(EventKind.NOTE, f"final re-check of #{best.id}: {self.final.status}: {self.final.note}", best)
+        if self.final.status != "confirmed":
+            self.notes.append(f"the best kernel #{best.id} did not hold up in its final re-check: {self.final.note}")
+
     # ---- recording -------------------------------------------------------------------------------------------
     def _base(self, p: _Pending, reason: str, message: str, *, source: str | None = None) -> Candidate:
         parents = p.selection.parents
@@ -607,7 +643,8 @@ class _Coordinator:
                           proposer=self.provider.name if self.provider else tuner_mod.NAME, stop_reason=reason,
                           progress=progress, start=self.start if hasattr(self, "start") else None, best=best,
                           best_path=best_path, run_dir=self.run_dir, not_measured=not_measured,
-                          notes=tuple(self.notes), provider_failure=self.provider_failure, replies=self.replies)
+                          notes=tuple(self.notes), provider_failure=self.provider_failure, replies=self.replies,
+                          final=self.final)
 
     def _progress(self) -> Progress:
         elapsed = time.monotonic() - self.started

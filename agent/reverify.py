@@ -12,6 +12,7 @@ A record timed on a GPU is skipped on a machine without one: a CPU check cannot 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import tempfile
@@ -158,12 +159,19 @@ def recheck(harness: Any, cand: Candidate, task_path: Path, device: str) -> Reve
         path = Path(tmp) / f"candidate_{cand.id}.py"
         path.write_text(cand.source or "", encoding="utf-8")
         result = harness.check(task_path, path, CheckOptions(device=device, timing=cand.timed, baselines=baselines))
-    status, note = judge(cand, result)
+    rev = record(cand, result)
+    note = rev.note
     if sha256(task_path.read_text(encoding="utf-8"))[:16] != cand.task_hash:
         note += "; the task file has changed since it was archived"
+    return dataclasses.replace(rev, note=f"{note} [{changes(cand, rev.env or {})}]")
+
+
+def record(cand: Candidate, result: Any) -> Reverification:
+    """A new CheckResult of an archived candidate as the archive keeps it: judged against the candidate's record."""
+    status, note = judge(cand, result)
     env = {**(result.environment or {}), **((result.timing or {}).get("environment") or {})}
     return Reverification(
-        candidate_id=cand.id, status=status, note=f"{note} [{changes(cand, env)}]", verdict=result.verdict.value,
+        candidate_id=cand.id, status=status, note=note, verdict=result.verdict.value,
         stage=result.stage.value, reason=result.reason.value, timed=bool(result.timed),
         timings=Timings.from_check(result.timing), diagnostics=result.to_dict(), env=env,
         env_hash=sha256(json.dumps(env, sort_keys=True, default=str))[:16])

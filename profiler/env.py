@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.metadata
 import platform
 import shutil
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 
 
+@functools.cache
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -19,8 +21,10 @@ def _version(dist: str) -> str | None:
         return None
 
 
+@functools.cache
 def driver_version() -> str | None:
-    """The NVIDIA driver's version ("580.159.04") from nvidia-smi, else the CUDA version the driver supports."""
+    """The NVIDIA driver's version ("580.159.04") from nvidia-smi, else the CUDA version the driver supports.
+    Asked once per process (the zygote asks before forking, so candidates' processes inherit the answer)."""
     smi = shutil.which("nvidia-smi")
     if smi:
         try:

@@ -12,9 +12,10 @@ import random
 import secrets
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -71,6 +72,15 @@ class _Run:
     network_isolated: bool = False
     call_seconds: float = 0.0
     calls: int = 0
+    laps: dict[str, float] = field(default_factory=dict)  # parent-side seconds by phase (where a check's time goes)
+
+    @contextmanager
+    def lap(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.laps[name] = self.laps.get(name, 0.0) + time.monotonic() - t0
 
     @property
     def device(self) -> str:
@@ -133,8 +143,10 @@ class Harness:
         stages.append(StageResult(Stage.STATIC, True, Reason.OK, seconds=time.monotonic() - t0))
 
         options = replace(options, device=self.device)
+        t0 = time.monotonic()
         child = self.zygote.spawn()
         run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages)
+        run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
         try:
             reference = self._stage(run, Stage.COMPILE, self._compile)
@@ -148,8 +160,9 @@ class Harness:
             if rej.result.stage is Stage.TIMING:
                 timing = rej.result.details.get("timing")
         finally:
-            child.close(graceful=True)
-            self._clean(child)
+            with run.lap("close"):
+                child.close(graceful=True)
+                self._clean(child)
         return self._result(task_obj, candidate, stages, start, timing, network_isolated=run.network_isolated,
                             run=run)
 
@@ -265,9 +278,12 @@ class Harness:
 
     def _call(self, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
               expected: Expected | None = None) -> tuple[dict[str, Any], Expected]:
-        expected = expected or reference.run(inputs)
-        reply = self._request(run, stage, {"op": "call", "inputs": _ship(inputs)},
-                              max_bytes=4 * expected.nbytes + (1 << 24))
+        if expected is None:
+            with run.lap("reference"):
+                expected = reference.run(inputs)
+        with run.lap("request"):
+            reply = self._request(run, stage, {"op": "call", "inputs": _ship(inputs)},
+                                  max_bytes=4 * expected.nbytes + (1 << 24))
         run.calls += 1
         run.call_seconds += float(reply.get("seconds") or 0.0)
         outs = reply.get("outputs")
@@ -292,8 +308,9 @@ class Harness:
         meta = run.task.meta
         for i, got in enumerate(outs):
             truth = expected.truth[i] if expected.truth is not None else None
-            mismatch = tolerance.compare(f"output {i}", got.to(expected.ref[i].device), expected.ref[i], truth,
-                                         allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale)
+            with run.lap("compare"):
+                mismatch = tolerance.compare(f"output {i}", got.to(expected.ref[i].device), expected.ref[i], truth,
+                                             allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale)
             if mismatch is not None:
                 # NaN/Inf where the reference has none (or the reverse) is named as such: the clearest signal of
                 # unwritten or uninitialised output.
@@ -304,7 +321,8 @@ class Harness:
 
     def _smoke(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
         seed = run.rng.randrange(1 << 31)
-        inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], run.device)
+        with run.lap("inputs"):
+            inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], run.device)
         reply, expected = self._call(run, Stage.SMOKE, reference, inputs)
         first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
                  "label": f"{run.task.meta.distributions[0]} inputs"}
@@ -314,7 +332,8 @@ class Harness:
         self._compare(run, Stage.CORRECTNESS, first["outputs"], first["expected"], first["label"])
         checked = [run.task.meta.distributions[0]]
         for dist in run.task.meta.distributions[1:]:
-            inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
+            with run.lap("inputs"):
+                inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
             reply, expected = self._call(run, Stage.CORRECTNESS, reference, inputs)
             self._compare(run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
             checked.append(dist)
@@ -333,9 +352,12 @@ class Harness:
         for variant in run.task.shape_variants():
             vtask = run.task.with_constants(variant)
             vref = Reference(vtask, run.device, reference.model_seed)
-            self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
-                                                  "state_dict": vref.state_dict(), "seed": reference.model_seed})
-            inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
+            with run.lap("rebuild"):
+                self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
+                                                      "state_dict": vref.state_dict(),
+                                                      "seed": reference.model_seed})
+            with run.lap("inputs"):
+                inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
             reply, expected = self._call(run, Stage.ROBUSTNESS, vref, inputs)
             label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
             self._compare(run, Stage.ROBUSTNESS, reply["outputs"], expected, label)
@@ -375,8 +397,9 @@ class Harness:
     def _costs(stages: list[StageResult], run: _Run | None, total: float) -> dict[str, float]:
         timing_s = sum(s.seconds for s in stages if s.stage is Stage.TIMING)
         calls_s = run.call_seconds if run else 0.0
+        laps = {f"{k}_s": v for k, v in (run.laps if run else {}).items()}
         return {"total_s": total, "candidate_calls_s": calls_s, "calls": float(run.calls if run else 0),
-                "timing_stage_s": timing_s, "harness_s": max(0.0, total - calls_s - timing_s)}
+                "timing_stage_s": timing_s, "harness_s": max(0.0, total - calls_s - timing_s), **laps}
 
 
 def check(task: str | Path, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:

@@ -10,6 +10,7 @@ trusted flag so torch.compile may start the compiler tools it needs. The candida
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import torch
@@ -54,6 +55,8 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
 
     from .task import load_task
 
+    laps: dict[str, float] = {}
+    t0 = time.monotonic()
     with policy.trusted():  # the user's task file, the reference and the baselines: trusted code
         task = load_task(msg["task"])
         if msg["overrides"]:
@@ -63,7 +66,9 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         n_sets = set_count(base[0], msg["warmup"] + msg["reps"])
         sets = [derive(base, k, task.meta.fixed_inputs) for k in range(n_sets)]
         reference = task.make_reference(msg["model_seed"], device)
+        laps["child_sets_s"] = time.monotonic() - t0
         built = baseline_lib.build_all(tuple(msg["baselines"]), reference, task.module)
+    laps["child_baselines_s"] = time.monotonic() - t0 - laps["child_sets_s"]
     fns: dict[str, Callable[[list], Any]] = {}
     model = state.get("model")
     if model is not None:
@@ -71,10 +76,14 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     for name, b in built.items():
         if b.available:
             fns[name] = _trusted(b.fn)
+    t1 = time.monotonic()
     measured = timing.measure(fns, sets, reps=msg["reps"], warmup=msg["warmup"], watch=next(iter(fns)),
                               sample_every=msg["sample_every"])
+    t2 = time.monotonic()
+    laps["child_measure_s"] = t2 - t1
     with policy.trusted():
         kernels = [k.to_dict() for k in compile_stats.kernel_stats(state["module"])] if "module" in state else []
         env = environment(torch.cuda.current_device())
+    laps["child_stats_env_s"] = time.monotonic() - t2
     return {"ok": True, "measured": measured, "n_sets": n_sets, "kernels": kernels, "environment": env,
-            "baselines": {name: b.to_dict() for name, b in built.items()}}
+            "baselines": {name: b.to_dict() for name, b in built.items()}, "laps": laps}

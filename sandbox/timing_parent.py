@@ -8,6 +8,7 @@ outputs that changed after their call returned, event time that missed work, a t
 from __future__ import annotations
 
 import random
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -55,15 +56,22 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
            "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,
            "sample_every": max(1, REPS // 4)}
+    t0 = time.monotonic()
     reply = harness._request(run, Stage.TIMING, msg, max_bytes=(REPS // max(1, REPS // 4) + 2) * out_bytes * 2
                              + (64 << 20))
+    t1 = time.monotonic()
     measured = reply["measured"]
     problems = _validate(run, reference, base, measured, reply["n_sets"]) if candidate else []
+    t2 = time.monotonic()
     with torch.no_grad():
         roof = task_roofline(task, reference.model, base[0], get_ceilings(opts.gpu))
-    return build_timing(measured, candidate="candidate" if candidate else None, baselines=reply["baselines"],
-                        roof=roof, kernels=reply["kernels"], environment=reply["environment"],
-                        output_problems=problems, seed=random.Random(seeds[0]).randrange(1 << 30))
+    report = build_timing(measured, candidate="candidate" if candidate else None, baselines=reply["baselines"],
+                          roof=roof, kernels=reply["kernels"], environment=reply["environment"],
+                          output_problems=problems, seed=random.Random(seeds[0]).randrange(1 << 30))
+    child_laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
+    report["laps"] = {"request_s": t1 - t0, "validate_s": t2 - t1, "roofline_report_s": time.monotonic() - t2,
+                      **{str(k): float(v) for k, v in child_laps.items() if isinstance(v, (int, float))}}
+    return report
 
 
 def _validate(run: "_Run", reference: "Reference", base: list[list[Any]], measured: dict[str, Any],

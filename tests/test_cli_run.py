@@ -124,6 +124,8 @@ def test_bad_invocations_exit_2_with_one_sentence(tmp_path, tiny):
         (["archive", "list", "--archive", tmp_path / "none.db"], "no archive at"),
         (["batch", tmp_path / "nodir"], "not a folder"),
         (["run", task, "--baselines", "eager,magic", "--archive", db], "unknown baseline"),
+        (["run", task, "--final-baselines", "", "--archive", db], "unknown baseline"),
+        (["batch", task.parent, "--baselines", "liger,cudnn", "--archive", db], "unknown baseline"),
         (["archive", "list", "--archive", garbage], "cannot read the archive"),
         (["batch", task.parent, "--archive", garbage], "cannot open the archive"),
     ]

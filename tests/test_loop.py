@@ -3,6 +3,7 @@
 Every kind of bad proposal is replayed; the run must survive each one and archive it with the right reason.
 """
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -164,11 +165,13 @@ class ScriptedEvaluator:
     """Accepts every candidate with a timing whose roofline % rises by 30 per call."""
 
     calls = 0
+    asked: list = []  # the baselines each check was asked for (None: the run's own)
 
     def __init__(self, *args):
         self.closed = False
 
-    def check(self, path: Path) -> CheckResult:
+    def check(self, path: Path, baselines=None) -> CheckResult:
+        ScriptedEvaluator.asked.append(baselines)
         ScriptedEvaluator.calls += 1
         pct = 30.0 * ScriptedEvaluator.calls
         stage = StageResult(Stage.ROBUSTNESS, True, Reason.OK)
@@ -207,11 +210,11 @@ def test_stop_records_in_flight_as_interrupted(tmp_path, task, kernel):
     stop = threading.Event()
 
     class Slow(ScriptedEvaluator):
-        def check(self, path):
+        def check(self, path, baselines=None):
             if ScriptedEvaluator.calls >= 1:  # the starting kernel passes; the next check hangs
                 stop.set()
                 release.wait(30)
-            return super().check(path)
+            return super().check(path, baselines)
 
     ScriptedEvaluator.calls = 0
     with Archive(tmp_path / "a.db") as archive:
@@ -317,14 +320,14 @@ def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
             made.append((device, gpu))
             self.gpu = gpu
 
-        def check(self, path):
+        def check(self, path, baselines=None):
             with lock:
                 busy.add(self.gpu)
                 peak.append(len(busy))
             threading.Event().wait(0.3)
             with lock:
                 busy.discard(self.gpu)
-            return super().check(path)
+            return super().check(path, baselines)
 
     ScriptedEvaluator.calls = 0
     with Archive(tmp_path / "a.db") as archive:
@@ -336,6 +339,39 @@ def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
         with pytest.raises(LoopError, match="more GPUs"):
             run_search(RunConfig(task_path=task, budget=1, device="cuda", gpus=3, start_from=kernel), archive,
                        evaluator_factory=PerGpu)
+
+
+def test_the_best_is_checked_again_against_the_final_baselines(tmp_path, task, kernel, monkeypatch):
+    """Candidates are timed against eager alone; the run's best is checked once more, every stage, against
+    eager, torch.compile and Liger, and that re-check is appended to the archive. A best that fails it is said so."""
+    import agent.loop as loop_mod
+    import torch
+
+    monkeypatch.setattr(loop_mod, "_device", lambda device: "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    ScriptedEvaluator.calls, ScriptedEvaluator.asked = 0, []
+    with Archive(tmp_path / "a.db") as archive:
+        s = run_search(RunConfig(task_path=task, budget=2, device="cuda", start_from=kernel), archive,
+                       evaluator_factory=ScriptedEvaluator)
+        assert ScriptedEvaluator.asked == [None, None, None, ("eager", "compile", "liger")]
+        assert s.final is not None and s.final.candidate_id == s.best.id and s.final.status == "confirmed"
+        assert archive.reverifications(s.best.id)[-1].status == "confirmed"
+        assert not s.notes
+
+    class RejectsLast(ScriptedEvaluator):
+        def check(self, path, baselines=None):
+            result = super().check(path, baselines)
+            if baselines is None:
+                return result
+            return replace(result, verdict=Verdict.REJECTED, stage=Stage.CORRECTNESS,
+                           reason=Reason.OUTPUT_MISMATCH, message="wrong result on outliers inputs", timing=None)
+
+    ScriptedEvaluator.calls, ScriptedEvaluator.asked = 0, []
+    with Archive(tmp_path / "b.db") as archive:
+        s = run_search(RunConfig(task_path=task, budget=1, device="cuda", start_from=kernel), archive,
+                       evaluator_factory=RejectsLast)
+        assert s.final.status == "stale" and "output_mismatch" in s.final.note
+        assert any("did not hold up" in n for n in s.notes)
 
 
 def test_fitness_prefers_a_speedup_that_holds():

@@ -23,12 +23,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agent.commands.run import StopOnSignal, add_search_options, config_from
+from agent.commands.run import StopOnSignal, add_search_options, baselines_problem, config_from
 
 console = Console()
 err_console = Console(stderr=True)
 CSV_FIELDS = ["task", "status", "run_id", "proposals", "accepted", "rejected", "timed", "best_id", "speedup_eager",
-              "eager_ci_low", "eager_ci_high", "speedup_compile", "pct_roofline", "best_path", "note"]
+              "eager_ci_low", "eager_ci_high", "speedup_compile", "pct_roofline", "final_check", "best_path", "note"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.address is not None and args.executor != "ray":
         err_console.print("--address is the Ray cluster to join; use it with --executor ray")
+        return 2
+    problem = baselines_problem(args)
+    if problem:
+        err_console.print(problem)
         return 2
     if not args.dir.is_dir():
         err_console.print(f"{args.dir} is not a folder; pass a folder of task files")
@@ -179,7 +183,10 @@ def _row(task: Path, status: str, summary: Any = None, note: str = "") -> dict[s
     row.update(run_id=summary.run_id, proposals=p.proposals, accepted=p.accepted, rejected=p.rejected,
                timed=summary.timed, note=summary.stop_reason)
     if best is not None:
-        t = best.timings
+        # The final re-check's numbers where there is one: it is timed against torch.compile, the others are not.
+        final = summary.final if summary.final is not None and summary.final.candidate_id == best.id else None
+        t = final.timings if final is not None and final.timed else best.timings
+        row.update(final_check=final.status if final is not None else None)
         row.update(best_id=best.id, speedup_eager=t.speedup_eager, eager_ci_low=t.eager_ci_low,
                    eager_ci_high=t.eager_ci_high, speedup_compile=t.speedup_compile, pct_roofline=t.pct_roofline,
                    best_path=str(summary.best_path))
@@ -198,7 +205,8 @@ def _table(rows: list[dict[str, Any]]) -> None:
             comp = "not measured" if r["speedup_compile"] is None else f"{r['speedup_compile']:.2f}x"
             roof = "not measured" if r["pct_roofline"] is None else f"{r['pct_roofline']:.0f}%"
         table.add_row(Path(r["task"]).name, r["status"], str(r["proposals"] or 0), str(r["accepted"] or 0),
-                      f"#{r['best_id']}" if r["best_id"] else "none", eager, comp, roof, r["note"] or "")
+                      (f"#{r['best_id']}" + (f" ({r['final_check']})" if r.get("final_check") else ""))
+                      if r["best_id"] else "none", eager, comp, roof, r["note"] or "")
     console.print(table)
 
 
