@@ -37,7 +37,7 @@ def _layernorm_fwd_kernel(
     col_ok = cols < N
     mask = (rows[:, None] < M) & col_ok[None, :]
     rows = rows.to(tl.int64)[:, None]
-    x = tl.load(X + rows * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    x = tl.load(X + rows * stride_x + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     mean = tl.sum(x, axis=1) / N
     xc = tl.where(col_ok[None, :], x - mean[:, None], 0.0)

@@ -40,10 +40,10 @@ def _rmsnorm_fwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     rows = rows.to(tl.int64)[:, None]
-    x = tl.load(X + rows * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    x = tl.load(X + rows * stride_x + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     if HAS_RESIDUAL:
-        r = tl.load(R + rows * stride_r + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+        r = tl.load(R + rows * stride_r + cols[None, :], mask=mask, other=0.0)
         # The sum is rounded to the activation dtype first, as the unfused model does; the norm reads that value.
         h = (x + r.to(tl.float32)).to(H.dtype.element_ty)
         tl.store(H + rows * stride_h + cols[None, :], h, mask=mask)

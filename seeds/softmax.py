@@ -44,7 +44,7 @@ def _softmax_fwd_kernel(
     col_ok = cols < N
     mask = (rows[:, None] < M) & col_ok[None, :]
     rows = rows.to(tl.int64)[:, None]
-    x = tl.load(X + rows * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    x = tl.load(X + rows * stride_x + cols[None, :], mask=mask, other=0.0)
     y = _row_softmax(x.to(tl.float32), col_ok)
     tl.store(Y + rows * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
@@ -64,8 +64,8 @@ def _softmax_bwd_kernel(
     col_ok = cols < N
     mask = (rows[:, None] < M) & col_ok[None, :]
     rows = rows.to(tl.int64)[:, None]
-    s = tl.load(S + rows * stride_s + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
-    dy = tl.load(DY + rows * stride_dy + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    s = tl.load(S + rows * stride_s + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(DY + rows * stride_dy + cols[None, :], mask=mask, other=0.0)
     s = s.to(tl.float32)
     if FROM_INPUT:
         y = _row_softmax(s, col_ok)
