@@ -11,9 +11,11 @@ The backward recomputes rstd from x (x is read anyway, so this costs no bytes) a
 program walks a strided set of rows, writes dx, and keeps its share of dw in fp32 registers; a second small kernel
 (seeds/_common.py) adds the per-program partial rows in a fixed order, so dw is bitwise reproducible.
 
-Measured on the H200 (2026-11-29, torch 2.11, triton 3.6, docs/bench-norms.md), bf16, backward timed alone:
-  forward 16384x4096: 0.0736 ms = 3,647 GB/s (86% of copy), 0.96x Liger (3,815), 1.15x F.rms_norm, 1.04x compile;
-  forward 16384x8192: 0.1371 ms = 3,916 GB/s (92%), 1.02x Liger (3,853);
+Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed alone:
+  forward 16384x4096 (`crucible bench`, run F in docs/BENCHMARKS.md, after the x load lost its evict_first hint,
+  which cost 2.7%): 0.0690 ms = 3,893 GB/s (93% of roofline), 1.20x F.rms_norm, 1.10x compile, 0.994x Liger
+  [0.987, 1.002]: no significant difference;
+  forward 16384x8192 (docs/bench-norms.md, with the hint): 0.1371 ms = 3,916 GB/s (92%), 1.02x Liger (3,853);
   backward 16384x4096: 0.1535 ms = 2,624 GB/s (62%), 1.48x eager F.rms_norm (1,770), 1.67x Liger, 2.3x compile.
 """
 from __future__ import annotations
