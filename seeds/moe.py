@@ -22,7 +22,9 @@ a [E, F, H] weight; X_e^T dY_e for the transposed layout) is `_grouped_dw_kernel
 FLOPs: 2 R N K forward for R routed rows, twice that backward. At 64 experts x 2048 rows, H 4096 -> F 1408:
 1.51 TFLOP forward; 2.3 ms at the 640 TFLOP/s target (ANCHORS.md: per-expert loop 592, torch._grouped_mm 573).
 
-Measured on the H200: not measured yet (benchmarks/bench_moe.py is the script that will).
+Measured on the H200 (docs/BENCHMARKS.md run E, bench_moe.py --quick): grouped GEMM, 64 experts x 2048 tokens,
+H4096 -> F1408: 2.945 ms = 513 TFLOP/s at the default tiles, 0.81x torch._grouped_mm (630), 0.87x a loop of
+matmuls (593): plain tl.dot tiles, no TMA or warp specialisation.
 """
 from __future__ import annotations
 
@@ -307,11 +309,13 @@ def _grouped_dw_kernel(
 
 
 def default_config(device: torch.device, swiglu: bool = False) -> tuple[int, int, int, int, int, int]:
-    """(BM, BN, BK, warps, stages, GROUP_M): Hopper-sized tiles on a GPU (not tuned yet), small ones on the
-    interpreter. The SwiGLU variant keeps two accumulators, so its n-tile is half as wide."""
+    """(BM, BN, BK, warps, stages, GROUP_M): on a GPU the best of the H200 sweep (docs/BENCHMARKS.md run E: the
+    grouped GEMM at 128x256x64/3 stages 513 TFLOP/s against 473 at 128x128x64/4; the DeepSeek-like layer 4.69 ms with
+    these two against 5.56), small tiles on the interpreter. The SwiGLU variant keeps two accumulators, so its n-tile
+    is half as wide."""
     if device.type != "cuda":  # the interpreter pays per operation, not per FLOP: few, wide tiles
         return (16, 128, 128, 4, 1, 4)
-    return (128, 64, 64, 8, 4, 8) if swiglu else (128, 128, 64, 8, 4, 8)
+    return (128, 128, 64, 8, 3, 8) if swiglu else (128, 256, 64, 8, 3, 8)
 
 
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, layout: Aligned, out: torch.Tensor, *, transpose_b: bool = False,

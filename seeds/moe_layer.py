@@ -13,7 +13,9 @@ GEMM -> weighted combine. x [T, H] bf16, router logits [T, E], w_gate_up [E, 2F,
 FLOPs 6 T K H F: 11.5 TFLOP at the Mixtral shape (16k tokens), 2.27 TFLOP at the DeepSeek/Qwen shape.
 Bytes beyond the weights: h and y (T K (F + H) x 2 B) written and read once each.
 
-Measured on the H200: not measured yet (benchmarks/bench_moe.py is the script that will).
+Measured on the H200 (docs/BENCHMARKS.md run E, bench_moe.py --quick), DeepSeek-like layer (64 experts top-8,
+H2048, F1408, 16k tokens): 4.694 ms = 483 TFLOP/s at the default tiles, 4.6x a per-expert loop (21.7 ms), 1.71x
+torch._grouped_mm with torch routing/SwiGLU/combine (8.0 ms). The Mixtral-like layer: not measured yet.
 """
 from __future__ import annotations
 
