@@ -11,9 +11,9 @@ Bytes (bf16, 8192 x 128256): at least one read of the logits and one write of dl
 H200's copy bandwidth of 4,244 GB/s. A row (250 KB in bf16) does not fit in one program's registers, so the
 gradient needs the row a second time; the forms differ in where that second read comes from.
 
-PERSISTENT: about one program per multiprocessor, each looping over rows pid, pid + P, ... For a row:
-    pass 1, columns in order:    the running max m and sum d of exp(x - m) (per tile, or per lane with LANES), the
-                                 sum of x (label smoothing only);
+PERSISTENT (the default): about one program per multiprocessor, each looping over rows pid, pid + P, ... For a row:
+    pass 1, columns in order:    the running max m and sum d of exp(x - m) (per lane with LANES, the default; else
+                                 per tile), the sum of x (label smoothing only);
     pass 2, columns in REVERSE:  dx from a second read of the row. With P rows in flight (P x 250 KB: 33 MB at
                                  P = 132, under the 50-60 MB L2) the second read should come from L2, and reversing
                                  the order re-reads the most recently loaded tiles first (if L2 overflows, LRU loses
@@ -22,9 +22,6 @@ The loads are software-pipelined by hand: each tile's load is issued before the 
 tile of pass 1 is the first of pass 2 (kept in registers), and the last load of pass 2 fetches the next row's first
 tile, so HBM never waits on a row boundary. Eviction hints (HINTS) keep pass-1 lines in L2 and drop pass-2 lines
 and the gradient's stores first. With P = N it is Liger's one-program-per-row form (the hardware schedules rows).
-PIPELINED (the default): the persistent loop with pass 1 of a program's row k and pass 2 of its row k - 1 in the
-same tile iterations, so each multiprocessor streams HBM reads (pass 1) and L2 re-reads plus stores (pass 2) all
-the time instead of alternating, with still one row's worth of tiles per program in L2.
 TWO_PASS: rows split into SEGMENTS programs of BLOCK columns; a statistics launch (m_s, d_s, sum x, x[target] per
 segment), then a gradient launch that combines the row's statistics in segment order and reads the logits again
 (6.3 GB of HBM traffic).
@@ -34,10 +31,16 @@ interpreter cannot run it (it runs programs one after another).
 Every form writes per-row losses; the mean's divisor is counted by one small kernel first, and the losses are summed
 by another in a fixed order, so repeated runs agree bitwise (no float atomics).
 
-Measured on the H200 (docs/bench-mix.md, 2026-11-29): TWO_PASS 2.22 ms (8192 columns a program) against
-torch.compile 2.59 ms and eager 13.5 ms in the same run; ANCHORS.md has Liger at 2.05 ms; RENDEZVOUS 3.4-5.4 ms.
-PIPELINED and PERSISTENT: not measured yet (benchmarks/bench_ce.py sweeps them; docs/bench-ce.md). The target is
-1.3 ms.
+Measured on the H200 (benchmarks/bench_ce.py, docs/bench-ce.md; 2026-11-29, torch 2.11.0+cu130, Triton 3.6.0,
+8192 x 128256 bf16, eps 0 / mean, 3 rotating input sets): PERSISTENT at one program per SM (132), 8192 columns,
+16 warps, LANES: 1.494 ms (2,813 GB/s on 4.2 GB, 66% of copy), the default; one program per row (P = N) at 16384
+columns / 16 warps 1.498 ms; TWO_PASS 2.209 ms; Liger 0.8.5 2.215 ms, torch.compile 2.593 ms, eager 13.50 ms in the
+same run: 1.48x Liger, 1.74x torch.compile. The target of 1.3 ms is not met. RENDEZVOUS: 3.4-5.4 ms (docs/bench-mix.md).
+A PIPELINED form (pass 1 of a program's row k interleaved with pass 2 of its row k - 1 in the same tile iterations)
+was removed: in that run every one of its variants returned a wrong gradient on the H200 (dlogits rel L2 inf; 2.8e6
+writing in place) while passing every test on the CPU interpreter. The cause is unexplained: possibly a race between
+a program's pass-2 stores and its pass-1 loads across iterations, or a Triton 3.6 code-generation issue. Its best
+variant timed 1.504 ms, no faster than PERSISTENT.
 """
 from __future__ import annotations
 
@@ -53,8 +56,8 @@ CRUCIBLE_SEED = {
     "ops": ["cross-entropy fwd+bwd (ignore_index, label smoothing, mean/sum)"],
 }
 
-FORMS = ("pipelined", "persistent", "two_pass", "rendezvous")
-DEFAULT_FORM = "pipelined"
+FORMS = ("persistent", "two_pass", "rendezvous")
+DEFAULT_FORM = "persistent"
 
 # _ce_segments_kernel modes (constexpr globals: a kernel may read no other globals)
 MODE_STATS, MODE_GRAD, MODE_FUSED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -205,98 +208,6 @@ def _ce_persistent_kernel(
         dx_row += dx_step
 
 
-@triton.jit
-def _ce_pipelined_kernel(
-    X, stride_x, DX, stride_dx, TARGET, LOSS_ROWS, N_VALID, N, V, ignore_index, smoothing,  # as in _ce_persistent
-    MEAN: tl.constexpr, SMOOTH: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
-    KEEP: tl.constexpr, DROP: tl.constexpr, RNE: tl.constexpr,
-):
-    """PIPELINED: the persistent loop with the two passes of consecutive rows interleaved. Phase k walks the tiles
-    once: pass 1 of row A (this program's k-th row) over tiles 0 .. n-1 and, in the same iterations, pass 2 of
-    row B (the (k-1)-th) over tiles n-1 .. 0. HBM reads (A) and L2 re-reads plus stores (B) stream together all
-    the time, and a program still holds one row's worth of tiles in L2 (A's loaded tiles plus B's unread ones).
-    B's first tile is A's last tile of the previous phase, still in registers. An ignored or missing row B has
-    its loads masked off and its statistics zeroed, so its gradient comes out 0 (or is not stored) without a
-    branch."""
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)  # <= N (the launcher), so every program has a first row
-    cols = tl.arange(0, BLOCK)
-    n_tiles = tl.cdiv(V, BLOCK)
-    last = (n_tiles - 1) * BLOCK
-    if MEAN:
-        scale = 1.0 / tl.load(N_VALID)
-    else:
-        scale = 1.0
-    my_rows = tl.cdiv(N - pid, step)
-    x_step = step.to(tl.int64) * stride_x
-    dx_step = step.to(tl.int64) * stride_dx
-
-    # row A: pointers, target, columns to load (0 if ignored or past N); its first tile in `a`
-    a_row = X + pid.to(tl.int64) * stride_x
-    a_dx = DX + pid.to(tl.int64) * stride_dx
-    a_tgt = tl.load(TARGET + pid)
-    a_len = tl.where(a_tgt != ignore_index, V, 0)
-    a = tl.load(a_row + cols, mask=cols < a_len, other=float("-inf"), eviction_policy=KEEP)
-    # row B: none yet (nothing stored: b_len 0)
-    b, b_row, b_dx, b_tgt = a, a_row, a_dx, a_tgt
-    b_len = 0       # columns to store
-    b_load = 0      # columns to load (0 for an ignored row)
-    b_lse2 = 0.0    # lse log2(e), and the gradient's three scalars (all 0 for an ignored row)
-    b_scale = 0.0
-    b_off = 0.0
-    b_hit = 0.0
-    for k in range(0, my_rows + 1):
-        row = pid + k * step
-        n_tgt = tl.load(TARGET + row + step, mask=row + step < N, other=ignore_index)
-        n_len = tl.where(n_tgt != ignore_index, V, 0)
-        n_row = a_row + x_step
-        x_target = tl.load(a_row + a_tgt, mask=(a_tgt >= 0) & (a_tgt < a_len), other=0.0).to(tl.float32)
-        if LANES:
-            m = tl.full([BLOCK], -1e30, tl.float32)
-            d = tl.zeros([BLOCK], dtype=tl.float32)
-        else:
-            m = float("-inf")
-            d = 0.0
-        sx = tl.zeros([BLOCK], dtype=tl.float32)
-        for t in range(0, n_tiles - 1):
-            j = n_tiles - 1 - t  # B's tile in this iteration
-            a_ahead = tl.load(a_row + (t + 1) * BLOCK + cols, mask=cols < a_len - (t + 1) * BLOCK,
-                              other=float("-inf"), eviction_policy=KEEP)
-            b_ahead = tl.load(b_row + (j - 1) * BLOCK + cols, mask=cols < b_load - (j - 1) * BLOCK,
-                              other=float("-inf"), eviction_policy=DROP)
-            m, d, sx = _stats_tile(m, d, sx, a, V - t * BLOCK, LANES, SMOOTH, BLOCK)
-            _grad_tile(b, b_dx + j * BLOCK, b_len - j * BLOCK, b_tgt - j * BLOCK, b_lse2, b_scale, b_off, b_hit,
-                       DROP, RNE, BLOCK)
-            a = a_ahead
-            b = b_ahead
-        a_ahead = tl.load(n_row + cols, mask=cols < n_len, other=float("-inf"), eviction_policy=KEEP)
-        m, d, sx = _stats_tile(m, d, sx, a, V - last, LANES, SMOOTH, BLOCK)
-        _grad_tile(b, b_dx, b_len, b_tgt, b_lse2, b_scale, b_off, b_hit, DROP, RNE, BLOCK)
-        if LANES:
-            m_row = tl.max(m, axis=0)
-            lse = m_row + tl.log(tl.sum(d * tl.exp2((m - m_row) * LOG2E), axis=0))
-        else:
-            lse = m + tl.log(d)
-        loss = lse - x_target
-        if SMOOTH:
-            loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(sx, axis=0) / V)
-        live = a_len > 0
-        tl.store(LOSS_ROWS + row, tl.where(live, loss, 0.0), mask=row < N)
-        # A becomes B (its last tile, in `a`, is B's first), the next row becomes A
-        b, b_row, b_dx, b_tgt = a, a_row, a_dx, a_tgt
-        b_len = tl.where(row < N, V, 0)
-        b_load = a_len
-        b_lse2 = tl.where(live, lse * LOG2E, 0.0)
-        b_scale = tl.where(live, scale, 0.0)
-        b_off = tl.where(live, scale * smoothing / V, 0.0)
-        b_hit = tl.where(live, scale * (1.0 - smoothing), 0.0)
-        a = a_ahead
-        a_row = n_row
-        a_dx += dx_step
-        a_tgt = n_tgt
-        a_len = n_len
-
-
 # ---- TWO_PASS and RENDEZVOUS -------------------------------------------------------------------------------------
 @triton.jit
 def _ce_segments_kernel(
@@ -413,30 +324,33 @@ def _check(logits: torch.Tensor, target: torch.Tensor, reduction: str, label_smo
 
 def ce_block(v: int, device: torch.device, form: str = DEFAULT_FORM) -> tuple[int, int]:
     """Columns per tile and warps.
-    PIPELINED / PERSISTENT on a GPU: 8192 columns at 16 warps, 16 columns a thread: 99-128 registers for sm_90
-    (ptxas), no spills, one 512-thread program per multiprocessor with two 16 KB tiles (pass 1's and pass 2's) in
-    flight behind the two in use; 16384 columns at 16 or 32 warps spill. A guess until bench_ce.py measures it.
-    TWO_PASS on a GPU: 8192 columns at 8 warps, a 128k-vocabulary row in 16 programs (the H200's best: 2.22 ms
-    against 2.27 at 16384/8 warps, 3.04 at 16384/16). The interpreter: 2048, where wide blocks only cost time."""
+    PERSISTENT on a GPU: 8192 columns at 16 warps, 16 columns a thread (109-113 registers for sm_90 with LANES, no
+    spills), one 512-thread program per multiprocessor. Measured on the H200 (bench_ce.py, Triton 3.6, 132
+    programs): with LANES 1.494 ms, the best of the sweep; without LANES 1.793 at 8192/16, 1.541 at 16384/16,
+    2.175 at 4096/8 (1.660 with 264 programs); one program per row: 1.498 at 16384/16, 1.893 at 32768/32, 1.913
+    at 8192/8.
+    TWO_PASS on a GPU: 8192 columns at 8 warps, a 128k-vocabulary row in 16 programs (2.209 ms in the same run;
+    earlier 2.22 against 2.27 at 16384/8 warps, 3.04 at 16384/16). The interpreter: 2048, where wide blocks only
+    cost time."""
     if device.type != "cuda":
         cap, warps = 2048, 4
-    elif form in ("pipelined", "persistent"):
+    elif form == "persistent":
         cap, warps = 8192, 16
     else:
         cap, warps = 8192, 8
     block = min(cap, max(16, triton.next_power_of_2(v)))
-    return block, max(4, min(warps, block // 256 if form in ("pipelined", "persistent") else block // 2048))
+    return block, max(4, min(warps, block // 256 if form == "persistent" else block // 2048))
 
 
 def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, loss_rows: torch.Tensor,
             n_valid: torch.Tensor, ignore_index: int, label_smoothing: float, mean: bool,
             fused: bool | None = None, block: int | None = None, num_warps: int | None = None,
-            form: str | None = None, programs: int | None = None, lanes: bool = False, hints: bool = True) -> None:
+            form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True) -> None:
     """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
-    form: "pipelined" (default), "persistent", "two_pass" or "rendezvous"; `fused` is the older switch (True:
-    rendezvous, False: two_pass) and is read only when form is None. Pipelined and persistent only: programs
-    (default: one per multiprocessor; N gives one program per row), lanes (per-lane running max/sum), hints (L2
-    eviction hints)."""
+    form: "persistent" (default), "two_pass" or "rendezvous"; `fused` is the older switch (True: rendezvous, False:
+    two_pass) and is read only when form is None, so fused=None gives the persistent form. Persistent only:
+    programs (default: one per multiprocessor; N gives one program per row), lanes (per-lane running max/sum,
+    default on: the H200's best), hints (L2 eviction hints)."""
     n, v = logits.shape
     if n == 0:
         return
@@ -447,10 +361,9 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     blk, warps = ce_block(v, logits.device, form)
     blk, warps = block or blk, num_warps or warps
     rne = needs_rne(dlogits)
-    if form in ("pipelined", "persistent"):
+    if form == "persistent":
         grid = (max(1, min(n, programs or sm_count(logits.device))),)
-        kernel = _ce_pipelined_kernel if form == "pipelined" else _ce_persistent_kernel
-        kernel[grid](
+        _ce_persistent_kernel[grid](
             logits, logits.stride(0), dlogits, dlogits.stride(0), target, loss_rows, n_valid, n, v, ignore_index,
             float(label_smoothing), MEAN=mean, SMOOTH=label_smoothing > 0, LANES=lanes, BLOCK=blk,
             KEEP="evict_last" if hints else "", DROP="evict_first" if hints else "", RNE=rne, num_warps=warps)
@@ -498,7 +411,7 @@ def sum_rows(loss_rows: torch.Tensor, n_valid: torch.Tensor, mean: bool) -> torc
 def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                           label_smoothing: float = 0.0, reduction: str = "mean", fused: bool | None = None,
                           block: int | None = None, num_warps: int | None = None, form: str | None = None,
-                          programs: int | None = None, lanes: bool = False, hints: bool = True,
+                          programs: int | None = None, lanes: bool = True, hints: bool = True,
                           out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
     out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller

@@ -66,10 +66,10 @@ def test_cross_entropy_segments_agree(block, device):
     torch.testing.assert_close(dx, dx2, rtol=1e-5, atol=1e-7)
 
 
-FORM_CASES = [  # (form, programs, lanes, hints): the persistent forms with fewer programs than rows, one per row, more
-    ("pipelined", 3, False, True), ("pipelined", 3, True, False), ("pipelined", None, False, True),
-    ("pipelined", 1000, True, True), ("persistent", 3, False, True), ("persistent", 3, True, True),
-    ("persistent", 1000, False, False), ("two_pass", None, False, True),
+FORM_CASES = [  # (form, programs, lanes, hints): the persistent form with fewer programs than rows, one per row, more
+    ("persistent", 3, False, True), ("persistent", 3, True, True), ("persistent", 3, True, False),
+    ("persistent", None, True, True), ("persistent", 1000, False, False), ("persistent", 1000, True, True),
+    ("two_pass", None, False, True),
 ]
 
 
@@ -91,7 +91,7 @@ def test_cross_entropy_forms(form, programs, lanes, hints, smoothing, reduction,
     _compare_all(got, model(x, t), _truth(model, [x, t]))
 
 
-@pytest.mark.parametrize("form", ["pipelined", "persistent", "two_pass"])
+@pytest.mark.parametrize("form", ["persistent", "two_pass"])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_cross_entropy_all_ignored(form, reduction, device):
     """No valid row: the mean is 0/0 = NaN and the sum 0, as in PyTorch; the gradient is all zeros either way."""
@@ -106,8 +106,8 @@ def test_cross_entropy_all_ignored(form, reduction, device):
     assert torch.equal(dx, torch.zeros_like(dx)) and torch.equal(ref_dx, torch.zeros_like(ref_dx))
 
 
-@pytest.mark.parametrize("form", ["pipelined", "persistent"])
-def test_cross_entropy_in_place(form, device):
+@pytest.mark.parametrize("lanes", [True, False])
+def test_cross_entropy_in_place(lanes, device):
     """out=logits (a buffer the caller owns, as in linear + CE): the gradient overwrites the logits and equals the
     out-of-place result bitwise, ignored rows included."""
     from seeds.cross_entropy import cross_entropy_fwd_bwd
@@ -115,23 +115,55 @@ def test_cross_entropy_in_place(form, device):
     x = (torch.randn(9, 700, generator=g) * 3).to(device=device, dtype=torch.bfloat16)
     t = torch.randint(0, 700, (9,), generator=g).to(device)
     t[4] = -100
-    loss, dx = cross_entropy_fwd_bwd(x, t, label_smoothing=0.1, form=form, programs=2, block=128)
+    loss, dx = cross_entropy_fwd_bwd(x, t, label_smoothing=0.1, lanes=lanes, programs=2, block=128)
     buf = x.clone()
-    loss2, dx2 = cross_entropy_fwd_bwd(buf, t, label_smoothing=0.1, form=form, programs=2, block=128, out=buf)
+    loss2, dx2 = cross_entropy_fwd_bwd(buf, t, label_smoothing=0.1, lanes=lanes, programs=2, block=128, out=buf)
     assert dx2.data_ptr() == buf.data_ptr()
     assert torch.equal(loss, loss2) and torch.equal(dx, dx2)
 
 
-@pytest.mark.parametrize("form", ["pipelined", "persistent"])
-def test_cross_entropy_forms_bitwise_across_programs(form, device):
+@pytest.mark.parametrize("lanes", [True, False])
+def test_cross_entropy_forms_bitwise_across_programs(lanes, device):
     """A row's loss and gradient do not depend on which program computes it (grid size, lanes fixed)."""
     from seeds.cross_entropy import cross_entropy_fwd_bwd
     x = torch.randn(12, 900, device=device)
     t = torch.randint(0, 900, (12,), device=device)
     t[5] = -100
-    a = cross_entropy_fwd_bwd(x, t, form=form, programs=1, block=256)
-    b = cross_entropy_fwd_bwd(x, t, form=form, programs=5, block=256)
+    a = cross_entropy_fwd_bwd(x, t, form="persistent", lanes=lanes, programs=1, block=256)
+    b = cross_entropy_fwd_bwd(x, t, form="persistent", lanes=lanes, programs=5, block=256)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_cross_entropy_default_is_persistent_with_lanes(monkeypatch, device):
+    """The default path (ModelNew, cross_entropy_fwd_bwd, ce_rows with fused=None as linear + CE's token form calls
+    it) launches the persistent kernel with LANES on (the H200's measured best) and nothing else; "pipelined" (wrong
+    on the H200) is no longer a form."""
+    ce = importlib.import_module("seeds.cross_entropy")
+    lce = importlib.import_module("seeds.linear_cross_entropy")
+    launches = []
+
+    class Spy:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append((self.name, kw.get("LANES")))
+                return self.kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(ce, "_ce_persistent_kernel", Spy("persistent", ce._ce_persistent_kernel))
+    monkeypatch.setattr(ce, "_ce_segments_kernel", Spy("segments", ce._ce_segments_kernel))
+    assert ce.DEFAULT_FORM == "persistent" and "pipelined" not in ce.FORMS
+    x = torch.randn(4, 300, device=device)
+    t = torch.randint(0, 300, (4,), device=device)
+    ce.ModelNew()(x, t)
+    ce.cross_entropy_fwd_bwd(x, t, label_smoothing=0.1, reduction="sum")
+    w = torch.randn(300, 16, device=device)
+    lce.linear_cross_entropy_fwd_bwd(torch.randn(4, 16, device=device), w, t, form="token")
+    assert launches == [("persistent", True)] * 3
+    with pytest.raises(ValueError, match="form"):
+        ce.cross_entropy_fwd_bwd(x, t, form="pipelined")
 
 
 def test_cross_entropy_rejects_bad_inputs():
