@@ -71,8 +71,8 @@ MIX = llama_1b_shapes(16, 48, 8, 1, 100) if SMOKE else llama_1b_shapes()
 def variants() -> list[tuple[str, dict]]:
     """(name, adamw_step knobs). The default first; elements per thread and array = block / (32 warps)."""
     sms = sm_count(torch.device(DEV))
-    out = [("default (1024/4w x4, vec 4)", {})]
-    for blk, w, it in ((512, 4, 8), (1024, 4, 1), (1024, 4, 16), (2048, 4, 2), (1024, 8, 4), (2048, 8, 2),
+    out = [("default (1024/4w x1, vec 4)", {})]
+    for blk, w, it in ((512, 4, 8), (1024, 4, 4), (1024, 4, 16), (2048, 4, 2), (1024, 8, 4), (2048, 8, 2),
                        (4096, 8, 1)):
         out.append((f"multi {blk}/{w}w x{it} ({blk // (32 * w)}/thread)", dict(block=blk, num_warps=w, iters=it)))
     out += [
@@ -81,7 +81,7 @@ def variants() -> list[tuple[str, dict]]:
         ("multi persistent 4/SM", dict(programs=4 * sms)),
         ("multi persistent 8/SM", dict(programs=8 * sms)),
         ("multi persistent 16/SM", dict(programs=16 * sms)),
-        ("per-tensor launches (1024/4w x4)", dict(multi_tensor=False)),
+        ("per-tensor launches (1024/4w x1)", dict(multi_tensor=False)),
         ("per-tensor, first seed's form (1024/4w, all masked)",
          dict(multi_tensor=False, block=1024, num_warps=4, iters=1, split_tail=False, vec=1024)),
     ]

@@ -7,8 +7,9 @@ With l = x W^T, lse_t = log sum_v exp(l_tv), g_t = 1/n_valid (mean) or 1 (sum), 
     loss_t = lse_t - (1 - e) l_t,target - (e / V) sum_v l_tv
     dl_tv  = g_t (exp(l_tv - lse_t) - e / V - (1 - e) [v == target_t])
     dx = dl W,  dweight = dl^T x.
-FLOPs: 3 x 2 BT V H = 25.8 TFLOP at the task's shape (37 ms at cuBLAS's 694 TFLOP/s). The task does not allow
-torch compute ops (no CRUCIBLE_ALLOW_TORCH_COMPUTE), so every product is the Triton GEMM below.
+FLOPs: 3 x 2 BT V H = 25.8 TFLOP at the task's shape (33 ms at the ~790 TFLOP/s cuBLAS has reached on an 8192^3
+bf16 product; ANCHORS.md records 694-788). The task does not allow torch compute ops (no
+CRUCIBLE_ALLOW_TORCH_COMPUTE), so every product is the Triton GEMM below.
 
 Extra memory, as the bench measures it (peak allocated minus what was allocated before the call, outputs included):
 dweight (1002 MiB) + dx (64 MiB) leave 60 MiB of the 1.1 GiB budget for everything else. Two forms:
@@ -29,9 +30,20 @@ dweight (1002 MiB) + dx (64 MiB) leave 60 MiB of the 1.1 GiB budget for everythi
     seeds/cross_entropy.py in place, dx_c = dl W (split over K), dweight (+)= dl^T x_c. Every chunk reads weight
     twice and reads and writes dweight (4.2 GB a chunk); C V 2 B must fit the 60 MiB left, so C <= 240 at budget.
 
-Measured on the H200 (docs/bench-mix.md), token form: 59.0 ms (437 TFLOP/s) at 1.18 GiB extra with 512-token chunks,
-72.8-79.7 ms at 256 tokens (1.11 GiB); eager 49.1 ms at 13.7 GiB; ANCHORS.md has Liger at 54.9 ms / 1.1 GiB.
-The vocab form: not measured yet (benchmarks/bench_lce.py, docs/bench-lce.md).
+Measured on the H200 (2026-11-29, torch 2.11, triton 3.6; benchmarks/bench_lce.py, docs/bench-lce.md), BT 8192,
+H 4096, V 128256 bf16, extra memory with the outputs inside it:
+    vocab form, 4 stages in all three products (now the default)   54.32 ms  475 TFLOP/s  1.088 GiB
+    vocab form, 3 stages (the previous default)                    55.65 ms  464 TFLOP/s  1.088 GiB
+    Liger Kernel 0.8.5 (cuBLAS GEMMs)                              55.16 ms  468 TFLOP/s  1.102 GiB
+    eager (the task's Model)                                       48.55 ms  532 TFLOP/s  13.7 GiB
+    torch.compile forward + autograd backward                      38.81 ms  665 TFLOP/s  3.0 GiB
+The target (<= 45 ms at <= 1.1 GiB) is not met: the seed is slower than eager and torch.compile, and ties Liger
+within the memory budget. The reason is the GEMM: the plain tl.dot kernel reaches 530-685 TFLOP/s on the three
+products alone (logits 530, dweight 669, dx 685 at the first chunk's shape, 4 stages) against a cuBLAS ceiling of
+~790, and the vocab form executes 31.5 TFLOP to eager's 25.8. Closing the gap needs faster GEMMs (TMA loads,
+warp specialisation, a persistent grid) more than a different schedule. The token form ran in the same call with
+the cross-entropy's pipelined kernel, which was wrong on the GPU (that kernel is removed; ce_rows now defaults to
+the persistent form); it was not re-measured since, and its earlier time (docs/bench-mix.md) was 59.0 ms at 1.18 GiB.
 """
 from __future__ import annotations
 
@@ -253,8 +265,9 @@ def _logits_to_grad_kernel(DL, stride_dl, TARGET, LSE, ROW_SCALE, N, v0, V, smoo
 
 # ---------------------------------------------------------------------------------------------------------------
 def _default_config(device: torch.device) -> tuple[int, int, int, int, int]:
-    """(BM, BN, BK, warps, stages): Hopper-sized tiles on a GPU, small ones on the interpreter."""
-    return (128, 256, 64, 8, 3) if device.type == "cuda" else (64, 64, 64, 4, 1)
+    """(BM, BN, BK, warps, stages): Hopper-sized tiles on a GPU (4 stages: 4 x 48 KiB of shared memory; the H200's
+    best for all three products, docs/bench-lce.md), small ones on the interpreter."""
+    return (128, 256, 64, 8, 4) if device.type == "cuda" else (64, 64, 64, 4, 1)
 
 
 def _flags(a: torch.Tensor) -> dict:
