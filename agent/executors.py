@@ -31,7 +31,7 @@ from sandbox.records import CheckResult
 from sandbox.task import Task
 
 if TYPE_CHECKING:
-    from agent.loop import RunConfig
+    from agent.runs import RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -10,21 +10,21 @@ Every finished candidate is committed as soon as its verdict is known. A stop (C
 continues a run under the same id, counting what it already spent against the budgets.
 
 Library code: progress goes to the `on_event` callback, never to the terminal.
+
+This module is the control flow; the pieces live apart: the run's records (RunConfig, Event, RunSummary) in
+agent/runs.py, checking and completing a run's settings before it starts in agent/prepare.py, what a proposal asks the
+tuner or the LLM for in agent/proposing.py. Their public names stay importable from here.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
-import datetime as _dt
-import enum
 import json
 import logging
-import secrets
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Callable
 
 from agent import tuner as tuner_mod
 from agent.archive import Archive, Candidate, Reverification, Run, Timings, now, sha256
@@ -32,121 +32,17 @@ from agent.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorErro
                              HarnessEvaluator, LocalExecutor)
 from agent.executors import spawn as _spawn
 from agent.extract import NoCode, extract_code
-from agent.llm import Message, Provider, ProviderError, Reply
-from agent.search import Search, Selection, fitness, niche
+from agent.llm import Provider, ProviderError, Reply
+from agent.prepare import new_run_id, open_task, prepare, resolve_start
+from agent.proposing import Pending, llm_messages, messages_text, rank, speed, tuner_proposal
+from agent.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
+                        RunConfig, RunSummary)
+from agent.search import Search, Selection, niche
 from sandbox.records import CheckResult
-from sandbox.task import Task, TaskError, load_task
-from seeds.registry import seed_for_task
 
 log = logging.getLogger(__name__)
 MAX_PROVIDER_ERRORS = 5  # consecutive failed requests before the run stops: the endpoint is not coming back
 MAX_HARNESS_ERRORS = 3
-
-
-class LoopError(Exception):
-    """The run cannot start; the message is one sentence saying what to do (the CLI exits 2)."""
-
-
-class EventKind(str, enum.Enum):
-    START = "start"
-    NOTE = "note"
-    EVALUATED = "evaluated"  # a candidate has its verdict (or failed before evaluation: no code, provider error)
-    NEW_BEST = "new_best"
-    STOPPING = "stopping"
-    FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class Progress:
-    proposals: int = 0
-    budget: int = 0
-    in_flight: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float = 0.0
-    elapsed_s: float = 0.0
-    check_s: float | None = None  # mean harness seconds per candidate evaluated in this invocation
-    per_minute: float | None = None  # proposals evaluated per minute in this invocation
-    proposer: str = ""
-    best: Candidate | None = None
-
-
-@dataclass(frozen=True)
-class Event:
-    kind: EventKind
-    message: str
-    progress: Progress
-    candidate: Candidate | None = None
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Settings of one run. On resume, fields left None take the stored run's values."""
-
-    task_path: Path
-    model: str | None = None  # provider spec; None: the tuner proposes
-    budget: int | None = None  # proposals, the starting kernel not counted
-    device: str = "auto"
-    gpus: int = 1
-    start_from: Path | None = None
-    resume: str | None = None  # a run id, or "latest"
-    max_tokens: int | None = None  # over the whole run, input + output
-    max_cost: float | None = None  # USD over the whole run
-    time_limit_s: float | None = None  # wall time of this invocation
-    target_roofline: float | None = None  # stop once a verified kernel reaches this % of roofline
-    polish: int | None = None  # tuner proposals at the end of an LLM run (default: a fifth of the budget)
-    reply_max_tokens: int = 8192
-    temperature: float = 0.7
-    concurrency: int = 4  # LLM requests in flight
-    seed: int = 0
-    check_timeout_s: float = 300.0
-    baselines: tuple[str, ...] = ("eager",)  # each candidate's timing (torch.compile alone costs ~20 s a check)
-    final_baselines: tuple[str, ...] = ("eager", "compile", "liger")  # the best's final re-check
-
-    def stored(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("resume", "time_limit_s")}
-        return json.loads(json.dumps(d, default=str))
-
-
-DEFAULT_BUDGET = 20
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    run_id: str
-    task_path: str
-    device: str
-    timed: bool
-    proposer: str
-    stop_reason: str
-    progress: Progress
-    start: Candidate | None  # the starting kernel's record (seed or --from), None when the LLM started from scratch
-    best: Candidate | None  # the best verified kernel of this task measured like this run (any run)
-    best_path: Path | None
-    run_dir: Path
-    not_measured: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-    provider_failure: str | None = None  # why the run stopped when the provider (not the kernels) failed
-    replies: int = 0  # LLM replies received in this invocation
-    final: Reverification | None = None  # the best kernel checked again at the end, timed against final_baselines
-
-
-@dataclass
-class _Pending:
-    """A proposal on its way: requested, extracted, under evaluation."""
-
-    origin: str  # llm | tuner
-    proposer: str
-    selection: Selection
-    prompt: str
-    reply: Reply | None = None
-    source: str | None = None
-    sha: str | None = None
-    path: Path | None = None
-    slot: int | None = None
-    started: float = field(default_factory=time.monotonic)
 
 
 def run_search(config: RunConfig, archive: Archive, *, provider: Provider | None = None,
@@ -165,60 +61,6 @@ def run_search(config: RunConfig, archive: Archive, *, provider: Provider | None
                         executor).run()
 
 
-def prepare(config: RunConfig, archive: Archive) -> RunConfig:
-    """Check the task and, on resume, fill the settings left unset from the stored run (LoopError if impossible)."""
-    task = _load(config.task_path)
-    if config.resume:
-        run = (archive.latest_run(task.source_hash) if config.resume == "latest" else archive.get_run(config.resume))
-        if run is None:
-            what = f"run {config.resume}" if config.resume != "latest" else f"no earlier run of {task.path.name}"
-            raise LoopError(f"{what} is not in {archive.path}; start a new run without --resume")
-        if run.task_hash != task.source_hash:
-            raise LoopError(f"run {run.id} was on another version of {Path(run.task_path).name} (the file changed); "
-                            "start a new run without --resume")
-        stored = run.config
-        fill = {}
-        for name in ("model", "budget", "polish", "max_tokens", "max_cost", "target_roofline"):
-            if getattr(config, name) is None and stored.get(name) is not None:
-                fill[name] = stored[name]
-        if config.start_from is None and stored.get("start_from"):
-            fill["start_from"] = Path(stored["start_from"])
-        if config.device == "auto" and stored.get("device"):
-            fill["device"] = stored["device"]
-        config = replace(config, resume=run.id, **fill)
-    if config.budget is not None and config.budget < 0:
-        raise LoopError("--budget must be 0 or more proposals")
-    if config.gpus < 1:
-        raise LoopError("--gpus must be at least 1")
-    resolve_start(config, task.path)
-    return config
-
-
-def _load(path: Path) -> Task:
-    try:
-        return load_task(path)
-    except TaskError as exc:
-        raise LoopError(str(exc)) from None
-
-
-def new_run_id(task: Task) -> str:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{task.name}-{secrets.token_hex(2)}"
-
-
-def resolve_start(config: RunConfig, task_path: Path) -> tuple[Path | None, str]:
-    """The kernel to start from and where it came from: --from, else the task's seed, else none."""
-    if config.start_from is not None:
-        path = Path(config.start_from)
-        if not path.is_file():
-            raise LoopError(f"--from {path}: no such file; pass the path of a kernel .py file that defines ModelNew")
-        return path, f"--from {path}"
-    seed = seed_for_task(task_path)
-    if seed is not None:
-        return seed.path, f"seed {seed.name} ({seed.path.name})"
-    return None, ""
-
-
 def record_check(base: Candidate, result: CheckResult) -> Candidate:
     # The harness's fingerprint (torch, triton, device) and, when timed, the profiler's (GPU, driver, clocks).
     env = {**(result.environment or {}), **((result.timing or {}).get("environment") or {})}
@@ -228,16 +70,14 @@ def record_check(base: Candidate, result: CheckResult) -> Candidate:
                    timings=Timings.from_check(result.timing), env=env, env_hash=env_hash, eval_s=result.seconds)
 
 
-def messages_text(messages: list[Message]) -> str:
-    return "\n\n".join(f"[{m.role}]\n{m.content}" for m in messages)
-
-
 class _Coordinator:
+    """One run: owns the archive writes, the search state and the limits; proposes, evaluates, records."""
+
     def __init__(self, config: RunConfig, archive: Archive, provider: Provider | None,
                  on_event: Callable[[Event], None] | None, stop: threading.Event, executor: Executor):
         self.config, self.archive, self.provider, self.stop = config, archive, provider, stop
         self.on_event = on_event or (lambda event: None)
-        self.task = _load(config.task_path)
+        self.task = open_task(config.task_path)
         self.start_path, self.start_desc = resolve_start(config, self.task.path)
         if provider is None and self.start_path is None:
             raise LoopError(f"no seed kernel is registered for {self.task.path.name} and no model is configured: the "
@@ -256,9 +96,9 @@ class _Coordinator:
         self.tuner = tuner_mod.Tuner(config.seed)
         self.started = time.monotonic()
         # what flows through
-        self.requests: dict[cf.Future, _Pending] = {}
-        self.ready: deque[_Pending] = deque()
-        self.evals: dict[cf.Future, _Pending] = {}
+        self.requests: dict[cf.Future, Pending] = {}
+        self.ready: deque[Pending] = deque()
+        self.evals: dict[cf.Future, Pending] = {}
         self.free_slots = list(range(self.slots))[::-1]
         self.in_flight: set[str] = set()
         self.exhausted: set[int] = set()
@@ -311,7 +151,7 @@ class _Coordinator:
         self.elites = [self.archive.with_source(c) for c in self.archive.elites(task.source_hash, timed=self.timed)]
         self.failures = [self.archive.with_source(c) for c in mine
                          if c.verdict == "rejected" and c.source_sha and c.stage != "propose"]
-        self.best = max(self.elites, key=_rank, default=None)
+        self.best = max(self.elites, key=rank, default=None)
         who = (f"{self.provider.name} proposes" + (f"; the tuner polishes the last {self.polish}" if self.polish
                                                    else "")) if self.provider else \
             "the offline tuner proposes (no model configured)"
@@ -337,7 +177,7 @@ class _Coordinator:
             self._emit(EventKind.NOTE, f"starting kernel ({self.start_desc}) already in the archive as "
                                        f"#{self.start.id}: {self.start.verdict}", self.start)
         else:
-            pending = _Pending("seed", "seed", Selection("fresh"), prompt=f"starting kernel: {self.start_desc}")
+            pending = Pending("seed", "seed", Selection("fresh"), prompt=f"starting kernel: {self.start_desc}")
             self._admit(pending, source)
             self._emit(EventKind.NOTE, f"checking the starting kernel ({self.start_desc})")
             self._dispatch()
@@ -403,7 +243,8 @@ class _Coordinator:
                     return  # the polish starts once the LLM's last kernels have their verdicts: it tunes those too
                 if self.provider is not None and self.issued == self.budget - self.polish:
                     self._emit(EventKind.NOTE, f"polish: the tuner proposes the last {self.polish}")
-                proposal = self._tuner_proposal()
+                proposal = tuner_proposal(self.search, self.tuner, self.elites, self.exhausted,
+                                          self.known | self.in_flight)
                 if proposal is None:
                     return
                 self.issued += 1
@@ -413,56 +254,17 @@ class _Coordinator:
                     return
                 self._request()
 
-    def _tuner_proposal(self) -> tuple[_Pending, Reply] | None:
-        known = self.known | self.in_flight
-        while True:
-            sel = self.search.select_for_tuner(self.elites, self.exhausted)
-            if sel is None:
-                return None
-            prop = None
-            if sel.kind == "crossover":
-                prop = self.tuner.crossover(sel.parents[0].source or "", sel.parents[1].source or "", known)
-                if prop is None:
-                    sel = Selection("improve", sel.parents[:1])
-            if prop is None:
-                prop = self.tuner.mutate(sel.parents[0].source or "", known)
-            if prop is not None:
-                return _Pending("tuner", tuner_mod.NAME, sel, prompt=prop.description), prop.reply
-            self.exhausted.add(sel.parents[0].id)
-
     def _request(self) -> None:
         assert self.provider is not None
         sel = self.search.select_for_llm(self.elites, self.failures)
-        messages = self._messages(sel)
-        pending = _Pending("llm", self.provider.name, sel, prompt=messages_text(messages))
+        messages = llm_messages(self.task, sel, self.elites, timed=self.timed)
+        pending = Pending("llm", self.provider.name, sel, prompt=messages_text(messages))
         provider, c = self.provider, self.config
         future = _spawn(lambda: provider.complete(messages, max_tokens=c.reply_max_tokens, temperature=c.temperature))
         self.requests[future] = pending
         self.issued += 1
 
-    def _messages(self, sel: Selection) -> list[Message]:
-        from agent import prompting
-        task_source = self.task.path.read_text(encoding="utf-8", errors="replace")
-        common = {"task_name": self.task.name, "task_source": task_source, "gpu": "h200" if self.timed else "cpu",
-                  "allow_torch_compute": self.task.meta.allow_torch_compute}
-        if sel.kind == "fix":
-            p = sel.parents[0]
-            return prompting.fix_messages(broken_source=p.source or "", diagnostics=_diagnostics(p), **common)
-        if sel.kind == "crossover":
-            a, b = sel.parents
-            return prompting.crossover_messages(source_a=a.source or "", diagnostics_a=_diagnostics(a),
-                                                source_b=b.source or "", diagnostics_b=_diagnostics(b), **common)
-        if sel.kind == "fresh":
-            return prompting.propose_messages(
-                parent_source="# No kernel yet.", elites=(),
-                parent_diagnostics="There is no kernel for this task yet: write the first one from the reference.",
-                **common)
-        parent = sel.parents[0]
-        others = sorted((e for e in self.elites if e.id != parent.id), key=_rank, reverse=True)[:2]
-        return prompting.propose_messages(parent_source=parent.source or "", parent_diagnostics=_diagnostics(parent),
-                                          elites=[(_one_line(e), e.source or "") for e in others], **common)
-
-    def _accept_reply(self, pending: _Pending, reply: Reply) -> None:
+    def _accept_reply(self, pending: Pending, reply: Reply) -> None:
         pending.reply = reply
         self.tokens_in += reply.usage.input_tokens
         self.tokens_out += reply.usage.output_tokens
@@ -478,7 +280,7 @@ class _Coordinator:
             return
         self._admit(pending, code.source)
 
-    def _admit(self, pending: _Pending, source: str) -> None:
+    def _admit(self, pending: Pending, source: str) -> None:
         pending.source, pending.sha = source, sha256(source)
         pending.path = self.run_dir / "candidates" / f"{pending.sha[:16]}.py"
         pending.path.write_text(source, encoding="utf-8")
@@ -545,7 +347,7 @@ class _Coordinator:
         timed once per run rather than once per candidate."""
         from agent import reverify
 
-        best = max(self.elites, key=_rank, default=None)
+        best = max(self.elites, key=rank, default=None)
         if best is None or not best.timed or not self.timed:
             return
         best = self.archive.with_source(best)
@@ -571,7 +373,7 @@ class _Coordinator:
             self.notes.append(f"the best kernel #{best.id} did not hold up in its final re-check: {self.final.note}")
 
     # ---- recording -------------------------------------------------------------------------------------------
-    def _base(self, p: _Pending, reason: str, message: str, *, source: str | None = None) -> Candidate:
+    def _base(self, p: Pending, reason: str, message: str, *, source: str | None = None) -> Candidate:
         parents = p.selection.parents
         usage = p.reply.usage if p.reply else None
         return Candidate(
@@ -596,12 +398,12 @@ class _Coordinator:
             self.rejected += proposed
             if cand.source and cand.stage not in (None, "propose") and cand.origin != "tuner":
                 self.failures.append(cand)
-        verdict = "not timed" if cand.accepted and not cand.timed else _speed(cand) if cand.accepted else cand.reason
+        verdict = "not timed" if cand.accepted and not cand.timed else speed(cand) if cand.accepted else cand.reason
         self._emit(EventKind.EVALUATED, f"#{cand.id} {cand.origin} {cand.verdict}: {verdict}", cand)
-        if cand.accepted and (self.best is None or _rank(cand) > _rank(self.best)):
+        if cand.accepted and (self.best is None or rank(cand) > rank(self.best)):
             self.best = cand
             if cand.timed:
-                self._emit(EventKind.NEW_BEST, f"new best #{cand.id}: {_speed(cand)}", cand)
+                self._emit(EventKind.NEW_BEST, f"new best #{cand.id}: {speed(cand)}", cand)
         target = self.config.target_roofline
         if (target is not None and cand.accepted and cand.timings.pct_roofline is not None
                 and cand.timings.pct_roofline >= target and self.stop_reason is None):
@@ -627,7 +429,7 @@ class _Coordinator:
     def _finish(self) -> RunSummary:
         reason = self.stop_reason or "budget spent"
         self.archive.finish_run(self.run_id, reason)
-        best = max(self.elites, key=_rank, default=None)
+        best = max(self.elites, key=rank, default=None)
         best_path = None
         if best is not None:
             best = self.archive.with_source(best)
@@ -649,9 +451,11 @@ class _Coordinator:
     def _progress(self) -> Progress:
         elapsed = time.monotonic() - self.started
         new = self.accepted + self.rejected - self.counted_before
-        return Progress(per_minute=round(new * 60.0 / elapsed, 2) if new and elapsed > 0 else None, proposals=self.issued, budget=self.budget, in_flight=len(self.requests) + len(self.ready)
-                        + len(self.evals), accepted=self.accepted, rejected=self.rejected, input_tokens=self.tokens_in,
-                        output_tokens=self.tokens_out, cost_usd=self.cost, elapsed_s=time.monotonic() - self.started,
+        return Progress(per_minute=round(new * 60.0 / elapsed, 2) if new and elapsed > 0 else None,
+                        proposals=self.issued, budget=self.budget,
+                        in_flight=len(self.requests) + len(self.ready) + len(self.evals), accepted=self.accepted,
+                        rejected=self.rejected, input_tokens=self.tokens_in, output_tokens=self.tokens_out,
+                        cost_usd=self.cost, elapsed_s=time.monotonic() - self.started,
                         check_s=sum(self.check_times) / len(self.check_times) if self.check_times else None,
                         proposer="tuner" if self._tuner_turn() else (self.provider.name if self.provider else ""),
                         best=self.best)
@@ -667,30 +471,3 @@ def _device(device: str) -> str:
         return resolve_device(device)
     except ValueError as exc:
         raise LoopError(str(exc)) from None
-
-
-def _rank(c: Candidate) -> tuple:
-    return (*fitness(c), -c.id)  # ties (nothing timed): the earliest verified kernel
-
-
-def _speed(c: Candidate) -> str:
-    t = c.timings
-    if t.speedup_eager is None:
-        return "not timed"
-    text = f"{t.speedup_eager:.2f}x vs eager"
-    if t.eager_ci_low is not None and t.eager_ci_high is not None:
-        text += f" [{t.eager_ci_low:.2f}, {t.eager_ci_high:.2f}]"
-    if t.pct_roofline is not None:
-        text += f", {t.pct_roofline:.0f}% of roofline"
-    return text
-
-
-def _diagnostics(c: Candidate) -> str:
-    from agent import prompting
-    if c.diagnostics:
-        return prompting.describe_result(c.diagnostics, c.source)
-    return f"{c.verdict} ({c.reason}): {c.message}"
-
-
-def _one_line(c: Candidate) -> str:
-    return f"#{c.id}, {_speed(c) if c.timed else 'verified, not timed'}"

@@ -1,0 +1,109 @@
+"""What the next proposal asks for: the tuner's next variant, or the messages that ask an LLM for a kernel.
+
+The loop decides when to propose and by whom; this module decides what: which verified kernels a tuner variant or a
+prompt builds on (through agent/search.py), and how those kernels and their verdicts are written into the prompt.
+A proposal travels through the loop as a `Pending` until its candidate has a verdict.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent import prompting
+from agent import tuner as tuner_mod
+from agent.archive import Candidate
+from agent.llm import Message, Reply
+from agent.search import Search, Selection, fitness
+from sandbox.task import Task
+
+
+@dataclass
+class Pending:
+    """A proposal on its way: requested, extracted, under evaluation."""
+
+    origin: str  # llm | tuner
+    proposer: str
+    selection: Selection
+    prompt: str
+    reply: Reply | None = None
+    source: str | None = None
+    sha: str | None = None
+    path: Path | None = None
+    slot: int | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+def tuner_proposal(search: Search, tuner: tuner_mod.Tuner, elites: list[Candidate], exhausted: set[int],
+                   known: set[str]) -> tuple[Pending, Reply] | None:
+    """The tuner's next variant of the elites that is not in `known`; None when it has none left.
+
+    An elite the tuner can make nothing new of is added to `exhausted`, so that it is not selected again.
+    """
+    while True:
+        sel = search.select_for_tuner(elites, exhausted)
+        if sel is None:
+            return None
+        prop = None
+        if sel.kind == "crossover":
+            prop = tuner.crossover(sel.parents[0].source or "", sel.parents[1].source or "", known)
+            if prop is None:
+                sel = Selection("improve", sel.parents[:1])
+        if prop is None:
+            prop = tuner.mutate(sel.parents[0].source or "", known)
+        if prop is not None:
+            return Pending("tuner", tuner_mod.NAME, sel, prompt=prop.description), prop.reply
+        exhausted.add(sel.parents[0].id)
+
+
+def llm_messages(task: Task, sel: Selection, elites: list[Candidate], *, timed: bool) -> list[Message]:
+    """The messages asking for the kernel `sel` calls for: a fix, a crossover, a first kernel or an improvement."""
+    task_source = task.path.read_text(encoding="utf-8", errors="replace")
+    common = {"task_name": task.name, "task_source": task_source, "gpu": "h200" if timed else "cpu",
+              "allow_torch_compute": task.meta.allow_torch_compute}
+    if sel.kind == "fix":
+        p = sel.parents[0]
+        return prompting.fix_messages(broken_source=p.source or "", diagnostics=_diagnostics(p), **common)
+    if sel.kind == "crossover":
+        a, b = sel.parents
+        return prompting.crossover_messages(source_a=a.source or "", diagnostics_a=_diagnostics(a),
+                                            source_b=b.source or "", diagnostics_b=_diagnostics(b), **common)
+    if sel.kind == "fresh":
+        return prompting.propose_messages(
+            parent_source="# No kernel yet.", elites=(),
+            parent_diagnostics="There is no kernel for this task yet: write the first one from the reference.",
+            **common)
+    parent = sel.parents[0]
+    others = sorted((e for e in elites if e.id != parent.id), key=rank, reverse=True)[:2]
+    return prompting.propose_messages(parent_source=parent.source or "", parent_diagnostics=_diagnostics(parent),
+                                      elites=[(_one_line(e), e.source or "") for e in others], **common)
+
+
+def messages_text(messages: list[Message]) -> str:
+    return "\n\n".join(f"[{m.role}]\n{m.content}" for m in messages)
+
+
+def rank(c: Candidate) -> tuple:
+    return (*fitness(c), -c.id)  # ties (nothing timed): the earliest verified kernel
+
+
+def speed(c: Candidate) -> str:
+    t = c.timings
+    if t.speedup_eager is None:
+        return "not timed"
+    text = f"{t.speedup_eager:.2f}x vs eager"
+    if t.eager_ci_low is not None and t.eager_ci_high is not None:
+        text += f" [{t.eager_ci_low:.2f}, {t.eager_ci_high:.2f}]"
+    if t.pct_roofline is not None:
+        text += f", {t.pct_roofline:.0f}% of roofline"
+    return text
+
+
+def _diagnostics(c: Candidate) -> str:
+    if c.diagnostics:
+        return prompting.describe_result(c.diagnostics, c.source)
+    return f"{c.verdict} ({c.reason}): {c.message}"
+
+
+def _one_line(c: Candidate) -> str:
+    return f"#{c.id}, {speed(c) if c.timed else 'verified, not timed'}"
