@@ -19,17 +19,7 @@ for t in rmsnorm_fwd softmax_fwd; do
   step "crucible run tasks/$t.py (tuner, budget $BUDGET)"
   timeout 240 python3 -m agent.cli run tasks/$t.py --device cuda --budget "$BUDGET" --archive "$OUT/archive.db" \
     --json > "$OUT/run_$t.json" 2> "$OUT/run_$t.err"; echo "rc=$?"; tail -3 "$OUT/run_$t.err"
-  python3 - "$OUT/run_$t.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1])); b = d.get("best") or {}; f = d.get("final_check") or {}
-print({k: d.get(k) for k in ("proposals", "accepted", "rejected", "elapsed_s", "proposals_per_minute", "mean_check_s",
-                             "stop_reason")})
-print("best", {k: b.get(k) for k in b if k != "source"})
-print("final", f.get("status"), f.get("note"), "ms", f.get("candidate_ms"), "roofline", f.get("pct_roofline"))
-for name, v in (f.get("vs") or {}).items():
-    print("   vs", name, v)
-for n in d.get("notes", []): print("note", n)
-PY
+  python3 benchmarks/show_report.py "$OUT/run_$t.json"
   best=$(python3 -c "import json; print((json.load(open('$OUT/run_$t.json')).get('best') or {}).get('path') or '')" 2>/dev/null)
   if [ -n "$best" ]; then
     step "re-verify $best with crucible check"
@@ -43,16 +33,5 @@ for spec in "rmsnorm_fwd rmsnorm" "softmax_fwd softmax"; do set -- $spec
   step "crucible bench tasks/$1.py seeds/$2.py"
   timeout 120 python3 -m agent.cli bench tasks/$1.py seeds/$2.py --baselines eager,compile,liger --json \
     > "$OUT/bench_$1.json" 2> "$OUT/bench_$1.err"
-  python3 - "$OUT/bench_$1.json" <<'PY'
-import json, sys
-try:
-    t = json.load(open(sys.argv[1]))
-except Exception as exc:
-    print("no report:", exc); raise SystemExit
-for r in t.get("rows", []):
-    vs = " ".join(f"vs {b}: {c['speedup']:.3f} [{c['ci_low']:.3f},{c['ci_high']:.3f}]" for b, c in r.get("vs", {}).items())
-    print(f"{r['impl']:10s} {r['ms'] if r['ms'] is None else round(r['ms'], 4)} ms {r.get('gbps') or 0:6.0f} GB/s "
-          f"{r.get('pct_of_roofline') or 0:5.1f}%  {vs}")
-for p in t.get("problems", []): print("PROBLEM", str(p)[:300])
-PY
+  python3 benchmarks/show_report.py "$OUT/bench_$1.json"
 done

@@ -24,21 +24,5 @@ for spec in "rmsnorm_fwd seeds/rmsnorm.py eager,compile,liger" "softmax_fwd seed
   step "crucible bench tasks/$1.py $cand --baselines $3"
   timeout 150 python3 -m agent.cli bench tasks/$1.py $cand --baselines $3 --json > "$OUT/bench_$1.json" 2> "$OUT/bench_$1.err"
   echo "rc=$?"; tail -3 "$OUT/bench_$1.err"
-  python3 - "$OUT/bench_$1.json" <<'PY'
-import json, sys
-try:
-    t = json.load(open(sys.argv[1]))
-except Exception as exc:
-    print("no report:", exc); raise SystemExit
-chk = t.get("check") or {}
-if chk:
-    print("check:", chk.get("verdict"), chk.get("stage"), chk.get("reason"), round(chk.get("seconds", 0), 2), "s",
-          {s["stage"]: round(s["seconds"], 2) for s in chk.get("stages", [])})
-for r in t.get("rows", []):
-    vs = " ".join(f"vs {b}: {c['speedup']:.3f} [{c['ci_low']:.3f},{c['ci_high']:.3f}]" for b, c in r.get("vs", {}).items())
-    rate = f"{r.get('gbps') or 0:8.0f} GB/s {r.get('tflops') or 0:7.1f} TFLOP/s {r.get('pct_of_roofline') or 0:5.1f}%"
-    print(f"{r['impl']:10s} {r['ms'] if r['ms'] is None else round(r['ms'], 4)} ms {rate}  {vs}")
-for p in t.get("problems", []): print("PROBLEM", str(p)[:400])
-for w in t.get("warnings", []): print("warning", w[:200])
-PY
+  python3 benchmarks/show_report.py "$OUT/bench_$1.json"
 done

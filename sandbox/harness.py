@@ -11,6 +11,7 @@ import logging
 import random
 import secrets
 import shutil
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -73,6 +74,9 @@ class _Run:
     call_seconds: float = 0.0
     calls: int = 0
     laps: dict[str, float] = field(default_factory=dict)  # parent-side seconds by phase (where a check's time goes)
+    # Every tensor the child was handed by CUDA IPC stays alive until the child is dead: a block freed earlier could
+    # be reused for a reference while the child still maps it.
+    exported: list[torch.Tensor] = field(default_factory=list)
 
     @contextmanager
     def lap(self, name: str) -> Iterator[None]:
@@ -100,8 +104,11 @@ class Harness:
         env = {"TRITON_INTERPRET": "1" if self.device == "cpu" else "0"}
         self.zygote = Zygote(env)
         self._tasks: dict[tuple[str, float], Task] = {}
+        self._reapers: list[threading.Thread] = []
 
     def close(self) -> None:
+        for reaper in self._reapers:
+            reaper.join()
         self.zygote.close()
 
     def __enter__(self) -> "Harness":
@@ -161,8 +168,7 @@ class Harness:
                 timing = rej.result.details.get("timing")
         finally:
             with run.lap("close"):
-                child.close(graceful=True)
-                self._clean(child)
+                self._retire(child, run.exported)
         return self._result(task_obj, candidate, stages, start, timing, network_isolated=run.network_isolated,
                             run=run)
 
@@ -256,6 +262,23 @@ class Harness:
                            "filesystem_read_only": bool(reply.get("filesystem_read_only")),
                            "capabilities_dropped": bool(reply.get("capabilities_dropped")), **laps}
 
+    def _retire(self, child: Child, exported: list[torch.Tensor]) -> None:
+        """End the child and remove its scratch directory. On the CPU, at once; on a GPU, where a process takes a
+        quarter of a second to give its context back, on a thread the next check does not wait for (the tensors the
+        child mapped stay alive until it is dead; `close` joins every such thread)."""
+        def reap() -> None:
+            child.close(graceful=True)
+            self._clean(child)
+            exported.clear()
+
+        self._reapers = [r for r in self._reapers if r.is_alive()]
+        if self.device != "cuda":
+            reap()
+            return
+        reaper = threading.Thread(target=reap, name=f"crucible-reap-{child.pid}", daemon=True)
+        reaper.start()
+        self._reapers.append(reaper)
+
     def _scratch(self, child: Child) -> Path:
         """A fresh directory per candidate: its only writable place, Triton's cache included (a shared cache would
         let one candidate plant compiled kernels for the next)."""
@@ -281,12 +304,17 @@ class Harness:
         if expected is None:
             with run.lap("reference"):
                 expected = reference.run(inputs)
+        msg: dict[str, Any] = {"op": "call", "inputs": _ship(inputs, run.exported)}
+        buffers: list[torch.Tensor | None] = []
+        if run.device != "cpu":
+            # Outputs come back into buffers of ours on the GPU (no trip through host memory).
+            buffers = [_poisoned(r) for r in expected.ref]
+            msg["out_buffers"] = _ship(buffers, run.exported)
         with run.lap("request"):
-            reply = self._request(run, stage, {"op": "call", "inputs": _ship(inputs)},
-                                  max_bytes=4 * expected.nbytes + (1 << 24))
+            reply = self._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24))
         run.calls += 1
         run.call_seconds += float(reply.get("seconds") or 0.0)
-        outs = reply.get("outputs")
+        outs = _claim(reply.get("outputs"), buffers)
         if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
             raise _Reject(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
         if len(outs) != len(expected.ref) or reply.get("structure") != expected.structure:
@@ -409,14 +437,46 @@ def check(task: str | Path, candidate: str | Path, options: CheckOptions | None 
         return harness.check(task, candidate, options)
 
 
-def _ship(inputs: list[Any]) -> list[Any]:
-    """Inputs as the child receives them: CUDA tensors by IPC handle (the child copies them into memory of its own
-    at once; large inputs never cross the host), others by value."""
+def _poisoned(ref: torch.Tensor) -> torch.Tensor | None:
+    """A contiguous buffer like `ref`, every byte 0xFF (NaN in every float format, -1 in every integer one): where the
+    child writes nothing, the comparison says so. None for bool outputs, which have no such pattern (they travel by
+    value)."""
+    if ref.dtype == torch.bool or ref.is_complex():
+        return None
+    buf = torch.empty_like(ref, memory_format=torch.contiguous_format)
+    if buf.numel():
+        buf.reshape(-1).view(torch.uint8).fill_(0xFF)
+    return buf
+
+
+def _claim(outs: Any, buffers: list[torch.Tensor | None]) -> Any:
+    """The reply's outputs with each {"__gpu_buffer__": i} the child put at position i replaced by a copy of our
+    buffer i (a copy: the child maps the buffer until it is dead). Anything else forged stays as it is and fails the
+    output-type check."""
+    if not isinstance(outs, list):
+        return outs
+    claimed = []
+    for i, o in enumerate(outs):
+        if isinstance(o, dict) and set(o) == {"__gpu_buffer__"}:
+            buf = buffers[i] if o["__gpu_buffer__"] == i and i < len(buffers) else None
+            if buf is None:
+                return None
+            claimed.append(buf.clone())
+        else:
+            claimed.append(o)
+    return claimed
+
+
+def _ship(inputs: list[Any], keep: list[torch.Tensor]) -> list[Any]:
+    """Tensors as the child receives them: CUDA tensors by IPC handle (the child copies inputs into memory of its own
+    at once, and writes outputs into ours; large tensors never cross the host), others by value. `keep` holds every
+    exported tensor until the child is dead."""
     from torch.multiprocessing.reductions import reduce_tensor
 
     out: list[Any] = []
     for x in inputs:
-        if isinstance(x, torch.Tensor) and x.is_cuda:
+        if isinstance(x, torch.Tensor) and x.is_cuda and x.numel():
+            keep.append(x)
             out.append(("cuda-ipc",) + reduce_tensor(x.detach()))
         elif isinstance(x, torch.Tensor):
             out.append(x.detach())

@@ -167,6 +167,25 @@ def _fresh(x: Any, device: str) -> Any:
     return x
 
 
+def _hand_back(outs: list[torch.Tensor], buffers: list[Any]) -> list[Any]:
+    """Each output written into the parent's GPU buffer of the same position, shape and dtype (the reply then holds a
+    marker), else sent by value through host memory."""
+    sent: list[Any] = []
+    for i, o in enumerate(outs):
+        dest = None
+        if i < len(buffers) and isinstance(buffers[i], tuple) and buffers[i][0] == "cuda-ipc" and o.is_cuda:
+            dest = buffers[i][1](*buffers[i][2])
+        if dest is not None and dest.shape == o.shape and dest.dtype == o.dtype and dest.device == o.device:
+            dest.copy_(o.detach())
+            sent.append({"__gpu_buffer__": i})
+        else:
+            sent.append(o.detach().to("cpu"))
+        del dest
+    if any(isinstance(x, dict) for x in sent):
+        torch.cuda.synchronize()  # the parent reads the buffers as soon as the reply arrives
+    return sent
+
+
 def _int_view(t: torch.Tensor) -> torch.Tensor:
     kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
     return t.contiguous().view(kind) if kind is not None else t
@@ -218,7 +237,7 @@ def _call(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         if p is not None and not torch.equal(_int_view(x), p):
             return {**reply, **_failure(Reason.INPUT_MUTATED, f"the forward modified input {i}")}
 
-    reply["outputs"] = [o.detach().to("cpu") for o in outs]
+    reply["outputs"] = _hand_back(outs, msg.get("out_buffers") or [])
     reply["strides"] = [list(o.stride()) for o in outs]
     reply["structure"] = "tuple" if isinstance(out, (tuple, list)) else "tensor"
     return reply

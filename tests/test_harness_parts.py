@@ -1,0 +1,28 @@
+"""The harness's GPU output hand-back, in the parts that run anywhere: poisoned buffers and claiming the child's
+markers (the GPU path itself runs in tests/test_harness_gpu.py on the H200)."""
+import torch
+
+from sandbox.harness import _claim, _poisoned
+
+
+def test_poisoned_buffers_read_as_nan_or_minus_one():
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        buf = _poisoned(torch.zeros(3, 5, dtype=dtype))
+        assert buf.shape == (3, 5) and buf.dtype == dtype and torch.isnan(buf).all()
+    assert (_poisoned(torch.zeros(7, dtype=torch.int32)) == -1).all()
+    assert torch.isnan(_poisoned(torch.tensor(1.5))).item()  # a 0-dim loss
+    assert _poisoned(torch.zeros(4, dtype=torch.bool)) is None  # no poison pattern: travels by value
+    assert _poisoned(torch.zeros(2, 3).t()).is_contiguous()
+
+
+def test_claim_replaces_markers_with_copies_and_refuses_forgeries():
+    a, b = torch.arange(4.0), torch.arange(6.0)
+    got = _claim([{"__gpu_buffer__": 0}, {"__gpu_buffer__": 1}], [a, b])
+    assert torch.equal(got[0], a) and torch.equal(got[1], b)
+    assert got[0].data_ptr() != a.data_ptr()  # a copy: the child may still write into the buffer it was lent
+    value = torch.ones(2)
+    assert _claim([value, {"__gpu_buffer__": 1}], [None, b])[0] is value  # sent by value: kept as it came
+    assert _claim([{"__gpu_buffer__": 1}, {"__gpu_buffer__": 1}], [a, b]) is None  # another position's buffer
+    assert _claim([{"__gpu_buffer__": 0}], [None]) is None  # no buffer was lent there
+    assert _claim([{"__gpu_buffer__": 2}], [a]) is None
+    assert _claim("not a list", [a]) == "not a list"  # the output-type check reports it
