@@ -314,7 +314,7 @@ class Harness:
             reply = self._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24))
         run.calls += 1
         run.call_seconds += float(reply.get("seconds") or 0.0)
-        outs = _claim(reply.get("outputs"), buffers)
+        outs = reply["outputs"] = _claim(reply.get("outputs"), buffers)
         if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
             raise _Reject(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
         if len(outs) != len(expected.ref) or reply.get("structure") != expected.structure:
