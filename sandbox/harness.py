@@ -28,6 +28,10 @@ from .task import Task, TaskError, load_task
 
 log = logging.getLogger(__name__)
 SEEDS_DIR = REPO_ROOT / "seeds"
+# GPU memory the tensors lent to one child may pin (they stay alive until it is dead). Past it, outputs come back
+# through host memory and inputs are no longer pinned: a task whose every call moves gigabytes (cross-entropy over a
+# 128k vocabulary) must not run the parent out of memory. docs/threats.md names the residual risk.
+KEEP_BYTES = 8 << 30
 COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources", "UnsupportedLanguageConstruct",
                   "MLIRCompilationError", "PTXASError"}
 
@@ -77,6 +81,8 @@ class _Run:
     # Every tensor the child was handed by CUDA IPC stays alive until the child is dead: a block freed earlier could
     # be reused for a reference while the child still maps it.
     exported: list[torch.Tensor] = field(default_factory=list)
+    exported_bytes: int = 0
+    stage: Stage = Stage.STATIC
 
     @contextmanager
     def lap(self, name: str) -> Iterator[None]:
@@ -166,6 +172,13 @@ class Harness:
             stages.append(replace(rej.result, seconds=time.monotonic() - run.stage_start))
             if rej.result.stage is Stage.TIMING:
                 timing = rej.result.details.get("timing")
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            stages.append(StageResult(run.stage, False, Reason.HARNESS_ERROR,
+                                      f"the harness ran out of GPU memory at the {run.stage.value} stage (the task's "
+                                      "inputs, outputs and their float64 references did not fit beside what else "
+                                      "runs on the GPU); this says nothing about the candidate: free the GPU or "
+                                      "check the task at a smaller shape", seconds=time.monotonic() - run.stage_start))
         finally:
             with run.lap("close"):
                 self._retire(child, run.exported)
@@ -204,7 +217,7 @@ class Harness:
             self._clean(child)
 
     def _stage(self, run: _Run, stage: Stage, fn, *args: Any) -> Any:
-        run.stage_start = time.monotonic()
+        run.stage, run.stage_start = stage, time.monotonic()
         value, details = fn(run, *args)
         run.stages.append(StageResult(stage, True, Reason.OK, seconds=time.monotonic() - run.stage_start,
                                       details=details))
@@ -304,12 +317,15 @@ class Harness:
         if expected is None:
             with run.lap("reference"):
                 expected = reference.run(inputs)
-        msg: dict[str, Any] = {"op": "call", "inputs": _ship(inputs, run.exported)}
+        lent = _cuda_bytes(inputs) + _cuda_bytes(expected.ref)
+        keep = run.exported if run.device != "cpu" and run.exported_bytes + lent <= KEEP_BYTES else None
+        msg: dict[str, Any] = {"op": "call", "inputs": _ship(inputs, keep)}
         buffers: list[torch.Tensor | None] = []
-        if run.device != "cpu":
+        if keep is not None:
             # Outputs come back into buffers of ours on the GPU (no trip through host memory).
+            run.exported_bytes += lent
             buffers = [_poisoned(r) for r in expected.ref]
-            msg["out_buffers"] = _ship(buffers, run.exported)
+            msg["out_buffers"] = _ship(buffers, keep)
         with run.lap("request"):
             reply = self._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24))
         run.calls += 1
@@ -467,16 +483,21 @@ def _claim(outs: Any, buffers: list[torch.Tensor | None]) -> Any:
     return claimed
 
 
-def _ship(inputs: list[Any], keep: list[torch.Tensor]) -> list[Any]:
+def _cuda_bytes(tensors: list[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda)
+
+
+def _ship(inputs: list[Any], keep: list[torch.Tensor] | None) -> list[Any]:
     """Tensors as the child receives them: CUDA tensors by IPC handle (the child copies inputs into memory of its own
     at once, and writes outputs into ours; large tensors never cross the host), others by value. `keep` holds every
-    exported tensor until the child is dead."""
+    exported tensor until the child is dead (None: past KEEP_BYTES, not held)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
     out: list[Any] = []
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.is_cuda and x.numel():
-            keep.append(x)
+            if keep is not None:
+                keep.append(x)
             out.append(("cuda-ipc",) + reduce_tensor(x.detach()))
         elif isinstance(x, torch.Tensor):
             out.append(x.detach())

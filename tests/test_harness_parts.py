@@ -26,3 +26,25 @@ def test_claim_replaces_markers_with_copies_and_refuses_forgeries():
     assert _claim([{"__gpu_buffer__": 0}], [None]) is None  # no buffer was lent there
     assert _claim([{"__gpu_buffer__": 2}], [a]) is None
     assert _claim("not a list", [a]) == "not a list"  # the output-type check reports it
+
+
+def test_running_out_of_gpu_memory_is_the_harness_s_error_not_the_candidate_s(monkeypatch):
+    """A parent-side allocation failure (references of a huge task) ends the check with one sentence that blames
+    nobody's kernel, not with a traceback."""
+    from pathlib import Path
+
+    from sandbox.harness import CheckOptions, Harness
+    from sandbox.records import Reason, Stage
+    from sandbox.reference import Reference
+
+    root = Path(__file__).resolve().parent.parent
+
+    def out_of_memory(self, inputs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.83 GiB.")
+
+    monkeypatch.setattr(Reference, "run", out_of_memory)
+    with Harness("cpu") as harness:
+        result = harness.check(root / "tasks" / "rmsnorm_fwd.py", root / "tests" / "candidates" / "rmsnorm_honest.py",
+                               CheckOptions(device="cpu", timeout_s=120))
+    assert not result.accepted and result.reason is Reason.HARNESS_ERROR and result.stage is Stage.SMOKE
+    assert "ran out of GPU memory" in result.message and "says nothing about the candidate" in result.message
