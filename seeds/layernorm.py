@@ -9,8 +9,9 @@ held whole in registers, so the variance is the exact two-pass one at the cost o
 The backward recomputes mean and rstd from x (read anyway) on a persistent grid; each program keeps fp32 partial dw
 and db for its rows, and one more kernel (seeds/_common.py) adds the partials in a fixed order: bitwise reproducible.
 
-Measured on the H200 (2026-11-29, torch 2.11, triton 3.6, docs/bench-norms.md), bf16, backward timed alone:
-  forward 16384x4096: 0.0717 ms = 3,745 GB/s (88% of copy), 1.06x Liger (3,544), 1.49x F.layer_norm;
+Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed alone:
+  forward 16384x4096 (`crucible bench`, run I in docs/BENCHMARKS.md, no evict_first on the x load): 0.0706 ms =
+  3,800 GB/s (91% of roofline), 1.056x Liger [1.045, 1.063], 1.36x torch.compile, 1.51x F.layer_norm;
   backward 16384x4096: 0.1646 ms = 2,446 GB/s (58%), 1.44x eager (1,700), 2.2x Liger, 3.0x compile.
 """
 from __future__ import annotations
