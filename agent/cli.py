@@ -41,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted; everything recorded so far is kept.")
         return 130
+    except Exception as exc:  # noqa: BLE001 - a fault of crucible's, not the user's: one sentence, details on -v
+        if args.verbose:
+            raise
+        err_console.print(f"crucible failed inside `{args.command}`: {type(exc).__name__}: {str(exc)[:300]} "
+                          "(this is a bug in crucible, not in your input; rerun with -v for the traceback)")
+        return 1
 
 
 if __name__ == "__main__":

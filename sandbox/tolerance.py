@@ -15,6 +15,7 @@ Integer and boolean outputs must be equal exactly.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from .records import Mismatch
 
 REF_FACTOR = 4.0  # "at most a few times PyTorch's own error"
+CHUNK = 1 << 24  # elements compared at a time (float64 temporaries of 128 MiB)
 
 
 @dataclass(frozen=True)
@@ -65,55 +67,93 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
                         float((got.double() - ref.double()).abs().max()), 1.0, 0.0, note="integer output must match exactly")
 
     tol = tolerance_for(ref.dtype, allow_tf32=allow_tf32, scale=scale)
-    c = got.detach().to(torch.float64)
-    r = ref.detach().to(torch.float64)
-    t = truth.detach().to(device=c.device, dtype=torch.float64) if truth is not None else r
-
-    c_nf, r_nf, t_nf = ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t)
-    # Where r is non-finite the candidate must agree with r exactly (same NaN, same signed Inf), unless the
-    # float64 truth is finite there and the candidate is finite too (it avoided an overflow r suffered).
-    same_nf = (c_nf == r_nf) & (torch.isnan(c) == torch.isnan(r)) & ((c == r) | torch.isnan(c) | ~c_nf)
-    excused = r_nf & ~t_nf & ~c_nf
-    nf_bad = ~(same_nf | excused)
-    n_nf_bad = int(nf_bad.sum())
-    finite = ~c_nf & ~r_nf & ~t_nf
-
-    cf, rf, tf = c[finite], r[finite], t[finite]
-    scale_t = float(tf.pow(2).mean().sqrt()) if tf.numel() else 0.0
-    err = (cf - tf).abs()
+    chunks = _Chunks(got, ref, truth)
+    # Pass 1, the global terms: non-finite disagreements, and the sums behind the RMS and L2 norms.
+    n_nf_bad = n_fin = c_nf_count = r_nf_count = 0
+    first_nf: int | None = None
+    t2 = ref_err2 = err2 = 0.0
+    for start, c, r, t in chunks:
+        c_nf, r_nf, t_nf = ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t)
+        # Where r is non-finite the candidate must agree with r exactly (same NaN, same signed Inf), unless the
+        # float64 truth is finite there and the candidate is finite too (it avoided an overflow r suffered).
+        same_nf = (c_nf == r_nf) & (torch.isnan(c) == torch.isnan(r)) & ((c == r) | torch.isnan(c) | ~c_nf)
+        nf_bad = ~(same_nf | (r_nf & ~t_nf & ~c_nf))
+        bad = int(nf_bad.sum())
+        if bad and first_nf is None:
+            first_nf = start + int(nf_bad.nonzero()[0])
+        n_nf_bad += bad
+        c_nf_count += int(c_nf.sum())
+        r_nf_count += int(r_nf.sum())
+        finite = ~c_nf & ~r_nf & ~t_nf
+        cf, rf, tf = c[finite], r[finite], t[finite]
+        n_fin += tf.numel()
+        t2 += float(tf.pow(2).sum())
+        ref_err2 += float((rf - tf).pow(2).sum())
+        err2 += float((cf - tf).pow(2).sum())
+    scale_t = math.sqrt(t2 / n_fin) if n_fin else 0.0
     # PyTorch's own error, per element where it is large there, and as its RMS everywhere: a candidate whose
     # rounding falls elsewhere than PyTorch's (another summation order) is not held to PyTorch's lucky elements.
-    ref_err = (rf - tf).abs()
-    ref_rms = float(ref_err.pow(2).mean().sqrt()) if ref_err.numel() else 0.0
-    bound = tol.atol * max(scale_t, 1e-30) + tol.rtol * tf.abs() + REF_FACTOR * ref_err.clamp_min(ref_rms)
-    outside = err > bound
-    n_out = int(outside.sum())
-    norm_t = float(tf.norm()) if tf.numel() else 0.0
-    rel_l2 = float((cf - tf).norm()) / norm_t if norm_t > 0 else float((cf - tf).norm())
-    rel_l2_ref = float((rf - tf).norm()) / norm_t if norm_t > 0 else float((rf - tf).norm())
+    ref_rms = math.sqrt(ref_err2 / n_fin) if n_fin else 0.0
+    norm_t = math.sqrt(t2)
+    rel_l2 = math.sqrt(err2) / norm_t if norm_t > 0 else math.sqrt(err2)
+    rel_l2_ref = math.sqrt(ref_err2) / norm_t if norm_t > 0 else math.sqrt(ref_err2)
     l2_bound = max(tol.rel_l2, REF_FACTOR * rel_l2_ref)
+
+    # Pass 2, elementwise: how many elements lie outside their bound, and the worst one by error over bound.
+    n_out, worst_ratio, worst_flat, max_abs = 0, -1.0, None, 0.0
+    for start, c, r, t in chunks:
+        finite = torch.isfinite(c) & torch.isfinite(r) & torch.isfinite(t)
+        cf, rf, tf = c[finite], r[finite], t[finite]
+        if not tf.numel():
+            continue
+        err = (cf - tf).abs()
+        bound = tol.atol * max(scale_t, 1e-30) + tol.rtol * tf.abs() + REF_FACTOR * (rf - tf).abs().clamp_min(ref_rms)
+        n_out += int((err > bound).sum())
+        ratio = err / bound.clamp_min(1e-300)
+        k = int(ratio.argmax())
+        if float(ratio[k]) > worst_ratio:
+            worst_ratio, worst_flat = float(ratio[k]), start + int(finite.nonzero()[k])
+        max_abs = max(max_abs, float(err.max()))
 
     if n_nf_bad == 0 and n_out == 0 and rel_l2 <= l2_bound:
         return None
 
-    # Build the report: the worst element by error over bound, in the full tensor's coordinates.
-    flat_pos = finite.flatten().nonzero().flatten()
-    if n_out or (rel_l2 > l2_bound and err.numel()):
-        ratio = err / bound.clamp_min(1e-300)
-        k = int(ratio.argmax())
-        worst = _unravel(int(flat_pos[k]), ref.shape)
-        expected, got_v = float(t[worst]), float(c[worst])
-        max_abs = float(err.max())
+    # The report: the worst element by error over bound, in the full tensor's coordinates.
+    if (n_out or rel_l2 > l2_bound) and worst_flat is not None:
+        worst = _unravel(worst_flat, ref.shape)
+        expected, got_v = chunks.value("truth", worst_flat), chunks.value("got", worst_flat)
     else:
-        k = int(nf_bad.flatten().nonzero()[0])
-        worst = _unravel(k, ref.shape)
-        expected, got_v, max_abs = float(r[worst]), float(c[worst]), float("nan")
-    first_nf = _unravel(int(nf_bad.flatten().nonzero()[0]), ref.shape) if n_nf_bad else None
+        assert first_nf is not None
+        worst = _unravel(first_nf, ref.shape)
+        expected, got_v, max_abs = chunks.value("ref", first_nf), chunks.value("got", first_nf), float("nan")
     return Mismatch(
         output=name, numel=numel, mismatched=n_out + n_nf_bad, worst_index=worst, expected=expected,
         got=got_v, max_abs_err=max_abs, rel_l2_err=rel_l2, rel_l2_bound=l2_bound,
-        nonfinite_expected=int(r_nf.sum()), nonfinite_got=int(c_nf.sum()), first_nonfinite_diff=first_nf,
+        nonfinite_expected=r_nf_count, nonfinite_got=c_nf_count,
+        first_nonfinite_diff=_unravel(first_nf, ref.shape) if first_nf is not None else None,
     )
+
+
+class _Chunks:
+    """got, ref and truth (ref where there is none) flattened, as float64 on got's device, CHUNK elements at a time:
+    a 2 GB output never needs more than a few CHUNK-sized float64 temporaries at once."""
+
+    def __init__(self, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor | None):
+        self.got, self.ref = got.detach().reshape(-1), ref.detach().reshape(-1)
+        self.truth = truth.detach().reshape(-1) if truth is not None else self.ref
+        self.device = self.got.device
+
+    def _f64(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(device=self.device, dtype=torch.float64)
+
+    def __iter__(self):
+        for start in range(0, self.got.numel(), CHUNK):
+            end = start + CHUNK
+            yield (start, self._f64(self.got[start:end]), self._f64(self.ref[start:end]),
+                   self._f64(self.truth[start:end]))
+
+    def value(self, which: str, flat: int) -> float:
+        return float(self._f64(getattr(self, which)[flat]))
 
 
 def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:

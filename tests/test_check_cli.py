@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -61,3 +63,19 @@ def test_reference_check_of_a_real_task():
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["verdict"] == "usable" and summary["float64_reference"] is True
+
+
+def test_a_crash_inside_crucible_is_one_sentence_and_the_traceback_is_on_v(monkeypatch, capsys):
+    import agent.commands.seeds as seeds_cmd
+    from agent import cli
+
+    def boom(args):
+        raise RuntimeError("CUDA out of memory in a place nobody guarded")
+
+    monkeypatch.setattr(seeds_cmd, "run", boom)
+    assert cli.main(["seeds", "list"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "crucible failed inside `seeds`: RuntimeError: CUDA out of memory" in err and "rerun with -v" in err
+    assert "Traceback" not in err
+    with pytest.raises(RuntimeError):
+        cli.main(["-v", "seeds", "list"])

@@ -79,3 +79,30 @@ def test_tolerance_scale_and_unknown_dtypes():
     ([2, 1, 9, 128], [1152, 1152, 128, 1], True), ([], [], True), ([3], [2], False), ([3], [1, 1], False)])
 def test_contiguity_ignores_size_one_dimensions(shape, strides, ok):
     assert _contiguous(shape, strides) is ok
+
+
+def test_chunked_comparison_reports_what_one_pass_would(monkeypatch):
+    """compare walks big outputs CHUNK elements at a time (a 2 GB output would otherwise need tens of GB of float64
+    temporaries); the verdict and the report do not depend on where the chunks fall."""
+    import sandbox.tolerance as tolerance_mod
+
+    g = torch.Generator().manual_seed(3)
+    truth = torch.randn(9, 13, generator=g, dtype=torch.float64)
+    ref = truth.to(torch.bfloat16)
+    bad = ref.clone()
+    bad[6, 4] += 3.0                      # past the first chunks
+    nan = ref.clone()
+    nan[8, 12] = float("nan")             # in the last chunk
+    noisy = (truth * (1 + 0.05 * torch.randn(9, 13, generator=g, dtype=torch.float64))).to(torch.bfloat16)
+    reports = {}
+    for chunk in (1 << 24, 5):
+        monkeypatch.setattr(tolerance_mod, "CHUNK", chunk)
+        reports[chunk] = [compare("y", c, ref, truth) for c in (ref.clone(), bad, nan, noisy)]
+    whole, small = reports[1 << 24], reports[5]
+    assert whole[0] is None and small[0] is None
+    for a, b in zip(whole[1:], small[1:]):
+        assert a is not None and b is not None
+        assert (a.mismatched, a.worst_index, a.first_nonfinite_diff) == (b.mismatched, b.worst_index,
+                                                                          b.first_nonfinite_diff)
+        assert a.rel_l2_err == pytest.approx(b.rel_l2_err, rel=1e-12) or (a.rel_l2_err != a.rel_l2_err)
+    assert small[1].worst_index == (6, 4) and small[2].first_nonfinite_diff == (8, 12)
