@@ -81,7 +81,6 @@ class _Run:
     # Every tensor the child was handed by CUDA IPC stays alive until the child is dead: a block freed earlier could
     # be reused for a reference while the child still maps it.
     exported: list[torch.Tensor] = field(default_factory=list)
-    exported_bytes: int = 0
     stage: Stage = Stage.STATIC
 
     @contextmanager
@@ -317,13 +316,12 @@ class Harness:
         if expected is None:
             with run.lap("reference"):
                 expected = reference.run(inputs)
-        lent = _cuda_bytes(inputs) + _cuda_bytes(expected.ref)
-        keep = run.exported if run.device != "cpu" and run.exported_bytes + lent <= KEEP_BYTES else None
+        lent = _cuda_bytes(inputs) + _cuda_bytes(expected.ref)  # this call's inputs and output buffers
+        keep = run.exported if run.device != "cpu" and _cuda_bytes(run.exported) + lent <= KEEP_BYTES else None
         msg: dict[str, Any] = {"op": "call", "inputs": _ship(inputs, keep)}
         buffers: list[torch.Tensor | None] = []
         if keep is not None:
             # Outputs come back into buffers of ours on the GPU (no trip through host memory).
-            run.exported_bytes += lent
             buffers = [_poisoned(r) for r in expected.ref]
             msg["out_buffers"] = _ship(buffers, keep)
         with run.lap("request"):

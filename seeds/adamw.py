@@ -117,6 +117,24 @@ def _adamw_chunk(
             tl.store(P16 + offs, p16)
 
 
+@triton.jit
+def _adamw_span(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+                VEC: tl.constexpr, SPLIT_TAIL: tl.constexpr, STREAMING: tl.constexpr):
+    """One chunk from `start`: unmasked (16-byte vectors) when SPLIT_TAIL and the chunk lies wholly inside the
+    tensor, masked otherwise."""
+    if SPLIT_TAIL:
+        if start + BLOCK * ITERS <= numel:
+            _adamw_chunk(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                         one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, False, STREAMING)
+        else:
+            _adamw_chunk(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                         one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
+    else:
+        _adamw_chunk(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                     one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
+
+
 @triton.jit(do_not_specialize=["n_tensors", "n_chunks", "search_steps"])  # one compile for any list of tensors
 def _adamw_multi_kernel(
     P, G, M, V, P_OUT, M_OUT, V_OUT, P16,   # the lowest-addressed array of each role; the table offsets are from these
@@ -159,17 +177,8 @@ def _adamw_multi_kernel(
         mo = M_OUT + tl.load(row + 7 * stride) * ALIGN
         vo = V_OUT + tl.load(row + 8 * stride) * ALIGN
         p16 = P16 + tl.load(row + 9 * stride) * ALIGN
-        full = start + CHUNK <= numel
-        if SPLIT_TAIL:
-            if full:
-                _adamw_chunk(p_, g_, m_, v_, po, mo, vo, p16, start, numel, decay, beta1, beta2, one_minus_beta1,
-                             one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, False, STREAMING)
-            else:
-                _adamw_chunk(p_, g_, m_, v_, po, mo, vo, p16, start, numel, decay, beta1, beta2, one_minus_beta1,
-                             one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
-        else:
-            _adamw_chunk(p_, g_, m_, v_, po, mo, vo, p16, start, numel, decay, beta1, beta2, one_minus_beta1,
-                         one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
+        _adamw_span(p_, g_, m_, v_, po, mo, vo, p16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                    one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, SPLIT_TAIL, STREAMING)
 
 
 @triton.jit(do_not_specialize=["numel"])
@@ -181,17 +190,8 @@ def _adamw_tensor_kernel(
     CHUNK: tl.constexpr = BLOCK * ITERS
     step_size, inv_sqrt_bias2 = _bias_terms(STEP, lr, ln_beta1, ln_beta2)
     start = tl.program_id(0).to(tl.int64) * CHUNK
-    full = start + CHUNK <= numel
-    if SPLIT_TAIL:
-        if full:
-            _adamw_chunk(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
-                         one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, False, STREAMING)
-        else:
-            _adamw_chunk(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
-                         one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
-    else:
-        _adamw_chunk(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
-                     one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, True, STREAMING)
+    _adamw_span(P, G, M, V, P_OUT, M_OUT, V_OUT, P16, start, numel, decay, beta1, beta2, one_minus_beta1,
+                one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, SPLIT_TAIL, STREAMING)
 
 
 # ---- launchers ------------------------------------------------------------------------------------------------------

@@ -3,9 +3,7 @@ the Triton interpreter: the multi-tensor launch (chunk -> tensor search, tails, 
 arrays) and the per-tensor form, every knob the benchmark sweeps."""
 import copy
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import torch
 from sandbox.task import load_task
 from sandbox.tolerance import compare
 from seeds.adamw import ModelNew, adamw_step, plan_adamw, run_plan
+from tests.sm90 import compile_sm90, compiled_in_child, nvidia_backend_available
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
 SIZES = [  # N0..N3
@@ -179,25 +178,9 @@ def test_adamw_rejects_bad_state():
 
 
 # ---- the GPU code: 16-byte vectors, one register layout (compiled for sm_90 without a GPU) ----------------------
-def _compile_sm90(fn, values: dict, num_warps: int) -> dict:
-    """PTX facts of one kernel compiled for the H200 from example values (pointers as dtype strings; ints are not
-    marked divisible by 16, as at n = 15,625,000)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    constexprs = {p.name for p in fn.params if p.is_constexpr}
-    sig, const, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        value = values[name]
-        if name in constexprs:
-            sig[name], const[name] = "constexpr", value
-        elif isinstance(value, str):
-            sig[name] = value
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            sig[name] = "fp32" if isinstance(value, float) else "i32"
-    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+def _facts(fn, values: dict, num_warps: int) -> dict:
+    """PTX facts of one kernel compiled for the H200 (ints unspecialised, as at n = 15,625,000)."""
+    kernel = compile_sm90(fn, values, num_warps, divisible_ints=False)
     ptx = kernel.asm["ptx"]
     return {"ld_v4": len(re.findall(r"ld\.global[.:\w]*\.v4", ptx)),
             "st_v4": len(re.findall(r"st\.global[.:\w]*\.v4", ptx)),
@@ -215,30 +198,19 @@ def _compile_all() -> dict:
                  PERSISTENT=False, SPLIT_TAIL=True, STREAMING=False)
     tensor = dict(**arrays, numel=15625000, **hyper, STREAMING=False)
     return {
-        "multi default": _compile_sm90(A._adamw_multi_kernel, {**multi, "BLOCK": 1024, "ITERS": 1, "VEC": 4}, 4),
-        "multi vec=block": _compile_sm90(A._adamw_multi_kernel, {**multi, "BLOCK": 1024, "ITERS": 4, "VEC": 1024}, 4),
-        "first seed": _compile_sm90(A._adamw_tensor_kernel, {**tensor, "BLOCK": 1024, "ITERS": 1, "VEC": 1024,
-                                                             "SPLIT_TAIL": False}, 4),
+        "multi default": _facts(A._adamw_multi_kernel, {**multi, "BLOCK": 1024, "ITERS": 1, "VEC": 4}, 4),
+        "multi vec=block": _facts(A._adamw_multi_kernel, {**multi, "BLOCK": 1024, "ITERS": 4, "VEC": 1024}, 4),
+        "first seed": _facts(A._adamw_tensor_kernel, {**tensor, "BLOCK": 1024, "ITERS": 1, "VEC": 1024,
+                                                      "SPLIT_TAIL": False}, 4),
     }
 
 
-def _nvidia_backend_available() -> bool:
-    import triton
-    return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
-
-
-@pytest.mark.skipif(not _nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
+@pytest.mark.skipif(not nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
 def test_gpu_kernel_vectorises_for_sm90():
     """Full chunks: every array in 16-byte vectors and no shared-memory layout conversion at VEC=4, though the
     tensor size is no multiple of 16. Letting Triton choose the layout (vec=block) converts the fp32 stores through
     shared memory; the first seed's all-masked form had no vector access at all (why it reached 65% of copy)."""
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    proc = subprocess.run([sys.executable, __file__, "--compile-sm90"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    facts = compiled_in_child(__file__)
     # 1 block of 1024 at 4 warps (the default): 2 vectors per thread and array; 4 arrays read, 3 fp32 arrays written.
     assert facts["multi default"] == {"ld_v4": 8, "st_v4": 6, "converts": 0, "shared": 0}, facts
     assert facts["multi vec=block"]["converts"] > 0 and facts["multi vec=block"]["shared"] > 0, facts

@@ -12,8 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from sandbox.task import load_task
 from sandbox.tolerance import compare
 from seeds import attention as A
 from seeds import decode as DEC
+from tests.sm90 import compile_sm90, compiled_in_child, nvidia_backend_available
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
 SMALL_FWD = (16, 16, 4, 1)
@@ -201,38 +200,6 @@ def test_bad_inputs_are_one_sentence():
 HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
 
 
-def _compile_sm90(fn, values: dict, num_warps: int, num_stages: int):
-    """Compile a kernel for sm_90 from example argument values: pointers as dtype strings, ints (a multiple of 16 is
-    marked divisible, as the launcher's specialisation would), floats, and constexprs."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    constexprs = {p.name for p in fn.params if p.is_constexpr}
-    sig, const, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        value = values[name]
-        if name in constexprs:
-            sig[name], const[name] = "constexpr", value
-        elif isinstance(value, str):
-            sig[name] = value
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
-
-
-def _nvidia_backend_available() -> bool:
-    import triton
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    return ptxas.exists()
-
-
 def _strides(names: str, value: int = 128) -> dict:
     return {n: value for n in names.split()}
 
@@ -250,7 +217,7 @@ def _compile_all(d: int) -> dict:
                CAUSAL=True, STORE_LSE=True, WITH_DELTA=True, **flags,
                **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh stride_vs "
                           "stride_ob stride_oh stride_os stride_dob stride_doh stride_dos stride_lb stride_lh"))
-    out["fwd"] = _compile_sm90(A._attn_fwd_kernel, fwd, warps, stages).metadata.shared
+    out["fwd"] = compile_sm90(A._attn_fwd_kernel, fwd, warps, stages).metadata.shared
     m1, n1, m2, n2, warps, stages = A.bwd_config(d, dev)
     common = dict(CU_Q="*i32", CU_K="*i32", sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096, GROUP=4, HEAD_DIM=d,
                   CAUSAL=True, **flags)
@@ -259,11 +226,11 @@ def _compile_all(d: int) -> dict:
                 **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh stride_vs "
                            "stride_dob stride_doh stride_dos stride_dkb stride_dkh stride_dks stride_dvb stride_dvh "
                            "stride_dvs stride_lb stride_lh"))
-    out["dkdv"] = _compile_sm90(A._attn_bwd_dkdv_kernel, dkdv, warps, stages).metadata.shared
+    out["dkdv"] = compile_sm90(A._attn_bwd_dkdv_kernel, dkdv, warps, stages).metadata.shared
     dq = dict(**common, **ptrs, DQ="*bf16", HQ=32, BLOCK_M=m2, BLOCK_N=n2,
               **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh stride_vs "
                          "stride_dob stride_doh stride_dos stride_dqb stride_dqh stride_dqs stride_lb stride_lh"))
-    out["dq"] = _compile_sm90(A._attn_bwd_dq_kernel, dq, warps, stages).metadata.shared
+    out["dq"] = compile_sm90(A._attn_bwd_dq_kernel, dq, warps, stages).metadata.shared
     if d == 128:
         block_n, warps, stages = DEC.decode_config(dev)
         split = dict(Q="*bf16", K="*bf16", V="*bf16", O_PART="*fp32", LSE_PART="*fp32", SEQ_LENS="*i32",
@@ -271,21 +238,15 @@ def _compile_all(d: int) -> dict:
                      SPLITS=2, GROUP=4, BLOCK_H=16, HEAD_DIM=d, BLOCK_N=block_n, PAGE=16, PAGED=True, HAS_LENS=True,
                      UPCAST=False, IEEE=False, RNE=False,
                      **_strides("stride_qb stride_qh stride_kb stride_kh stride_kn stride_vb stride_vh stride_vn"))
-        out["decode"] = _compile_sm90(DEC._decode_split_kernel, split, warps, stages).metadata.shared
+        out["decode"] = compile_sm90(DEC._decode_split_kernel, split, warps, stages).metadata.shared
     return out
 
 
-@pytest.mark.skipif(not _nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
+@pytest.mark.skipif(not nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_kernels_compile_for_sm90(d):
     """The interpreter never compiles; a child process without TRITON_INTERPRET compiles every launched variant."""
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    proc = subprocess.run([sys.executable, __file__, "--compile-sm90", str(d)], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    shared = json.loads(proc.stdout.strip().splitlines()[-1])
+    shared = compiled_in_child(__file__, str(d))
     assert set(shared) >= {"fwd", "dkdv", "dq"}
     for kernel, nbytes in shared.items():
         assert nbytes <= HOPPER_SMEM, f"{kernel} at D={d} needs {nbytes} bytes of shared memory"

@@ -1,0 +1,57 @@
+"""Compiling seed kernels for the H200 (sm_90) on a machine without a GPU: Triton's NVIDIA backend and ptxas run
+anywhere, so shared memory, vector widths and layout conversions can be checked here. The interpreter
+(TRITON_INTERPRET=1, which conftest.py sets) never compiles, so compiling happens in a child process without it:
+a test calls `compiled_in_child(__file__, ...)`, which runs that test file with `--compile-sm90 ARGS` and returns the
+JSON its `__main__` block prints last."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def nvidia_backend_available() -> bool:
+    import triton
+    return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+
+
+def compile_sm90(fn: Any, values: dict, num_warps: int, num_stages: int | None = None, *,
+                 divisible_ints: bool = True) -> Any:
+    """The compiled kernel from example argument values: pointers as dtype strings ("*fp32"), floats, ints and
+    constexprs. divisible_ints marks ints that are a multiple of 16 as such, as the launcher's specialisation would;
+    False compiles every int as unspecialised (a kernel declared with do_not_specialize)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    constexprs = {p.name for p in fn.params if p.is_constexpr}
+    sig, const, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        value = values[name]
+        if name in constexprs:
+            sig[name], const[name] = "constexpr", value
+        elif isinstance(value, str):
+            sig[name] = value
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if divisible_ints and value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+    options = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps, num_stages=num_stages)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compiled_in_child(test_file: str, *args: str) -> Any:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    proc = subprocess.run([sys.executable, test_file, "--compile-sm90", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
