@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,8 +134,10 @@ def test_a_worker_killed_mid_check_loses_no_record(cluster, tmp_path):
 def test_a_killed_driver_resumes_from_the_archive(cluster, served, tmp_path):
     folder = tmp_path / "tasks"
     tasks(folder, {"scale_a": 4096, "scale_b": 1000})
-    for size in (512, 256, 2048, 4096, 128, 8192, 64, 32):  # more than needed: a killed driver may lose a reply
-        served.add(json_reply(openai_completion(fenced(block(size), f"block {size}"))))
+    for i, size in enumerate((512, 256, 2048, 4096, 128, 8192, 64, 32)):  # more than needed: a killed driver may
+        reply = json_reply(openai_completion(fenced(block(size), f"block {size}")))  # lose a reply
+        # After the first, each reply takes a while: the driver is killed while its first run is surely unfinished.
+        served.add(replace(reply, delay_s=1.5) if i else reply)
     db = tmp_path / "a.db"
     args = ["batch", str(folder), "--executor", "ray", "--address", cluster.get_runtime_context().gcs_address,
             "--model", "openai:served", "--budget", "2", "--polish", "0", "--concurrency", "1", "--device", "cpu",
