@@ -14,6 +14,9 @@ def show_bench(t: dict) -> None:
     if c:
         costs = {k: round(v, 2) for k, v in (c.get("costs") or {}).items()}
         print("check:", c.get("verdict"), c.get("stage"), c.get("reason"), (c.get("message") or "")[:200], costs)
+    m = t.get("measurement") or {}
+    if m:
+        print(f"timed {m.get('reps')} calls each, burst {m.get('burst', 1)}, bound {(t.get('roofline') or {}).get('bound')}")
     for r in t.get("rows", []):
         vs = " ".join(f"vs {b}: {x['speedup']:.3f} [{x['ci_low']:.3f},{x['ci_high']:.3f}]"
                       for b, x in r.get("vs", {}).items())

@@ -21,6 +21,13 @@ What each timed call looks like (eager mode), all on a timing stream of the high
   (`calibration`); a call whose tail exceeds it is flagged and the excess is counted in its time (`ms`).
 - `wall_ms` = t1 - t0 on the host, against the empty call's wall time: a call whose event time is far below its
   host time is flagged too.
+Sustained mode (`burst` > 1): a function's calls are queued `burst` at a time, back to back, each after one flush
+pass (as do_bench does), and the device is synchronised once after the burst. Compute-bound kernels (attention,
+GEMMs) run at a clock that depends on how busy the GPU has been; between isolated calls it idles while the host
+synchronises, so they read faster than the same kernels back to back in a training step (docs/BENCHMARKS.md, runs H
+and J). A later call in a burst counts the device time since the previous call's end less an empty call's (the
+flush pass), never less than its own stream time, so work left on a side stream during the flush is counted; the
+burst's tail beyond an empty burst's is spread over its calls and flags them (`count`).
 Functions are interleaved A B A B ... with the order rotated every round, so drift (clocks, thermals) hits all of
 them alike and per-round ratios are paired. Warm-up calls (a fixed count, default 5) absorb compilation and
 autotuning; every call rotates to the next input set.
@@ -210,6 +217,7 @@ def measure(
     *,
     reps: int = 30,
     warmup: int = 5,
+    burst: int = 1,
     flush_bytes: int | None = None,
     sample_every: int | None = None,
     watch: str | None = None,
@@ -226,7 +234,10 @@ def measure(
     (and its last) is copied to the CPU (default: about four samples). `graph`: time CUDA-graph replays, one graph
     captured per (function, input set) before warm-up; for launch-bound ops. `hold_bytes`: memory the fingerprint
     re-check may keep alive; past it the oldest outputs are re-checked early and released. `cover_ms`: device time
-    of flush passes queued ahead of each call, to hide host launch overhead (0: one pass).
+    of flush passes queued ahead of each call, to hide host launch overhead (0: one pass). `burst`: calls of one
+    function queued back to back before the device is synchronised (sustained mode, for compute-bound work whose
+    clock depends on how busy the GPU has been; 1: one call at a time). Warm-up and timed calls are rounded up to
+    whole bursts.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("measure needs a CUDA device")
@@ -236,12 +247,14 @@ def measure(
         raise ValueError("measure needs at least one input set")
     if NULL_FN in fns:
         raise ValueError(f"{NULL_FN!r} is reserved for the calibration call")
-    if reps < 2 or warmup < 0:
-        raise ValueError("reps must be at least 2 and warmup non-negative")
+    if reps < 2 or warmup < 0 or burst < 1:
+        raise ValueError("reps must be at least 2, warmup non-negative and burst at least 1")
     names = list(fns)
     watch = names[0] if watch is None else watch
     if watch not in fns:
         raise ValueError(f"watch={watch!r} is not one of {names}")
+    warm_rounds, timed_rounds = -(-warmup // burst), -(-reps // burst)
+    reps = timed_rounds * burst
     sample_every = max(1, reps // 3) if sample_every is None else max(1, int(sample_every))
 
     dev = torch.cuda.current_device()
@@ -254,19 +267,17 @@ def measure(
     persisting = _PersistingL2()
     n_sets = len(input_sets)
     warnings: list[str] = []
-    if warmup + reps > n_sets:
-        warnings.append(f"{n_sets} input sets for {warmup + reps} calls per function: inputs are reused, so a "
-                        "candidate that caches results by input address could go unnoticed; pass more input sets")
+    if (warm_rounds + timed_rounds) * burst > n_sets:
+        warnings.append(f"{n_sets} input sets for {(warm_rounds + timed_rounds) * burst} calls per function: inputs "
+                        "are reused, so a candidate that caches results by input address could go unnoticed; pass "
+                        "more input sets")
     if persisting.method is None:
         warnings.append(f"persisting L2 could not be reset: {persisting.error}")
 
     calls: dict[str, Callable[[list], Any]] = {NULL_FN: lambda args: None, **fns}
     order_base = [NULL_FN] + names
-    per: dict[str, dict[str, Any]] = {
-        n: {"ms": [], "stream_ms": [], "tail_ms": [], "wall_ms": [], "host_ms": [], "input_set": [], "flagged": [],
-            "host_bound": 0, "error": None}
-        for n in order_base
-    }
+    raw: dict[str, list[dict[str, Any]]] = {n: [] for n in order_base}  # timed bursts (the null call's: all)
+    errors: dict[str, dict[str, str] | None] = {n: None for n in order_base}
     samples: list[dict[str, Any]] = []
     prints: list[dict[str, Any]] = []  # fingerprints of the watched function's timed calls
     held: list[tuple[int, Any]] = []  # (index into prints, output) awaiting the later re-check
@@ -288,87 +299,87 @@ def measure(
     stream_ctx.__enter__()
     try:
         if graph:
-            used = sorted({c % n_sets for c in range(warmup + reps)})
+            used = sorted({c % n_sets for c in range((warm_rounds + timed_rounds) * burst)})
             for n in names:
                 try:
                     graphs.update(_capture(n, calls[n], input_sets, used))
                 except Exception as exc:  # noqa: BLE001 - a candidate that cannot be captured is reported, not fatal
-                    per[n]["error"] = _error(exc)
+                    errors[n] = _error(exc)
             warnings.append("graph mode: each output is the graph's static buffer, so the later fingerprint "
                             "re-check is skipped")
-        start, end, end_all = _EVENT(enable_timing=True), _EVENT(enable_timing=True), _EVENT(enable_timing=True)
-        pass_ms = _flush_pass_ms(flush, start, end)
+        starts = [_EVENT(enable_timing=True) for _ in range(burst)]
+        ends = [_EVENT(enable_timing=True) for _ in range(burst)]
+        end_all = _EVENT(enable_timing=True)
+        pass_ms = _flush_pass_ms(flush, starts[0], ends[0])
         passes = max(1, math.ceil(cover_ms / pass_ms)) if pass_ms > 0 else 1
-        null_tail: list[float] = []
-        null_wall: list[float] = []
         gc.collect()
         gc.disable()
-        for r in range(-warmup, reps):
-            timed = r >= 0
-            k = (r + warmup) % n_sets  # the same input set for every function in a round: ratios are paired
-            alive = [n for n in order_base if per[n]["error"] is None]
-            shift = (r + warmup) % len(alive)
+        for rnd in range(warm_rounds + timed_rounds):
+            timed = rnd >= warm_rounds
+            # the same input sets for every function in a round: ratios are paired
+            ks = [(rnd * burst + j) % n_sets for j in range(burst)]
+            alive = [n for n in order_base if errors[n] is None]
+            shift = rnd % len(alive)
             alive = alive[shift:] + alive[:shift]
             if timed:
                 order.append(alive)
             for n in alive:
-                args = input_sets[k]
-                g = graphs.get((n, k)) if graph and n != NULL_FN else None
+                outs: list[Any] = []
+                host: list[float] = []
                 try:
                     _device_sync()
                     persisting.reset()
                     for _ in range(passes):
                         _ZERO(flush)
                     t0 = _PERF()
-                    _RECORD(start)
-                    if g is not None:
-                        g[0].replay()
-                        out = g[1]
-                    else:
-                        out = calls[n](args)
-                    h = _PERF()
-                    _RECORD(end)
+                    for j, k in enumerate(ks):
+                        if j:
+                            _ZERO(flush)
+                        g = graphs.get((n, k)) if graph and n != NULL_FN else None
+                        th = _PERF()
+                        _RECORD(starts[j])
+                        if g is not None:
+                            g[0].replay()
+                            outs.append(g[1])
+                        else:
+                            outs.append(calls[n](input_sets[k]))
+                        host.append((_PERF() - th) * 1e3)
+                        _RECORD(ends[j])
                     _device_sync()
                     t1 = _PERF()
                     _RECORD(end_all)
                     _device_sync()
-                    stream_ms = float(_ELAPSED(start, end))
-                    tail_ms = float(_ELAPSED(end, end_all))
+                    rec = {"stream_ms": [float(_ELAPSED(starts[j], ends[j])) for j in range(burst)],
+                           "gap_ms": [float(_ELAPSED(ends[j - 1], ends[j])) for j in range(1, burst)],
+                           "tail_ms": float(_ELAPSED(ends[-1], end_all)), "wall_ms": (t1 - t0) * 1e3,
+                           "host_ms": host, "input_set": ks}
                 except Exception as exc:  # noqa: BLE001 - recorded per function; a dead context ends the run below
-                    per[n]["error"] = _error(exc)
+                    errors[n] = _error(exc)
                     try:
                         _device_sync()
                     except Exception as exc2:  # noqa: BLE001
                         fatal = _error(exc2)
                         raise _Fatal from None
                     continue
-                wall_ms = (t1 - t0) * 1e3
-                if n == NULL_FN:
-                    null_tail.append(tail_ms)
-                    null_wall.append(wall_ms)
-                if not timed:
-                    del out
+                if n == NULL_FN or timed:
+                    raw[n].append(rec)
+                if not timed or n != watch:
+                    del outs
                     continue
-                p = per[n]
-                p["stream_ms"].append(stream_ms)
-                p["tail_ms"].append(tail_ms)
-                p["wall_ms"].append(wall_ms)
-                p["host_ms"].append((h - t0) * 1e3)
-                p["input_set"].append(k)
-                if n == watch:
-                    i = r
+                for j, (k, out) in enumerate(zip(ks, outs)):
+                    i = (rnd - warm_rounds) * burst + j
                     prints.append({"call": i, "input_set": k, "at_return": fingerprint(out), "later": None,
                                    "changed": False})
                     if i % sample_every == 0 or i == reps - 1:
                         samples.append({"fn": n, "call": i, "input_set": k, "outputs": _to_cpu(out)})
-                    if g is None:
+                    if not graph:
                         held.append((len(prints) - 1, out))
                         held_bytes += _nbytes(out)
                         while held_bytes > hold_bytes and len(held) > 1:
                             idx, old = held.pop(0)
                             held_bytes -= _nbytes(old)
                             recheck(idx, old)
-                del out
+                del outs
         for idx, old in held:
             recheck(idx, old)
         held.clear()
@@ -380,27 +391,17 @@ def measure(
         if gc_was_enabled:
             gc.enable()
 
-    # Counted time: the stream time plus whatever the device was still busy with after the stream's end event,
-    # beyond what an empty call leaves (side streams), and a flag where host time says the events missed work.
-    cal_tail = _median(null_tail) if null_tail else 0.0
-    cal_wall = _median(null_wall) if null_wall else 0.0
+    calibration = calibrate(raw[NULL_FN])
+    per = {n: count(raw[n], calibration, first_cover_ms=passes * pass_ms, flush_ms=pass_ms,
+                    tail_tolerance_ms=tail_tolerance_ms, tail_tolerance_rel=tail_tolerance_rel)
+           for n in names}
     for n in names:
         p = per[n]
-        for i, (s, t, w) in enumerate(zip(p["stream_ms"], p["tail_ms"], p["wall_ms"])):
-            excess = t - cal_tail
-            ms = s
-            if excess > max(tail_tolerance_ms, tail_tolerance_rel * s):
-                p["flagged"].append({"call": i, "why": "tail", "excess_ms": excess})
-                ms = s + excess
-            if w - cal_wall > 1.5 * ms + 0.2:
-                p["flagged"].append({"call": i, "why": "wall", "excess_ms": w - cal_wall - ms})
-            p["ms"].append(ms)
-        p["inconsistent"] = len({f["call"] for f in p["flagged"]}) > max(1, len(p["ms"]) // 4)
-        p["host_bound"] = sum(1 for x in p["host_ms"] if x > passes * pass_ms)
+        p["error"] = errors[n]
         if p["host_bound"] > len(p["ms"]) // 4:
             warnings.append(f"{n}: in {p['host_bound']} of {len(p['ms'])} calls the host took longer to launch the "
-                            f"work (median {_median(p['host_ms']):.3f} ms) than the {passes * pass_ms:.3f} ms flush "
-                            "cover: those times include waiting for the host (graph mode removes launch cost)")
+                            f"work (median {_median(p['host_ms']):.3f} ms) than the device work queued ahead of it: "
+                            "those times include waiting for the host (graph mode removes launch cost)")
 
     if persisting.method is not None and not persisting.working:
         warnings.append(f"persisting L2 could not be reset: {persisting.error}")
@@ -414,17 +415,16 @@ def measure(
     return {
         "schema": SCHEMA,
         "device": {"index": dev, "name": props.name, "l2_bytes": l2, "sm_count": props.multi_processor_count},
-        "config": {"reps": reps, "warmup": warmup, "flush_bytes": flush_bytes, "n_input_sets": n_sets,
-                   "sample_every": sample_every, "watch": watch, "graph": graph,
+        "config": {"reps": reps, "warmup": warm_rounds * burst, "burst": burst, "flush_bytes": flush_bytes,
+                   "n_input_sets": n_sets, "sample_every": sample_every, "watch": watch, "graph": graph,
                    "tail_tolerance_ms": tail_tolerance_ms, "tail_tolerance_rel": tail_tolerance_rel,
                    "cover_ms": cover_ms, "flush_passes": passes, "flush_pass_ms": pass_ms,
                    "stream_priority": stream.priority},
         "l2": {"flush_bytes": flush_bytes, "persisting_reset": persisting.method if persisting.working else None,
                "persisting_error": persisting.error},
-        "calibration": {"null_tail_ms": cal_tail, "null_wall_ms": cal_wall,
-                        "null_stream_ms": _median(per[NULL_FN]["stream_ms"]) if per[NULL_FN]["stream_ms"] else 0.0},
+        "calibration": calibration,
         "order": order,
-        "fns": {n: per[n] for n in names},
+        "fns": per,
         "samples": samples,
         "fingerprints": prints,
         "fingerprint_mismatches": mismatched,
@@ -432,6 +432,65 @@ def measure(
         "fatal": fatal,
         "warnings": warnings,
     }
+
+
+# ---- counting: raw events -> each call's time (pure arithmetic, tested on the CPU) ------------------------------
+def calibrate(null_bursts: list[dict[str, Any]]) -> dict[str, float]:
+    """What an empty call leaves: its tail after the burst, the burst's host wall time, and (bursts of two or more)
+    the device time from one call's end to the next, which is the flush pass between them."""
+    gaps = [g for b in null_bursts for g in b["gap_ms"]]
+    return {"null_tail_ms": _median([b["tail_ms"] for b in null_bursts]) if null_bursts else 0.0,
+            "null_wall_ms": _median([b["wall_ms"] for b in null_bursts]) if null_bursts else 0.0,
+            "null_stream_ms": _median([s for b in null_bursts for s in b["stream_ms"]]) if null_bursts else 0.0,
+            "null_gap_ms": _median(gaps) if gaps else 0.0}
+
+
+def count(bursts: list[dict[str, Any]], calibration: dict[str, float], *, first_cover_ms: float, flush_ms: float,
+          tail_tolerance_ms: float = 0.05, tail_tolerance_rel: float = 0.10) -> dict[str, Any]:
+    """Each timed call's counted time from its burst's events.
+
+    The first call of a burst counts its stream time (start -> end). A later call counts the device time since the
+    previous call's end less an empty call's (the flush pass between them), and never less than its own stream time:
+    work a candidate left running on another stream during the flush slows the flush or the next call and is
+    counted. Device work still running after the burst (its tail beyond an empty call's) is spread over the burst's
+    calls, and the burst's calls are flagged; so are calls whose host wall time the events cannot explain.
+    """
+    tol = (tail_tolerance_ms, tail_tolerance_rel)
+    p: dict[str, Any] = {"ms": [], "stream_ms": [], "gap_ms": [], "tail_ms": [], "wall_ms": [], "host_ms": [],
+                         "input_set": [], "flagged": [], "host_bound": 0}
+    cal_gap = calibration.get("null_gap_ms", 0.0)
+    for b in bursts:
+        first = len(p["ms"])
+        ms = []
+        for j, s in enumerate(b["stream_ms"]):
+            t = s
+            if j:
+                hidden = b["gap_ms"][j - 1] - cal_gap - s
+                if hidden > max(tol[0], tol[1] * s):
+                    p["flagged"].append({"call": first + j, "why": "gap", "excess_ms": hidden})
+                t = max(s, b["gap_ms"][j - 1] - cal_gap)
+            ms.append(t)
+        excess = b["tail_ms"] - calibration["null_tail_ms"]
+        if excess > max(tol[0], tol[1] * sum(b["stream_ms"])):
+            p["flagged"].extend({"call": first + j, "why": "tail", "excess_ms": excess / len(ms)}
+                                for j in range(len(ms)))
+            ms = [t + excess / len(ms) for t in ms]
+        if b["wall_ms"] - calibration["null_wall_ms"] > 1.5 * sum(ms) + 0.2:
+            p["flagged"].extend({"call": first + j, "why": "wall",
+                                 "excess_ms": (b["wall_ms"] - calibration["null_wall_ms"] - sum(ms)) / len(ms)}
+                                for j in range(len(ms)))
+        for j, t in enumerate(ms):
+            cover = first_cover_ms if j == 0 else flush_ms + ms[j - 1]
+            p["host_bound"] += b["host_ms"][j] > cover
+        p["ms"].extend(ms)
+        p["stream_ms"].extend(b["stream_ms"])
+        p["gap_ms"].extend([None] + list(b["gap_ms"]))
+        p["tail_ms"].extend([b["tail_ms"]] * len(ms))
+        p["wall_ms"].extend([b["wall_ms"]] * len(ms))
+        p["host_ms"].extend(b["host_ms"])
+        p["input_set"].extend(b["input_set"])
+    p["inconsistent"] = len({f["call"] for f in p["flagged"]}) > max(1, len(p["ms"]) // 4)
+    return p
 
 
 def _flush_buffer(nbytes: int, device: int) -> torch.Tensor:

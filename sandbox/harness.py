@@ -44,6 +44,7 @@ class CheckOptions:
     seed: int | None = None         # hidden seed; None draws a fresh one
     gpu: int = 0                    # CUDA device index for the child
     baselines: tuple[str, ...] = ("eager",)
+    timing_mode: str = "auto"       # "auto" (sustained when compute-bound) | "isolated" | "sustained"
 
 
 def resolve_device(device: str) -> str:
@@ -185,12 +186,13 @@ class Harness:
                             run=run)
 
     def bench(self, task: str | Path | Task, candidate: str | Path | None, *, baselines: tuple[str, ...] = ("eager",),
-              gpu: int = 0, timeout_s: float = 600.0) -> dict[str, Any]:
+              gpu: int = 0, timeout_s: float = 600.0, timing_mode: str = "auto") -> dict[str, Any]:
         """The timing report of profiler.report for a candidate (checked first, every stage) or, with no candidate,
         for the baselines alone. A rejected candidate's report carries the rejection in `problems` and `check`."""
         if self.device != "cuda":
             raise ValueError("timing needs a CUDA GPU")
-        options = CheckOptions(device="cuda", timing=True, gpu=gpu, baselines=tuple(baselines), timeout_s=timeout_s)
+        options = CheckOptions(device="cuda", timing=True, gpu=gpu, baselines=tuple(baselines), timeout_s=timeout_s,
+                               timing_mode=timing_mode)
         if candidate is not None:
             result = self.check(task, candidate, options)
             report = dict(result.timing or {"candidate_ms": None, "baselines": {}, "rows": [], "problems": []})

@@ -22,6 +22,19 @@ if TYPE_CHECKING:
     from .reference import Reference
 
 REPS, WARMUP, BASE_SETS = 30, 5, 2
+TIMING_MODES = ("auto", "isolated", "sustained")
+BURST = 10  # calls queued back to back in sustained mode (docs/BENCHMARKS.md, run J: where the clock settles)
+BURST_BYTES = 4 << 30  # outputs one burst may hold alive
+
+
+def burst_for(mode: str, bound: str, out_bytes: int) -> int:
+    """Calls per burst: one at a time ("isolated"), or BURST back to back ("sustained"; "auto" picks it for
+    compute-bound tasks, whose clock depends on how busy the GPU has been), as many as BURST_BYTES of outputs allow."""
+    if mode not in TIMING_MODES:
+        raise ValueError(f"unknown timing mode {mode!r}; use one of {', '.join(TIMING_MODES)}")
+    if mode == "isolated" or (mode == "auto" and bound != "compute"):
+        return 1
+    return max(1, min(BURST, BURST_BYTES // max(1, out_bytes)))
 
 
 def run(harness: "Harness", run: "_Run", reference: "Reference") -> tuple[dict[str, Any], dict[str, Any]]:
@@ -53,9 +66,12 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     seeds = [run.rng.randrange(1 << 31) for _ in range(BASE_SETS)]
     base = [task.make_inputs(s, "normal", run.device) for s in seeds]
     out_bytes = reference.run(base[0]).nbytes
+    t_roof = time.monotonic()
+    with torch.no_grad():
+        roof = task_roofline(task, reference.model, base[0], get_ceilings(opts.gpu))
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
            "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,
-           "sample_every": max(1, REPS // 4)}
+           "sample_every": max(1, REPS // 4), "burst": burst_for(opts.timing_mode, roof.bound, out_bytes)}
     t0 = time.monotonic()
     reply = harness._request(run, Stage.TIMING, msg, max_bytes=(REPS // max(1, REPS // 4) + 2) * out_bytes * 2
                              + (64 << 20))
@@ -63,13 +79,12 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     measured = reply["measured"]
     problems = _validate(run, reference, base, measured, reply["n_sets"]) if candidate else []
     t2 = time.monotonic()
-    with torch.no_grad():
-        roof = task_roofline(task, reference.model, base[0], get_ceilings(opts.gpu))
     report = build_timing(measured, candidate="candidate" if candidate else None, baselines=reply["baselines"],
                           roof=roof, kernels=reply["kernels"], environment=reply["environment"],
                           output_problems=problems, seed=random.Random(seeds[0]).randrange(1 << 30))
     child_laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
-    report["laps"] = {"request_s": t1 - t0, "validate_s": t2 - t1, "roofline_report_s": time.monotonic() - t2,
+    report["laps"] = {"request_s": t1 - t0, "validate_s": t2 - t1, "roofline_s": t0 - t_roof,
+                      "report_s": time.monotonic() - t2,
                       **{str(k): float(v) for k, v in child_laps.items() if isinstance(v, (int, float))}}
     return report
 

@@ -125,8 +125,8 @@ def fake_gpu(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-        def bench(self, task, candidate, baselines=("eager",), gpu=0):
-            calls.append((task.name, candidate, baselines, gpu))
+        def bench(self, task, candidate, baselines=("eager",), gpu=0, timing_mode="auto"):
+            calls.append((task.name, candidate, baselines, gpu, timing_mode))
             m = synthetic_measure({"candidate": 0.1, **{b: 0.2 for b in baselines}})
             return build_timing(m, candidate="candidate", roof=ROOF)
 
@@ -138,8 +138,9 @@ def test_bench_renders_table_and_writes_csv(fake_gpu, tmp_path, capsys):
     cand = tmp_path / "cand.py"
     cand.write_text("class ModelNew: pass\n")
     out_csv = tmp_path / "t.csv"
-    assert main(["bench", TASK, str(cand), "--baselines", "eager,compile", "--csv", str(out_csv), "--gpu", "0"]) == 0
-    assert fake_gpu == [("rmsnorm_fwd", cand, ("eager", "compile"), 0)]
+    assert main(["bench", TASK, str(cand), "--baselines", "eager,compile", "--csv", str(out_csv), "--gpu", "0",
+                 "--timing-mode", "sustained"]) == 0
+    assert fake_gpu == [("rmsnorm_fwd", cand, ("eager", "compile"), 0, "sustained")]
     text = capsys.readouterr().out
     assert "vs eager" in text and "GB/s" in text and "2.0" in text
     rows = list(csv.DictReader(out_csv.open()))

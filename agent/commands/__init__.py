@@ -1,1 +1,11 @@
 """One module per `crucible` subcommand; see agent/cli.py for the contract."""
+
+import argparse
+
+
+def add_timing_mode(p: argparse.ArgumentParser) -> None:
+    """--timing-mode, shared by `check` and `bench` (sandbox.timing_parent.burst_for reads it)."""
+    p.add_argument("--timing-mode", choices=("auto", "isolated", "sustained"), default="auto",
+                   help="isolated: one call at a time, the device idle in between; sustained: calls in bursts of "
+                        "10 back to back, the clock a busy GPU settles at; auto (default): sustained for "
+                        "compute-bound tasks, isolated for memory-bound ones")

@@ -15,6 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from . import add_timing_mode
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -32,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--csv", metavar="FILE", help="also write one row per implementation to FILE")
     p.add_argument("--ceilings", action="store_true", help="print the device's measured ceilings (cached)")
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="CUDA device index (default 0)")
+    add_timing_mode(p)
     p.set_defaults(func=run)
 
 
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(f"the harness cannot be imported ({exc}); reinstall crucible")
         return 1
     with Harness(device="cuda") as harness:
-        timing = harness.bench(task, candidate, baselines=names, gpu=args.gpu)
+        timing = harness.bench(task, candidate, baselines=names, gpu=args.gpu, timing_mode=args.timing_mode)
     if args.json:
         console.print_json(json.dumps(timing, default=str))
     else:

@@ -11,6 +11,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from . import add_timing_mode
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -29,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="fix the (otherwise hidden, random) seed")
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="CUDA device index")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    add_timing_mode(p)
     p.set_defaults(func=run)
 
 
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         return _bad(args, f"candidate {candidate} is not a .py file; pass the file that defines ModelNew")
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     options = CheckOptions(device=device, timing=not args.no_timing, timeout_s=args.timeout, seed=args.seed,
-                           gpu=args.gpu, baselines=baselines)
+                           gpu=args.gpu, baselines=baselines, timing_mode=args.timing_mode)
     try:
         with Harness(device) as harness:
             result = harness.check(task, candidate, options)
