@@ -9,7 +9,7 @@ With l = x W^T, lse_t = log sum_v exp(l_tv), g_t = 1/n_valid (mean) or 1 (sum), 
     dx = dl W,  dweight = dl^T x.
 FLOPs: 3 x 2 BT V H = 25.8 TFLOP at the task's shape (33 ms at the ~790 TFLOP/s cuBLAS has reached on an 8192^3
 bf16 product; ANCHORS.md records 694-788). The task does not allow torch compute ops (no
-CRUCIBLE_ALLOW_TORCH_COMPUTE), so every product is the Triton GEMM below.
+CRUCIBLE_ALLOW_TORCH_COMPUTE), so every product is a Triton GEMM below.
 
 Extra memory, as the bench measures it (peak allocated minus what was allocated before the call, outputs included):
 dweight (1002 MiB) + dx (64 MiB) leave 60 MiB of the 1.1 GiB budget for everything else. Two forms:
@@ -17,40 +17,52 @@ dweight (1002 MiB) + dx (64 MiB) leave 60 MiB of the 1.1 GiB budget for everythi
 "vocab" (the default): the vocabulary is the outer loop, so each row of dweight is written once, from a GEMM over all
     BT tokens (K = 8192), and dx is accumulated over a few large vocabulary chunks.
     1. stats: l = x W^T tile by tile (BM x BN), per tile row max / sum exp / sum, and the target's logit; nothing of
-       l is kept except, optionally, the first chunk's columns (`store_first`).
+       l is kept except the first `store_chunks` chunks' columns, each stored by its own launch.
     2. a small kernel combines the tiles: lse, the per-row loss, g_t.
     3. per vocabulary chunk [v0, v1): dl = the gradient of l recomputed in the GEMM's epilogue (or converted in
        place from the stored logits), dweight[v0:v1] = dl^T x, dx (+)= dl W[v0:v1].
     dl lives in dweight's own tail while that is not written yet: a chunk of n columns fits when
     v1 H + n BT <= V H, i.e. n <= (V - v0) H / (H + BT) (a third of what is left at BT = 2 H), so the chunks
     shrink geometrically (42752, 28501, ... columns) until a fixed workspace (`workspace` bytes) holds the rest.
-    FLOPs: 4 products instead of 3, less the first chunk's stored logits: 31.5 TFLOP at the task's shape, every GEMM
-    large (M, N >= 3072, K >= 3072); dweight written once, weight read 4 times, dx rounded to bf16 ~11 times.
+    Stored chunks: one buffer can hold V/3 of the logits; k buffers back to back, each freed once its chunk's
+    dweight rows are written, hold (2^k - 1) V / (2^(k+1) - 1) at BT = 2 H (stored_ends): 3V/7 for two, 7V/15 for
+    three. FLOPs: 3 products plus the recomputed logits: 34.4 TFLOP with none stored, 31.6 with one (42752
+    columns), 30.8 with two, 30.4 with three (59648 columns: 8960 + 17920 + 32768); at most 30.1 (V/2 stored).
+    Every GEMM stays large (M, N >= 4096; the smallest chunk has 1536-3072 columns); dweight written once, weight
+    read 4 times, dx rounded to bf16 once per chunk (10 chunks with one stored, 11 with three).
+    The GEMMs ("gemm"): "tma" loads the operand tiles through host TMA descriptors on a persistent grid (one
+    program per SM walking the tiles in grouped order, tl.range(flatten=True) so the next tile's loads can overlap
+    this tile's epilogue; warp_specialize=True as an option, which on Hopper needs flatten off); "ptr" is the
+    pointer-load kernel with one program a tile. A product whose views break TMA's alignment rules (odd H, an
+    odd-width last chunk) takes the pointer path. The epilogues (stats, recomputed gradient, dweight rows, dx
+    accumulation) are the same code on both paths.
 "token" (the earlier form): chunks of C tokens; per chunk the [C, V] logits, the cross-entropy kernel of
     seeds/cross_entropy.py in place, dx_c = dl W (split over K), dweight (+)= dl^T x_c. Every chunk reads weight
     twice and reads and writes dweight (4.2 GB a chunk); C V 2 B must fit the 60 MiB left, so C <= 240 at budget.
 
 Measured on the H200 (2026-11-29, torch 2.11, triton 3.6; benchmarks/bench_lce.py, docs/bench-lce.md), BT 8192,
 H 4096, V 128256 bf16, extra memory with the outputs inside it:
-    vocab form, 4 stages in all three products (now the default)   54.32 ms  475 TFLOP/s  1.088 GiB
-    vocab form, 3 stages (the previous default)                    55.65 ms  464 TFLOP/s  1.088 GiB
-    Liger Kernel 0.8.5 (cuBLAS GEMMs)                              55.16 ms  468 TFLOP/s  1.102 GiB
-    eager (the task's Model)                                       48.55 ms  532 TFLOP/s  13.7 GiB
-    torch.compile forward + autograd backward                      38.81 ms  665 TFLOP/s  3.0 GiB
-The target (<= 45 ms at <= 1.1 GiB) is not met: the seed is slower than eager and torch.compile, and ties Liger
-within the memory budget. The reason is the GEMM: the plain tl.dot kernel reaches 530-685 TFLOP/s on the three
-products alone (logits 530, dweight 669, dx 685 at the first chunk's shape, 4 stages) against a cuBLAS ceiling of
-~790, and the vocab form executes 31.5 TFLOP to eager's 25.8. Closing the gap needs faster GEMMs (TMA loads,
-warp specialisation, a persistent grid) more than a different schedule. The token form ran in the same call with
-the cross-entropy's pipelined kernel, which was wrong on the GPU (that kernel is removed; ce_rows now defaults to
-the persistent form); it was not re-measured since, and its earlier time (docs/bench-mix.md) was 59.0 ms at 1.18 GiB.
+    vocab form, ptr GEMMs, 4 stages, one stored chunk                54.32 ms  475 TFLOP/s  1.088 GiB
+    vocab form, ptr GEMMs, 3 stages                                  55.65 ms  464 TFLOP/s  1.088 GiB
+    Liger Kernel 0.8.5 (cuBLAS GEMMs)                                55.16 ms  468 TFLOP/s  1.102 GiB
+    eager (the task's Model)                                         48.55 ms  532 TFLOP/s  13.7 GiB
+    torch.compile forward + autograd backward                        38.81 ms  665 TFLOP/s  3.0 GiB
+The pointer GEMM reached 530-685 TFLOP/s on the three products alone (logits 530, dweight 669, dx 685 at the first
+chunk's shape, 4 stages) against a cuBLAS ceiling of ~790, and that form executes 31.5 TFLOP to eager's 25.8.
+The defaults now (gemm "tma", 4 stages, three stored chunks) are NOT MEASURED YET: the TMA + persistent GEMMs and
+the stored chunks are the two levers named by that run; bench_lce.py sweeps them against the ptr path. The token
+form was last measured with a cross-entropy kernel since removed (59.0 ms at 1.18 GiB, docs/bench-mix.md).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
+from seeds._common import sm_count
 from seeds.cross_entropy import ce_rows, count_valid, needs_rne, round_bf16_rne, sum_rows
 
 CRUCIBLE_SEED = {
@@ -67,14 +79,31 @@ CHUNK_BUDGET = 160 << 20
 # 1.09 GiB at the task's shape (dweight 1002 MiB + dx 64 MiB + 48 MiB + four [BT] fp32 vectors).
 VOCAB_WORKSPACE = 48 << 20
 CHUNK_ALIGN = 256  # vocabulary chunks are whole GEMM tiles
+STORED_ALIGN = 8   # stored chunks at small vocabularies: 8 columns keep their rows 16-byte aligned for TMA
 
 MODE_STATS: tl.constexpr = tl.constexpr(0)
 MODE_GRAD: tl.constexpr = tl.constexpr(1)
 
 
+@dataclass(frozen=True)
+class Gemm:
+    """How the products run. tma: host TMA descriptors for the operand tiles and a persistent grid of `programs`
+    (0: one per SM) walking the tiles in grouped order; where a view breaks TMA's rules (16-byte aligned base and
+    row stride, unit inner stride) that product takes the pointer path. tma False: pointer loads, one program per
+    tile (the path measured at 54.3 ms). warp_specialize and flatten are tl.range's options on the tile loop
+    (Hopper's warp specialisation needs flatten off)."""
+    tma: bool = True
+    warp_specialize: bool = False
+    flatten: bool = True
+    programs: int = 0
+
+
+PTR = Gemm(tma=False)
+
+
 @triton.jit
 def _swizzle(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
-    """(row tile, column tile) of program pid: groups of GROUP_M row tiles walk the column tiles together, so the
+    """(row tile, column tile) of tile pid: groups of GROUP_M row tiles walk the column tiles together, so the
     column operand's tiles are reused from L2."""
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -87,12 +116,24 @@ def _swizzle(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexp
 
 
 @triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b in fp32. IEEE: full fp32 products for fp32 inputs (tf32 would fail an fp32 tolerance). UPCAST:
+    multiply in fp32 (the CPU interpreter, whose bf16 tl.dot is wrong in Triton 3.9; bf16/fp16 products are exact
+    in fp32)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _tile_product(A, B, rm, rn, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
                   IEEE: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr, BM: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr):
-    """A[rm, k_lo:k_hi] @ B[k_lo:k_hi, rn] in fp32. EVEN_K: (k_hi - k_lo) is a multiple of BK (no mask along K).
-    IEEE: full fp32 products for fp32 inputs (tf32 would fail an fp32 tolerance). UPCAST: multiply in fp32 (the CPU
-    interpreter, whose bf16 tl.dot is wrong in Triton 3.9; bf16/fp16 products are exact in fp32)."""
+    """A[rm, k_lo:k_hi] @ B[k_lo:k_hi, rn] in fp32 from pointer loads. EVEN_K: (k_hi - k_lo) is a multiple of BK
+    (no mask along K)."""
     rk = tl.arange(0, BK)
     a_ptrs = A + rm[:, None].to(tl.int64) * stride_am + (k_lo + rk)[None, :].to(tl.int64) * stride_ak
     b_ptrs = B + (k_lo + rk)[:, None].to(tl.int64) * stride_bk + rn[None, :].to(tl.int64) * stride_bn
@@ -107,15 +148,45 @@ def _tile_product(A, B, rm, rn, M, N, k_lo, k_hi, stride_am, stride_ak, stride_b
             k_ok = (k + rk) < k_hi
             a = tl.load(a_ptrs, mask=m_ok & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok, other=0.0)
-        if UPCAST:
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        elif IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = _dot(a, b, acc, IEEE, UPCAST)
         a_ptrs += BK * stride_ak
         b_ptrs += BK * stride_bk
     return acc
+
+
+@triton.jit
+def _tma_tile_product(a_desc, b_desc, off_m, off_n, K, A_T: tl.constexpr, B_T: tl.constexpr,
+                      IEEE: tl.constexpr, UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      BK: tl.constexpr):
+    """A[off_m:+BM, :K] @ B[:K, off_n:+BN] in fp32 from TMA tiles (out-of-bounds rows and columns read as zeros, so
+    no masks). a_desc describes A [M, K], or A^T [K, M] when A_T; b_desc describes B [K, N], or B^T [N, K] when
+    B_T: the transposed tile is a view of shared memory, which the tensor cores read in either order."""
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for ki in range(tl.cdiv(K, BK)):
+        off_k = ki * BK
+        if A_T:
+            a = a_desc.load([off_k, off_m]).T
+        else:
+            a = a_desc.load([off_m, off_k])
+        if B_T:
+            b = b_desc.load([off_n, off_k]).T
+        else:
+            b = b_desc.load([off_k, off_n])
+        acc = _dot(a, b, acc, IEEE, UPCAST)
+    return acc
+
+
+@triton.jit
+def _store_tile(C, acc, rm, rn, M, N, stride_cm, stride_cn, ACCUMULATE: tl.constexpr, RNE: tl.constexpr):
+    """C[rm, rn] (+)= acc, masked to [M, N]. RNE: round to nearest bf16 before the store (the interpreter
+    truncates)."""
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :].to(tl.int64) * stride_cn
+    if ACCUMULATE:
+        acc += tl.load(c_ptrs, mask=mask).to(tl.float32)
+    if RNE:
+        acc = round_bf16_rne(acc)
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -126,8 +197,7 @@ def _matmul_kernel(
     stride_cs,    # elements between the splits' partial outputs
     k_per_split,  # a multiple of BK
     ACCUMULATE: tl.constexpr,  # add the product to what C holds
-    IEEE: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr,
-    RNE: tl.constexpr,         # round to nearest bf16 before the store (the interpreter truncates)
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr, RNE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid_m, pid_n = _swizzle(tl.program_id(0), M, N, BM, BN, GROUP_M)
@@ -138,13 +208,33 @@ def _matmul_kernel(
     k_hi = min(K, k_lo + k_per_split)
     acc = _tile_product(A, B, rm, rn, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
                         IEEE, UPCAST, EVEN_K, BM, BN, BK)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    c_ptrs = C + split.to(tl.int64) * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
-    if ACCUMULATE:
-        acc += tl.load(c_ptrs, mask=mask).to(tl.float32)
-    if RNE:
-        acc = round_bf16_rne(acc)
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
+    _store_tile(C + split.to(tl.int64) * stride_cs, acc, rm, rn, M, N, stride_cm, stride_cn, ACCUMULATE, RNE)
+
+
+@triton.jit
+def _tma_matmul_kernel(
+    a_desc, b_desc,  # TMA descriptors of A (or A^T when A_T) and B (or B^T when B_T)
+    C, M, N, K, stride_cm, stride_cn,
+    n_programs,      # the persistent grid: program p takes tiles p, p + n_programs, ...
+    ACCUMULATE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, RNE: tl.constexpr,
+    A_T: tl.constexpr, B_T: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):
+    """C (+)= A @ B, persistent. The epilogue's tile index is a second counter (tile_c), not the loop variable,
+    as Triton's persistent-matmul tutorial does, so a flattened or specialised loop keeps its loads and its
+    epilogue independent."""
+    start = tl.program_id(0)
+    num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    tile_c = start - n_programs
+    for tile in tl.range(start, num_tiles, n_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _swizzle(tile, M, N, BM, BN, GROUP_M)
+        acc = _tma_tile_product(a_desc, b_desc, pid_m * BM, pid_n * BN, K, A_T, B_T, IEEE, UPCAST, BM, BN, BK)
+        tile_c += n_programs
+        pid_m, pid_n = _swizzle(tile_c, M, N, BM, BN, GROUP_M)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        _store_tile(C, acc, rm, rn, M, N, stride_cm, stride_cn, ACCUMULATE, RNE)
 
 
 @triton.jit
@@ -161,31 +251,18 @@ def _sum_splits_kernel(P, OUT, n_elements, splits, RNE: tl.constexpr, BLOCK: tl.
 
 
 @triton.jit
-def _vocab_logits_kernel(
-    X, W,           # x [M, K], weight rows from v0 on [N, K] (both with unit column stride)
-    TARGET, STATS,  # STATS: [3, num column tiles, M] fp32 (tile max, tile sum exp(l - max), tile sum l)
-    TGT_LOGIT,      # [M] fp32 l[t, target_t], written by the tile holding the target
-    LSE, ROW_SCALE,  # [M] fp32 (MODE_GRAD)
-    DL, stride_dl,  # [M, N] logits (MODE_STATS, columns < store_cols) or their gradient (MODE_GRAD)
-    M, N, K, v0, V, stride_xm, stride_wv, store_cols, smoothing,
-    MODE: tl.constexpr, SMOOTH: tl.constexpr, STORE: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr, RNE: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    """Logits l = x W[v0:v0+N]^T tile by tile; the epilogue reduces them (MODE_STATS) or writes their gradient."""
-    pid_n_tiles = tl.cdiv(N, BN)
-    pid_m, pid_n = _swizzle(tl.program_id(0), M, N, BM, BN, GROUP_M)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    # B[k, n] = W[n, k]
-    acc = _tile_product(X, W, rm, rn, M, N, 0, K, stride_xm, 1, 1, stride_wv,
-                        IEEE, UPCAST, EVEN_K, BM, BN, BK)
+def _logits_epilogue(acc, rm, rn, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
+                     tile_base, n_tiles, smoothing, MODE: tl.constexpr, SMOOTH: tl.constexpr,
+                     STORE: tl.constexpr, RNE: tl.constexpr, BN: tl.constexpr):
+    """One [BM, BN] tile of logits l = x W[v0:v0+N]^T (columns rn of the launch): its stats (MODE_STATS: row max,
+    sum exp(l - max), sum l into column tile tile_base + pid_n of STATS [3, n_tiles, M]; the target's logit; with
+    STORE, l itself into DL) or its gradient into DL (MODE_GRAD)."""
     # Logits rounded to the input dtype, as F.linear returns them: the stats, the stored logits and the recomputed
     # ones then agree exactly (an fp32 lse with rounded stored logits is off by up to half a bf16 ulp of a large
     # logit inside exp), and the result has PyTorch's error, not more.
     if RNE:
         acc = round_bf16_rne(acc)
-    acc = acc.to(X.dtype.element_ty).to(tl.float32)
+    acc = acc.to(DL.dtype.element_ty).to(tl.float32)
     m_ok = rm < M
     n_ok = rn < N
     target = tl.load(TARGET + rm, mask=m_ok, other=-1)
@@ -194,17 +271,16 @@ def _vocab_logits_kernel(
     if MODE == MODE_STATS:
         logit = tl.where(n_ok[None, :], acc, float("-inf"))
         mx = tl.max(logit, axis=1)
-        stat = STATS + pid_n.to(tl.int64) * M + rm
+        stat = STATS + (tile_base + pid_n).to(tl.int64) * M + rm
         tl.store(stat, mx, mask=m_ok)
-        tl.store(stat + pid_n_tiles * M, tl.sum(tl.exp(logit - mx[:, None]), axis=1), mask=m_ok)
+        tl.store(stat + n_tiles * M, tl.sum(tl.exp(logit - mx[:, None]), axis=1), mask=m_ok)
         if SMOOTH:
-            tl.store(stat + 2 * pid_n_tiles * M, tl.sum(tl.where(n_ok[None, :], acc, 0.0), axis=1), mask=m_ok)
+            tl.store(stat + 2 * n_tiles * M, tl.sum(tl.where(n_ok[None, :], acc, 0.0), axis=1), mask=m_ok)
         tile_lo = v0 + pid_n * BN
         in_tile = (target >= tile_lo) & (target < tile_lo + BN) & (target < v0 + N)
         tl.store(TGT_LOGIT + rm, tl.sum(tl.where(hit, acc, 0.0), axis=1), mask=m_ok & in_tile)
         if STORE:
-            if pid_n * BN < store_cols:
-                tl.store(dl_ptrs, acc.to(DL.dtype.element_ty), mask=m_ok[:, None] & (rn < store_cols)[None, :])
+            tl.store(dl_ptrs, acc.to(DL.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
     else:
         lse = tl.load(LSE + rm, mask=m_ok, other=0.0)
         scale = tl.load(ROW_SCALE + rm, mask=m_ok, other=0.0)
@@ -212,6 +288,53 @@ def _vocab_logits_kernel(
         if RNE:
             grad = round_bf16_rne(grad)
         tl.store(dl_ptrs, grad.to(DL.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _vocab_logits_kernel(
+    X, W,           # x [M, K], weight rows v0 .. v0 + N [N, K] (both with unit column stride)
+    TARGET, STATS,  # STATS: [3, n_tiles, M] fp32 (tile max, tile sum exp(l - max), tile sum l)
+    TGT_LOGIT,      # [M] fp32 l[t, target_t], written by the tile holding the target
+    LSE, ROW_SCALE,  # [M] fp32 (MODE_GRAD)
+    DL, stride_dl,  # [M, N] logits (MODE_STATS with STORE) or their gradient (MODE_GRAD)
+    M, N, K, v0, V, stride_xm, stride_wv, tile_base, n_tiles, smoothing,
+    MODE: tl.constexpr, SMOOTH: tl.constexpr, STORE: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr, RNE: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """Logits tile by tile from pointer loads (one program a tile); the epilogue reduces or differentiates them."""
+    pid_m, pid_n = _swizzle(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    # B[k, n] = W[n, k]
+    acc = _tile_product(X, W, rm, rn, M, N, 0, K, stride_xm, 1, 1, stride_wv, IEEE, UPCAST, EVEN_K, BM, BN, BK)
+    _logits_epilogue(acc, rm, rn, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
+                     tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BN)
+
+
+@triton.jit
+def _tma_logits_kernel(
+    x_desc, w_desc,  # TMA descriptors of x [M, K] and weight rows v0 .. v0 + N [N, K]
+    TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl,  # as in _vocab_logits_kernel
+    M, N, K, v0, V, tile_base, n_tiles, smoothing, n_programs,
+    MODE: tl.constexpr, SMOOTH: tl.constexpr, STORE: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, RNE: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):
+    """_vocab_logits_kernel from TMA tiles on a persistent grid (tiles p, p + n_programs, ...)."""
+    start = tl.program_id(0)
+    num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    tile_c = start - n_programs
+    for tile in tl.range(start, num_tiles, n_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _swizzle(tile, M, N, BM, BN, GROUP_M)
+        acc = _tma_tile_product(x_desc, w_desc, pid_m * BM, pid_n * BN, K, False, True, IEEE, UPCAST, BM, BN, BK)
+        tile_c += n_programs
+        pid_m, pid_n = _swizzle(tile_c, M, N, BM, BN, GROUP_M)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        _logits_epilogue(acc, rm, rn, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
+                         tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BN)
 
 
 @triton.jit
@@ -264,10 +387,13 @@ def _logits_to_grad_kernel(DL, stride_dl, TARGET, LSE, ROW_SCALE, N, v0, V, smoo
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def _default_config(device: torch.device) -> tuple[int, int, int, int, int]:
+def _default_config(device: torch.device, elem_bytes: int = 2) -> tuple[int, int, int, int, int]:
     """(BM, BN, BK, warps, stages): Hopper-sized tiles on a GPU (4 stages: 4 x 48 KiB of shared memory; the H200's
-    best for all three products, docs/bench-lce.md), small ones on the interpreter."""
-    return (128, 256, 64, 8, 4) if device.type == "cuda" else (64, 64, 64, 4, 1)
+    best for all three pointer-path products, docs/bench-lce.md), small ones on the interpreter. fp32 inputs (not
+    the task's dtype, not measured) get BK 32 and 128-column tiles, so their stages fit the same memory."""
+    if device.type != "cuda":
+        return (64, 64, 64, 4, 1)
+    return (128, 256, 64, 8, 4) if elem_bytes <= 2 else (128, 128, 32, 8, 3)
 
 
 def _flags(a: torch.Tensor) -> dict:
@@ -275,21 +401,58 @@ def _flags(a: torch.Tensor) -> dict:
     return dict(IEEE=a.dtype == torch.float32, UPCAST=a.device.type != "cuda")
 
 
+def _tma_ready(*views: torch.Tensor) -> bool:
+    """Whether TMA can load each 2-D view: unit inner stride, 16-byte aligned base and row stride, no empty dim.
+    Odd hidden sizes or vocabulary chunks fail it; their products take the pointer path."""
+    for t in views:
+        if (t.dim() != 2 or min(t.shape) == 0 or t.stride(1) != 1 or t.data_ptr() % 16
+                or (t.stride(0) * t.element_size()) % 16):
+            return False
+    return True
+
+
+def _programs(gemm: Gemm, device: torch.device, tiles: int) -> int:
+    return max(1, min(tiles, gemm.programs or sm_count(device)))
+
+
+def _tiles(config: tuple[int, int, int, int, int]) -> dict:
+    bm, bn, bk, warps, stages = config
+    return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+
+
+def _persistent(gemm: Gemm, config: tuple[int, int, int, int, int]) -> dict:
+    return dict(**_tiles(config), FLATTEN=gemm.flatten, WARP_SPECIALIZE=gemm.warp_specialize)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool = False, split_k: int = 1,
-           config: tuple[int, int, int, int, int] | None = None, partials: torch.Tensor | None = None) -> None:
-    """out (+)= a @ b for 2-D views with any strides; `config` = (BM, BN, BK, warps, stages). With split_k > 1,
-    the flat fp32 buffer `partials` (at least split_k M N elements) receives the split products and `out`
-    (contiguous) their sum."""
+           config: tuple[int, int, int, int, int] | None = None, partials: torch.Tensor | None = None,
+           gemm: Gemm = PTR) -> None:
+    """out (+)= a @ b for 2-D views with any strides; `config` = (BM, BN, BK, warps, stages). With gemm.tma (one
+    split), a view with unit stride along either dimension whose rows TMA can load goes through descriptors.
+    With split_k > 1 (pointer path), the flat fp32 buffer `partials` (at least split_k M N elements) receives the
+    split products and `out` (contiguous) their sum."""
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0:
         return
-    bm, bn, bk, warps, stages = config or _default_config(a.device)
+    config = config or _default_config(a.device, a.element_size())
+    bm, bn, bk = config[:3]
+    if gemm.tma and split_k == 1:
+        a_t = a.stride(1) != 1 and a.stride(0) == 1  # A is read as the rows of A^T [K, M]
+        b_t = b.stride(1) != 1 and b.stride(0) == 1  # B is read as the rows of B^T [N, K]
+        a_rows, b_rows = (a.t() if a_t else a), (b.t() if b_t else b)
+        if _tma_ready(a_rows, b_rows):
+            a_desc = TensorDescriptor.from_tensor(a_rows, [bk, bm] if a_t else [bm, bk])
+            b_desc = TensorDescriptor.from_tensor(b_rows, [bn, bk] if b_t else [bk, bn])
+            programs = _programs(gemm, a.device, triton.cdiv(M, bm) * triton.cdiv(N, bn))
+            _tma_matmul_kernel[(programs,)](a_desc, b_desc, out, M, N, K, out.stride(0), out.stride(1), programs,
+                                            ACCUMULATE=accumulate, RNE=needs_rne(out), A_T=a_t, B_T=b_t,
+                                            **_flags(a), **_persistent(gemm, config))
+            return
     k_per_split = triton.cdiv(triton.cdiv(K, split_k), bk) * bk if K else bk
     split_k = max(1, triton.cdiv(K, k_per_split)) if K else 1
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split_k)
-    common = dict(**_flags(a), EVEN_K=K % bk == 0, BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=warps,
-                  num_stages=stages)
+    common = dict(**_flags(a), EVEN_K=K % bk == 0, **_tiles(config))
     if split_k == 1:
         _matmul_kernel[grid](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
                              out.stride(1), 0, k_per_split, ACCUMULATE=accumulate, RNE=needs_rne(out), **common)
@@ -311,10 +474,54 @@ def default_chunk(n_tokens: int, v: int, h: int, split_k: int, elem_bytes: int) 
     return min(chunk, max(1, n_tokens))
 
 
-def vocab_chunks(bt: int, h: int, v: int, ws_cols: int, align: int = CHUNK_ALIGN) -> list[tuple[int, int, int]]:
+def stored_ends(bt: int, h: int, v: int, k: int) -> list[int]:
+    """Vocab form: the column ends P_0 < ... of the (at most k) first chunks whose logits pass 1 keeps, covering the
+    most columns that fit in dweight's unwritten tail. Their buffers lie back to back from base = v h - P_last bt
+    (chunk i's [bt, n_i] at base + bt P_(i-1)); chunk i's buffer lives until dweight rows [0, P_i) are written, so
+    it must start at or after P_i h. For a given total the largest P_i that fits is taken in turn (a larger P_i
+    only moves the next buffer later); the total is the largest that k chunks reach. At BT = 2H the optimum is
+    P_i = (2^(i+1) - 1) V / (2^(k+1) - 1): V/3 for one chunk, 3V/7 for two, 7V/15 for three (at most V/2)."""
+    if k <= 0 or bt == 0 or v == 0:
+        return []
+    r = bt / h
+    g = sum(r ** j for j in range(k))
+    align = CHUNK_ALIGN if v / (1 + r * g) >= CHUNK_ALIGN else STORED_ALIGN
+
+    def fit(total: int) -> list[int] | None:
+        base = (v * h - total * bt) // 8 * 8  # 16-byte aligned for bf16
+        ends, prev = [], 0
+        for _ in range(k):
+            room = (base + bt * prev) // h
+            p = min(total, room // align * align)
+            if p <= prev:
+                return None
+            ends.append(p)
+            prev = p
+            if p == total:
+                return ends
+        return None
+
+    total = min(v // align * align, (int(v * g / (1 + r * g)) // align + 1) * align)
+    while total > 0:
+        ends = fit(total)
+        if ends:
+            return ends
+        total -= align
+    return []
+
+
+def vocab_chunks(bt: int, h: int, v: int, ws_cols: int, stored: int = 1,
+                 align: int = CHUNK_ALIGN) -> tuple[list[tuple[int, int, int]], int]:
     """Vocab form: (v0, v1, start) per chunk, start = the element offset of its [bt, v1 - v0] gradient in dweight's
-    flat storage, or -1 for the workspace. A chunk in dweight's tail must end before it: v1 h <= start."""
+    flat storage, or -1 for the workspace; and how many leading chunks keep pass 1's logits (stored_ends). A chunk
+    in dweight's tail must end before its buffer: v1 h <= start."""
+    ends = stored_ends(bt, h, v, stored)
     chunks, v0 = [], 0
+    if ends:
+        base = (v * h - ends[-1] * bt) // 8 * 8
+        for end in ends:
+            chunks.append((v0, end, base + bt * v0))
+            v0 = end
     while v0 < v:
         n = (v - v0) * h // (h + bt)
         n = n // align * align if n >= align else n
@@ -327,7 +534,7 @@ def vocab_chunks(bt: int, h: int, v: int, ws_cols: int, align: int = CHUNK_ALIGN
         n = min(max(1, ws_cols), v - v0)
         chunks.append((v0, v0 + n, -1))
         v0 += n
-    return chunks
+    return chunks, len(ends)
 
 
 def _token_form(x, weight, target, ignore_index, label_smoothing, mean, chunk, split_k, logits_config, dx_config,
@@ -355,7 +562,7 @@ def _token_form(x, weight, target, ignore_index, label_smoothing, mean, chunk, s
 
 
 def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
-                workspace, store_first):
+                workspace, store_chunks, gemm):
     bt, h = x.shape
     v = weight.shape[0]
     dev = x.device
@@ -367,50 +574,65 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
     if bt == 0:
         dw.zero_()
         return sum_rows(loss_rows, n_valid, mean), dx, dw
-    bm, bn, bk, warps, stages = logits_config or _default_config(dev)
+    config = logits_config or _default_config(dev, x.element_size())
+    bm, bn, bk = config[:3]
     smooth = label_smoothing != 0.0
-    n_stats = 3 if smooth else 2
-    stats_words = n_stats * triton.cdiv(v, bn) * bt
     budget = VOCAB_WORKSPACE if workspace is None else workspace
     ws_cols = max(1, budget // (bt * x.element_size()))
     if ws_cols >= CHUNK_ALIGN:
         ws_cols = ws_cols // CHUNK_ALIGN * CHUNK_ALIGN
+    chunks, n_stored = vocab_chunks(bt, h, v, ws_cols, store_chunks)
+    # Pass 1 launches: one per stored chunk (its logits kept in its buffer), then the rest of the vocabulary.
+    passes = [(v0, v1, start) for v0, v1, start in chunks[:n_stored]]
+    if not passes or passes[-1][1] < v:
+        passes.append((passes[-1][1] if passes else 0, v, -1))
+    n_tiles = sum(triton.cdiv(v1 - v0, bn) for v0, v1, _ in passes)
+    stats_words = (3 if smooth else 2) * n_tiles * bt
     ws_elems = max(ws_cols * bt, triton.cdiv(stats_words * 4, x.element_size()))
     ws = torch.empty(ws_elems, dtype=x.dtype, device=dev)
     stats = ws.view(torch.float32) if x.element_size() == 4 else ws[: ws_elems - ws_elems % 2].view(torch.float32)
-    chunks = vocab_chunks(bt, h, v, ws_cols)
     flat = dw.view(-1)
+    common = dict(**_flags(x), SMOOTH=smooth, RNE=needs_rne(dw))
 
     def grad_buffer(v0: int, v1: int, start: int) -> torch.Tensor:
         n = v1 - v0
         return (flat[start: start + bt * n] if start >= 0 else ws[: bt * n]).view(bt, n)
 
-    store_first = store_first and chunks[0][2] >= 0  # a first chunk in the workspace would overwrite the stats
-    first = grad_buffer(*chunks[0]) if store_first else None
-    store_cols = chunks[0][1] if store_first else 0
-    common = dict(**_flags(x), EVEN_K=h % bk == 0, RNE=needs_rne(dw), BM=bm, BN=bn, BK=bk, GROUP_M=8,
-                  num_warps=warps, num_stages=stages)
-    grid = (triton.cdiv(bt, bm) * triton.cdiv(v, bn),)
-    _vocab_logits_kernel[grid](x, weight, target, stats, tgt_logit, lse, row_scale, first if store_first else dx,
-                               store_cols, bt, v, h, 0, v, x.stride(0), weight.stride(0), store_cols,
-                               label_smoothing, MODE=MODE_STATS, SMOOTH=smooth, STORE=store_first, **common)
-    _lse_kernel[(triton.cdiv(bt, 128),)](stats, tgt_logit, target, n_valid, lse, row_scale, loss_rows, bt,
-                                         triton.cdiv(v, bn), v, ignore_index, label_smoothing, SMOOTH=smooth,
-                                         MEAN=mean, BLOCK=128, num_warps=4)
+    def logits(v0: int, v1: int, out: torch.Tensor, mode, tile_base: int, store: bool) -> None:
+        """Logits of columns [v0, v1): their stats (and, with store, themselves into out) or their gradient."""
+        n, w = v1 - v0, weight[v0:v1]
+        if gemm.tma and _tma_ready(x, w):
+            x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
+            w_desc = TensorDescriptor.from_tensor(w, [bn, bk])
+            programs = _programs(gemm, dev, triton.cdiv(bt, bm) * triton.cdiv(n, bn))
+            _tma_logits_kernel[(programs,)](x_desc, w_desc, target, stats, tgt_logit, lse, row_scale, out,
+                                            out.stride(0), bt, n, h, v0, v, tile_base, n_tiles, label_smoothing,
+                                            programs, MODE=mode, STORE=store, **common, **_persistent(gemm, config))
+            return
+        grid = (triton.cdiv(bt, bm) * triton.cdiv(n, bn),)
+        _vocab_logits_kernel[grid](x, w, target, stats, tgt_logit, lse, row_scale, out, out.stride(0), bt, n, h, v0,
+                                   v, x.stride(0), weight.stride(0), tile_base, n_tiles, label_smoothing, MODE=mode,
+                                   STORE=store, EVEN_K=h % bk == 0, **common, **_tiles(config))
+
+    tile_base = 0
+    for v0, v1, start in passes:
+        store = start >= 0
+        logits(v0, v1, grad_buffer(v0, v1, start) if store else dx, MODE_STATS, tile_base, store)
+        tile_base += triton.cdiv(v1 - v0, bn)
+    _lse_kernel[(triton.cdiv(bt, 128),)](stats, tgt_logit, target, n_valid, lse, row_scale, loss_rows, bt, n_tiles,
+                                         v, ignore_index, label_smoothing, SMOOTH=smooth, MEAN=mean, BLOCK=128,
+                                         num_warps=4)
     for i, (v0, v1, start) in enumerate(chunks):
         n = v1 - v0
         dl = grad_buffer(v0, v1, start)
-        if i == 0 and store_first:
+        if i < n_stored:
             _logits_to_grad_kernel[(bt, triton.cdiv(n, 4096))](dl, n, target, lse, row_scale, n, v0, v,
                                                                label_smoothing, RNE=needs_rne(dl), BLOCK=4096,
                                                                num_warps=8)
         else:
-            grid = (triton.cdiv(bt, bm) * triton.cdiv(n, bn),)
-            _vocab_logits_kernel[grid](x, weight[v0:], target, stats, tgt_logit, lse, row_scale, dl, n, bt, n, h,
-                                       v0, v, x.stride(0), weight.stride(0), 0, label_smoothing, MODE=MODE_GRAD,
-                                       SMOOTH=smooth, STORE=False, **common)
-        matmul(dl.t(), x, dw[v0:v1], config=dw_config)
-        matmul(dl, weight[v0:v1], dx, accumulate=i > 0, config=dx_config)
+            logits(v0, v1, dl, MODE_GRAD, 0, False)
+        matmul(dl.t(), x, dw[v0:v1], config=dw_config, gemm=gemm)
+        matmul(dl, weight[v0:v1], dx, accumulate=i > 0, config=dx_config, gemm=gemm)
     return sum_rows(loss_rows, n_valid, mean), dx, dw
 
 
@@ -418,11 +640,15 @@ def linear_cross_entropy_fwd_bwd(
     x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
     label_smoothing: float = 0.0, reduction: str = "mean", form: str = "vocab", chunk: int | None = None,
     split_k: int | None = None, logits_config=None, dx_config=None, dw_config=None, fused_ce: bool | None = None,
-    workspace: int | None = None, store_first: bool = True,
+    workspace: int | None = None, store_chunks: int = 3, gemm: str = "tma", warp_specialize: bool = False,
+    flatten: bool | None = None, programs: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dx, dweight) of cross_entropy(x @ weight^T, target) for an upstream gradient of 1.
     form "vocab": logits_config tiles the logits/gradient kernel, workspace (bytes) is the fixed scratch,
-    store_first keeps pass 1's logits for the first chunk. form "token": chunk (tokens), split_k of dx, fused_ce.
+    store_chunks (0-3 useful) is how many leading chunks keep pass 1's logits instead of recomputing them; gemm
+    "tma" (descriptors, persistent grid of `programs`, 0 = one per SM; warp_specialize and flatten, which
+    defaults to not warp_specialize, go to the tile loop) or "ptr" (pointer loads, one program a tile).
+    form "token": chunk (tokens), split_k of dx, fused_ce; its products take the pointer path.
     dx_config / dw_config tile the two backward products in both forms; configs are (BM, BN, BK, warps, stages)."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_cross_entropy: expected x [BT, H] and weight [V, H], got {tuple(x.shape)} and "
@@ -437,13 +663,20 @@ def linear_cross_entropy_fwd_bwd(
         raise ValueError(f"linear_cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r}")
     if form not in ("vocab", "token"):
         raise ValueError(f"linear_cross_entropy: form must be 'vocab' or 'token', got {form!r}")
+    if gemm not in ("tma", "ptr"):
+        raise ValueError(f"linear_cross_entropy: gemm must be 'tma' or 'ptr', got {gemm!r}")
+    if store_chunks < 0 or programs < 0:
+        raise ValueError(f"linear_cross_entropy: store_chunks and programs must be >= 0, got {store_chunks} and "
+                         f"{programs}")
     x, weight, target = x.contiguous(), weight.contiguous(), target.contiguous()
     mean = reduction == "mean"
     if form == "token":
         return _token_form(x, weight, target, ignore_index, label_smoothing, mean, chunk, split_k, logits_config,
                            dx_config, dw_config, fused_ce)
+    engine = Gemm(tma=gemm == "tma", warp_specialize=warp_specialize,
+                  flatten=not warp_specialize if flatten is None else flatten, programs=programs)
     return _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
-                       workspace, store_first)
+                       workspace, store_chunks, engine)
 
 
 class ModelNew(torch.nn.Module):
