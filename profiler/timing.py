@@ -21,11 +21,12 @@ What each timed call looks like (eager mode), all on a timing stream of the high
   (`calibration`); a call whose tail exceeds it is flagged and the excess is counted in its time (`ms`).
 - `wall_ms` = t1 - t0 on the host, against the empty call's wall time: a call whose event time is far below its
   host time is flagged too.
-Sustained mode (`burst` > 1): a function's calls are queued `burst` at a time, back to back, each after one flush
-pass (as do_bench does), and the device is synchronised once after the burst. Compute-bound kernels (attention,
-GEMMs) run at a clock that depends on how busy the GPU has been; between isolated calls it idles while the host
-synchronises, so they read faster than the same kernels back to back in a training step (docs/BENCHMARKS.md, runs H
-and J). A later call in a burst counts the device time since the previous call's end less an empty call's (the
+Sustained mode (`burst` > 1, `settle_ms`): a function's calls are queued `burst` at a time, back to back, each after
+one flush pass (as do_bench does), and the device is synchronised once after the burst; ahead of each burst, untimed
+calls of the same function run for `settle_ms`. Compute-bound kernels (attention, GEMMs) run at a clock that depends
+on how hard the GPU has been working for tens of milliseconds: one call at a time, or a 10-call burst from idle, runs
+at boost clock (cuDNN attention reads 1.16x faster than do_bench), 30 calls back to back settle where do_bench and a
+training step run (docs/BENCHMARKS.md, runs H and J). A later call in a burst counts the device time since the previous call's end less an empty call's (the
 flush pass), never less than its own stream time, so work left on a side stream during the flush is counted; the
 burst's tail beyond an empty burst's is spread over its calls and flags them (`count`).
 Functions are interleaved A B A B ... with the order rotated every round, so drift (clocks, thermals) hits all of
@@ -68,6 +69,7 @@ _PERF = time.perf_counter
 _ZERO = torch.Tensor.zero_
 _CURRENT_STREAM = torch.cuda.current_stream
 HIGHEST_PRIORITY = -1000  # torch maps it to the greatest priority it supports
+MAX_HEAT_CALLS = 256  # heating calls before one burst, whatever settle_ms asks
 
 _WATCHED: dict[str, Callable[[], Any]] = {
     "torch.cuda.Event": lambda: torch.cuda.Event,
@@ -218,6 +220,7 @@ def measure(
     reps: int = 30,
     warmup: int = 5,
     burst: int = 1,
+    settle_ms: float = 0.0,
     flush_bytes: int | None = None,
     sample_every: int | None = None,
     watch: str | None = None,
@@ -237,7 +240,10 @@ def measure(
     of flush passes queued ahead of each call, to hide host launch overhead (0: one pass). `burst`: calls of one
     function queued back to back before the device is synchronised (sustained mode, for compute-bound work whose
     clock depends on how busy the GPU has been; 1: one call at a time). Warm-up and timed calls are rounded up to
-    whole bursts.
+    whole bursts. `settle_ms`: before each timed burst, untimed calls of the same function on an input set kept for
+    this alone (the last one) run back to back for about this much device time, so the burst starts at the clock
+    that function settles at under load; their device time is recorded, and heating calls much faster than the
+    timed ones flag the burst (`count`).
     """
     if not torch.cuda.is_available():
         raise RuntimeError("measure needs a CUDA device")
@@ -247,13 +253,13 @@ def measure(
         raise ValueError("measure needs at least one input set")
     if NULL_FN in fns:
         raise ValueError(f"{NULL_FN!r} is reserved for the calibration call")
-    if reps < 2 or warmup < 0 or burst < 1:
-        raise ValueError("reps must be at least 2, warmup non-negative and burst at least 1")
+    if reps < 2 or warmup < 0 or burst < 1 or settle_ms < 0:
+        raise ValueError("reps must be at least 2, warmup non-negative, burst at least 1 and settle_ms non-negative")
     names = list(fns)
     watch = names[0] if watch is None else watch
     if watch not in fns:
         raise ValueError(f"watch={watch!r} is not one of {names}")
-    warm_rounds, timed_rounds = -(-warmup // burst), -(-reps // burst)
+    warm_rounds, timed_rounds = max(-(-warmup // burst), 1 if settle_ms else 0), -(-reps // burst)
     reps = timed_rounds * burst
     sample_every = max(1, reps // 3) if sample_every is None else max(1, int(sample_every))
 
@@ -265,8 +271,13 @@ def measure(
         raise ValueError(f"flush_bytes={flush_bytes} is under twice the L2 size ({l2} bytes)")
     flush = _flush_buffer(flush_bytes, dev)
     persisting = _PersistingL2()
-    n_sets = len(input_sets)
     warnings: list[str] = []
+    heat_set = input_sets[-1]
+    if settle_ms and len(input_sets) > 1:
+        input_sets = input_sets[:-1]  # the heating calls' set is never a timed call's: no result to reuse
+    elif settle_ms:
+        warnings.append("one input set: the heating calls before each burst use the timed calls' inputs")
+    n_sets = len(input_sets)
     if (warm_rounds + timed_rounds) * burst > n_sets:
         warnings.append(f"{n_sets} input sets for {(warm_rounds + timed_rounds) * burst} calls per function: inputs "
                         "are reused, so a candidate that caches results by input address could go unnoticed; pass "
@@ -285,6 +296,8 @@ def measure(
     graphs: dict[tuple[str, int], tuple[Any, Any]] = {}
     order: list[list[str]] = []
     fatal: dict[str, str] | None = None
+    warm_ms: dict[str, list[float]] = {n: [] for n in order_base}  # warm-up stream times: size the heating
+    heat_calls: dict[str, int] = {n: 0 for n in order_base}
 
     def recheck(entry_idx: int, out: Any) -> None:
         entry = prints[entry_idx]
@@ -307,6 +320,7 @@ def measure(
                     errors[n] = _error(exc)
             warnings.append("graph mode: each output is the graph's static buffer, so the later fingerprint "
                             "re-check is skipped")
+        heat_start, heat_end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
         starts = [_EVENT(enable_timing=True) for _ in range(burst)]
         ends = [_EVENT(enable_timing=True) for _ in range(burst)]
         end_all = _EVENT(enable_timing=True)
@@ -323,12 +337,22 @@ def measure(
             alive = alive[shift:] + alive[:shift]
             if timed:
                 order.append(alive)
+            if rnd == warm_rounds and settle_ms:
+                for n in names:
+                    est = _median(warm_ms[n]) if warm_ms[n] else 0.0
+                    heat_calls[n] = min(MAX_HEAT_CALLS, math.ceil(settle_ms / est)) if est > 0 else 0
             for n in alive:
                 outs: list[Any] = []
                 host: list[float] = []
                 try:
                     _device_sync()
                     persisting.reset()
+                    heating = heat_calls[n] if timed else 0
+                    if heating:
+                        _RECORD(heat_start)
+                        for _ in range(heating):
+                            calls[n](heat_set)
+                        _RECORD(heat_end)
                     for _ in range(passes):
                         _ZERO(flush)
                     t0 = _PERF()
@@ -352,7 +376,8 @@ def measure(
                     rec = {"stream_ms": [float(_ELAPSED(starts[j], ends[j])) for j in range(burst)],
                            "gap_ms": [float(_ELAPSED(ends[j - 1], ends[j])) for j in range(1, burst)],
                            "tail_ms": float(_ELAPSED(ends[-1], end_all)), "wall_ms": (t1 - t0) * 1e3,
-                           "host_ms": host, "input_set": ks}
+                           "host_ms": host, "input_set": ks, "heat_calls": heating,
+                           "heat_ms": float(_ELAPSED(heat_start, heat_end)) if heating else 0.0}
                 except Exception as exc:  # noqa: BLE001 - recorded per function; a dead context ends the run below
                     errors[n] = _error(exc)
                     try:
@@ -363,6 +388,8 @@ def measure(
                     continue
                 if n == NULL_FN or timed:
                     raw[n].append(rec)
+                else:
+                    warm_ms[n].extend(rec["stream_ms"])
                 if not timed or n != watch:
                     del outs
                     continue
@@ -415,7 +442,8 @@ def measure(
     return {
         "schema": SCHEMA,
         "device": {"index": dev, "name": props.name, "l2_bytes": l2, "sm_count": props.multi_processor_count},
-        "config": {"reps": reps, "warmup": warm_rounds * burst, "burst": burst, "flush_bytes": flush_bytes,
+        "config": {"reps": reps, "warmup": warm_rounds * burst, "burst": burst, "settle_ms": settle_ms,
+                   "heat_calls": {n: heat_calls[n] for n in names}, "flush_bytes": flush_bytes,
                    "n_input_sets": n_sets, "sample_every": sample_every, "watch": watch, "graph": graph,
                    "tail_tolerance_ms": tail_tolerance_ms, "tail_tolerance_rel": tail_tolerance_rel,
                    "cover_ms": cover_ms, "flush_passes": passes, "flush_pass_ms": pass_ms,
@@ -470,6 +498,10 @@ def count(bursts: list[dict[str, Any]], calibration: dict[str, float], *, first_
                     p["flagged"].append({"call": first + j, "why": "gap", "excess_ms": hidden})
                 t = max(s, b["gap_ms"][j - 1] - cal_gap)
             ms.append(t)
+        if b.get("heat_calls") and not 0.5 <= b["heat_ms"] / b["heat_calls"] / max(_median(ms), 1e-6) <= 2.0:
+            # the untimed heating calls ran far faster or slower than the timed ones: the function behaves
+            # differently when it is not timed, and the clock the burst started at is not the one it settles at
+            p["flagged"].extend({"call": first + j, "why": "heat", "excess_ms": 0.0} for j in range(len(ms)))
         excess = b["tail_ms"] - calibration["null_tail_ms"]
         if excess > max(tol[0], tol[1] * sum(b["stream_ms"])):
             p["flagged"].extend({"call": first + j, "why": "tail", "excess_ms": excess / len(ms)}

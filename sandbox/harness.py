@@ -330,9 +330,13 @@ class Harness:
             reply = self._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24))
         run.calls += 1
         run.call_seconds += float(reply.get("seconds") or 0.0)
-        outs = reply["outputs"] = _claim(reply.get("outputs"), buffers)
+        outs = _claim(reply.get("outputs"), buffers)
         if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
             raise _Reject(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
+        # Outputs that came back by value (past KEEP_BYTES) go where the reference's are, so that every comparison
+        # (including two calls' bits in the robustness stage, one from each path) sees one device.
+        outs = reply["outputs"] = [o if o.device == r.device else o.to(r.device)
+                                   for o, r in zip(outs, expected.ref)] + outs[len(expected.ref):]
         if len(outs) != len(expected.ref) or reply.get("structure") != expected.structure:
             raise _Reject(stage, Reason.OUTPUT_SHAPE,
                           f"the candidate returned {len(outs)} output(s) as a {reply.get('structure')}; "

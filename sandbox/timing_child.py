@@ -63,9 +63,9 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
             task = task.with_constants(msg["overrides"])
         device = "cuda"
         base = [task.make_inputs(seed, "normal", device) for seed in msg["base_seeds"]]
-        burst = int(msg.get("burst", 1))
+        burst, settle_ms = int(msg.get("burst", 1)), float(msg.get("settle_ms", 0.0))
         calls = (-(-msg["warmup"] // burst) - (-msg["reps"] // burst)) * burst  # whole bursts, as measure runs them
-        n_sets = set_count(base[0], calls)
+        n_sets = set_count(base[0], calls + (1 if settle_ms else 0))  # (+ the heating calls' own set)
         sets = [derive(base, k, task.meta.fixed_inputs) for k in range(n_sets)]
         reference = task.make_reference(msg["model_seed"], device)
         laps["child_sets_s"] = time.monotonic() - t0
@@ -79,7 +79,7 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         if b.available:
             fns[name] = _trusted(b.fn)
     t1 = time.monotonic()
-    measured = timing.measure(fns, sets, reps=msg["reps"], warmup=msg["warmup"], burst=burst, watch=next(iter(fns)),
+    measured = timing.measure(fns, sets, reps=msg["reps"], warmup=msg["warmup"], burst=burst, settle_ms=settle_ms, watch=next(iter(fns)),
                               sample_every=msg["sample_every"])
     t2 = time.monotonic()
     laps["child_measure_s"] = t2 - t1

@@ -23,18 +23,20 @@ if TYPE_CHECKING:
 
 REPS, WARMUP, BASE_SETS = 30, 5, 2
 TIMING_MODES = ("auto", "isolated", "sustained")
-BURST = 10  # calls queued back to back in sustained mode (docs/BENCHMARKS.md, run J: where the clock settles)
+BURST = 10  # calls queued back to back in sustained mode
+SETTLE_MS = 100.0  # untimed calls ahead of each burst, in device ms: the clock settles under load (BENCHMARKS.md, J)
 BURST_BYTES = 4 << 30  # outputs one burst may hold alive
 
 
-def burst_for(mode: str, bound: str, out_bytes: int) -> int:
-    """Calls per burst: one at a time ("isolated"), or BURST back to back ("sustained"; "auto" picks it for
-    compute-bound tasks, whose clock depends on how busy the GPU has been), as many as BURST_BYTES of outputs allow."""
+def pacing(mode: str, bound: str, out_bytes: int) -> tuple[int, float]:
+    """(calls per burst, heating ms ahead of each burst): one call at a time ("isolated"), or sustained: BURST calls
+    back to back after SETTLE_MS of the same function's work ("auto" picks it for compute-bound tasks, whose clock
+    depends on how busy the GPU has been), as many as BURST_BYTES of outputs allow."""
     if mode not in TIMING_MODES:
         raise ValueError(f"unknown timing mode {mode!r}; use one of {', '.join(TIMING_MODES)}")
     if mode == "isolated" or (mode == "auto" and bound != "compute"):
-        return 1
-    return max(1, min(BURST, BURST_BYTES // max(1, out_bytes)))
+        return 1, 0.0
+    return max(1, min(BURST, BURST_BYTES // max(1, out_bytes))), SETTLE_MS
 
 
 def run(harness: "Harness", run: "_Run", reference: "Reference") -> tuple[dict[str, Any], dict[str, Any]]:
@@ -71,7 +73,8 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         roof = task_roofline(task, reference.model, base[0], get_ceilings(opts.gpu))
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
            "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,
-           "sample_every": max(1, REPS // 4), "burst": burst_for(opts.timing_mode, roof.bound, out_bytes)}
+           "sample_every": max(1, REPS // 4)}
+    msg["burst"], msg["settle_ms"] = pacing(opts.timing_mode, roof.bound, out_bytes)
     t0 = time.monotonic()
     reply = harness._request(run, Stage.TIMING, msg, max_bytes=(REPS // max(1, REPS // 4) + 2) * out_bytes * 2
                              + (64 << 20))

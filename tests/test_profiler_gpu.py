@@ -185,3 +185,24 @@ def test_compile_stats_of_a_launched_kernel():
     s = stats[0]
     assert s.name == "_scale_kernel" and s.num_warps == 8 and s.registers and s.registers > 0
     assert s.spills == 0 and s.shared_bytes is not None and s.num_stages is not None
+
+
+def test_heating_calls_that_skip_the_work_are_flagged():
+    seen: dict[int, int] = {}
+
+    def cool(args):  # does the work on a set it sees first, nothing on the set the timer heats with
+        x = args[0]
+        seen[x.data_ptr()] = seen.get(x.data_ptr(), 0) + 1
+        return _work(x) if seen[x.data_ptr()] == 1 else x.clone()
+
+    m = timing.measure({"cool": cool}, _sets(18), reps=10, burst=5, settle_ms=20)
+    p = m["fns"]["cool"]
+    assert m["config"]["heat_calls"]["cool"] >= 2 and p["inconsistent"]
+    assert {f["why"] for f in p["flagged"]} == {"heat"}
+
+
+def test_sustained_honest_calls_flag_nothing_and_match_isolated_on_memory_bound_work(sets, honest_ms):
+    m = timing.measure({"f": _honest}, _sets(18), reps=10, burst=5, settle_ms=20)
+    p = m["fns"]["f"]
+    assert p["flagged"] == [] and len(p["ms"]) == 10
+    assert abs(statistics.median(p["ms"]) - honest_ms) / honest_ms < 0.05  # memory-bound: the clock does not matter

@@ -4,7 +4,7 @@ would leave them."""
 import pytest
 
 from profiler import timing
-from sandbox.timing_parent import BURST, burst_for
+from sandbox.timing_parent import BURST, SETTLE_MS, pacing
 
 FLUSH = 0.07  # device ms of one flush pass between two calls of a burst
 CAL = {"null_tail_ms": 0.010, "null_wall_ms": 0.30, "null_stream_ms": 0.002, "null_gap_ms": FLUSH + 0.002}
@@ -75,15 +75,31 @@ def test_calibration_takes_medians_of_empty_bursts():
     assert timing.calibrate([])["null_gap_ms"] == 0.0
 
 
-@pytest.mark.parametrize("mode,bound,out_bytes,expected", [
-    ("auto", "compute", 128 << 20, BURST), ("auto", "memory", 128 << 20, 1), ("auto", "unknown", 1, 1),
-    ("isolated", "compute", 1, 1), ("sustained", "memory", 1, BURST),
-    ("sustained", "compute", 2 << 30, 2), ("sustained", "compute", 64 << 30, 1),  # outputs one burst holds: <= 4 GiB
+@pytest.mark.parametrize("mode,bound,out_bytes,burst_,settle", [
+    ("auto", "compute", 128 << 20, BURST, SETTLE_MS), ("auto", "memory", 128 << 20, 1, 0.0),
+    ("auto", "unknown", 1, 1, 0.0), ("isolated", "compute", 1, 1, 0.0), ("sustained", "memory", 1, BURST, SETTLE_MS),
+    ("sustained", "compute", 2 << 30, 2, SETTLE_MS),  # the outputs one burst holds: at most 4 GiB
+    ("sustained", "compute", 64 << 30, 1, SETTLE_MS),
 ])
-def test_burst_follows_the_mode_the_bound_and_the_output_size(mode, bound, out_bytes, expected):
-    assert burst_for(mode, bound, out_bytes) == expected
+def test_pacing_follows_the_mode_the_bound_and_the_output_size(mode, bound, out_bytes, burst_, settle):
+    assert pacing(mode, bound, out_bytes) == (burst_, settle)
 
 
 def test_unknown_mode_is_one_sentence():
     with pytest.raises(ValueError, match="unknown timing mode 'fast'; use one of auto, isolated, sustained"):
-        burst_for("fast", "compute", 1)
+        pacing("fast", "compute", 1)
+
+
+def test_heating_that_matches_the_timed_calls_flags_nothing():
+    b = burst([1.0, 1.0, 1.0])
+    b.update(heat_calls=50, heat_ms=50 * 1.02)
+    assert counted([b])["flagged"] == []
+
+
+@pytest.mark.parametrize("per_call", [0.1, 5.0])  # heating calls skipped the work / idled the GPU to cool it
+def test_heating_unlike_the_timed_calls_flags_the_burst(per_call):
+    b = burst([1.0, 1.0, 1.0])
+    b.update(heat_calls=50, heat_ms=50 * per_call)
+    p = counted([b])
+    assert {f["why"] for f in p["flagged"]} == {"heat"} and p["inconsistent"]
+    assert p["ms"] == pytest.approx([1.0, 1.0, 1.0])  # flagged, not re-counted: the report refuses the time

@@ -4,8 +4,8 @@ import argparse
 
 
 def add_timing_mode(p: argparse.ArgumentParser) -> None:
-    """--timing-mode, shared by `check` and `bench` (sandbox.timing_parent.burst_for reads it)."""
+    """--timing-mode, shared by `check` and `bench` (sandbox.timing_parent.pacing reads it)."""
     p.add_argument("--timing-mode", choices=("auto", "isolated", "sustained"), default="auto",
-                   help="isolated: one call at a time, the device idle in between; sustained: calls in bursts of "
-                        "10 back to back, the clock a busy GPU settles at; auto (default): sustained for "
-                        "compute-bound tasks, isolated for memory-bound ones")
+                   help="isolated: one call at a time, the device idle in between; sustained: after 100 ms of "
+                        "untimed calls, bursts of 10 back to back, at the clock a busy GPU settles at; auto "
+                        "(default): sustained for compute-bound tasks, isolated for memory-bound ones")
