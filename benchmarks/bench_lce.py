@@ -2,12 +2,17 @@
 what a user has today: eager (the task's Model), torch.compile'd forward + autograd backward, Liger Kernel 0.8.5.
 
 Shape: BT 8192, H 4096, V 128256, bf16, ~5% ignore_index; target (issue 5): <= 45 ms at <= 1.1 GiB extra.
-Every variant is checked on input set 0 against the float64 reference (relative L2 of loss, dx, dweight; a variant
-worse than max(1e-2, 4 x eager's error) is marked WRONG and the script exits 1 after the table), then timed with
-benchmarks/_bench.py's rotating_median_ms over 3 input sets. "GiB" is extra memory as issue 5 counts it: peak
-allocated during one call minus what was allocated before it (inputs), so the outputs dx (64 MiB) and dweight
-(1002 MiB) are inside it. A few single GEMMs at the vocab form's first-chunk shapes are timed too: they show how far
-the Triton GEMM is from cuBLAS's ~694-790 TFLOP/s on each operand layout.
+Variants: the GEMM path (gemm "ptr": pointer loads, one program a tile, the 54.3 ms path; "tma": host TMA
+descriptors on a persistent grid, 3 or 4 stages, warp_specialize) and how many chunks keep pass 1's logits
+(1 stored: 31.6 executed TFLOP; 3 stored: 30.4). Every variant is checked on input set 0 against the float64
+reference (relative L2 of loss, dx, dweight; a variant worse than max(1e-2, 4 x eager's error) is marked WRONG,
+never compared with the baselines, and the script exits 1 after the table), then timed with benchmarks/_bench.py's
+rotating_median_ms over 3 input sets. A variant that fails (compile error, out of resources) prints one line and
+the run goes on. "GiB" is extra memory as issue 5 counts it: peak allocated during one call minus what was
+allocated before it (inputs), so the outputs dx (64 MiB) and dweight (1002 MiB) are inside it. "TF/s" is the
+useful 25.8 TFLOP over the time, "exec TF/s" what the form executes (logits recomputed) over the time, "%790" the
+useful rate against cuBLAS's ~790 TFLOP/s. Single GEMMs at the first-chunk shapes (ptr and TMA) come last.
+Budget: sections stop starting rows at fixed times so the whole run stays under ~120 s.
 
     python3 benchmarks/bench_lce.py [--budget SECONDS] [--no-compile]     (GPU; OUT=dir writes bench_lce.json)
     TRITON_INTERPRET=1 python3 benchmarks/bench_lce.py --smoke            (CPU interpreter, tiny shapes)
@@ -31,15 +36,24 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _bench import rel_l2, rotating_median_ms  # noqa: E402
 from sandbox.task import load_task  # noqa: E402
-from seeds.linear_cross_entropy import linear_cross_entropy_fwd_bwd, matmul  # noqa: E402
+from seeds.linear_cross_entropy import Gemm, linear_cross_entropy_fwd_bwd, matmul, vocab_chunks  # noqa: E402,E501
 
 SETS = 3
+CUBLAS_TFLOPS = 790.0  # ANCHORS.md: cuBLAS's best bf16 product on the H200 (694-788 measured)
+# Seconds after the start at which each section stops starting rows (a row can take ~10 s with its compiles; the
+# torch.compile baseline ~25 s), so the whole run ends under ~120 s.
+VARIANTS_UNTIL, COMPILE_UNTIL, GEMMS_UNTIL = 80.0, 70.0, 100.0
 T0 = time.time()
 ROWS: list[dict] = []
 
 
 def log(msg: str) -> None:
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
 
 
 class Bench:
@@ -71,15 +85,17 @@ class Bench:
         self.empty_cache()
         log("eager rel L2 (loss, dx, dweight): " + ", ".join(f"{e:.3g}" for e in self.eager_err))
         self.wrong: list[str] = []
+        self.failed: list[str] = []
 
     def empty_cache(self) -> None:
         if not self.smoke:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
-    def over(self, what: str) -> bool:
-        if time.time() - T0 > self.budget:
-            log(f"skipped {what}: over the {self.budget:.0f} s budget")
+    def over(self, what: str, until: float) -> bool:
+        limit = min(until, self.budget)
+        if time.time() - T0 > limit and not self.smoke:
+            log(f"skipped {what}: past {limit:.0f} s")
             ROWS.append({"op": "linear+CE", "variant": what, "skipped": True})
             return True
         return False
@@ -96,12 +112,13 @@ class Bench:
         del out
         return peak / 2**30
 
-    def run(self, name: str, fn, baseline: bool = False, check: bool = True) -> None:
-        """fn(i) -> (loss, dx, dweight) on input set i: check on set 0, measure memory, time over the sets."""
-        if self.over(name):
+    def run(self, name: str, fn, until: float, baseline: bool = False, exec_flops: float | None = None) -> None:
+        """fn(i) -> (loss, dx, dweight) on input set i: check on set 0, measure memory, time over the sets. A
+        failure (compile error, out of resources) costs this row only."""
+        if self.over(name, until):
             return
         row = {"op": "linear+CE", "variant": name, "baseline": baseline}
-        if check:
+        try:
             got = fn(0)
             errs = [rel_l2(a, b) for a, b in zip(got, self.truth)]
             del got
@@ -110,39 +127,58 @@ class Bench:
             if not ok:
                 self.wrong.append(name)
                 log(f"WRONG {name}: rel L2 loss {errs[0]:.3g} dx {errs[1]:.3g} dweight {errs[2]:.3g}")
-        row["gib"] = self.peak_gib(fn)
-        self.empty_cache()
-        row["ms"] = rotating_median_ms(fn, SETS, self.smoke)
+            row["gib"] = self.peak_gib(fn)
+            self.empty_cache()
+            row["ms"] = rotating_median_ms(fn, SETS, self.smoke)
+        except Exception as exc:  # a benchmark row, not a candidate: report and go on
+            log(f"FAILED {name}: {first_line(exc)}")
+            self.failed.append(name)
+            ROWS.append({"op": "linear+CE", "variant": name, "error": first_line(exc)})
+            self.empty_cache()
+            return
         row["tflops"] = self.flops / row["ms"] / 1e9
+        row["exec_tflops"] = (exec_flops or self.flops) / row["ms"] / 1e9
         ROWS.append(row)
-        log(f"{name:44s} {row['ms']:9.3f} ms {row['tflops']:6.1f} TFLOP/s {row['gib']:.3f} GiB")
+        log(f"{name:40s} {row['ms']:9.3f} ms {row['tflops']:6.1f} TFLOP/s {row['gib']:.3f} GiB")
 
-    def gemm(self, name: str, a, b, out, config=None) -> None:
-        if self.over(name):
+    def gemm(self, name: str, a, b, out, config, gemm: Gemm) -> None:
+        if self.over(name, GEMMS_UNTIL):
             return
         flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
-        ms = rotating_median_ms(lambda i: matmul(a, b, out, config=config), SETS, self.smoke)
+        try:
+            ms = rotating_median_ms(lambda i: matmul(a, b, out, config=config, gemm=gemm), SETS, self.smoke)
+        except Exception as exc:
+            log(f"FAILED GEMM {name}: {first_line(exc)}")
+            ROWS.append({"op": "GEMM", "variant": name, "error": first_line(exc)})
+            return
         ROWS.append({"op": "GEMM", "variant": name, "ms": ms, "tflops": flops / ms / 1e9})
-        log(f"GEMM {name:39s} {ms:9.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s")
+        log(f"GEMM {name:35s} {ms:9.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s")
 
 
-def seed_variants(b: Bench) -> list[tuple[str, dict]]:
-    cols = (lambda c: c * b.bt * 2) if not b.smoke else (lambda c: 16 * b.bt * 2)
-    big3 = (128, 256, 64, 8, 3)
-    return [
-        ("vocab (default: 4 stages)", {}),
-        ("token 512 (over budget)", dict(form="token", chunk=512 if not b.smoke else 16, split_k=2)),
-        ("vocab stages=3 (previous default)", dict(logits_config=big3, dx_config=big3, dw_config=big3)),
-        ("vocab logits stages=3", dict(logits_config=big3)),
-        ("vocab dW 256x128", dict(dw_config=(256, 128, 64, 8, 4))),
-        ("vocab BK=32 stages=5", dict(logits_config=(128, 256, 32, 8, 5), dx_config=(128, 256, 32, 8, 5),
-                                      dw_config=(128, 256, 32, 8, 5))),
-        ("vocab no stored first chunk", dict(store_first=False)),
-        ("vocab workspace 1536 cols (24 MiB)", dict(workspace=cols(1536))),
-        ("vocab workspace 3584 cols (56 MiB)", dict(workspace=cols(3584))),
-        ("vocab logits 128x128 w4 s4", dict(logits_config=(128, 128, 64, 4, 4))),
-        ("token 256 split_k 4", dict(form="token", chunk=256 if not b.smoke else 8, split_k=4)),
+S3 = (128, 256, 64, 8, 3)  # the default tiles with 3 stages instead of 4
+
+
+def seed_variants(b: Bench) -> tuple[list[tuple[str, dict]], list[tuple[str, dict]]]:
+    """(first, rest): the default and the measured pointer path before the baselines, the others after."""
+    s3 = S3 if not b.smoke else None
+    first = [
+        ("tma s4, 3 stored (default)", {}),
+        ("ptr s4, 1 stored (54.3 ms then)", dict(gemm="ptr", store_chunks=1)),
     ]
+    rest = [
+        ("tma s3, 3 stored", dict(logits_config=s3, dx_config=s3, dw_config=s3)),
+        ("tma s4 warp_specialize, 3 stored", dict(warp_specialize=True)),
+        ("tma s4, 1 stored", dict(store_chunks=1)),
+        ("ptr s4, 3 stored", dict(gemm="ptr")),
+    ]
+    return first, rest
+
+
+def exec_flops(b: Bench, kw: dict) -> float:
+    """What the vocab form executes: the three products plus the logits recomputed outside the stored chunks."""
+    chunks, n_stored = vocab_chunks(b.bt, b.h, b.v, 3072 if not b.smoke else 16, kw.get("store_chunks", 3))
+    stored = chunks[n_stored - 1][1] if n_stored else 0
+    return 2 * b.bt * b.h * (4 * b.v - stored)
 
 
 def seed_call(b: Bench, kw: dict):
@@ -150,30 +186,31 @@ def seed_call(b: Bench, kw: dict):
 
 
 def baselines(b: Bench) -> None:
-    b.run("eager (task Model)", lambda i: b.model(*b.sets[i]), baseline=True)
+    b.run("eager (task Model)", lambda i: b.model(*b.sets[i]), VARIANTS_UNTIL, baseline=True)
     if b.smoke:
         return
     try:
         lig = b.task.module.crucible_liger(b.model)
     except Exception as exc:  # a missing Liger costs its row, not the run
-        log(f"liger unavailable: {type(exc).__name__}: {exc}")
+        log(f"liger unavailable: {first_line(exc)}")
         return
-    b.run("liger 0.8.5", lambda i: lig(*b.sets[i]), baseline=True)
+    b.run("liger 0.8.5", lambda i: lig(*b.sets[i]), VARIANTS_UNTIL, baseline=True)
 
 
 def gemms(b: Bench) -> None:
-    """The vocab form's first-chunk products alone (n = V/3 columns), default tiles (4 stages) and 3 stages."""
+    """The vocab form's first-chunk products alone (n = V/3 columns): pointer path and TMA, 4 and 3 stages."""
     n = (b.v // 3) // 256 * 256 if not b.smoke else b.v // 3
     x, _ = b.sets[0]
     dl = torch.randn(b.bt, n, device=b.dev, dtype=torch.bfloat16) * 1e-3
     logits = torch.empty(b.bt, n, device=b.dev, dtype=torch.bfloat16)
     dw = torch.empty(n, b.h, device=b.dev, dtype=torch.bfloat16)
     dx = torch.empty(b.bt, b.h, device=b.dev, dtype=torch.bfloat16)
-    for cfg in (None, (128, 256, 64, 8, 3)):
-        tag = "default" if cfg is None else "stages=3"
-        b.gemm(f"logits x W^T {b.bt}x{n}x{b.h} {tag}", x, b.w[:n].t(), logits, cfg)
-        b.gemm(f"dW dl^T x {n}x{b.h}x{b.bt} {tag}", dl.t(), x, dw, cfg)
-        b.gemm(f"dx dl W {b.bt}x{b.h}x{n} {tag}", dl, b.w[:n], dx, cfg)
+    s4 = (128, 256, 64, 8, 4) if not b.smoke else None
+    s3 = S3 if not b.smoke else None
+    for tag, cfg, gemm in (("ptr s4", s4, Gemm(tma=False)), ("tma s4", s4, Gemm()), ("tma s3", s3, Gemm())):
+        b.gemm(f"logits x W^T {b.bt}x{n}x{b.h} {tag}", x, b.w[:n].t(), logits, cfg, gemm)
+        b.gemm(f"dW dl^T x {n}x{b.h}x{b.bt} {tag}", dl.t(), x, dw, cfg, gemm)
+        b.gemm(f"dx dl W {b.bt}x{b.h}x{n} {tag}", dl, b.w[:n], dx, cfg, gemm)
     del dl, logits, dw, dx
     b.empty_cache()
 
@@ -183,25 +220,30 @@ def table(b: Bench) -> str:
     best = min(base) if base else float("nan")
     lines = [f"linear + CE fwd+bwd, BT {b.bt} H {b.h} V {b.v} bf16 ({b.flops / 1e12:.1f} TFLOP); target <= 45 ms at "
              f"<= 1.1 GiB; eager rel L2 loss/dx/dW " + " / ".join(f"{e:.2g}" for e in b.eager_err),
-             f"{'op':9s} {'variant':44s} {'ms':>9s} {'TFLOP/s':>8s} {'GiB':>6s} {'vs best':>8s} "
-             f"{'loss L2':>8s} {'dx L2':>8s} {'dW L2':>8s} ok"]
+             f"{'op':9s} {'variant':42s} {'ms':>8s} {'TF/s':>6s} {'exec':>6s} {'%790':>5s} {'GiB':>6s} "
+             f"{'vs best':>7s} {'loss L2':>8s} {'dx L2':>8s} {'dW L2':>8s} ok"]
     for r in ROWS:
         if r.get("skipped"):
-            lines.append(f"{r['op']:9s} {r['variant']:44s} skipped (time budget)")
+            lines.append(f"{r['op']:9s} {r['variant']:42s} skipped (time budget)")
             continue
-        vs = best / r["ms"] if r["op"] != "GEMM" and not r.get("baseline") else float("nan")
+        if "error" in r:
+            lines.append(f"{r['op']:9s} {r['variant']:42s} FAILED {r['error'][:90]}")
+            continue
+        win = r["op"] != "GEMM" and not r.get("baseline") and r.get("ok")
+        vs = f"{best / r['ms']:6.2f}x" if win else ("  base" if r.get("baseline") else "     -")
         errs = " ".join(f"{r[k]:8.2g}" if k in r else f"{'':8s}" for k in ("loss_l2", "dx_l2", "dw_l2"))
         ok = {True: "ok", False: "WRONG"}.get(r.get("ok"), "")
         gib = r.get("gib", float("nan"))
-        lines.append(f"{r['op']:9s} {r['variant']:44s} {r['ms']:9.3f} {r['tflops']:8.1f} {gib:6.3f} {vs:7.2f}x "
-                     f"{errs} {ok}" + ("  (baseline)" if r.get("baseline") else ""))
+        ex = r.get("exec_tflops", r["tflops"])
+        lines.append(f"{r['op']:9s} {r['variant']:42s} {r['ms']:8.3f} {r['tflops']:6.1f} {ex:6.1f} "
+                     f"{100 * r['tflops'] / CUBLAS_TFLOPS:4.0f}% {gib:6.3f} {vs:>7s} {errs} {ok}")
     return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter at tiny shapes: checks this script only")
-    ap.add_argument("--budget", type=float, default=100.0, help="seconds after which remaining rows are skipped")
+    ap.add_argument("--budget", type=float, default=110.0, help="seconds after which no row starts")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     args = ap.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
@@ -214,24 +256,26 @@ def main() -> int:
         import triton
         log(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     b = Bench(args.smoke, args.budget)
-    # Seed variants first (they are what this run is for), then the baselines, the GEMMs, compile last.
-    variants = seed_variants(b)
-    first, rest = variants[:2], variants[2:]  # the default and the token form, then the baselines
+    # The default and the measured pointer path first, then the baselines (compile included: the best one), the
+    # other variants, the single GEMMs.
+    first, rest = seed_variants(b)
     for name, kw in first:
-        b.run(name, seed_call(b, kw))
+        b.run(name, seed_call(b, kw), VARIANTS_UNTIL, exec_flops=exec_flops(b, kw))
     baselines(b)
-    for name, kw in rest:
-        b.run(name, seed_call(b, kw))
-    gemms(b)
-    if not args.no_compile and not b.smoke and not b.over("torch.compile fwd + autograd bwd"):
+    if not args.no_compile and not b.smoke and not b.over("torch.compile fwd + autograd bwd", COMPILE_UNTIL):
         baselines_compile(b)
+    for name, kw in rest:
+        b.run(name, seed_call(b, kw), VARIANTS_UNTIL, exec_flops=exec_flops(b, kw))
+    gemms(b)
     text = table(b)
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "bench_lce.json").write_text(json.dumps({"rows": ROWS, "eager_rel_l2": b.eager_err,
-                                                              "wrong": b.wrong}, indent=1))
+                                                              "wrong": b.wrong, "failed": b.failed}, indent=1))
     print(text, flush=True)
+    if b.failed:
+        print(f"FAILED variants: {', '.join(b.failed)}", flush=True)
     if b.wrong:
         print(f"WRONG variants: {', '.join(b.wrong)}", flush=True)
         return 1
@@ -257,10 +301,9 @@ def baselines_compile(b: Bench) -> None:
     try:
         step(0)
     except Exception as exc:  # a compile failure costs its row only
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        log(f"torch.compile failed: {type(exc).__name__}: {first}")
+        log(f"torch.compile failed: {first_line(exc)}")
         return
-    b.run("torch.compile fwd + autograd bwd", step, baseline=True)
+    b.run("torch.compile fwd + autograd bwd", step, COMPILE_UNTIL + 30, baseline=True)
 
 
 if __name__ == "__main__":
