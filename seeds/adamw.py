@@ -14,7 +14,13 @@ Two forms, the same per-element code:
   of the same role (so the kernel needs eight base pointers and no pointer casts). A program binary-searches the
   prefix sums for its chunk's tensor, then streams ITERS blocks of BLOCK elements; a persistent grid (`programs=`)
   walks chunks with a stride instead. `plan_adamw` builds the table once for tensors that stay put (a trainer);
-  `adamw_step` builds it per call (one small host-to-device copy).
+  `adamw_step` builds it per call (one small host-to-device copy). The per-call host path ("lean", the default):
+  the checks are whole-list comparisons, the table is one Python list of sizes and address offsets (one gcd per
+  role gives the alignment) turned into one tensor, and new outputs of a dtype are carved out of ONE allocation by
+  ONE split (a view only for a shape that is not 1-D): 5 torch ops whatever the number of 1-D tensors (the task's
+  4; 64 of 2,048: 5), against 37 and 517 on the first path ("loops",
+  kept as `host="loops"`: per-tensor slices and views). The harness hands new addresses every call, so nothing
+  is cached across calls.
 - per-tensor: one launch per tensor (kept for comparison).
 Bias corrections are computed once per program in fp64 from the step (1 - b^t in fp32 loses digits at small t);
 per element: fp32, sqrt(v) times 1/sqrt(1 - b2^t), one fast division (div.full, 2 ulp).
@@ -39,7 +45,10 @@ params in 64 tensors of 15,625,000, in place, fp32 grads, 30 B/param; every vari
   (0.67x, slower) and eager 0.848 ms. At this size the per-call host work (checks, three flat output allocations,
   building the table and copying it to the device) and the launch are a large share of 0.26 ms; compile's one
   fused kernel has none of it. A plan built once (plan_adamw / run_plan) removes the host part where the tensors
-  stay put; the task's forward gets new tensors every call, so it cannot.
+  stay put; the task's forward gets new tensors every call, so it cannot. `crucible bench` (its own timer) gave
+  0.38x torch.compile, host-bound in 29 of 30 calls. The lean host path is the answer to that; H200: not measured
+  yet (benchmarks/bench_adamw.py compares it with host="loops"; on this CPU box, without the launch, 47 against
+  129 us per call for 4 tensors and 0.69 against 3.5 ms for 146).
 """
 from __future__ import annotations
 
@@ -201,7 +210,7 @@ def _settings(total: int, block: int | None, num_warps: int | None, iters: int |
     chunk (the H200's fastest: 99% of copy, docs/bench-adamw.md); smaller blocks (where not given) for small steps,
     so that ~1,000 chunks still spread over the SMs. Given iters are kept as they are."""
     b, it = block or 1024, iters or 1
-    while block is None and b > 256 and triton.cdiv(total, b * it) < 1024:
+    while block is None and b > 256 and -(-total // (b * it)) < 1024:
         b //= 2
     return b, num_warps or max(1, min(4, b // 128)), it  # at least 4 elements (one vector) per thread
 
@@ -254,7 +263,7 @@ def _step_tensor(step, device: torch.device) -> torch.Tensor:
     if isinstance(step, torch.Tensor):
         if step.numel() != 1:
             raise ValueError(f"adamw_step: step must be a one-element tensor, got shape {tuple(step.shape)}")
-        return step.to(device)
+        return step if step.device == device else step.to(device)
     return torch.full((), float(step), dtype=torch.float32, device=device)
 
 
@@ -276,12 +285,155 @@ class AdamWPlan:
     streaming: bool
 
 
+HOSTS = ("lean", "loops")  # how the per-call table and outputs are built (the kernel is the same)
+
+
 def plan_adamw(params, grads, exp_avgs, exp_avg_sqs, *, inplace: bool = True, out16: list | None = None,
                low_precision_dtype: torch.dtype = torch.bfloat16, block: int | None = None,
                num_warps: int | None = None, iters: int | None = None, vec: int = 4, programs: int | None = None,
-               split_tail: bool = True, streaming: bool = False) -> AdamWPlan:
+               split_tail: bool = True, streaming: bool = False, host: str = "lean") -> AdamWPlan:
     """Check the state, allocate the outputs (new tensors unless inplace; the low-precision copy into out16 when
-    given) and build the device table. programs: a persistent grid of that many programs (None: one per chunk)."""
+    given) and build the device table. programs: a persistent grid of that many programs (None: one per chunk).
+    host: "lean" (default) builds the table from one list of addresses and carves all outputs of a dtype out of one
+    allocation with one split; "loops" is the first form (per-tensor slices, views and checks; measured 0.38x
+    torch.compile on the task's 22.5M params, where the host work decides)."""
+    if host not in HOSTS:
+        raise ValueError(f"adamw_step: host must be one of {', '.join(HOSTS)}, got {host!r}")
+    knobs = dict(block=block, num_warps=num_warps, iters=iters, vec=vec, programs=programs, split_tail=split_tail,
+                 streaming=streaming)
+    if host == "lean":
+        return _lean_plan(params, grads, exp_avgs, exp_avg_sqs, inplace, out16, low_precision_dtype, knobs)
+    return _loops_plan(params, grads, exp_avgs, exp_avg_sqs, inplace, out16, low_precision_dtype, knobs)
+
+
+def _make_plan(arrays, outputs, bases, rows: list, n_chunks: int, align: int, settings, knobs: dict,
+               device) -> AdamWPlan:
+    blk, warps, it = settings
+    table = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+    return AdamWPlan(arrays, outputs, bases, table, n_chunks, align, blk, warps, it, knobs["vec"], knobs["programs"],
+                     knobs["split_tail"], knobs["streaming"])
+
+
+def _lean_check(params, grads, exp_avgs, exp_avg_sqs, inplace: bool):
+    """_state's checks with whole-list comparisons; .contiguous() only on the tensors that are not."""
+    n = len(params)
+    if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == n):
+        raise ValueError(f"adamw_step: {n} params but {len(grads)} grads, {len(exp_avgs)} exp_avgs and "
+                         f"{len(exp_avg_sqs)} exp_avg_sqs")
+    if not n:
+        raise ValueError("adamw_step: no parameters")
+    states = params + exp_avgs + exp_avg_sqs
+    if {t.dtype for t in states} != {torch.float32}:
+        bad = [t.dtype for t in states if t.dtype != torch.float32][0]
+        raise ValueError(f"adamw_step: params and moments must be float32 (master weights), got {bad}")
+    shapes = [p.shape for p in params]
+    if shapes != [g.shape for g in grads] or shapes != [m.shape for m in exp_avgs] or \
+            shapes != [v.shape for v in exp_avg_sqs] or not grads[0].is_floating_point():
+        raise ValueError("adamw_step: every param needs a float grad and moments of its shape")
+    grad_dtypes = {g.dtype for g in grads}
+    if len(grad_dtypes) > 1:
+        raise ValueError(f"adamw_step: all grads must share one dtype, got {', '.join(map(str, grad_dtypes))}")
+    if len({t.device for t in states + grads}) > 1:
+        raise ValueError("adamw_step: all params, grads and moments must be on one device")
+    lists = [params, grads, exp_avgs, exp_avg_sqs]
+    if False in [t.is_contiguous() for t in states + grads]:
+        if inplace and False in [t.is_contiguous() for t in states]:
+            raise ValueError("adamw_step: in-place updates need contiguous params and moments")
+        lists = [[t if t.is_contiguous() else t.contiguous() for t in lst] for lst in lists]
+    return lists, shapes, params[0].device
+
+
+def _offsets(role: list[torch.Tensor]) -> tuple[torch.Tensor, list[int], int]:
+    """The lowest-addressed tensor of a role, each tensor's element offset from it, and the largest power of two
+    up to MAX_ALIGN dividing them all (one gcd over the byte offsets)."""
+    ptrs = [t.data_ptr() for t in role]
+    low = min(ptrs)
+    base = role[ptrs.index(low)]
+    size = base.element_size()
+    byte_offs = [q - low for q in ptrs]
+    common = math.gcd(*byte_offs)
+    if common % size:
+        raise ValueError("adamw_step: an array's address is not a whole number of elements from its peers'")
+    return base, [b // size for b in byte_offs], math.gcd(MAX_ALIGN, common // size)
+
+
+def _carve(flat: torch.Tensor, shapes: list, sizes: list[int], padded: list[int], copies: int) -> list[list]:
+    """`copies` lists of outputs (one per shape, each starting on a multiple of MAX_ALIGN elements) out of one
+    flat buffer with ONE split: a piece per tensor, and a padding piece after a size that is no multiple of
+    MAX_ALIGN; a view only where a shape is not 1-D (transformer tensors are mostly 1-D or 2-D)."""
+    split, take = [], []
+    for _ in range(copies):
+        for s, q in zip(sizes, padded):
+            take.append(len(split))
+            split.append(s)
+            if q != s:
+                split.append(q - s)
+    pieces = flat.split(split)
+    n = len(shapes)
+    outs = [pieces[k] if len(shapes[i % n]) == 1 else pieces[k].view(shapes[i % n]) for i, k in enumerate(take)]
+    return [outs[c * n:(c + 1) * n] for c in range(copies)]
+
+
+def _lean_plan(params, grads, exp_avgs, exp_avg_sqs, inplace: bool, out16, low_precision_dtype, knobs) -> AdamWPlan:
+    """plan_adamw with few torch calls: two allocations and two splits for new outputs, one tensor for the table
+    and its copy to the device; the per-tensor work is list comprehensions over sizes and addresses."""
+    (params, grads, exp_avgs, exp_avg_sqs), shapes, device = _lean_check(list(params), list(grads), list(exp_avgs),
+                                                                          list(exp_avg_sqs), inplace)
+    n = len(params)
+    sizes = [p.numel() for p in params]
+    keep = range(n) if all(sizes) else [i for i in range(n) if sizes[i]]
+    if out16 is not None and (len(out16) != n or [h.shape for h in out16] != shapes or
+                              not all(h.is_contiguous() for h in out16)):
+        raise ValueError("adamw_step: out16 must hold one contiguous tensor of each param's shape")
+    padded = [-(-s // MAX_ALIGN) * MAX_ALIGN for s in sizes]
+    starts, at = [], 0  # where each tensor's outputs begin in a flat output buffer
+    for q in padded:
+        starts.append(at)
+        at += q
+    total_padded = at
+    inputs = [[lst[i] for i in keep] for lst in (params, grads, exp_avgs, exp_avg_sqs)]
+    in_offsets = [_offsets(role) if keep else (None, [], MAX_ALIGN) for role in inputs]
+    bases = [b for b, _, _ in in_offsets]
+    offsets = [o for _, o, _ in in_offsets]
+    align = min(a for _, _, a in in_offsets)
+    if inplace:
+        p_out, m_out, v_out = params, exp_avgs, exp_avg_sqs
+        bases += [bases[0], bases[2], bases[3]]
+        offsets += [offsets[0], offsets[2], offsets[3]]
+    else:
+        flat = torch.empty(3 * total_padded, dtype=torch.float32, device=device)
+        p_out, m_out, v_out = _carve(flat, shapes, sizes, padded, 3)
+        kept_starts = [starts[i] for i in keep]
+        bases += [flat, flat, flat]
+        offsets += [kept_starts, [o + total_padded for o in kept_starts], [o + 2 * total_padded for o in kept_starts]]
+    if out16 is None:
+        flat16 = torch.empty(total_padded, dtype=low_precision_dtype, device=device)
+        (out16,) = _carve(flat16, shapes, sizes, padded, 1)
+        bases.append(flat16)
+        offsets.append([starts[i] for i in keep])
+    else:
+        base16, offs16, align16 = _offsets([out16[i] for i in keep]) if keep else (None, [], MAX_ALIGN)
+        bases.append(base16)
+        offsets.append(offs16)
+        align = min(align, align16)
+    kept_sizes = [sizes[i] for i in keep]
+    settings = _settings(sum(kept_sizes), knobs["block"], knobs["num_warps"], knobs["iters"])
+    chunk = settings[0] * settings[2]
+    rows = [0]  # row 0: first chunk of each tensor (prefix sums, n + 1 entries); then sizes and offsets, padded
+    for s in kept_sizes:
+        rows.append(rows[-1] - (-s // chunk))
+    n_chunks = rows[-1]
+    rows += kept_sizes + [0]
+    for offs in offsets:
+        rows += [o // align for o in offs] if align > 1 else offs
+        rows.append(0)
+    arrays = tuple(inputs) + tuple([lst[i] for i in keep] for lst in (p_out, m_out, v_out, out16))
+    return _make_plan(arrays, (p_out, m_out, v_out, out16), tuple(bases), rows, n_chunks, align, settings, knobs,
+                      device)
+
+
+def _loops_plan(params, grads, exp_avgs, exp_avg_sqs, inplace: bool, out16, low_precision_dtype, knobs) -> AdamWPlan:
+    """The first host path, kept for comparison: per-tensor checks, slices and views, a table built in loops."""
     params, grads, exp_avgs, exp_avg_sqs = _state(params, grads, exp_avgs, exp_avg_sqs, inplace)
     if not params:
         raise ValueError("adamw_step: no parameters")
@@ -298,7 +450,8 @@ def plan_adamw(params, grads, exp_avgs, exp_avg_sqs, *, inplace: bool = True, ou
     arrays = tuple([role[i] for i in keep] for role in roles)
     bases = tuple(min(role, key=lambda t: t.data_ptr()) if role else None for role in arrays)
     total = sum(params[i].numel() for i in keep)
-    blk, warps, it = _settings(total, block, num_warps, iters)
+    settings = _settings(total, knobs["block"], knobs["num_warps"], knobs["iters"])
+    blk, _, it = settings
     chunks = [triton.cdiv(params[i].numel(), blk * it) for i in keep]
     first = [0]
     for c in chunks:
@@ -315,10 +468,8 @@ def plan_adamw(params, grads, exp_avgs, exp_avg_sqs, *, inplace: bool = True, ou
         align //= 2
     pad = [0]  # row 0 has n + 1 entries (the last prefix sum); the others get one unused pad
     rows = [first, [params[i].numel() for i in keep] + pad] + [[o // align for o in row] + pad for row in offsets]
-    device = params[0].device
-    table = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
-    return AdamWPlan(arrays, (p_out, m_out, v_out, out16), bases, table, first[-1], align, blk, warps, it, vec,
-                     programs, split_tail, streaming)
+    return _make_plan(arrays, (p_out, m_out, v_out, out16), bases, rows, first[-1], align, settings, knobs,
+                      params[0].device)
 
 
 def run_plan(plan: AdamWPlan, step, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -341,17 +492,18 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr: float = 1e-3,
                inplace: bool = True, low_precision_dtype: torch.dtype = torch.bfloat16, out16: list | None = None,
                multi_tensor: bool = True, block: int | None = None, num_warps: int | None = None,
                iters: int | None = None, vec: int = 4, programs: int | None = None, split_tail: bool = True,
-               streaming: bool = False):
+               streaming: bool = False, host: str = "lean"):
     """One AdamW step over lists of tensors; returns (params, exp_avgs, exp_avg_sqs, low-precision params).
     Knobs for benchmarks: multi_tensor (one launch, else one per tensor), block / num_warps / iters (elements per
     block, warps, blocks per chunk: block / (32 num_warps) elements per thread and array), vec (the contiguous
     run per thread Triton is told of: 4 keeps every array in one register layout; with more, Triton gives the
     loads and the bf16 store 8 per thread but caps fp32 stores at 4, and converts through shared memory), programs
-    (a persistent grid, multi-tensor form), split_tail (False masks every chunk), streaming (cache hints)."""
+    (a persistent grid, multi-tensor form), split_tail (False masks every chunk), streaming (cache hints), host
+    (how the multi-tensor launch's table and outputs are built: "lean" or the first form, "loops")."""
     if multi_tensor:
         plan = plan_adamw(params, grads, exp_avgs, exp_avg_sqs, inplace=inplace, out16=out16,
                           low_precision_dtype=low_precision_dtype, block=block, num_warps=num_warps, iters=iters,
-                          vec=vec, programs=programs, split_tail=split_tail, streaming=streaming)
+                          vec=vec, programs=programs, split_tail=split_tail, streaming=streaming, host=host)
         return run_plan(plan, step, lr, betas, eps, weight_decay)
     params, grads, exp_avgs, exp_avg_sqs = _state(params, grads, exp_avgs, exp_avg_sqs, inplace)
     hyper = _hyper(lr, betas, eps, weight_decay)

@@ -1,6 +1,7 @@
 """AdamW seed against the task reference (torch's AdamW update written out) and torch.optim.AdamW itself, through
 the Triton interpreter: the multi-tensor launch (chunk -> tensor search, tails, persistent grid, unaligned
 arrays) and the per-tensor form, every knob the benchmark sweeps."""
+import collections
 import copy
 import json
 import re
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sandbox.task import load_task
 from sandbox.tolerance import compare
@@ -30,6 +32,8 @@ VARIANTS = [
     dict(block=64, num_warps=2, iters=2, streaming=True),
     dict(multi_tensor=False),
     dict(multi_tensor=False, block=64, iters=2, split_tail=False),
+    dict(host="loops"),
+    dict(host="loops", block=64, num_warps=2, iters=2, programs=3),
 ]
 ODD_SHAPES = [(37, 5), (1,), (1000,), (0,), (129,), (3, 7, 11), (64,), (2049,)]
 
@@ -162,6 +166,70 @@ def test_adamw_plan_reuse_matches_torch_optim_over_steps(device):
             torch.testing.assert_close(h.float(), p.to(torch.bfloat16).float(), rtol=8e-3, atol=0)
 
 
+@pytest.mark.parametrize("inplace,given16", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("unaligned", [False, True])
+def test_adamw_host_paths_agree_bitwise(inplace, given16, unaligned, device):
+    """The lean host path (one split per output dtype, one address list per role) and the first one (per-tensor
+    slices and views) launch the same kernel on the same element offsets: bitwise equal outputs, for empty,
+    multi-dimensional, odd and unaligned tensors, new or in-place outputs, a caller's bf16 buffers or new ones."""
+    shapes = ODD_SHAPES + [(4, 4), (17,)]
+    results = []
+    for host in ("lean", "loops"):
+        p, g, m, v = _state(shapes, device, seed=3, flat_offset=1 if unaligned else None)
+        out16 = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in shapes] if given16 else None
+        outs = adamw_step(p, g, m, v, torch.tensor(5.0, device=device), 1e-2, (0.9, 0.95), 1e-8, 0.1,
+                          inplace=inplace, out16=out16, block=64, num_warps=2, iters=2, host=host)
+        if given16:
+            assert all(a is b for a, b in zip(outs[3], out16))
+        for lst in outs:
+            assert [tuple(t.shape) for t in lst] == [tuple(s) for s in shapes]
+            assert all(t.is_contiguous() for t in lst)
+        results.append(outs)
+    for a_list, b_list in zip(*results):
+        for a, b in zip(a_list, b_list):
+            assert torch.equal(a, b)
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_adamw_lean_host_path_torch_ops(monkeypatch):
+    """What the task's forward does around its one launch (host work decides at its 22.5M params): the lean path
+    runs a fixed handful of torch ops whatever the number of 1-D tensors (two allocations, two splits, the
+    table), plus a view per tensor and output list where a shape is not 1-D; the first path ran two per tensor
+    and role."""
+    import seeds.adamw as A
+
+    launches = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, args))
+
+    monkeypatch.setattr(A, "_adamw_multi_kernel", Spy())
+    step = torch.tensor(10.0)
+    counts = {}
+    for name, shapes in (("task", [(4096,), (1408,), (64,), (1000,)]), ("many", [(2048,)] * 64),
+                         ("2-D", [(64, 32), (7, 3), (1000,)])):
+        state = [[torch.randn(s) for s in shapes] for _ in range(4)]
+        for host in ("lean", "loops"):
+            with _CountOps() as mode:
+                A.adamw_step(*state, step, inplace=False, host=host)
+            counts[name, host] = collections.Counter(mode.ops)
+    assert len(launches) == 6
+    assert counts["task", "lean"] == {"empty": 2, "split_with_sizes": 2, "lift_fresh": 1}, counts
+    assert counts["many", "lean"] == {"empty": 2, "split_with_sizes": 2, "lift_fresh": 1}, counts
+    assert counts["2-D", "lean"] == {"empty": 2, "split_with_sizes": 2, "view": 8, "lift_fresh": 1}, counts
+    assert sum(counts["many", "loops"].values()) > 2 * 4 * 64, counts
+
+
 def test_adamw_rejects_bad_state():
     with pytest.raises(ValueError, match="float32"):
         adamw_step([torch.zeros(3, dtype=torch.bfloat16)], [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)],
@@ -175,6 +243,13 @@ def test_adamw_rejects_bad_state():
         adamw_step([torch.zeros(4, 4).t()], [torch.zeros(4, 4)], [torch.zeros(4, 4)], [torch.zeros(4, 4)], 1)
     with pytest.raises(ValueError, match="betas"):
         adamw_step([torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)], 1, betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="host"):
+        adamw_step([torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)], 1, host="magic")
+    for host in ("lean", "loops"):
+        with pytest.raises(ValueError, match="shape"):
+            adamw_step([torch.zeros(3)], [torch.zeros(4)], [torch.zeros(3)], [torch.zeros(3)], 1, host=host)
+        with pytest.raises(ValueError, match="no parameters"):
+            adamw_step([], [], [], [], 1, host=host)
 
 
 # ---- the GPU code: 16-byte vectors, one register layout (compiled for sm_90 without a GPU) ----------------------
