@@ -84,7 +84,7 @@ def count_flops(model: torch.nn.Module, inputs: list[Any]) -> tuple[float, Any, 
     for where, m, args in attempts:
         try:
             counter = FlopCounterMode(display=False)
-            with torch.no_grad(), counter:
+            with torch.enable_grad(), counter:  # a backward task's reference calls autograd.grad in its forward
                 out = m(*args)
             return float(counter.get_total_flops()), out, f"FlopCounterMode on the reference ({where})"
         except Exception as exc:  # noqa: BLE001 - fall through to the next attempt
@@ -163,7 +163,7 @@ def task_roofline(task: Any, model: torch.nn.Module, inputs: list[Any], ceilings
         nbytes, bytes_source = float(bytes_fn(consts)), "task formula (CRUCIBLE_BYTES)"
     else:
         if outputs is None:
-            with torch.no_grad():
+            with torch.enable_grad():
                 outputs = copy.deepcopy(model).to("meta")(*_to_meta(list(inputs)))
         nbytes, bytes_source = tensor_bytes(inputs, outputs, model), "tensor sizes (inputs + parameters + outputs)"
     dtype = compute_dtype(inputs, model)

@@ -353,6 +353,7 @@ def measure(
                         for _ in range(heating):
                             calls[n](heat_set)
                         _RECORD(heat_end)
+                        _device_sync()  # the burst's host wall time starts with the device free, as without heating
                     for _ in range(passes):
                         _ZERO(flush)
                     t0 = _PERF()

@@ -115,3 +115,16 @@ def test_tensor_sizes_and_flop_counter_when_the_task_declares_nothing(tmp_path):
     assert r.flops == 2 * 64 * 32 * 16
     assert r.bytes == 4 * (64 * 32 + 32 * 16 + 64 * 16)
     assert r.peak_dtype == "tf32"  # a float32 task that allows tf32 is held to the tf32 rate
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_bwd", "cross_entropy", "linear_cross_entropy"])
+def test_backward_tasks_count_their_flops_even_when_the_caller_disabled_grad(name):
+    # their references call autograd.grad inside forward; the timing stage computes the roofline under no_grad
+    task = load_task(f"tasks/{name}.py").scaled_for_cpu()
+    with torch.no_grad():
+        r = task_roofline(task, task.make_reference(0, "cpu"), task.make_inputs(0, "normal"), CEIL)
+    if name == "linear_cross_entropy":  # FLOPs by formula; bytes from a meta run of the reference's forward
+        assert "tensor sizes" in r.bytes_source and r.bytes > 0 and r.bound == "compute"
+    else:
+        assert "FlopCounterMode" in r.flops_source  # elementwise and reductions only: FlopCounterMode counts products
+        assert r.flops == 0 and r.bound == "memory"
