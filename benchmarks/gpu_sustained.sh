@@ -15,13 +15,14 @@ CRUCIBLE_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider t
 step "crucible timer by burst length vs do_bench on SDPA"
 timeout 120 python3 benchmarks/bench_sdpa_timers.py > "$OUT/sdpa_timers.txt" 2>&1; echo "rc=$?"
 tail -16 "$OUT/sdpa_timers.txt"
+SEEDS=${SEEDS:-seeds}  # where the seed files come from (a snapshot while seeds/ is being edited)
 for spec in "attention_fwd attention auto" "attention_fwd attention isolated" "attention_fwd_causal attention auto"; do
   set -- $spec
-  step "crucible bench tasks/$1.py seeds/$2.py --baselines eager,compile --timing-mode $3"
-  timeout 100 python3 -m agent.cli bench tasks/$1.py seeds/$2.py --baselines eager,compile --timing-mode $3 --json \
+  step "crucible bench tasks/$1.py $SEEDS/$2.py --baselines eager,compile --timing-mode $3"
+  timeout 100 python3 -m agent.cli bench tasks/$1.py $SEEDS/$2.py --baselines eager,compile --timing-mode $3 --json \
     > "$OUT/bench_$1_$3.json" 2> "$OUT/bench_$1_$3.err"; echo "rc=$?"; summ "$OUT/bench_$1_$3.json"
 done
-step "crucible bench tasks/cross_entropy.py seeds/cross_entropy.py --baselines eager,compile,liger"
-timeout 120 python3 -m agent.cli bench tasks/cross_entropy.py seeds/cross_entropy.py --baselines eager,compile,liger \
+step "crucible bench tasks/cross_entropy.py $SEEDS/cross_entropy.py --baselines eager,compile,liger"
+timeout 120 python3 -m agent.cli bench tasks/cross_entropy.py $SEEDS/cross_entropy.py --baselines eager,compile,liger \
   --json > "$OUT/bench_cross_entropy.json" 2> "$OUT/bench_cross_entropy.err"; echo "rc=$?"
 summ "$OUT/bench_cross_entropy.json"; tail -3 "$OUT/bench_cross_entropy.err"
