@@ -22,6 +22,12 @@ The loads are software-pipelined by hand: each tile's load is issued before the 
 tile of pass 1 is the first of pass 2 (kept in registers), and the last load of pass 2 fetches the next row's first
 tile, so HBM never waits on a row boundary. Eviction hints (HINTS) keep pass-1 lines in L2 and drop pass-2 lines
 and the gradient's stores first. With P = N it is Liger's one-program-per-row form (the hardware schedules rows).
+STAGED: the same rows and maths as PERSISTENT (bitwise the same results), each pass a plain tile loop under
+tl.range(num_stages=STAGES): on sm_90 Triton turns the tile loads into cp.async copies into shared memory,
+STAGES - 1 tiles in flight (PERSISTENT holds one, in registers: 16 KB per SM at 8192 columns, under what Little's
+law asks at the H200's bandwidth). Fewer registers (sm_90 cubin, Triton 3.9: 50-52 at 8192 columns / 32 warps,
+54 at 4096 / 16, against 109 for PERSISTENT at 8192 / 16), so 32 warps per SM, or two programs per SM. The
+pipeline empties at each pass and row boundary; more programs per SM cover that. H200: not measured yet.
 TWO_PASS: rows split into SEGMENTS programs of BLOCK columns; a statistics launch (m_s, d_s, sum x, x[target] per
 segment), then a gradient launch that combines the row's statistics in segment order and reads the logits again
 (6.3 GB of HBM traffic).
@@ -56,7 +62,7 @@ CRUCIBLE_SEED = {
     "ops": ["cross-entropy fwd+bwd (ignore_index, label smoothing, mean/sum)"],
 }
 
-FORMS = ("persistent", "two_pass", "rendezvous")
+FORMS = ("persistent", "staged", "two_pass", "rendezvous")
 DEFAULT_FORM = "persistent"
 
 # _ce_segments_kernel modes (constexpr globals: a kernel may read no other globals)
@@ -208,6 +214,74 @@ def _ce_persistent_kernel(
         dx_row += dx_step
 
 
+# ---- STAGED -----------------------------------------------------------------------------------------------------
+@triton.jit
+def _ce_staged_kernel(
+    X, stride_x, DX, stride_dx, TARGET, LOSS_ROWS, N_VALID, N, V, ignore_index, smoothing,
+    MEAN: tl.constexpr, SMOOTH: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
+    STAGES: tl.constexpr,  # num_stages of both tile loops: STAGES - 1 tiles in flight (cp.async into shared memory)
+    KEEP: tl.constexpr, DROP: tl.constexpr, RNE: tl.constexpr,
+):
+    """The PERSISTENT form's rows and maths, with Triton's software pipeliner in place of the hand-written one:
+    each pass is a plain tile loop under tl.range(num_stages=STAGES), which on sm_90 turns the loads into
+    cp.async copies STAGES - 1 tiles ahead (the hand-written form has one tile in flight, held in registers). No
+    prefetch across passes or rows, so each pass starts with an empty pipeline; the grid (programs) can cover that
+    with two programs per multiprocessor. In place is safe: a tile's gradient is stored after its own load, and the
+    loads in flight are of other tiles of the same pass."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    n_tiles = tl.cdiv(V, BLOCK)
+    if MEAN:
+        scale = 1.0 / tl.load(N_VALID)
+    else:
+        scale = 1.0
+    off_s = scale * smoothing / V
+    hit_s = scale * (1.0 - smoothing)
+    x_row = X + pid.to(tl.int64) * stride_x  # 64-bit row offsets, advanced by step rows each iteration
+    dx_row = DX + pid.to(tl.int64) * stride_dx
+    x_step = step.to(tl.int64) * stride_x
+    dx_step = step.to(tl.int64) * stride_dx
+    for row in range(pid, N, step):
+        target = tl.load(TARGET + row)
+        if target == ignore_index:
+            for start in range(0, V, BLOCK):
+                tl.store(dx_row + start + cols, tl.zeros([BLOCK], dtype=DX.dtype.element_ty), mask=start + cols < V,
+                         eviction_policy=DROP)
+            tl.store(LOSS_ROWS + row, 0.0)
+        else:
+            in_row = (target >= 0) & (target < V)
+            x_target = tl.load(x_row + target, mask=in_row, other=0.0).to(tl.float32)  # before any store (in place)
+            if LANES:
+                m = tl.full([BLOCK], -1e30, tl.float32)
+                d = tl.zeros([BLOCK], dtype=tl.float32)
+            else:
+                m = float("-inf")
+                d = 0.0
+            sx = tl.zeros([BLOCK], dtype=tl.float32)
+            for t in tl.range(0, n_tiles, num_stages=STAGES):
+                start = t * BLOCK
+                x = tl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf"), eviction_policy=KEEP)
+                m, d, sx = _stats_tile(m, d, sx, x, V - start, LANES, SMOOTH, BLOCK)
+            if LANES:
+                m_row = tl.max(m, axis=0)
+                lse = m_row + tl.log(tl.sum(d * tl.exp2((m - m_row) * LOG2E), axis=0))
+            else:
+                lse = m + tl.log(d)
+            loss = lse - x_target
+            if SMOOTH:
+                loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(sx, axis=0) / V)
+            tl.store(LOSS_ROWS + row, loss)
+            lse2 = lse * LOG2E
+            # pass 2 in reverse: the most recently read tiles first (the likeliest still in L2)
+            for i in tl.range(0, n_tiles, num_stages=STAGES):
+                start = (n_tiles - 1 - i) * BLOCK
+                x = tl.load(x_row + start + cols, mask=start + cols < V, other=0.0, eviction_policy=DROP)
+                _grad_tile(x, dx_row + start, V - start, target - start, lse2, scale, off_s, hit_s, DROP, RNE, BLOCK)
+        x_row += x_step
+        dx_row += dx_step
+
+
 # ---- TWO_PASS and RENDEZVOUS -------------------------------------------------------------------------------------
 @triton.jit
 def _ce_segments_kernel(
@@ -334,23 +408,25 @@ def ce_block(v: int, device: torch.device, form: str = DEFAULT_FORM) -> tuple[in
     cost time."""
     if device.type != "cuda":
         cap, warps = 2048, 4
-    elif form == "persistent":
+    elif form in ("persistent", "staged"):
         cap, warps = 8192, 16
     else:
         cap, warps = 8192, 8
     block = min(cap, max(16, triton.next_power_of_2(v)))
-    return block, max(4, min(warps, block // 256 if form == "persistent" else block // 2048))
+    return block, max(4, min(warps, block // 256 if form in ("persistent", "staged") else block // 2048))
 
 
 def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, loss_rows: torch.Tensor,
             n_valid: torch.Tensor, ignore_index: int, label_smoothing: float, mean: bool,
             fused: bool | None = None, block: int | None = None, num_warps: int | None = None,
-            form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True) -> None:
+            form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True,
+            stages: int = 3) -> None:
     """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
-    form: "persistent" (default), "two_pass" or "rendezvous"; `fused` is the older switch (True: rendezvous, False:
-    two_pass) and is read only when form is None, so fused=None gives the persistent form. Persistent only:
-    programs (default: one per multiprocessor; N gives one program per row), lanes (per-lane running max/sum,
-    default on: the H200's best), hints (L2 eviction hints)."""
+    form: "persistent" (default), "staged", "two_pass" or "rendezvous"; `fused` is the older switch (True:
+    rendezvous, False: two_pass) and is read only when form is None, so fused=None gives the persistent form.
+    Persistent and staged: programs (default: one per multiprocessor; N gives one program per row), lanes
+    (per-lane running max/sum, default on: the H200's best), hints (L2 eviction hints). Staged only: stages (the
+    tile loops' num_stages)."""
     n, v = logits.shape
     if n == 0:
         return
@@ -361,12 +437,17 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     blk, warps = ce_block(v, logits.device, form)
     blk, warps = block or blk, num_warps or warps
     rne = needs_rne(dlogits)
-    if form == "persistent":
+    if form in ("persistent", "staged"):
         grid = (max(1, min(n, programs or sm_count(logits.device))),)
-        _ce_persistent_kernel[grid](
-            logits, logits.stride(0), dlogits, dlogits.stride(0), target, loss_rows, n_valid, n, v, ignore_index,
-            float(label_smoothing), MEAN=mean, SMOOTH=label_smoothing > 0, LANES=lanes, BLOCK=blk,
-            KEEP="evict_last" if hints else "", DROP="evict_first" if hints else "", RNE=rne, num_warps=warps)
+        args = (logits, logits.stride(0), dlogits, dlogits.stride(0), target, loss_rows, n_valid, n, v, ignore_index,
+                float(label_smoothing))
+        common = dict(MEAN=mean, SMOOTH=label_smoothing > 0, LANES=lanes, BLOCK=blk,
+                      KEEP="evict_last" if hints else "", DROP="evict_first" if hints else "", RNE=rne,
+                      num_warps=warps)
+        if form == "persistent":
+            _ce_persistent_kernel[grid](*args, **common)
+        else:
+            _ce_staged_kernel[grid](*args, STAGES=stages, **common)
         return
     segments = triton.cdiv(v, blk)
     stats = torch.empty((n, segments, 4), dtype=torch.float32, device=logits.device)
@@ -412,7 +493,7 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
                           label_smoothing: float = 0.0, reduction: str = "mean", fused: bool | None = None,
                           block: int | None = None, num_warps: int | None = None, form: str | None = None,
                           programs: int | None = None, lanes: bool = True, hints: bool = True,
-                          out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          out: torch.Tensor | None = None, stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
     out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller
     that owns the logits buffer. The other keywords choose the kernel (see ce_rows)."""
@@ -430,7 +511,7 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     loss_rows = torch.empty(n, dtype=torch.float32, device=logits.device)
     n_valid = count_valid(target, ignore_index)
     ce_rows(logits, target, out, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps,
-            form, programs, lanes, hints)
+            form, programs, lanes, hints, stages)
     return sum_rows(loss_rows, n_valid, mean), out
 
 

@@ -69,6 +69,7 @@ def test_cross_entropy_segments_agree(block, device):
 FORM_CASES = [  # (form, programs, lanes, hints): the persistent form with fewer programs than rows, one per row, more
     ("persistent", 3, False, True), ("persistent", 3, True, True), ("persistent", 3, True, False),
     ("persistent", None, True, True), ("persistent", 1000, False, False), ("persistent", 1000, True, True),
+    ("staged", 3, True, True), ("staged", 1000, False, False), ("staged", None, True, False),
     ("two_pass", None, False, True),
 ]
 
@@ -91,7 +92,7 @@ def test_cross_entropy_forms(form, programs, lanes, hints, smoothing, reduction,
     _compare_all(got, model(x, t), _truth(model, [x, t]))
 
 
-@pytest.mark.parametrize("form", ["persistent", "two_pass"])
+@pytest.mark.parametrize("form", ["persistent", "staged", "two_pass"])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_cross_entropy_all_ignored(form, reduction, device):
     """No valid row: the mean is 0/0 = NaN and the sum 0, as in PyTorch; the gradient is all zeros either way."""
@@ -106,8 +107,9 @@ def test_cross_entropy_all_ignored(form, reduction, device):
     assert torch.equal(dx, torch.zeros_like(dx)) and torch.equal(ref_dx, torch.zeros_like(ref_dx))
 
 
-@pytest.mark.parametrize("lanes", [True, False])
-def test_cross_entropy_in_place(lanes, device):
+@pytest.mark.parametrize("form,lanes,stages", [("persistent", True, 3), ("persistent", False, 3), ("staged", True, 4),
+                                               ("staged", False, 1)])
+def test_cross_entropy_in_place(form, lanes, stages, device):
     """out=logits (a buffer the caller owns, as in linear + CE): the gradient overwrites the logits and equals the
     out-of-place result bitwise, ignored rows included."""
     from seeds.cross_entropy import cross_entropy_fwd_bwd
@@ -115,23 +117,28 @@ def test_cross_entropy_in_place(lanes, device):
     x = (torch.randn(9, 700, generator=g) * 3).to(device=device, dtype=torch.bfloat16)
     t = torch.randint(0, 700, (9,), generator=g).to(device)
     t[4] = -100
-    loss, dx = cross_entropy_fwd_bwd(x, t, label_smoothing=0.1, lanes=lanes, programs=2, block=128)
+    kw = dict(form=form, lanes=lanes, programs=2, block=128, stages=stages)
+    loss, dx = cross_entropy_fwd_bwd(x, t, label_smoothing=0.1, **kw)
     buf = x.clone()
-    loss2, dx2 = cross_entropy_fwd_bwd(buf, t, label_smoothing=0.1, lanes=lanes, programs=2, block=128, out=buf)
+    loss2, dx2 = cross_entropy_fwd_bwd(buf, t, label_smoothing=0.1, out=buf, **kw)
     assert dx2.data_ptr() == buf.data_ptr()
     assert torch.equal(loss, loss2) and torch.equal(dx, dx2)
 
 
 @pytest.mark.parametrize("lanes", [True, False])
 def test_cross_entropy_forms_bitwise_across_programs(lanes, device):
-    """A row's loss and gradient do not depend on which program computes it (grid size, lanes fixed)."""
+    """A row's loss and gradient do not depend on which program computes it (grid size, lanes fixed), and the
+    staged form (the same maths, Triton's pipeliner instead of the hand-written one) equals the persistent form
+    bitwise."""
     from seeds.cross_entropy import cross_entropy_fwd_bwd
     x = torch.randn(12, 900, device=device)
     t = torch.randint(0, 900, (12,), device=device)
     t[5] = -100
     a = cross_entropy_fwd_bwd(x, t, form="persistent", lanes=lanes, programs=1, block=256)
     b = cross_entropy_fwd_bwd(x, t, form="persistent", lanes=lanes, programs=5, block=256)
+    c = cross_entropy_fwd_bwd(x, t, form="staged", lanes=lanes, programs=3, block=256)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
 
 
 def test_cross_entropy_default_is_persistent_with_lanes(monkeypatch, device):
