@@ -11,12 +11,22 @@
 Each part is guarded, so a failing variant (compile error, out of shared memory) costs its row, not the run.
 
     python3 benchmarks/bench_attention.py [--quick] [--smoke]
+    python3 benchmarks/bench_attention.py --hopper [--smoke]
 --smoke runs on the CPU interpreter at tiny shapes with a wall-clock timer: it checks this script, not speed.
-Not run yet (written when the session's GPU budget was spent).
+--quick was run on the H200 (docs/BENCHMARKS.md run E).
+
+--hopper (issue 6, the Hopper variants; <= 150 s): only the training-attention rows, B4 H32 S4096 D128 bf16, causal
+and not. Every variant is checked against a float64 truth on two heads of the last batch (the largest row
+offsets) before it is timed, and a wrong one is marked WRONG. Forward: the run-E pointer path, TMA descriptors at
+128 x 64 / 128 x 128 tiles and 2-4 stages, warp specialisation, and (causal) the forward launch order; fwd+bwd:
+pointer vs TMA backward around the current tiles. SDPA's flash and cuDNN backends in the same run. One odd shape
+(S 1000, GQA 8/2) checks the TMA default's masked tails. A time guard per section skips what does not fit (one
+line each). Rows also go to $OUT/bench_attention.json when OUT is set.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -38,6 +48,7 @@ import triton.testing  # noqa: E402
 from seeds import attention as A  # noqa: E402
 from seeds import decode as DEC  # noqa: E402
 from _bench import rotating_median_ms  # noqa: E402
+from _bench import rel_l2 as rel_l2_vs  # noqa: E402
 
 T0 = time.time()
 ROWS: list[dict] = []
@@ -45,6 +56,7 @@ CHECKS: list[dict] = []
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
 HBM_GBPS = 4244.0  # device-to-device copy ceiling (ANCHORS.md)
+MATMUL_TFLOPS = 694.0  # cuBLAS bf16 8192^3 (ANCHORS.md): the ceiling the attention rows are read against
 
 
 def log(msg: str) -> None:
@@ -82,14 +94,14 @@ def check(op: str, names, got, ref, truth) -> None:
         log(f"check {op:44s} {name:3s} seed {row['seed']:.3g}  sdpa {row['sdpa']:.3g}  {'ok' if row['ok'] else 'FAIL'}")
 
 
-def record(op, impl, ms, flops=None, nbytes=None, baseline=False, extra=""):
-    row = {"op": op, "impl": impl, "ms": ms, "baseline": baseline, "extra": extra}
+def record(op, impl, ms, flops=None, nbytes=None, baseline=False, extra="", rel=None):
+    row = {"op": op, "impl": impl, "ms": ms, "baseline": baseline, "extra": extra, "rel_l2": rel}
     if flops:
         row["tflops"] = flops / ms / 1e9
     if nbytes:
         row["gbps"] = nbytes / ms / 1e6
     ROWS.append(row)
-    log(f"{op:34s} {impl:40s} {ms:9.4f} ms" + (f" {row['tflops']:7.1f} TFLOP/s" if flops else "")
+    log(f"{op:34s} {impl:52s} {ms:9.4f} ms" + (f" {row['tflops']:7.1f} TFLOP/s" if flops else "")
         + (f" {row['gbps']:7.0f} GB/s" if nbytes else "") + f" {extra}")
 
 
@@ -276,13 +288,127 @@ def bench_decode(b, hkv, group, n, paged):
                   lambda i, s=splits, c=cfg: DEC.decode_attention(*sets[i], num_splits=s, config=c), nbytes=nbytes)
 
 
-def timed(op, impl, fn, flops=None, nbytes=None, baseline=False):
+# ---- --hopper: the TMA / warp-specialisation variants (issue 6) -----------------------------------------------
+# (row name, attention_fwd keywords, causal rows only). "default" is whatever fwd_config / tma=None pick.
+HOPPER_FWD = [
+    ("ptr 128x64 w8 s3 (run E path)", dict(config=(128, 64, 8, 3), tma=False, reverse=False), False),
+    ("tma 128x64 w8 s2", dict(config=(128, 64, 8, 2), tma=True), False),
+    ("tma 128x64 w8 s3", dict(config=(128, 64, 8, 3), tma=True), False),
+    ("tma 128x64 w8 s4", dict(config=(128, 64, 8, 4), tma=True), False),
+    ("default (tma 128x128 w8 s2 on the H200)", dict(), False),
+    ("tma 128x128 w8 s3", dict(config=(128, 128, 8, 3), tma=True), False),
+    ("tma 128x128 w8 s2 warp_specialize", dict(config=(128, 128, 8, 2), tma=True, warp_specialize=True), False),
+    ("tma 128x128 w8 s2 forward launch order", dict(config=(128, 128, 8, 2), tma=True, reverse=False), True),
+]
+# (row name, attention_fwd_with_delta keywords, attention_bwd keywords)
+HOPPER_BWD = [
+    ("ptr fwd + ptr bwd 64/128,128/64 w8 s2 (run E)", dict(config=(128, 64, 8, 3), tma=False, reverse=False),
+     dict(config=(64, 128, 128, 64, 8, 2), tma=False)),
+    ("default fwd + default bwd (tma 64/128,128/64 w8 s2)", dict(), dict()),
+    ("default fwd + tma bwd 64/128,128/64 w8 s3", dict(), dict(config=(64, 128, 128, 64, 8, 3), tma=True)),
+    ("default fwd + tma bwd 32/128,128/32 w4 s3", dict(), dict(config=(32, 128, 128, 32, 4, 3), tma=True)),
+]
+
+
+def _truth_slice(b: int, h: int):
+    """The last batch's last two heads: the largest row offsets of the TMA views, small enough for float64."""
+    return slice(b - 1, b), slice(max(h - 2, 0), h)
+
+
+def _ok(rel: float, sdpa_rel: float) -> bool:
+    return rel <= max(1e-2, 4 * sdpa_rel)
+
+
+def _variant_rows(op, flops, deadline, variants, run, truth, sdpa_rels, sl):
+    """Check each variant on input set 0 against the float64 truth, then time it; skip what the deadline leaves."""
+    for name, *kw in variants:
+        if time.time() > deadline:
+            log(f"SKIPPED {op} {name}: this section's time budget is spent")
+            continue
+        try:
+            got = run(0, *kw)
+        except Exception as exc:  # a variant that does not compile (out of shared memory, a failing pass)
+            log(f"FAILED {op} {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+            continue
+        rels = [rel_l2_vs(g[sl], t) for g, t in zip(got, truth)]
+        wrong = not all(_ok(r, sr) for r, sr in zip(rels, sdpa_rels))
+        if wrong:
+            log(f"WRONG {op} {name}: rel L2 {['%.3g' % r for r in rels]} vs SDPA bf16 {['%.3g' % r for r in sdpa_rels]}")
+        if timed(op, name, lambda i, kw=kw: run(i, *kw), flops, rel=max(rels)) is not None:
+            ROWS[-1]["wrong"] = wrong
+
+
+@guarded
+def hopper_forward(b, h, s, d, causal, budget_s):
+    deadline = time.time() + budget_s
+    op = f"attn fwd B{b} H{h} S{s} D{d}{' causal' if causal else ''}"
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    sets = attention_inputs(b, h, s, d, 3, False)
+    sl = _truth_slice(b, h)
+    q, k, v = sets[0]
+    truth = (F.scaled_dot_product_attention(q[sl].double(), k[sl].double(), v[sl].double(), is_causal=causal),)
+    for backend in (None,) if SMOKE else ("flash", "cudnn"):
+        with sdpa_backend(backend) if backend else _null():
+            rel = rel_l2_vs(F.scaled_dot_product_attention(q, k, v, is_causal=causal)[sl], truth[0])
+
+        def run(i, backend=backend):
+            with sdpa_backend(backend) if backend else _null():
+                return F.scaled_dot_product_attention(*sets[i], is_causal=causal)
+        timed(op, f"SDPA {backend or 'default'}", run, flops, baseline=True, rel=rel)
+    sdpa_rel = min(r["rel_l2"] for r in ROWS if r["op"] == op and r["baseline"])
+    variants = [(name, kw) for name, kw, causal_only in HOPPER_FWD if causal or not causal_only]
+    _variant_rows(op, flops, deadline, variants,
+                  lambda i, kw: (A.attention_fwd(*sets[i], causal, store_lse=False, **kw)[0],), truth, [sdpa_rel], sl)
+
+
+@guarded
+def hopper_fwd_bwd(b, h, s, d, causal, budget_s):
+    deadline = time.time() + budget_s
+    op = f"attn fwd+bwd B{b} H{h} S{s} D{d}{' causal' if causal else ''}"
+    flops = 3.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+    sets = attention_inputs(b, h, s, d, 3, True)
+    sl = _truth_slice(b, h)
+    q, k, v, do = sets[0]
+    truth = sdpa_grads(*(t[sl].double() for t in (q, k, v, do)), causal, None if SMOKE else "math")
+    rels = {}
+    for backend in (None,) if SMOKE else ("flash", "cudnn"):
+        got = sdpa_grads(q, k, v, do, causal, backend)
+        rels[backend] = [rel_l2_vs(g[sl], t) for g, t in zip(got, truth)]
+        timed(op, f"SDPA {backend or 'default'} + autograd", lambda i, backend=backend: sdpa_grads(*sets[i], causal, backend),
+              flops, baseline=True, rel=max(rels[backend]))
+    sdpa_rels = [min(r[j] for r in rels.values()) for j in range(4)]
+
+    def run(i, fkw, bkw):
+        q, k, v, do = sets[i]
+        o, lse, delta = A.attention_fwd_with_delta(q, k, v, do, causal, **fkw)
+        return (o, *A.attention_bwd(do, q, k, v, o, lse, causal, delta=delta, **bkw))
+    _variant_rows(op, flops, deadline, HOPPER_BWD, run, truth, sdpa_rels, sl)
+
+
+def hopper(budget_s: float = 140.0) -> None:
+    """The --hopper run: odd-shape checks of the defaults (TMA on the GPU), then the forward and fwd+bwd sweeps."""
+    start = time.time()
+    s_odd = 45 if SMOKE else 1000
+    for causal in (True, False):
+        if time.time() - start < 25:
+            check_small(2, 8, 2, s_odd, s_odd, 128, causal)
+        else:
+            log(f"SKIPPED odd-shape check (causal={causal}): the checks' 25 s are spent")
+    anchors = (1, 2, 64, 64) if SMOKE else (4, 32, 4096, 128)
+    left = budget_s - (time.time() - start)
+    for causal in (False, True):
+        hopper_forward(*anchors, causal, 0.27 * left)
+    for causal in (False, True):
+        hopper_fwd_bwd(*anchors, causal, max(0.0, (budget_s - (time.time() - start)) / (2 if not causal else 1)))
+
+
+def timed(op, impl, fn, flops=None, nbytes=None, baseline=False, rel=None):
     try:
         ms = bench(fn)
     except Exception as exc:  # a variant that does not compile or launch costs its row
         log(f"FAILED {op} {impl}: {type(exc).__name__}: {str(exc)[:300]}")
         return None
-    record(op, impl, ms, flops, nbytes, baseline)
+    record(op, impl, ms, flops, nbytes, baseline, rel=rel)
     return ms
 
 
@@ -291,17 +417,23 @@ def table() -> None:
     for c in CHECKS:
         print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['op']:56s} {c['output']:3s} seed {c['seed']:.3g} sdpa {c['sdpa']:.3g}")
     print("\n## timing (median of do_bench, 3 rotating input sets)")
-    print(f"| {'op':34s} | {'impl':44s} | {'ms':>9s} | {'TFLOP/s':>8s} | {'GB/s':>7s} | {'% copy':>6s} | vs best SDPA |")
-    print("|" + "|".join("-" * w for w in (36, 46, 11, 10, 9, 8, 14)) + "|")
+    print("% ceil: of cuBLAS's 694 TFLOP/s (attention) or of the 4,244 GB/s copy (decode); rel L2 vs float64")
+    print(f"| {'op':34s} | {'impl':52s} | {'ms':>9s} | {'TFLOP/s':>8s} | {'GB/s':>7s} | {'% ceil':>6s} "
+          f"| vs best SDPA | {'rel L2':>13s} |")
+    print("|" + "|".join("-" * w for w in (36, 54, 11, 10, 9, 8, 14, 15)) + "|")
     for op in dict.fromkeys(r["op"] for r in ROWS):
         rows = [r for r in ROWS if r["op"] == op]
         best = min((r["ms"] for r in rows if r["baseline"]), default=None)
         for r in rows:
             tf = f"{r['tflops']:.1f}" if "tflops" in r else ""
             gb = f"{r['gbps']:.0f}" if "gbps" in r else ""
-            pc = f"{100 * r['gbps'] / HBM_GBPS:.0f}" if "gbps" in r else ""
-            sp = f"{best / r['ms']:.2f}x" if best and not r["baseline"] else ""
-            print(f"| {op:34s} | {r['impl']:44s} | {r['ms']:9.4f} | {tf:>8s} | {gb:>7s} | {pc:>6s} | {sp:>12s} |")
+            pc = (f"{100 * r['tflops'] / MATMUL_TFLOPS:.0f}" if "tflops" in r
+                  else f"{100 * r['gbps'] / HBM_GBPS:.0f}" if "gbps" in r else "")
+            wrong = r.get("wrong", False)
+            sp = "WRONG" if wrong else f"{best / r['ms']:.2f}x" if best and not r["baseline"] else ""
+            rel = "" if r.get("rel_l2") is None else f"{r['rel_l2']:.3g}" + (" WRONG" if wrong else "")
+            print(f"| {op:34s} | {r['impl']:52s} | {r['ms']:9.4f} | {tf:>8s} | {gb:>7s} | {pc:>6s} | {sp:>12s} "
+                  f"| {rel:>13s} |")
     fails = sum(not c["ok"] for c in CHECKS)
     print(f"\n{len(CHECKS) - fails}/{len(CHECKS)} checks ok; torch {torch.__version__}, triton {triton.__version__}, "
           f"{torch.cuda.get_device_name() if DEV == 'cuda' else 'CPU interpreter'}")
@@ -311,7 +443,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer variants (the defaults and one alternative)")
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes: checks the script")
+    parser.add_argument("--hopper", action="store_true", help="only the TMA / warp-specialisation sweep (<= 150 s)")
     args = parser.parse_args()
+    if args.hopper:
+        if not SMOKE:
+            torch.backends.cuda.matmul.allow_tf32 = False
+        log(f"torch {torch.__version__}, triton {triton.__version__}, device {DEV}")
+        hopper()
+        table()
+        write_json()
+        return 0
     if args.quick or SMOKE:
         del FWD_VARIANTS[2:], BWD_VARIANTS[2:]
     if SMOKE:
@@ -337,7 +478,19 @@ def main() -> int:
     for paged in (False, True):
         bench_decode(*dec, paged)
     table()
+    write_json()
     return 0
+
+
+def write_json() -> None:
+    if os.environ.get("OUT"):
+        path = Path(os.environ["OUT"]) / "bench_attention.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rows": ROWS, "checks": CHECKS, "torch": torch.__version__,
+                                    "triton": triton.__version__,
+                                    "device": torch.cuda.get_device_name() if DEV == "cuda" else "CPU interpreter"},
+                                   indent=1))
+        log(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ the online softmax in base 2 (exp2 with log2(e) folded into the scale):
                                         log2(e) times the natural one; kept in base 2 so that the backward's
                                         p = exp2(s - lse2) is exactly 1 where a row's softmax is one-hot)
 The key loop is split in two: blocks wholly inside the sequence and below the diagonal run without masks; the
-diagonal blocks (causal) and the partial last block run with them.
+diagonal blocks (causal) and the partial last block run with them. In the unmasked blocks the row max is taken
+before scaling (max(s) c = max(s c) for c > 0), so scaling and subtracting the max is one FMA per score, as in
+Triton's fused-attention tutorial.
 FLOPs: 4 B Hq Sq Sk D (half of it when causal); at B4 H32 S4096 D128 that is 275 GFLOP.
 
 Backward (the FA2 algorithm; see _attn_bwd_dkdv_kernel for the maths): a preprocess kernel computes
@@ -31,14 +33,22 @@ P and dS enter their dots in the input dtype on the GPU (the tensor cores' input
 fp32 on the interpreter: the CPU check covers the algorithm, not that rounding. Emulated exactly on the CPU, the
 rounding put 1 element of dQ in ~10^5 outside the harness's elementwise tolerance on the "outliers" inputs, against
 SDPA's CPU backward whose P and dS stay fp32; on the GPU the reference (SDPA's flash/cuDNN backends) rounds them too.
-Hopper features (tensor descriptors/TMA, warp specialisation, persistent scheduling) are not used yet: loads are
-plain pointer tiles in one place per kernel so that a descriptor variant can replace them.
+Hopper (launcher keyword `tma`, on by default on sm_90+): the K/V tiles of the forward's and the dQ kernel's
+unmasked key loops, and the Q/dO tiles of the dK/dV kernel's unmasked query loop, come through host TMA descriptors
+(TensorDescriptor over the tensor seen as one [rows, D] matrix: row b*RB + h*RH + s). Only unmasked blocks use them
+(every such block lies wholly inside its sequence, so a tile never reads another head's rows); the masked diagonal
+and tail blocks, the Q tile and the stores keep pointers. Layouts a descriptor cannot read (packed varlen
+sequences, a row stride or base not 16-byte aligned, batch/head strides that are not whole rows) keep the pointer
+path whatever `tma` says. `warp_specialize` (tl.range(warp_specialize=True) on the forward's unmasked loop) is a
+variant only: compiled for sm_90 with Triton 3.9 on the CPU, it is silently not applied at 8 warps and fails the
+compiler's warp-specialisation pass at 4 warps. Causal launches run the query blocks last-first (`reverse`), so the
+longest programs start first and the short ones fill the tail.
 
-Tile sizes are a heuristic starting point, NOT measured: forward BLOCK_M 128, BLOCK_N 64, 8 warps, 3 stages at
-D = 128 (4 warps at D <= 64); backward 128-row key blocks x 64-row query blocks for dK/dV and 128 x 64 for dQ,
-8 warps, 2 stages. benchmarks/bench_attention.py tries alternatives.
-Measured on the H200 (docs/BENCHMARKS.md run E, do_bench): B4 H32 S4096 D128 bf16 forward 468 TFLOP/s (causal 431):
-1.32x SDPA's flash backend (355), 0.75x cuDNN (620; causal 0.81x of 534).
+Tile sizes: see fwd_config / bwd_config (the TMA forward default is unmeasured); benchmarks/bench_attention.py
+--hopper sweeps the variants on the H200 in one call.
+Measured on the H200 (docs/BENCHMARKS.md run E, do_bench), the pointer path before TMA, the scale fold and the
+reversed causal order: B4 H32 S4096 D128 bf16 forward 468 TFLOP/s (causal 431): 1.32x SDPA's flash backend (355),
+0.75x cuDNN (620; causal 0.81x of 534). The TMA variants: not measured yet.
 """
 from __future__ import annotations
 
@@ -48,6 +58,7 @@ import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from seeds.cross_entropy import round_bf16_rne
 
@@ -98,6 +109,22 @@ def _operand(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _tile_pair(a_ptrs, b_ptrs, A_DESC, B_DESC, a_row, b_row, ok, MASK: tl.constexpr, TMA: tl.constexpr):
+    """Two [rows, D] tiles of the same rows (q and dO, or k and v): masked pointer loads (MASK; ok: the valid rows,
+    the others read as 0), descriptor loads at rows a_row / b_row of the [rows, D] views (TMA), or plain loads."""
+    if MASK:
+        a = tl.load(a_ptrs, mask=ok[:, None], other=0.0)
+        b = tl.load(b_ptrs, mask=ok[:, None], other=0.0)
+    elif TMA:
+        a = A_DESC.load([a_row, 0])
+        b = B_DESC.load([b_row, 0])
+    else:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    return a, b
+
+
+@triton.jit
 def _store_rows(ptrs, x, mask, RNE: tl.constexpr):
     if RNE:
         x = round_bf16_rne(x)
@@ -106,40 +133,57 @@ def _store_rows(ptrs, x, mask, RNE: tl.constexpr):
 
 # ---- forward ------------------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, lo, hi, k_len, qk_scale,
-               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows, lo, hi,
+               k_len, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
+               CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, SCALE_POS: tl.constexpr,
                UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
-    # Key blocks [lo, hi) of one sequence; MASK applies the key bound and the causal mask.
+    # Key blocks [lo, hi) of one sequence; MASK applies the key bound and the causal mask. TMA (unmasked ranges
+    # only, where every block lies wholly inside the sequence): K and V tiles come through host tensor descriptors
+    # over the [rows, D] view, at rows k_row + start_n and v_row + start_n; else through pointer tiles.
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     # Pointers advance by BLOCK_N rows a step (64-bit pointers, 32-bit increments: no overflow on long caches).
     k_ptrs = k_base + tl.cast(lo, tl.int64) * stride_ks + offs_n[:, None] * stride_ks + offs_d[None, :]
     v_ptrs = v_base + tl.cast(lo, tl.int64) * stride_vs + offs_n[:, None] * stride_vs + offs_d[None, :]
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         if MASK:
             kv_ok = (start_n + offs_n) < k_len
             k = tl.load(k_ptrs, mask=kv_ok[:, None], other=0.0)
+        elif TMA:
+            k = K_DESC.load([k_row + start_n, 0])
         else:
             k = tl.load(k_ptrs)
-        s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+        s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
         if MASK:
+            s = s * qk_scale
             ok = kv_ok[None, :]
             if CAUSAL:
                 ok = ok & ((start_n + offs_n)[None, :] <= rows[:, None])
             s = tl.where(ok, s, float("-inf"))
-        # Every row meets a valid key in the first block it processes (see _attn_fwd_kernel), so m_new is finite.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # Every row meets a valid key in the first block it processes (see _attn_fwd_kernel): m_new is finite.
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp2(s - m_new[:, None])
+        elif SCALE_POS:
+            # max(s) * c == max(s * c) for c > 0, so the scale folds into one FMA per score: s * c - m.
+            m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+            p = tl.exp2(s * qk_scale - m_new[:, None])
+        else:
+            s = s * qk_scale
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if MASK:
             v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)
+        elif TMA:
+            v = V_DESC.load([v_row + start_n, 0])
         else:
             v = tl.load(v_ptrs)
         acc = _mm(_operand(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST, IEEE)
         m_i = m_new
-        k_ptrs += BLOCK_N * stride_ks
-        v_ptrs += BLOCK_N * stride_vs
+        if MASK or not TMA:
+            k_ptrs += BLOCK_N * stride_ks
+            v_ptrs += BLOCK_N * stride_vs
     return acc, l_i, m_i
 
 
@@ -148,6 +192,8 @@ def _attn_fwd_kernel(
     Q, K, V, O, LSE,
     DO, DELTA,   # WITH_DELTA only: an upstream gradient known at forward time, and delta = rowsum(dO o O) out
     CU_Q, CU_K,  # [batch + 1] int32 sequence starts (VARLEN only; any pointer otherwise)
+    K_DESC, V_DESC,  # TMA only: host tensor descriptors over K and V seen as [rows, D] (block [BLOCK_N, D])
+    K_RB, K_RH, V_RB, V_RH,  # TMA only: rows of that view per batch and per head (row of key j: b*RB + h*RH + j)
     qk_scale,    # softmax scale * log2(e)
     stride_qb, stride_qh, stride_qs,  # elements; D has unit stride. Packed sequences: stride_*b = 0
     stride_kb, stride_kh, stride_ks,
@@ -160,9 +206,15 @@ def _attn_fwd_kernel(
     GROUP: tl.constexpr,              # query heads per key/value head
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, WITH_DELTA: tl.constexpr,
+    TMA: tl.constexpr,        # K/V tiles of the unmasked key blocks through K_DESC/V_DESC (the Hopper TMA unit)
+    WS: tl.constexpr,         # warp-specialise the unmasked key loop (tl.range(warp_specialize=True))
+    SCALE_POS: tl.constexpr,  # qk_scale > 0: the row max is taken before scaling (one FMA per score)
+    REVERSE: tl.constexpr,    # the last query block first (causal: the longest programs start first)
     UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
 ):
     start_m = tl.program_id(0)
+    if REVERSE:
+        start_m = tl.num_programs(0) - 1 - start_m
     bh = tl.program_id(1)
     b = bh // HQ
     hq = bh % HQ
@@ -171,6 +223,8 @@ def _attn_fwd_kernel(
     if start_m * BLOCK_M >= q_len:  # the grid covers the longest packed sequence
         return
     b64 = b.to(tl.int64)
+    k_row = b * K_RB + hkv * K_RH + k_start  # int32: the launcher checks the view has fewer than 2^31 rows
+    v_row = b * V_RB + hkv * V_RH + k_start
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = rows < q_len
@@ -193,10 +247,12 @@ def _attn_fwd_kernel(
     else:
         bulk_hi = full_k
         hi = k_len
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, 0, bulk_hi, k_len,
-                               qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, UPCAST, IEEE, RNE)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, bulk_hi, hi, k_len,
-                               qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, UPCAST, IEEE, RNE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row,
+                               rows, 0, bulk_hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, TMA, WS,
+                               SCALE_POS, UPCAST, IEEE, RNE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row,
+                               rows, bulk_hi, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, False, False,
+                               SCALE_POS, UPCAST, IEEE, RNE)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a query with no key at all (an empty packed key sequence): o = 0
     o = acc / l_safe[:, None]
@@ -252,26 +308,25 @@ def _attn_bwd_delta_kernel(
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, cols, lo, hi, q_len, k_len,
-                qk_scale, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC, q_row, do_row,
+                cols, lo, hi, q_len, k_len, qk_scale, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                MASK: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
                 UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
     # Query blocks [lo, hi) of one query head against this program's key block (k, v: [BLOCK_N, D]). Transposed
     # tiles (keys on rows) so that dK and dV accumulate with plain dots: dV += P^T dO, dK += dS^T Q.
+    # TMA (unmasked ranges only): Q and dO tiles through host descriptors, at rows q_row/do_row + start_m.
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q_ptrs = q_base + tl.cast(lo, tl.int64) * stride_qs + offs_m[:, None] * stride_qs + offs_d[None, :]
     do_ptrs = do_base + tl.cast(lo, tl.int64) * stride_dos + offs_m[:, None] * stride_dos + offs_d[None, :]
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
+        row_ok = rows < q_len
+        q, do = _tile_pair(q_ptrs, do_ptrs, Q_DESC, DO_DESC, q_row + start_m, do_row + start_m, row_ok, MASK, TMA)
         if MASK:
-            row_ok = rows < q_len
-            q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-            do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
             lse2 = tl.load(l_base + rows, mask=row_ok, other=0.0)
             delta = tl.load(d_base + rows, mask=row_ok, other=0.0)
         else:
-            q = tl.load(q_ptrs)
-            do = tl.load(do_ptrs)
             lse2 = tl.load(l_base + rows)
             delta = tl.load(d_base + rows)
         s_t = _mm(k, tl.trans(q), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST, IEEE) * qk_scale
@@ -285,8 +340,9 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride
         dp_t = _mm(v, tl.trans(do), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = _mm(_operand(ds_t, q.dtype, UPCAST), q, dk, UPCAST, IEEE)
-        q_ptrs += BLOCK_M * stride_qs
-        do_ptrs += BLOCK_M * stride_dos
+        if MASK or not TMA:
+            q_ptrs += BLOCK_M * stride_qs
+            do_ptrs += BLOCK_M * stride_dos
     return dk, dv
 
 
@@ -294,6 +350,8 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride
 def _attn_bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, LSE, DELTA,
     CU_Q, CU_K,
+    Q_DESC, DO_DESC,         # TMA only: descriptors over Q and dO seen as [rows, D] (block [BLOCK_M, D])
+    Q_RB, Q_RH, DO_RB, DO_RH,  # TMA only: rows of those views per batch and per head
     sm_scale, qk_scale,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     stride_dob, stride_doh, stride_dos,
@@ -303,7 +361,8 @@ def _attn_bwd_dkdv_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,  # query rows per step of the loop
     BLOCK_N: tl.constexpr,  # key rows held by the program
-    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
 ):
     start_n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -338,17 +397,23 @@ def _attn_bwd_dkdv_kernel(
         a_hi = 0
         b_hi = full_q
     for g in range(0, GROUP):
-        h64 = (hkv * GROUP + g).to(tl.int64)
+        hq = hkv * GROUP + g
+        h64 = hq.to(tl.int64)
+        q_row = b * Q_RB + hq * Q_RH + q_start  # int32: the launcher checks the views have fewer than 2^31 rows
+        do_row = b * DO_RB + hq * DO_RH + q_start
         q_base = Q + b64 * stride_qb + h64 * stride_qh + q_start.to(tl.int64) * stride_qs
         do_base = DO + b64 * stride_dob + h64 * stride_doh + q_start.to(tl.int64) * stride_dos
         l_base = LSE + b64 * stride_lb + h64 * stride_lh + q_start
         d_base = DELTA + b64 * stride_lb + h64 * stride_lh + q_start
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, cols, a_lo, a_hi,
-                             q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, True, CAUSAL, UPCAST, IEEE, RNE)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, cols, a_hi, b_hi,
-                             q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, False, CAUSAL, UPCAST, IEEE, RNE)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, cols, b_hi, q_len,
-                             q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, True, CAUSAL, UPCAST, IEEE, RNE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
+                             q_row, do_row, cols, a_lo, a_hi, q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, True, CAUSAL,
+                             False, UPCAST, IEEE, RNE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
+                             q_row, do_row, cols, a_hi, b_hi, q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, False, CAUSAL,
+                             TMA, UPCAST, IEEE, RNE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
+                             q_row, do_row, cols, b_hi, q_len, q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, True, CAUSAL,
+                             False, UPCAST, IEEE, RNE)
     dk = dk * sm_scale
     _store_rows(DK + b64 * stride_dkb + hkv.to(tl.int64) * stride_dkh + k_rows * stride_dks + offs_d[None, :], dk,
                 col_ok[:, None], RNE)
@@ -357,23 +422,19 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows, lo, hi, k_len, qk_scale,
-              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-              UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
+def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows, lo,
+              hi, k_len, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
+              CAUSAL: tl.constexpr, TMA: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
     # dQ += dS K over key blocks [lo, hi). Keys past k_len must be masked here: their p = exp2(-lse2) can overflow.
+    # TMA (unmasked ranges only): K and V tiles through host descriptors, at rows k_row/v_row + start_n.
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     # Pointers advance by BLOCK_N rows a step (64-bit pointers, 32-bit increments: no overflow on long caches).
     k_ptrs = k_base + tl.cast(lo, tl.int64) * stride_ks + offs_n[:, None] * stride_ks + offs_d[None, :]
     v_ptrs = v_base + tl.cast(lo, tl.int64) * stride_vs + offs_n[:, None] * stride_vs + offs_d[None, :]
     for start_n in range(lo, hi, BLOCK_N):
-        if MASK:
-            kv_ok = (start_n + offs_n) < k_len
-            k = tl.load(k_ptrs, mask=kv_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+        kv_ok = (start_n + offs_n) < k_len
+        k, v = _tile_pair(k_ptrs, v_ptrs, K_DESC, V_DESC, k_row + start_n, v_row + start_n, kv_ok, MASK, TMA)
         s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
         p = tl.exp2(s - lse2[:, None])
         if MASK:
@@ -384,8 +445,9 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows
         dp = _mm(do, tl.trans(v), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
         ds = p * (dp - delta[:, None])
         dq = _mm(_operand(ds, k.dtype, UPCAST), k, dq, UPCAST, IEEE)
-        k_ptrs += BLOCK_N * stride_ks
-        v_ptrs += BLOCK_N * stride_vs
+        if MASK or not TMA:
+            k_ptrs += BLOCK_N * stride_ks
+            v_ptrs += BLOCK_N * stride_vs
     return dq
 
 
@@ -393,6 +455,8 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows
 def _attn_bwd_dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA,
     CU_Q, CU_K,
+    K_DESC, V_DESC,          # TMA only: descriptors over K and V seen as [rows, D] (block [BLOCK_N, D])
+    K_RB, K_RH, V_RB, V_RH,  # TMA only: rows of those views per batch and per head
     sm_scale, qk_scale,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
@@ -401,7 +465,8 @@ def _attn_bwd_dq_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,  # query rows held by the program
     BLOCK_N: tl.constexpr,  # key rows per step of the loop
-    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -425,6 +490,8 @@ def _attn_bwd_dq_kernel(
     delta = tl.load(DELTA + l_off, mask=row_ok, other=0.0)
     k_base = K + b64 * stride_kb + hkv.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks
     v_base = V + b64 * stride_vb + hkv.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs
+    k_row = b * K_RB + hkv * K_RH + k_start  # int32: the launcher checks the views have fewer than 2^31 rows
+    v_row = b * V_RB + hkv * V_RH + k_start
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     full_k = (k_len // BLOCK_N) * BLOCK_N
     if CAUSAL:
@@ -433,10 +500,10 @@ def _attn_bwd_dq_kernel(
     else:
         bulk_hi = full_k
         hi = k_len
-    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows, 0, bulk_hi, k_len, qk_scale,
-                   BLOCK_N, HEAD_DIM, False, CAUSAL, UPCAST, IEEE, RNE)
-    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows, bulk_hi, hi, k_len, qk_scale,
-                   BLOCK_N, HEAD_DIM, True, CAUSAL, UPCAST, IEEE, RNE)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows,
+                   0, bulk_hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, TMA, UPCAST, IEEE, RNE)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows,
+                   bulk_hi, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, False, UPCAST, IEEE, RNE)
     dq = dq * sm_scale
     _store_rows(DQ + b64 * stride_dqb + h64 * stride_dqh + q_rows * stride_dqs + offs_d[None, :], dq,
                 row_ok[:, None], RNE)
@@ -444,14 +511,16 @@ def _attn_bwd_dq_kernel(
 
 # ---- launchers ----------------------------------------------------------------------------------------------------
 def fwd_config(head_dim: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, warps, stages) of the forward. GPU values are unmeasured starting points (the Triton
-    tutorial's Hopper choices); on the interpreter 32 x 32 tiles keep the tests quick and still loop."""
+    """(BLOCK_M, BLOCK_N, warps, stages) of the forward; on the interpreter 32 x 32 tiles keep the tests quick and
+    still loop. D = 128: 128 x 128 tiles, 8 warps, 2 stages of K/V through TMA (164,880 bytes of shared memory,
+    compiled for sm_90), the Triton tutorial's Hopper shape, NOT measured yet; the measured pointer path was
+    128 x 64, 8 warps, 3 stages (468 TFLOP/s). Other head dims: unmeasured starting points."""
     if device.type != "cuda":
         return 32, 32, 4, 1
     if head_dim <= 64:
         return 128, 64, 4, 3
     if head_dim <= 128:
-        return 128, 64, 8, 3
+        return 128, 128, 8, 2
     return 64, 32, 8, 2
 
 
@@ -495,13 +564,50 @@ def _bhs(t: torch.Tensor) -> tuple[int, int, int]:
     return 0, t.stride(1), t.stride(0)
 
 
+def _want_tma(x: torch.Tensor, tma: bool | None) -> bool:
+    """tma=None: on where the TMA unit exists (sm_90 and later); off on the CPU interpreter, where it is slower
+    and is tested by asking for it (tma=True)."""
+    if tma is None:
+        return x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+    return bool(tma)
+
+
+def _row_view(t: torch.Tensor) -> tuple[int, int, int] | None:
+    """t [B, H, S, D] (unit stride along D) as one [rows, D] matrix of row stride t.stride(2), the view a TMA
+    descriptor reads: (rows per batch, rows per head, rows), so that row b*RB + h*RH + s is t[b, h, s]. None where
+    the descriptor cannot read t: not fp16/bf16, a base or row stride that is not 16-byte aligned, batch or head
+    strides that are not whole rows (a packed [T, H, D] layout), or 2^31 rows or more (int32 coordinates)."""
+    b, h, s, d = t.shape
+    sb, sh, ss = t.stride(0), t.stride(1), t.stride(2)
+    if t.dtype not in (torch.float16, torch.bfloat16) or t.numel() == 0 or ss < d:
+        return None
+    if (ss * t.element_size()) % 16 or t.data_ptr() % 16 or (b > 1 and sb % ss) or (h > 1 and sh % ss):
+        return None
+    rb = sb // ss if b > 1 else 0
+    rh = sh // ss if h > 1 else 0
+    rows = (b - 1) * rb + (h - 1) * rh + s
+    return (rb, rh, rows) if rows < 2 ** 31 else None
+
+
+def _descs(pairs, block_rows: int):
+    """(descriptors, row strides) for the tensors of `pairs` ((tensor, its _row_view), ...), block [block_rows, D];
+    (the tensors themselves, zeros) when any view is None: the kernel's TMA flag is then off, the arguments unused."""
+    if any(view is None for _, view in pairs):
+        return [t for t, _ in pairs], [0] * (2 * len(pairs)), False
+    descs = [TensorDescriptor(t, [view[2], t.shape[-1]], [t.stride(2), 1], [block_rows, t.shape[-1]])
+             for t, view in pairs]
+    return descs, [r for _, view in pairs for r in view[:2]], True
+
+
 def _modes(x: torch.Tensor) -> dict:
     interp = x.device.type != "cuda"
     return dict(UPCAST=interp, IEEE=x.dtype == torch.float32, RNE=interp and x.dtype == torch.bfloat16)
 
 
-def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None):
-    # q, k, v: [B, H, S, D] (varlen None) or [T, H, D] with varlen = (cu_q, cu_k, max_q, max_k).
+def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma=None, warp_specialize=False,
+         reverse=None):
+    # q, k, v: [B, H, S, D] (varlen None) or [T, H, D] with varlen = (cu_q, cu_k, max_q, max_k). tma, warp_specialize,
+    # reverse: see attention_fwd.
     d = q.shape[-1]
     hq, hkv = q.shape[1], k.shape[1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
@@ -522,13 +628,20 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None):
     delta = torch.empty_like(lse) if do is not None else None
     if o.numel() == 0 or batch == 0:
         return o, lse, delta
+    # TMA for the unmasked key blocks: dense layouts only (packed sequences and unaligned strides keep pointers),
+    # and only where a whole block of keys exists.
+    use_tma = varlen is None and s_k >= bn and _want_tma(q, tma)
+    descs, kv_rows, use_tma = _descs(((k, _row_view(k)), (v, _row_view(v))) if use_tma else ((k, None), (v, None)),
+                                     bn)
     grid = (triton.cdiv(grid_m, bm), batch * hq)
     _attn_fwd_kernel[grid](
-        q, k, v, o, lse, do if do is not None else q, delta if do is not None else lse, cu_q, cu_k,
+        q, k, v, o, lse, do if do is not None else q, delta if do is not None else lse, cu_q, cu_k, *descs, *kv_rows,
         scale * 1.4426950408889634, *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(o), *_bhs(do if do is not None else q),
         *l_strides, s_q, s_k, hq,
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), VARLEN=varlen is not None,
-        STORE_LSE=store_lse, WITH_DELTA=do is not None, num_warps=warps, num_stages=stages, **_modes(q),
+        STORE_LSE=store_lse, WITH_DELTA=do is not None, TMA=use_tma, WS=bool(warp_specialize) and use_tma,
+        SCALE_POS=scale > 0, REVERSE=bool(causal) if reverse is None else bool(reverse),
+        num_warps=warps, num_stages=stages, **_modes(q),
     )
     return o, lse, delta
 
@@ -540,7 +653,7 @@ def _grad_like(t: torch.Tensor, bshd: bool) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
-def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd=False):
+def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd=False, tma=None):
     d = q.shape[-1]
     hq, hkv = q.shape[1], k.shape[1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
@@ -569,55 +682,70 @@ def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd
         )
     qk_scale = scale * 1.4426950408889634
     common.update(GROUP=hq // hkv, CAUSAL=bool(causal), num_warps=warps, num_stages=stages, **modes)
+    # TMA for the unmasked blocks of each loop (dense layouts, a whole block at least), as in the forward.
+    want = varlen is None and _want_tma(q, tma)
+    qdo = ((q, _row_view(q)), (do, _row_view(do))) if want and s_q >= m1 else ((q, None), (do, None))
+    q_descs, q_rows, tma_dkdv = _descs(qdo, m1)
+    kv = ((k, _row_view(k)), (v, _row_view(v))) if want and s_k >= n2 else ((k, None), (v, None))
+    kv_descs, kv_rows, tma_dq = _descs(kv, n2)
     _attn_bwd_dkdv_kernel[(triton.cdiv(s_k, n1), batch * hkv)](
-        q, k, v, do, dk, dv, lse, delta, cu_q, cu_k, scale, qk_scale,
+        q, k, v, do, dk, dv, lse, delta, cu_q, cu_k, *q_descs, *q_rows, scale, qk_scale,
         *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dk), *_bhs(dv), *l_strides, s_q, s_k, hkv,
-        BLOCK_M=m1, BLOCK_N=n1, **common,
+        BLOCK_M=m1, BLOCK_N=n1, TMA=tma_dkdv, **common,
     )
     _attn_bwd_dq_kernel[(triton.cdiv(s_q, m2), batch * hq)](
-        q, k, v, do, dq, lse, delta, cu_q, cu_k, scale, qk_scale,
+        q, k, v, do, dq, lse, delta, cu_q, cu_k, *kv_descs, *kv_rows, scale, qk_scale,
         *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dq), *l_strides, s_q, s_k, hq,
-        BLOCK_M=m2, BLOCK_N=n2, **common,
+        BLOCK_M=m2, BLOCK_N=n2, TMA=tma_dq, **common,
     )
     return dq, dk, dv
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                   sm_scale: float | None = None, config: tuple[int, int, int, int] | None = None,
-                  store_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                  store_lse: bool = True, tma: bool | None = None, warp_specialize: bool = False,
+                  reverse: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [B, Hq, Sq, D], lse2 [B, Hq, Sq] fp32) of softmax(q k^T * scale) v; scale defaults to 1/sqrt(D).
-    lse2 is the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for the natural one)."""
+    lse2 is the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for the natural one).
+    Variants (same results): config (BLOCK_M, BLOCK_N, warps, stages); tma: K/V tiles of the unmasked key blocks
+    through TMA descriptors (None: on sm_90+ GPUs; layouts a descriptor cannot read keep pointers, whatever tma
+    says); warp_specialize: tl.range(warp_specialize=True) on that loop (with TMA only); reverse: the query blocks
+    in reverse launch order (None: when causal, so that the longest programs start first)."""
     _check_qkv(q, k, v, 4)
     if q.shape[0] != k.shape[0]:
         raise ValueError(f"attention: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
-    return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, store_lse)[:2]
+    return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, store_lse, None, tma,
+                warp_specialize, reverse)[:2]
 
 
 def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
-                             causal: bool = False, sm_scale: float | None = None, config=None):
+                             causal: bool = False, sm_scale: float | None = None, config=None,
+                             tma: bool | None = None, warp_specialize: bool = False, reverse: bool | None = None):
     """(o, lse, delta) when the upstream gradient do is known at forward time (a fused forward + backward): the
     forward's epilogue computes delta = rowsum(do o o) from the fp32 o, which saves the backward's preprocess
     kernel (a read of o and do) and the error of o's rounding. Pass delta to attention_bwd."""
     _check_qkv(q, k, v, 4)
     if q.shape[0] != k.shape[0] or do.shape != q.shape:
         raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)} and do {tuple(do.shape)} do not fit")
-    return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, True, _unit_d(do))
+    return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, True, _unit_d(do), tma,
+                warp_specialize, reverse)
 
 
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                   lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
                   config: tuple[int, int, int, int, int, int] | None = None, delta: torch.Tensor | None = None,
-                  bshd_grads: bool = False):
+                  bshd_grads: bool = False, tma: bool | None = None):
     """(dq, dk, dv) of attention_fwd for the upstream gradient do, from the forward's o and lse (and delta, when
     attention_fwd_with_delta made it; else the preprocess kernel computes it from o and do). bshd_grads: the
-    gradients in [B, S, H, D] storage (transposed views), the layout SDPA's CPU backward returns."""
+    gradients in [B, S, H, D] storage (transposed views), the layout SDPA's CPU backward returns. tma: Q/dO
+    (dK/dV kernel) and K/V (dQ kernel) tiles of the unmasked blocks through TMA descriptors, as in attention_fwd."""
     _check_qkv(q, k, v, 4)
     if do.shape != q.shape or o.shape != q.shape or lse.shape != q.shape[:3]:
         raise ValueError(f"attention_bwd: do and o must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}")
     if delta is not None and delta.shape != lse.shape:
         raise ValueError(f"attention_bwd: delta must have lse's shape {tuple(lse.shape)}")
     return _bwd(_unit_d(do), _unit_d(q), _unit_d(k), _unit_d(v), _unit_d(o), lse.contiguous(), causal, sm_scale,
-                config, None, None if delta is None else delta.contiguous(), bshd_grads)
+                config, None, None if delta is None else delta.contiguous(), bshd_grads, tma)
 
 
 def _check_varlen(q, k, v, cu_q, cu_k):

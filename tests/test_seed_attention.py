@@ -4,8 +4,10 @@ causal and not, GQA/MQA ratios, head dims 64/128 (and 16/32), odd and unequal se
 packed variable-length sequences, and the decode kernels with several splits (some empty) and scattered pages.
 Small explicit tiles (16) make the loops run several blocks with masked tails at these lengths.
 
-Also: every GPU kernel variant the launchers pick compiles for sm_90 (the H200) with Triton's own ptxas on this
-machine, within Hopper's 227 KiB of shared memory, so the next GPU call does not fail on compilation.
+Also: every GPU kernel variant the launchers pick (TMA on, as on the H200) and every variant
+benchmarks/bench_attention.py --hopper sweeps compiles for sm_90 with Triton's own ptxas on this machine, within
+Hopper's 227 KiB of shared memory, so the next GPU call does not fail on compilation. The TMA descriptor path
+runs on the interpreter too (host TensorDescriptor loads), bitwise against the pointer path.
 """
 from __future__ import annotations
 
@@ -185,6 +187,77 @@ def test_decode_dense_and_paged(b, hkv, group, n, d, dtype, splits):
     _check("paged", got, ref, truth)
 
 
+TMA_CASES = [
+    # B, Hq, Hkv, S, D, causal, dtype: odd lengths (a masked tail after the TMA blocks), GQA, one whole block
+    (2, 4, 2, 45, 64, True, torch.bfloat16),
+    (1, 2, 1, 37, 32, False, torch.float16),
+    (1, 2, 2, 16, 16, True, torch.bfloat16),
+]
+
+
+def _spy_tma(monkeypatch) -> list[bool]:
+    """The TMA flag of every descriptor set the launchers build (True: the kernel reads through descriptors)."""
+    flags: list[bool] = []
+    real = A._descs
+
+    def spy(pairs, block_rows):
+        out = real(pairs, block_rows)
+        flags.append(out[2])
+        return out
+
+    monkeypatch.setattr(A, "_descs", spy)
+    return flags
+
+
+@pytest.mark.parametrize("b,hq,hkv,s,d,causal,dtype", TMA_CASES)
+def test_tma_path_matches_pointer_path(monkeypatch, b, hq, hkv, s, d, causal, dtype):
+    """The descriptor path (forward, warp-specialised forward, both backward kernels) on the interpreter: bitwise
+    the pointer path's results, and within tolerance of the float64 truth."""
+    gen = torch.Generator().manual_seed(s * 7 + d)
+    q = torch.randn(b, hq, s, d, generator=gen).to(dtype)
+    k, v = (torch.randn(b, hkv, s, d, generator=gen).to(dtype) for _ in range(2))
+    do = torch.randn(q.shape, generator=gen).to(dtype)
+    ref = _sdpa_grads(q, k, v, do, causal)
+    truth = _sdpa_grads(q.double(), k.double(), v.double(), do.double(), causal)
+    ptr = A.attention_fwd_with_delta(q, k, v, do, causal, config=SMALL_FWD, tma=False)
+    ptr_grads = A.attention_bwd(do, q, k, v, ptr[0], ptr[1], causal, config=SMALL_BWD, delta=ptr[2], tma=False)
+    flags = _spy_tma(monkeypatch)
+    o, lse, delta = A.attention_fwd_with_delta(q, k, v, do, causal, config=SMALL_FWD, tma=True)
+    grads = A.attention_bwd(do, q, k, v, o, lse, causal, config=SMALL_BWD, delta=delta, tma=True)
+    o_ws, lse_ws = A.attention_fwd(q, k, v, causal, config=SMALL_FWD, tma=True, warp_specialize=True, reverse=False)
+    assert flags == [True, True, True, True], flags  # forward, dK/dV, dQ, warp-specialised forward
+    for name, got, want in zip(("o", "lse", "delta", "dq", "dk", "dv", "o ws", "lse ws"),
+                               (o, lse, delta, *grads, o_ws, lse_ws), (*ptr, *ptr_grads, ptr[0], ptr[1])):
+        assert torch.equal(got, want), f"{name}: the TMA path differs from the pointer path"
+    for name, got, r, t in zip(("o", "dq", "dk", "dv"), (o, *grads), ref, truth):
+        _check("tma " + name, got, r, t)
+
+
+def test_tma_falls_back_where_a_descriptor_cannot_read(monkeypatch):
+    """Rows of 65 bf16 elements (130 bytes, not a multiple of 16) and packed varlen sequences keep the pointer
+    path even when TMA is asked for, and stay correct."""
+    gen = torch.Generator().manual_seed(5)
+    d, s = 64, 40
+    padded = [torch.randn(1, 2, s, d + 1, generator=gen).to(torch.bfloat16) for _ in range(3)]
+    q, k, v = (t[..., :d] for t in padded)
+    assert A._row_view(k) is None and A._row_view(k.contiguous()) is not None
+    flags = _spy_tma(monkeypatch)
+    o, _ = A.attention_fwd(q, k, v, True, config=SMALL_FWD, tma=True)
+    assert flags == [False]
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    truth = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    _check("unaligned rows", o, ref, truth)
+    cu = torch.tensor([0, 17, s], dtype=torch.int32)
+    packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v)]  # [T, H, D]
+    o_var, _ = A.attention_varlen_fwd(*packed, cu, cu, 23, 23, True, config=SMALL_FWD)
+    assert flags == [False, False]
+    for i in range(2):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        per = [t[rows].transpose(0, 1)[None] for t in packed]
+        _check(f"varlen seq {i}", o_var[rows], F.scaled_dot_product_attention(*per, is_causal=True)[0].transpose(0, 1),
+               F.scaled_dot_product_attention(*(t.double() for t in per), is_causal=True)[0].transpose(0, 1))
+
+
 def test_bad_inputs_are_one_sentence():
     q = torch.randn(1, 3, 8, 64)
     with pytest.raises(ValueError, match="multiple of key/value heads"):
@@ -205,33 +278,66 @@ def _strides(names: str, value: int = 128) -> dict:
 
 
 def _compile_all(d: int) -> dict:
-    """Shared memory of each launched GPU variant at head dim d (run in a process without TRITON_INTERPRET)."""
+    """Shared memory of each launched GPU variant at head dim d (run in a process without TRITON_INTERPRET): the
+    defaults as the H200 launches them (TMA on) and, at d = 128, every variant benchmarks/bench_attention.py
+    --hopper sweeps."""
     import seeds.attention as A  # noqa: N811 - the compiled (not interpreted) kernels
     import seeds.decode as DEC  # noqa: N811
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_attention as BENCH
+
     out = {}
     dev = torch.device("cuda")
     flags = dict(VARLEN=False, UPCAST=False, IEEE=False, RNE=False)
-    bm, bn, warps, stages = A.fwd_config(d, dev)
-    fwd = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", DO="*bf16", DELTA="*fp32", CU_Q="*i32",
-               CU_K="*i32", qk_scale=0.1, S_Q=4096, S_K=4096, HQ=32, GROUP=1, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-               CAUSAL=True, STORE_LSE=True, WITH_DELTA=True, **flags,
-               **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh stride_vs "
-                          "stride_ob stride_oh stride_os stride_dob stride_doh stride_dos stride_lb stride_lh"))
-    out["fwd"] = compile_sm90(A._attn_fwd_kernel, fwd, warps, stages).metadata.shared
-    m1, n1, m2, n2, warps, stages = A.bwd_config(d, dev)
-    common = dict(CU_Q="*i32", CU_K="*i32", sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096, GROUP=4, HEAD_DIM=d,
-                  CAUSAL=True, **flags)
-    ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32")
-    dkdv = dict(**common, **ptrs, DK="*bf16", DV="*bf16", HKV=8, BLOCK_M=m1, BLOCK_N=n1,
-                **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh stride_vs "
-                           "stride_dob stride_doh stride_dos stride_dkb stride_dkh stride_dks stride_dvb stride_dvh "
-                           "stride_dvs stride_lb stride_lh"))
-    out["dkdv"] = compile_sm90(A._attn_bwd_dkdv_kernel, dkdv, warps, stages).metadata.shared
-    dq = dict(**common, **ptrs, DQ="*bf16", HQ=32, BLOCK_M=m2, BLOCK_N=n2,
-              **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh stride_vs "
-                         "stride_dob stride_doh stride_dos stride_dqb stride_dqh stride_dqs stride_lb stride_lh"))
-    out["dq"] = compile_sm90(A._attn_bwd_dq_kernel, dq, warps, stages).metadata.shared
-    if d == 128:
+
+    def desc(tma: bool, rows: int) -> str:
+        return f"tensordesc<bf16[{rows},{d}]>" if tma else "*bf16"
+
+    def fwd(config, tma=True, warp_specialize=False, reverse=None, **_):
+        bm, bn, warps, stages = config or A.fwd_config(d, dev)
+        args = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", DO="*bf16", DELTA="*fp32", CU_Q="*i32",
+                    CU_K="*i32", K_DESC=desc(tma, bn), V_DESC=desc(tma, bn), K_RB=131072, K_RH=4096, V_RB=131072,
+                    V_RH=4096, qk_scale=0.1, S_Q=4096, S_K=4096, HQ=32, GROUP=1, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
+                    CAUSAL=True, STORE_LSE=True, WITH_DELTA=True, TMA=tma, WS=warp_specialize, SCALE_POS=True,
+                    REVERSE=reverse is not False, **flags,
+                    **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh "
+                               "stride_vs stride_ob stride_oh stride_os stride_dob stride_doh stride_dos stride_lb "
+                               "stride_lh"))
+        return compile_sm90(A._attn_fwd_kernel, args, warps, stages).metadata.shared
+
+    def bwd(config, tma=True, **_):
+        m1, n1, m2, n2, warps, stages = config or A.bwd_config(d, dev)
+        common = dict(CU_Q="*i32", CU_K="*i32", sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096, GROUP=4, HEAD_DIM=d,
+                      CAUSAL=True, TMA=tma, **flags)
+        ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32")
+        dkdv = dict(**common, **ptrs, DK="*bf16", DV="*bf16", HKV=8, BLOCK_M=m1, BLOCK_N=n1, Q_DESC=desc(tma, m1),
+                    DO_DESC=desc(tma, m1), Q_RB=131072, Q_RH=4096, DO_RB=131072, DO_RH=4096,
+                    **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh "
+                               "stride_vs stride_dob stride_doh stride_dos stride_dkb stride_dkh stride_dks stride_dvb "
+                               "stride_dvh stride_dvs stride_lb stride_lh"))
+        dq = dict(**common, **ptrs, DQ="*bf16", HQ=32, BLOCK_M=m2, BLOCK_N=n2, K_DESC=desc(tma, n2),
+                  V_DESC=desc(tma, n2), K_RB=32768, K_RH=4096, V_RB=32768, V_RH=4096,
+                  **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh "
+                             "stride_vs stride_dob stride_doh stride_dos stride_dqb stride_dqh stride_dqs stride_lb "
+                             "stride_lh"))
+        return (compile_sm90(A._attn_bwd_dkdv_kernel, dkdv, warps, stages).metadata.shared,
+                compile_sm90(A._attn_bwd_dq_kernel, dq, warps, stages).metadata.shared)
+
+    out["fwd"] = fwd(None)
+    out["fwd pointers"] = fwd(None, tma=False)
+    out["dkdv"], out["dq"] = bwd(None)
+    if d == 128:  # each distinct kernel once (the launch order and the defaults repeat others)
+        seen = set()
+        for name, kw, _ in BENCH.HOPPER_FWD:
+            key = (kw.get("config") or A.fwd_config(d, dev), kw.get("tma", True), kw.get("warp_specialize", False))
+            if key not in seen:
+                seen.add(key)
+                out[f"fwd {name}"] = fwd(*key[:2], warp_specialize=key[2])
+        for name, _, kw in BENCH.HOPPER_BWD:
+            key = (kw.get("config") or A.bwd_config(d, dev), kw.get("tma", True))
+            if key not in seen:
+                seen.add(key)
+                out[f"dkdv {name}"], out[f"dq {name}"] = bwd(*key)
         block_n, warps, stages = DEC.decode_config(dev)
         split = dict(Q="*bf16", K="*bf16", V="*bf16", O_PART="*fp32", LSE_PART="*fp32", SEQ_LENS="*i32",
                      BLOCK_TABLE="*i32", qk_scale=0.1, stride_bt=512, N_CTX=8192, tokens_per_split=4096, HKV=8,
