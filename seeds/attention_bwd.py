@@ -6,7 +6,8 @@ training path of FlashAttention in seeds/attention.py) put a few elements of dQ 
 elementwise tolerance against SDPA's CPU backward, which uses its unrounded output.
 FLOPs: 3.5x the forward's (14 B H S^2 D non-causal, half of it causal).
 Measured on the H200 (docs/BENCHMARKS.md run E, do_bench): forward+backward 359 TFLOP/s non-causal, 328 causal:
-1.17x SDPA's flash backend (307 / 279), 0.67x cuDNN (539 / 483).
+1.17x SDPA's flash backend (307 / 279), 0.67x cuDNN (539 / 483). That was the pointer path; the launchers now
+default to TMA descriptor loads on sm_90+ (seeds/attention.py), not measured yet (bench_attention.py --hopper).
 """
 from __future__ import annotations
 
