@@ -22,15 +22,26 @@ a [E, F, H] weight; X_e^T dY_e for the transposed layout) is `_grouped_dw_kernel
 FLOPs: 2 R N K forward for R routed rows, twice that backward. At 64 experts x 2048 rows, H 4096 -> F 1408:
 1.51 TFLOP forward; 2.3 ms at the 640 TFLOP/s target (ANCHORS.md: per-expert loop 592, torch._grouped_mm 573).
 
+Two kernels compute it (grouped_gemm's `impl`): `_grouped_gemm_kernel` ("ptr") loads every tile through pointers;
+`_grouped_gemm_tma_kernel` ("tma", the default where its rules hold) fetches B's tiles by TMA from B viewed 2D
+([E*N, K], or [E*K, N] transposed) through a host TensorDescriptor, and A's too where a block's BM rows are one run
+of A (sorted positions, or a contiguous layout from align_counts); a top-K gather keeps pointer loads for A, since
+Hopper's TMA cannot gather rows. Its persistent tile loop can be warp-specialised or flattened (launcher options).
+Rows and columns a TMA box reads past an expert's end are computed and never stored. Where B's 2D view breaks the
+descriptor rules (row bytes not a multiple of 16, a transposed B whose K is not a multiple of BK) the pointer
+kernel runs. dW has the same pair (`_grouped_dw_tma_kernel`: full row steps by TMA on a contiguous layout).
+
 Measured on the H200 (docs/BENCHMARKS.md run E, bench_moe.py --quick): grouped GEMM, 64 experts x 2048 tokens,
-H4096 -> F1408: 2.945 ms = 513 TFLOP/s at the default tiles, 0.81x torch._grouped_mm (630), 0.87x a loop of
-matmuls (593): plain tl.dot tiles, no TMA or warp specialisation.
+H4096 -> F1408: 2.945 ms = 513 TFLOP/s with the pointer kernel at 128x256x64, 0.81x torch._grouped_mm (630), 0.87x
+a loop of matmuls (593). The TMA kernel: not measured yet (benchmarks/bench_moe.py sweeps it against the pointer
+kernel in one run).
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from seeds._common import sm_count
 from seeds.cross_entropy import needs_rne, round_bf16_rne
@@ -123,10 +134,12 @@ def _align_contiguous_kernel(EXPERT_START, EXPERT_COUNT, EXPERT_OFFSET, SORTED_I
 class Aligned:
     """The aligned layout of one routing (see the module docstring); `n_valid` is the sentinel id."""
 
-    def __init__(self, sorted_ids, expert_ids, num_padded, expert_start, expert_count, n_valid, block_m):
+    def __init__(self, sorted_ids, expert_ids, num_padded, expert_start, expert_count, expert_offset, n_valid,
+                 block_m, contiguous):
         self.sorted_ids, self.expert_ids, self.num_padded = sorted_ids, expert_ids, num_padded
-        self.expert_start, self.expert_count = expert_start, expert_count
+        self.expert_start, self.expert_count, self.expert_offset = expert_start, expert_count, expert_offset
         self.n_valid, self.block_m = n_valid, block_m
+        self.contiguous = contiguous  # the ids of each expert are one run (offset[e] ...): rows a TMA box can read
 
 
 def _alloc_layout(n_ids: int, experts: int, block_m: int, device) -> tuple:
@@ -166,7 +179,7 @@ def align_block_size(topk_ids: torch.Tensor, experts: int, block_m: int) -> Alig
     chunk_offsets = _scan(chunk_counts, experts, block_m, expert_ids, vecs, num_padded)
     _align_scatter_kernel[(num_chunks,)](ids, n, chunk_offsets, vecs[0], sorted_ids, experts, BLOCK_N=chunk,
                                          BLOCK_E=block_e, num_warps=4)
-    return Aligned(sorted_ids, expert_ids, num_padded, vecs[0], vecs[1], n, block_m)
+    return Aligned(sorted_ids, expert_ids, num_padded, vecs[0], vecs[1], vecs[2], n, block_m, contiguous=False)
 
 
 def align_counts(counts: torch.Tensor, n_rows: int, block_m: int) -> Aligned:
@@ -175,7 +188,7 @@ def align_counts(counts: torch.Tensor, n_rows: int, block_m: int) -> Aligned:
     sorted_ids, expert_ids, vecs, num_padded = _alloc_layout(n_rows, experts, block_m, counts.device)
     _scan(counts.reshape(1, experts), experts, block_m, expert_ids, vecs, num_padded)
     _align_contiguous_kernel[(experts,)](vecs[0], vecs[1], vecs[2], sorted_ids, BLOCK=256, num_warps=4)
-    return Aligned(sorted_ids, expert_ids, num_padded, vecs[0], vecs[1], n_rows, block_m)
+    return Aligned(sorted_ids, expert_ids, num_padded, vecs[0], vecs[1], vecs[2], n_rows, block_m, contiguous=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -200,6 +213,18 @@ def _round_to(x, dtype: tl.constexpr, RNE: tl.constexpr):
 
 
 @triton.jit
+def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(m-block, n-block) of a tile: GROUP_M consecutive m-blocks (mostly one expert's) sweep the n-blocks together,
+    so the expert's B tiles stay in L2 while they are reused."""
+    group = tile // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    group_size = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % (GROUP_M * num_n)) % group_size
+    pid_n = (tile % (GROUP_M * num_n)) // group_size
+    return pid_m, pid_n
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     A, B, C,
     SORTED_IDS, EXPERT_IDS, NUM_PADDED,  # the aligned layout
@@ -220,12 +245,7 @@ def _grouped_gemm_kernel(
     num_n = tl.cdiv(N, BN)
     num_tiles = num_m * num_n
     for tile in range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
-        # GROUP_M consecutive m-blocks (mostly one expert's) sweep the n-blocks together: B tiles stay in L2.
-        group = tile // (GROUP_M * num_n)
-        first_m = group * GROUP_M
-        group_size = min(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % (GROUP_M * num_n)) % group_size
-        pid_n = (tile % (GROUP_M * num_n)) // group_size
+        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
 
         expert = tl.load(EXPERT_IDS + pid_m).to(tl.int64)
         pos = pid_m * BM + tl.arange(0, BM)
@@ -270,6 +290,93 @@ def _grouped_gemm_kernel(
 
 
 @triton.jit
+def _grouped_gemm_tma_kernel(
+    A,                        # A_TMA: a descriptor over A [rows, K] (block [BM, BK]); else A's pointer
+    B_DESC,                   # a descriptor over B viewed 2D: [E*N', K] (block [BN, BK]) or, B_KN, [E*K, N] ([BK, BN])
+    C,
+    SORTED_IDS, EXPERT_IDS, NUM_PADDED, n_valid, N, K,
+    stride_am, stride_ak,     # A's strides (pointer loads only)
+    stride_cm, stride_cn,
+    b_rows,                   # rows of B's 2D view per expert: N' (N, or 2N with SWIGLU) or, B_KN, K
+    A_ROW_DIV: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, SWIGLU: tl.constexpr,
+    A_TMA: tl.constexpr,      # A by descriptor: the BM rows of a block are consecutive rows of A, from the block's
+                              # first sorted position (not GATHER_A) or its first id (GATHER_A: a contiguous layout)
+    B_KN: tl.constexpr,       # B's 2D view is [E*K, N] (the transposed layout; K a multiple of BK)
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
+):
+    # The same product as _grouped_gemm_kernel, with the tiles of B (and of A where its block is one run of rows)
+    # fetched by the TMA engine straight into shared memory. A block that ends before BM rows reads the next
+    # expert's rows (or TMA's zero fill past the tensor): those rows of C are never stored. A B tile past N reads
+    # the next expert's (or the up half's) rows: those columns are never stored either.
+    num_m = tl.load(NUM_PADDED) // BM
+    num_n = tl.cdiv(N, BN)
+    num_tiles = num_m * num_n
+    rk = tl.arange(0, BK)
+    tile_c = tl.program_id(0) - NUM_PROGRAMS  # the epilogue's own tile counter (as Triton's persistent tutorial)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+        expert = tl.load(EXPERT_IDS + pid_m)
+        b_row = expert * b_rows
+        if A_TMA:
+            if GATHER_A:
+                a_row = tl.load(SORTED_IDS + pid_m * BM)
+            else:
+                a_row = pid_m * BM
+        else:
+            ids_a = tl.load(SORTED_IDS + pid_m * BM + tl.arange(0, BM))
+            a_ok = ids_a < n_valid
+            if GATHER_A:
+                a_rows = (ids_a // A_ROW_DIV).to(tl.int64)
+            else:
+                a_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+            a_ptrs = A + a_rows[:, None] * stride_am + rk[None, :] * stride_ak
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        acc_up = tl.zeros([BM, BN], dtype=tl.float32)
+        for k in range(0, K, BK):
+            if A_TMA:
+                a = A.load([a_row, k])
+            else:
+                a = tl.load(a_ptrs, mask=a_ok[:, None] & ((k + rk) < K)[None, :], other=0.0)
+                a_ptrs += BK * stride_ak
+            if B_KN:
+                acc = _dot(a, B_DESC.load([b_row + k, pid_n * BN]), acc, UPCAST, IEEE)
+            else:
+                acc = _dot(a, B_DESC.load([b_row + pid_n * BN, k]).T, acc, UPCAST, IEEE)
+                if SWIGLU:
+                    acc_up = _dot(a, B_DESC.load([b_row + N + pid_n * BN, k]).T, acc_up, UPCAST, IEEE)
+        tile_c += NUM_PROGRAMS
+        pid_m, pid_n = _tile_coords(tile_c, num_m, num_n, GROUP_M)
+        if SWIGLU:  # the rounding points of the bf16 reference, as in _grouped_gemm_kernel
+            gate = _round_to(acc, C.dtype.element_ty, RNE)
+            act = _round_to(gate * tl.sigmoid(gate), C.dtype.element_ty, RNE)
+            acc = act * _round_to(acc_up, C.dtype.element_ty, RNE)
+        if RNE:
+            acc = round_bf16_rne(acc)
+        pos = pid_m * BM + tl.arange(0, BM)
+        ids = tl.load(SORTED_IDS + pos)
+        rn = pid_n * BN + tl.arange(0, BN)
+        if SCATTER_C:
+            c_rows = ids.to(tl.int64)
+        else:
+            c_rows = pos.to(tl.int64)
+        c_ptrs = C + c_rows[:, None] * stride_cm + rn[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(ids < n_valid)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def _dw_step(DC, A, rows, ok, rn, rk, n_ok, k_ok, stride_dcm, stride_dcn, stride_am, stride_ak, acc,
+             UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """acc += DC[rows, rn]^T @ A[rows, rk] for one step of rows by pointers (rows not `ok` load as zeros)."""
+    dc = tl.load(DC + rows[:, None] * stride_dcm + rn[None, :] * stride_dcn, mask=ok[:, None] & n_ok[None, :],
+                 other=0.0)
+    a = tl.load(A + rows[:, None] * stride_am + rk[None, :] * stride_ak, mask=ok[:, None] & k_ok[None, :], other=0.0)
+    return _dot(tl.trans(dc), a, acc, UPCAST, IEEE)
+
+
+@triton.jit
 def _grouped_dw_kernel(
     DC, A, DB,                # DB[e] = DC_e^T @ A_e: DC [rows, N], A [rows, K], DB [E, N, K]
     SORTED_IDS, EXPERT_START, EXPERT_COUNT, n_valid, E, N, K,
@@ -295,13 +402,47 @@ def _grouped_dw_kernel(
         acc = tl.zeros([BN, BK], dtype=tl.float32)
         for r in range(start, start + count, BR):
             ids = tl.load(SORTED_IDS + r + tl.arange(0, BR))
-            ok = ids < n_valid
-            rows = ids.to(tl.int64)
-            dc = tl.load(DC + rows[:, None] * stride_dcm + rn[None, :] * stride_dcn, mask=ok[:, None] & n_ok[None, :],
-                         other=0.0)
-            a = tl.load(A + rows[:, None] * stride_am + rk[None, :] * stride_ak, mask=ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            acc = _dot(tl.trans(dc), a, acc, UPCAST, IEEE)
+            acc = _dw_step(DC, A, ids.to(tl.int64), ids < n_valid, rn, rk, n_ok, k_ok, stride_dcm, stride_dcn,
+                           stride_am, stride_ak, acc, UPCAST, IEEE)
+        if RNE:
+            acc = round_bf16_rne(acc)
+        d_ptrs = DB + e.to(tl.int64) * stride_de + rn[:, None] * stride_dn + rk[None, :] * stride_dk
+        tl.store(d_ptrs, acc.to(DB.dtype.element_ty), mask=n_ok[:, None] & k_ok[None, :])
+
+
+@triton.jit
+def _grouped_dw_tma_kernel(
+    DC_DESC, A_DESC,          # descriptors over DC [rows, N] (block [BR, BN]) and A [rows, K] (block [BR, BK])
+    DC, A, DB,                # the same tensors by pointer (the last, partial step of each expert), DB [E, N, K]
+    EXPERT_OFFSET, EXPERT_COUNT, E, N, K,  # a contiguous layout: expert e owns rows offset[e] .. + count[e]
+    stride_dcm, stride_dcn, stride_am, stride_ak, stride_de, stride_dn, stride_dk,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+):
+    # dW[e] = dY_e^T X_e as _grouped_dw_kernel, the expert's full BR-row steps read by TMA (its rows are one run),
+    # its last partial step by masked pointer loads (a TMA box would read the next expert's rows).
+    num_n = tl.cdiv(N, BN)
+    num_k = tl.cdiv(K, BK)
+    rr = tl.arange(0, BR)
+    for tile in range(tl.program_id(0), E * num_n * num_k, NUM_PROGRAMS):
+        e = tile // (num_n * num_k)
+        pid_n = (tile % (num_n * num_k)) // num_k
+        pid_k = tile % num_k
+        first = tl.load(EXPERT_OFFSET + e)
+        count = tl.load(EXPERT_COUNT + e)
+        full = count // BR * BR
+        acc = tl.zeros([BN, BK], dtype=tl.float32)
+        for r in range(first, first + full, BR):
+            dc = DC_DESC.load([r, pid_n * BN])
+            a = A_DESC.load([r, pid_k * BK])
+            acc = _dot(dc.T, a, acc, UPCAST, IEEE)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = pid_k * BK + tl.arange(0, BK)
+        n_ok = rn < N
+        k_ok = rk < K
+        if full < count:
+            acc = _dw_step(DC, A, (first + full + rr).to(tl.int64), (full + rr) < count, rn, rk, n_ok, k_ok,
+                           stride_dcm, stride_dcn, stride_am, stride_ak, acc, UPCAST, IEEE)
         if RNE:
             acc = round_bf16_rne(acc)
         d_ptrs = DB + e.to(tl.int64) * stride_de + rn[:, None] * stride_dn + rk[None, :] * stride_dk
@@ -309,20 +450,42 @@ def _grouped_dw_kernel(
 
 
 def default_config(device: torch.device, swiglu: bool = False) -> tuple[int, int, int, int, int, int]:
-    """(BM, BN, BK, warps, stages, GROUP_M): on a GPU the best of the H200 sweep (docs/BENCHMARKS.md run E: the
-    grouped GEMM at 128x256x64/3 stages 513 TFLOP/s against 473 at 128x128x64/4; the DeepSeek-like layer 4.69 ms with
-    these two against 5.56), small tiles on the interpreter. The SwiGLU variant keeps two accumulators, so its n-tile
-    is half as wide."""
+    """(BM, BN, BK, warps, stages, GROUP_M): on a GPU the best of the H200 sweep of the pointer kernel
+    (docs/BENCHMARKS.md run E: the grouped GEMM at 128x256x64/3 stages 513 TFLOP/s against 473 at 128x128x64/4;
+    the DeepSeek-like layer 4.69 ms with these two against 5.56), small tiles on the interpreter. The SwiGLU variant
+    keeps two accumulators, so its n-tile is half as wide. The TMA kernel runs the same tiles until measured."""
     if device.type != "cuda":  # the interpreter pays per operation, not per FLOP: few, wide tiles
         return (16, 128, 128, 4, 1, 4)
     return (128, 128, 64, 8, 3, 8) if swiglu else (128, 256, 64, 8, 3, 8)
 
 
+IMPLS = ("auto", "tma", "ptr")  # auto: TMA wherever the descriptors' rules hold, else the pointer kernel
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A 2D tensor one TMA descriptor can cover: unit last stride, 16-byte aligned base and row stride."""
+    return (t.dim() == 2 and t.numel() > 0 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
+            and t.stride(0) * t.element_size() % 16 == 0)
+
+
+def _check_impl(impl: str, warp_specialize: bool, flatten: bool) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"grouped GEMM: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "ptr" and (warp_specialize or flatten):
+        raise ValueError("grouped GEMM: warp specialisation and loop flattening are options of the TMA kernel")
+
+
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, layout: Aligned, out: torch.Tensor, *, transpose_b: bool = False,
                  a_row_div: int = 1, gather_a: bool = True, scatter_c: bool = True, swiglu: bool = False,
-                 config=None, programs: int | None = None) -> torch.Tensor:
+                 config=None, programs: int | None = None, impl: str = "auto", warp_specialize: bool = False,
+                 flatten: bool = False) -> torch.Tensor:
     """out[row] = a[row] @ b[e]^T (b [E, N, K]) or a[row] @ b[e] (transpose_b: b [E, K, N]) for each routed row
-    of the aligned layout; with swiglu, b holds [gate; up] rows (b [E, 2N, K]) and out gets silu(gate) * up."""
+    of the aligned layout; with swiglu, b holds [gate; up] rows (b [E, 2N, K]) and out gets silu(gate) * up.
+    impl "tma" (or "auto"): B's tiles by TMA from B viewed 2D, A's too where each block's rows are one run (not a
+    top-K gather), persistent tile loop optionally warp-specialised / flattened; it falls back to the pointer
+    kernel ("ptr") where B's view breaks the descriptor rules (odd row bytes, a transposed B whose K is not a
+    multiple of BK: its boxes would cross into the next expert's rows)."""
+    _check_impl(impl, warp_specialize, flatten)
     if a.dtype != b.dtype or out.dtype != a.dtype:
         raise ValueError(f"grouped_gemm: a, b and out must share one dtype, got {a.dtype}, {b.dtype}, {out.dtype}")
     if b.dim() != 3:
@@ -344,18 +507,31 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, layout: Aligned, out: torch.T
     if n_dim == 0 or out.shape[0] == 0:
         return out
     programs = programs or sm_count(a.device)
+    flags = dict(A_ROW_DIV=a_row_div, GATHER_A=gather_a, SCATTER_C=scatter_c, SWIGLU=swiglu,
+                 UPCAST=a.device.type != "cuda", IEEE=a.dtype == torch.float32, RNE=needs_rne(out),
+                 BM=bm, BN=bn, BK=bk, GROUP_M=group_m, NUM_PROGRAMS=programs, num_warps=warps, num_stages=stages)
+    b2d = b.view(-1, b.shape[2]) if b.is_contiguous() else None  # [E*N', K] or, transposed, [E*K, N]
+    if impl != "ptr" and b2d is not None and _tma_ok(b2d) and (not transpose_b or k_dim % bk == 0):
+        a_tma = _tma_ok(a) and (not gather_a or (layout.contiguous and a_row_div == 1))
+        a_arg = TensorDescriptor.from_tensor(a, [bm, bk]) if a_tma else a
+        b_desc = TensorDescriptor.from_tensor(b2d, [bk, bn] if transpose_b else [bn, bk])
+        _grouped_gemm_tma_kernel[(programs,)](
+            a_arg, b_desc, out, layout.sorted_ids, layout.expert_ids, layout.num_padded, layout.n_valid, n_dim,
+            k_dim, a.stride(0), a.stride(1), out.stride(0), out.stride(1), b.shape[1], A_TMA=a_tma, B_KN=transpose_b,
+            WARP_SPECIALIZE=warp_specialize, FLATTEN=flatten, **flags)
+        return out
     _grouped_gemm_kernel[(programs,)](
         a, b, out, layout.sorted_ids, layout.expert_ids, layout.num_padded, layout.n_valid, n_dim, k_dim,
         a.stride(0), a.stride(1), b.stride(0), stride_bn, stride_bk, out.stride(0), out.stride(1),
-        n_dim * stride_bn, A_ROW_DIV=a_row_div, GATHER_A=gather_a, SCATTER_C=scatter_c, SWIGLU=swiglu,
-        UPCAST=a.device.type != "cuda", IEEE=a.dtype == torch.float32, RNE=needs_rne(out),
-        BM=bm, BN=bn, BK=bk, GROUP_M=group_m, NUM_PROGRAMS=programs, num_warps=warps, num_stages=stages)
+        n_dim * stride_bn, **flags)
     return out
 
 
 def grouped_dw(dc: torch.Tensor, a: torch.Tensor, layout: Aligned, out: torch.Tensor, *, config=None,
-               programs: int | None = None) -> torch.Tensor:
-    """out[e] = dc_e^T @ a_e over each expert's routed rows (rows of dc and a by sorted id): out [E, N, K]."""
+               programs: int | None = None, impl: str = "auto") -> torch.Tensor:
+    """out[e] = dc_e^T @ a_e over each expert's routed rows (rows of dc and a by sorted id): out [E, N, K].
+    impl "tma" (or "auto") on a contiguous layout with descriptor-friendly dc and a: full row steps by TMA."""
+    _check_impl(impl, False, False)
     experts, n_dim, k_dim = out.shape
     if dc.shape[1] != n_dim or a.shape[1] != k_dim or dc.dtype != a.dtype:
         raise ValueError(f"grouped_dw: dc {tuple(dc.shape)} and a {tuple(a.shape)} do not give {tuple(out.shape)}")
@@ -365,21 +541,29 @@ def grouped_dw(dc: torch.Tensor, a: torch.Tensor, layout: Aligned, out: torch.Te
     if out.numel() == 0:
         return out
     programs = programs or sm_count(a.device)
+    flags = dict(UPCAST=a.device.type != "cuda", IEEE=a.dtype == torch.float32, RNE=needs_rne(out),
+                 BN=bn, BK=bk, BR=br, NUM_PROGRAMS=programs, num_warps=warps, num_stages=stages)
+    strides = (dc.stride(0), dc.stride(1), a.stride(0), a.stride(1), out.stride(0), out.stride(1), out.stride(2))
+    if impl != "ptr" and layout.contiguous and _tma_ok(dc) and _tma_ok(a):
+        _grouped_dw_tma_kernel[(programs,)](
+            TensorDescriptor.from_tensor(dc, [br, bn]), TensorDescriptor.from_tensor(a, [br, bk]), dc, a, out,
+            layout.expert_offset, layout.expert_count, experts, n_dim, k_dim, *strides, **flags)
+        return out
     _grouped_dw_kernel[(programs,)](
         dc, a, out, layout.sorted_ids, layout.expert_start, layout.expert_count, layout.n_valid, experts, n_dim,
-        k_dim, dc.stride(0), dc.stride(1), a.stride(0), a.stride(1), out.stride(0), out.stride(1), out.stride(2),
-        UPCAST=a.device.type != "cuda", IEEE=a.dtype == torch.float32, RNE=needs_rne(out),
-        BN=bn, BK=bk, BR=br, NUM_PROGRAMS=programs, num_warps=warps, num_stages=stages)
+        k_dim, *strides, **flags)
     return out
 
 
-def grouped_linear_fwd(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, config=None) -> torch.Tensor:
-    """y[rows of e] = x[rows of e] @ weight[e]^T for x grouped by expert (expert e owns the next counts[e] rows)."""
+def grouped_linear_fwd(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, config=None,
+                       **variant) -> torch.Tensor:
+    """y[rows of e] = x[rows of e] @ weight[e]^T for x grouped by expert (expert e owns the next counts[e] rows);
+    variant: grouped_gemm's impl / warp_specialize / flatten."""
     _check_grouped(x, weight, counts)
     bm = (config or default_config(x.device))[0]
     layout = align_counts(counts, x.shape[0], bm)
     y = torch.empty((x.shape[0], weight.shape[1]), dtype=x.dtype, device=x.device)
-    return grouped_gemm(x.contiguous(), weight, layout, y, config=config)
+    return grouped_gemm(x.contiguous(), weight, layout, y, config=config, **variant)
 
 
 def _check_grouped(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> None:

@@ -7,8 +7,11 @@ GEMM -> weighted combine. x [T, H] bf16, router logits [T, E], w_gate_up [E, 2F,
        times routed_scale. Ties go to the lower expert index (the tasks draw tie-free logits).
     2. align (three small kernels): the (token, slot) pairs sorted by expert, padded to BLOCK_M per expert
     3. h[sorted row] = silu(x[t] @ Wg_e^T) * (x[t] @ Wu_e^T): the gate and up products of a tile share the x tile,
-       so the [T*K, 2F] pre-activation is never written; h [T*K + padding, F] in x's dtype
-    4. y[t*K + k] = h[sorted row] @ Wd_e^T, written back in (token, slot) order
+       so the [T*K, 2F] pre-activation is never written; h [T*K + padding, F] in x's dtype. TMA variant: the
+       gate/up tiles by TMA from w_gate_up viewed [E*2F, H]; x's rows are gathered (token = id // K), so they stay
+       pointer loads (Hopper's TMA has no row gather)
+    4. y[t*K + k] = h[sorted row] @ Wd_e^T, written back in (token, slot) order. TMA variant: h's blocks (one run
+       of sorted rows each) and w_down viewed [E*H, F] both by TMA
     5. out[t] = sum_k w[t, k] * y[t*K + k], in fp32, in slot order (deterministic, no atomics)
 FLOPs 6 T K H F: 11.5 TFLOP at the Mixtral shape (16k tokens), 2.27 TFLOP at the DeepSeek/Qwen shape.
 Bytes beyond the weights: h and y (T K (F + H) x 2 B) written and read once each.
@@ -135,8 +138,9 @@ def combine(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.
 
 def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                   top_k: int, scoring: str = "softmax", bias: torch.Tensor | None = None, routed_scale: float = 1.0,
-                  up_config=None, down_config=None) -> torch.Tensor:
-    """The MoE layer's output [T, H] (see the module docstring); configs as seeds.moe.grouped_gemm, one BLOCK_M."""
+                  up_config=None, down_config=None, **variant) -> torch.Tensor:
+    """The MoE layer's output [T, H] (see the module docstring); configs as seeds.moe.grouped_gemm, one BLOCK_M;
+    variant: both grouped GEMMs' impl / warp_specialize / flatten."""
     if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
         raise ValueError(f"moe_layer: expected x [T, H], w_gate_up [E, 2F, H], w_down [E, H, F], got "
                          f"{tuple(x.shape)}, {tuple(w_gate_up.shape)}, {tuple(w_down.shape)}")
@@ -157,9 +161,9 @@ def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor
     layout = align_block_size(ids, experts, up_config[0])
     h = torch.empty((layout.sorted_ids.numel(), ffn), dtype=x.dtype, device=x.device)
     grouped_gemm(x, w_gate_up, layout, h, a_row_div=top_k, gather_a=True, scatter_c=False, swiglu=True,
-                 config=up_config)
+                 config=up_config, **variant)
     y = torch.empty((t * top_k, hidden), dtype=x.dtype, device=x.device)
-    grouped_gemm(h, w_down, layout, y, gather_a=False, scatter_c=True, config=down_config)
+    grouped_gemm(h, w_down, layout, y, gather_a=False, scatter_c=True, config=down_config, **variant)
     return combine(y, weights, torch.empty_like(x))
 
 

@@ -179,6 +179,73 @@ def test_grouped_gemm_tile_configs_agree(device):
     assert (dw[1] == 0).all() and (dw[4] == 0).all()
 
 
+# ---- the TMA kernels against the pointer kernels -----------------------------------------------------------------
+TMA_VARIANTS = [{"impl": "tma"}, {"impl": "tma", "warp_specialize": True}, {"impl": "tma", "flatten": True}]
+TMA_CFG, TMA_DW_CFG = (16, 16, 16, 4, 1, 2), (16, 16, 8, 4, 1)  # BK 16 divides F = 32: dx's transposed B by TMA too
+
+
+def _grouped_case(h, f, dtype, device):
+    g = torch.Generator().manual_seed(h * 7 + f)
+    counts = torch.tensor([5, 0, 70, 1, 0, 30, 17])  # empty experts, a run of 1, partial last blocks and steps
+    rows = int(counts.sum())
+    x = torch.randn(rows, h, generator=g).to(dtype).to(device)
+    w = torch.randn(counts.numel(), f, h, generator=g).to(dtype).to(device)
+    dy = torch.randn(rows, f, generator=g).to(dtype).to(device)
+    return x, w, counts.to(device), dy
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("h,f", [(48, 32), (40, 24), (17, 19)])  # rows TMA can read; odd row bytes (pointer fallback)
+def test_tma_kernels_match_pointer_kernels(h, f, dtype, device):
+    from seeds.moe import grouped_linear_fwd
+    from seeds.moe_bwd import grouped_linear_bwd
+    x, w, counts, dy = _grouped_case(h, f, dtype, device)
+    y = grouped_linear_fwd(x, w, counts, TMA_CFG, impl="ptr")
+    dx, dw = grouped_linear_bwd(x, w, counts, dy, TMA_CFG, TMA_DW_CFG, dw_impl="ptr", impl="ptr")
+    for variant in TMA_VARIANTS:
+        torch.testing.assert_close(grouped_linear_fwd(x, w, counts, TMA_CFG, **variant), y, rtol=0, atol=0)
+        dx2, dw2 = grouped_linear_bwd(x, w, counts, dy, TMA_CFG, TMA_DW_CFG, dw_impl="tma", **variant)
+        torch.testing.assert_close(dx2, dx, rtol=0, atol=0)
+        torch.testing.assert_close(dw2, dw, rtol=0, atol=0)
+    assert (dw[1] == 0).all() and (dw[4] == 0).all()
+
+
+class _Refused:
+    """Stands in for a pointer kernel: launching it fails the test."""
+
+    def __getitem__(self, grid):
+        raise AssertionError("pointer kernel launched")
+
+
+def test_tma_path_taken_where_its_rules_hold(monkeypatch, device):
+    import seeds.moe as moe
+    from seeds.moe_bwd import grouped_linear_bwd
+    monkeypatch.setattr(moe, "_grouped_gemm_kernel", _Refused())
+    monkeypatch.setattr(moe, "_grouped_dw_kernel", _Refused())
+    x, w, counts, dy = _grouped_case(48, 32, torch.bfloat16, device)
+    moe.grouped_linear_fwd(x, w, counts)  # "auto"
+    grouped_linear_bwd(x, w, counts, dy, TMA_CFG, TMA_DW_CFG)
+    with pytest.raises(AssertionError, match="pointer kernel"):  # 17 bf16 = 34-byte rows: no descriptor
+        moe.grouped_linear_fwd(*_grouped_case(17, 32, torch.bfloat16, device)[:3])
+    with pytest.raises(AssertionError, match="pointer kernel"):  # F = 32 not a multiple of BK 64: boxes would
+        grouped_linear_bwd(x, w, counts, dy, (16, 16, 64, 4, 1, 2), TMA_DW_CFG)  # cross into the next expert
+    with pytest.raises(ValueError, match="impl"):
+        moe.grouped_linear_fwd(x, w, counts, impl="cutlass")
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+def test_layer_tma_matches_pointer(scoring, device):
+    from seeds.moe_layer import moe_layer_fwd
+    task = _layer_task(scoring, 37, 8, 2, 40, 48)
+    model = task.make_reference(0, device)
+    x, logits = task.make_inputs(5, "normal", device)
+    bias = model.router_bias if scoring == "sigmoid" else None
+    args = (x, logits, model.w_gate_up.detach(), model.w_down.detach(), 2, scoring, bias, model.routed_scale)
+    want = moe_layer_fwd(*args, impl="ptr")
+    for variant in TMA_VARIANTS:
+        assert torch.equal(moe_layer_fwd(*args, **variant), want)
+
+
 # ---- the fused layer --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("scoring,t,e,k,h,f", [
     ("softmax", 1, 8, 2, 40, 48), ("softmax", 37, 8, 2, 33, 29), ("softmax", 23, 6, 3, 16, 40),
