@@ -305,6 +305,7 @@ def _grouped_gemm_tma_kernel(
     UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
+    C_INT32: tl.constexpr,    # C's element offsets fit in int32: half the registers for the epilogue's addresses
 ):
     # The same product as _grouped_gemm_kernel, with the tiles of B (and of A where its block is one run of rows)
     # fetched by the TMA engine straight into shared memory. A block that ends before BM rows reads the next
@@ -358,10 +359,9 @@ def _grouped_gemm_tma_kernel(
         pos = pid_m * BM + tl.arange(0, BM)
         ids = tl.load(SORTED_IDS + pos)
         rn = pid_n * BN + tl.arange(0, BN)
-        if SCATTER_C:
-            c_rows = ids.to(tl.int64)
-        else:
-            c_rows = pos.to(tl.int64)
+        c_rows = ids if SCATTER_C else pos
+        if not C_INT32:
+            c_rows = c_rows.to(tl.int64)
         c_ptrs = C + c_rows[:, None] * stride_cm + rn[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(ids < n_valid)[:, None] & (rn < N)[None, :])
 
@@ -518,7 +518,8 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, layout: Aligned, out: torch.T
         _grouped_gemm_tma_kernel[(programs,)](
             a_arg, b_desc, out, layout.sorted_ids, layout.expert_ids, layout.num_padded, layout.n_valid, n_dim,
             k_dim, a.stride(0), a.stride(1), out.stride(0), out.stride(1), b.shape[1], A_TMA=a_tma, B_KN=transpose_b,
-            WARP_SPECIALIZE=warp_specialize, FLATTEN=flatten, **flags)
+            WARP_SPECIALIZE=warp_specialize, FLATTEN=flatten,
+            C_INT32=out.shape[0] * out.stride(0) + out.shape[1] * out.stride(1) < 2**31, **flags)
         return out
     _grouped_gemm_kernel[(programs,)](
         a, b, out, layout.sorted_ids, layout.expert_ids, layout.num_padded, layout.n_valid, n_dim, k_dim,
