@@ -226,6 +226,7 @@ def measure(
     watch: str | None = None,
     graph: bool = False,
     hold_bytes: int = 8 << 30,
+    fresh_inputs: Iterable[str] = (),
     tail_tolerance_ms: float = 0.05,
     tail_tolerance_rel: float = 0.10,
     cover_ms: float = 0.5,
@@ -243,7 +244,9 @@ def measure(
     whole bursts. `settle_ms`: before each timed burst, untimed calls of the same function on an input set kept for
     this alone (the last one) run back to back for about this much device time, so the burst starts at the clock
     that function settles at under load; their device time is recorded, and heating calls much faster than the
-    timed ones flag the burst (`count`).
+    timed ones flag the burst (`count`). `fresh_inputs`: functions that get a private copy of each input set, made
+    before the flush, because they may write over their inputs (Liger's cross-entropy stores the gradient in its
+    logits): every function then sees the same values.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("measure needs a CUDA device")
@@ -256,6 +259,9 @@ def measure(
     if reps < 2 or warmup < 0 or burst < 1 or settle_ms < 0:
         raise ValueError("reps must be at least 2, warmup non-negative, burst at least 1 and settle_ms non-negative")
     names = list(fns)
+    fresh = set(fresh_inputs)
+    if fresh - set(names):
+        raise ValueError(f"fresh_inputs names {sorted(fresh - set(names))}, which are not measured")
     watch = names[0] if watch is None else watch
     if watch not in fns:
         raise ValueError(f"watch={watch!r} is not one of {names}")
@@ -348,12 +354,15 @@ def measure(
                     _device_sync()
                     persisting.reset()
                     heating = heat_calls[n] if timed else 0
+                    args = [_private(input_sets[k]) if n in fresh else input_sets[k] for k in ks]
                     if heating:
+                        heat_args = _private(heat_set) if n in fresh else heat_set
                         _RECORD(heat_start)
                         for _ in range(heating):
-                            calls[n](heat_set)
+                            calls[n](heat_args)
                         _RECORD(heat_end)
                         _device_sync()  # the burst's host wall time starts with the device free, as without heating
+                        del heat_args
                     for _ in range(passes):
                         _ZERO(flush)
                     t0 = _PERF()
@@ -367,13 +376,14 @@ def measure(
                             g[0].replay()
                             outs.append(g[1])
                         else:
-                            outs.append(calls[n](input_sets[k]))
+                            outs.append(calls[n](args[j]))
                         host.append((_PERF() - th) * 1e3)
                         _RECORD(ends[j])
                     _device_sync()
                     t1 = _PERF()
                     _RECORD(end_all)
                     _device_sync()
+                    del args
                     rec = {"stream_ms": [float(_ELAPSED(starts[j], ends[j])) for j in range(burst)],
                            "gap_ms": [float(_ELAPSED(ends[j - 1], ends[j])) for j in range(1, burst)],
                            "tail_ms": float(_ELAPSED(ends[-1], end_all)), "wall_ms": (t1 - t0) * 1e3,
@@ -524,6 +534,11 @@ def count(bursts: list[dict[str, Any]], calibration: dict[str, float], *, first_
         p["input_set"].extend(b["input_set"])
     p["inconsistent"] = len({f["call"] for f in p["flagged"]}) > max(1, len(p["ms"]) // 4)
     return p
+
+
+def _private(input_set: list) -> list:
+    """A copy of an input set's tensors, for a function that may write over its inputs."""
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in input_set]
 
 
 def _flush_buffer(nbytes: int, device: int) -> torch.Tensor:

@@ -40,18 +40,22 @@ dweight (1002 MiB) + dx (64 MiB) leave 60 MiB of the 1.1 GiB budget for everythi
     seeds/cross_entropy.py in place, dx_c = dl W (split over K), dweight (+)= dl^T x_c. Every chunk reads weight
     twice and reads and writes dweight (4.2 GB a chunk); C V 2 B must fit the 60 MiB left, so C <= 240 at budget.
 
-Measured on the H200 (2026-11-29, torch 2.11, triton 3.6; benchmarks/bench_lce.py, docs/bench-lce.md), BT 8192,
-H 4096, V 128256 bf16, extra memory with the outputs inside it:
-    vocab form, ptr GEMMs, 4 stages, one stored chunk                54.32 ms  475 TFLOP/s  1.088 GiB
-    vocab form, ptr GEMMs, 3 stages                                  55.65 ms  464 TFLOP/s  1.088 GiB
-    Liger Kernel 0.8.5 (cuBLAS GEMMs)                                55.16 ms  468 TFLOP/s  1.102 GiB
-    eager (the task's Model)                                         48.55 ms  532 TFLOP/s  13.7 GiB
-    torch.compile forward + autograd backward                        38.81 ms  665 TFLOP/s  3.0 GiB
-The pointer GEMM reached 530-685 TFLOP/s on the three products alone (logits 530, dweight 669, dx 685 at the first
-chunk's shape, 4 stages) against a cuBLAS ceiling of ~790, and that form executes 31.5 TFLOP to eager's 25.8.
-The defaults now (gemm "tma", 4 stages, three stored chunks) are NOT MEASURED YET: the TMA + persistent GEMMs and
-the stored chunks are the two levers named by that run; bench_lce.py sweeps them against the ptr path. The token
-form was last measured with a cross-entropy kernel since removed (59.0 ms at 1.18 GiB, docs/bench-mix.md).
+Measured on the H200 (2026-11-29, torch 2.11, triton 3.6; benchmarks/bench_lce.py, docs/BENCHMARKS.md run L),
+BT 8192, H 4096, V 128256 bf16, extra memory with the outputs inside it, all in one run:
+    vocab form, TMA GEMMs, 3 stages, three stored chunks (the default)  46.18 ms  559 TFLOP/s  1.088 GiB
+    vocab form, TMA GEMMs, 4 stages, three stored chunks             47.77 ms  541 TFLOP/s  1.088 GiB
+    the same with warp_specialize                                   47.38 ms  545 TFLOP/s  1.088 GiB
+    vocab form, TMA GEMMs, 4 stages, one stored chunk                51.79 ms  499 TFLOP/s  1.088 GiB
+    vocab form, ptr GEMMs, 4 stages, three stored chunks             51.19 ms  504 TFLOP/s  1.088 GiB
+    vocab form, ptr GEMMs, 4 stages, one stored chunk (the old path) 52.98 ms  487 TFLOP/s  1.088 GiB
+    Liger Kernel 0.8.5 (cuBLAS GEMMs)                                53.78 ms  480 TFLOP/s  1.102 GiB
+    eager (the task's Model)                                         48.57 ms  532 TFLOP/s  13.7 GiB
+    torch.compile forward + autograd backward                        39.09 ms  661 TFLOP/s  3.0 GiB
+(TFLOP/s over the 25.8 TFLOP minimum.) The seed is the fastest within the memory budget (1.05x eager, 1.16x Liger)
+but misses the 45 ms target by 2.6% and is 0.85x torch.compile, which spends 3 GiB on full logits. The TMA GEMMs
+reach 694-703 TFLOP/s on each product alone (the pointer kernel 535-706, its logits product the slow one), and the
+form executes 30.4 TFLOP (three stored chunks) to the minimum 25.8: those 4.6 TFLOP of recomputed logits at ~700
+TFLOP/s are the 6.6 ms between this seed and the GEMM-only bound, and what a closer target needs removed.
 """
 from __future__ import annotations
 
@@ -387,13 +391,14 @@ def _logits_to_grad_kernel(DL, stride_dl, TARGET, LSE, ROW_SCALE, N, v0, V, smoo
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def _default_config(device: torch.device, elem_bytes: int = 2) -> tuple[int, int, int, int, int]:
-    """(BM, BN, BK, warps, stages): Hopper-sized tiles on a GPU (4 stages: 4 x 48 KiB of shared memory; the H200's
-    best for all three pointer-path products, docs/bench-lce.md), small ones on the interpreter. fp32 inputs (not
-    the task's dtype, not measured) get BK 32 and 128-column tiles, so their stages fit the same memory."""
+def _default_config(device: torch.device, elem_bytes: int = 2, tma: bool = False) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, warps, stages): Hopper-sized tiles on a GPU (the H200's best, docs/bench-lce.md: 4 stages of
+    48 KiB for the pointer-path products, 3 with TMA loads: 46.18 ms against 47.77 for the whole step), small ones
+    on the interpreter. fp32 inputs (not the task's dtype, not measured) get BK 32 and 128-column tiles, so their
+    stages fit the same memory."""
     if device.type != "cuda":
         return (64, 64, 64, 4, 1)
-    return (128, 256, 64, 8, 4) if elem_bytes <= 2 else (128, 128, 32, 8, 3)
+    return (128, 256, 64, 8, 3 if tma else 4) if elem_bytes <= 2 else (128, 128, 32, 8, 3)
 
 
 def _flags(a: torch.Tensor) -> dict:
@@ -435,7 +440,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool
     N = b.shape[1]
     if M == 0 or N == 0:
         return
-    config = config or _default_config(a.device, a.element_size())
+    config = config or _default_config(a.device, a.element_size(), gemm.tma and split_k == 1)
     bm, bn, bk = config[:3]
     if gemm.tma and split_k == 1:
         a_t = a.stride(1) != 1 and a.stride(0) == 1  # A is read as the rows of A^T [K, M]
@@ -574,7 +579,7 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
     if bt == 0:
         dw.zero_()
         return sum_rows(loss_rows, n_valid, mean), dx, dw
-    config = logits_config or _default_config(dev, x.element_size())
+    config = logits_config or _default_config(dev, x.element_size(), gemm.tma)
     bm, bn, bk = config[:3]
     smooth = label_smoothing != 0.0
     budget = VOCAB_WORKSPACE if workspace is None else workspace

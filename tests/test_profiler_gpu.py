@@ -62,7 +62,8 @@ def test_side_stream_work_is_counted_and_flagged(sets, honest_ms, burst):
     assert m["fns"]["cheat"]["inconsistent"], m["fns"]["cheat"]["flagged"][:3]
     assert not m["fns"]["honest"]["inconsistent"]
     assert cheat_ms > 0.8 * honest_ms, (cheat_ms, honest_ms)  # the device sync makes the hidden work count
-    assert stream_ms < 0.5 * honest_ms  # what a stream-only timer would have seen
+    if burst == 1:  # (in a burst the hidden work also delays the next calls' events)
+        assert stream_ms < 0.5 * honest_ms  # what a stream-only timer would have seen
     # (triton's do_bench is not fooled much here: back-to-back calls queue behind the hidden work; on the H200 it
     # read 0.48 ms for the cheat against 0.54 honest, 2026-11-29. The stream-only time above is the blind spot.)
     report = build_timing(m, candidate="cheat", roof=None)
@@ -206,3 +207,17 @@ def test_sustained_honest_calls_flag_nothing_and_match_isolated_on_memory_bound_
     p = m["fns"]["f"]
     assert p["flagged"] == [] and len(p["ms"]) == 10
     assert abs(statistics.median(p["ms"]) - honest_ms) / honest_ms < 0.05  # memory-bound: the clock does not matter
+
+
+def test_a_function_that_writes_over_its_inputs_gets_private_copies():
+    sets_ = _sets(4)
+    before = [s[0].clone() for s in sets_]
+
+    def clobber(args):  # as Liger's cross-entropy does with its logits
+        out = _work(args[0])
+        args[0].zero_()
+        return out
+
+    m = timing.measure({"honest": _honest, "clobber": clobber}, sets_, reps=6, fresh_inputs=["clobber"])
+    assert all(torch.equal(a[0], b) for a, b in zip(sets_, before))
+    assert m["fns"]["honest"]["flagged"] == []
