@@ -44,11 +44,11 @@ variant only: compiled for sm_90 with Triton 3.9 on the CPU, it is silently not 
 compiler's warp-specialisation pass at 4 warps. Causal launches run the query blocks last-first (`reverse`), so the
 longest programs start first and the short ones fill the tail.
 
-Tile sizes: see fwd_config / bwd_config (the TMA forward default is unmeasured); benchmarks/bench_attention.py
---hopper sweeps the variants on the H200 in one call.
-Measured on the H200 (docs/BENCHMARKS.md run E, do_bench), the pointer path before TMA, the scale fold and the
-reversed causal order: B4 H32 S4096 D128 bf16 forward 468 TFLOP/s (causal 431): 1.32x SDPA's flash backend (355),
-0.75x cuDNN (620; causal 0.81x of 534). The TMA variants: not measured yet.
+Tile sizes: see fwd_config / bwd_config; benchmarks/bench_attention.py --hopper sweeps the variants on the H200.
+Measured on the H200 (docs/BENCHMARKS.md run M, do_bench, one run), B4 H32 S4096 D128 bf16, the defaults:
+forward 498 TFLOP/s (causal 431): 1.42x SDPA's flash backend (351; causal 319), 0.82x cuDNN (607; causal 0.82x of
+528). The 600 / 525 targets are not met: Triton 3.6's Hopper code for this loop (TMA loads, no warp-specialised
+producer/consumer split, which it does not apply at 8 warps) stays ~18% behind cuDNN's hand-scheduled kernel.
 """
 from __future__ import annotations
 
@@ -512,27 +512,30 @@ def _attn_bwd_dq_kernel(
 # ---- launchers ----------------------------------------------------------------------------------------------------
 def fwd_config(head_dim: int, device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, warps, stages) of the forward; on the interpreter 32 x 32 tiles keep the tests quick and
-    still loop. D = 128: 128 x 128 tiles, 8 warps, 2 stages of K/V through TMA (164,880 bytes of shared memory,
-    compiled for sm_90), the Triton tutorial's Hopper shape, NOT measured yet; the measured pointer path was
-    128 x 64, 8 warps, 3 stages (468 TFLOP/s). Other head dims: unmeasured starting points."""
+    still loop. D = 128: 128 x 128 tiles, 8 warps, 3 stages of K/V through TMA (230,424 bytes of shared memory),
+    the best of the H200 sweep (docs/BENCHMARKS.md run M, do_bench, B4 H32 S4096): 498 TFLOP/s, causal 431
+    (pointer 128 x 64 s3: 488 / 426; TMA 128 x 128 s2: 457 / 399; warp_specialize: no change). Other head dims:
+    unmeasured starting points."""
     if device.type != "cuda":
         return 32, 32, 4, 1
     if head_dim <= 64:
         return 128, 64, 4, 3
     if head_dim <= 128:
-        return 128, 128, 8, 2
+        return 128, 128, 8, 3
     return 64, 32, 8, 2
 
 
 def bwd_config(head_dim: int, device: torch.device) -> tuple[int, int, int, int, int, int]:
-    """(dkdv BLOCK_M, dkdv BLOCK_N, dq BLOCK_M, dq BLOCK_N, warps, stages) of the backward; unmeasured on the GPU.
-    The dK/dV kernel keeps two [BLOCK_N, D] fp32 accumulators and K, V; the dQ kernel one accumulator and Q, dO."""
+    """(dkdv BLOCK_M, dkdv BLOCK_N, dq BLOCK_M, dq BLOCK_N, warps, stages) of the backward. The dK/dV kernel keeps
+    two [BLOCK_N, D] fp32 accumulators and K, V; the dQ kernel one accumulator and Q, dO. D = 128, measured on the
+    H200 (run M, fwd+bwd with the default forward): TMA loads at 3 stages 403 TFLOP/s (causal 358), at 2 stages
+    368 / 329, 32/128 tiles with 4 warps 222 / 193. Other head dims: unmeasured starting points."""
     if device.type != "cuda":
         return 32, 32, 32, 32, 4, 1
     if head_dim <= 64:
         return 64, 128, 128, 64, 4, 3
     if head_dim <= 128:
-        return 64, 128, 128, 64, 8, 2
+        return 64, 128, 128, 64, 8, 3
     return 32, 64, 64, 32, 8, 1
 
 

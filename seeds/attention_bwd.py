@@ -5,9 +5,9 @@ in registers, dQ per query block). No S x S matrix, no atomics. delta from the s
 training path of FlashAttention in seeds/attention.py) put a few elements of dQ outside the CPU harness's
 elementwise tolerance against SDPA's CPU backward, which uses its unrounded output.
 FLOPs: 3.5x the forward's (14 B H S^2 D non-causal, half of it causal).
-Measured on the H200 (docs/BENCHMARKS.md run E, do_bench): forward+backward 359 TFLOP/s non-causal, 328 causal:
-1.17x SDPA's flash backend (307 / 279), 0.67x cuDNN (539 / 483). That was the pointer path; the launchers now
-default to TMA descriptor loads on sm_90+ (seeds/attention.py), not measured yet (bench_attention.py --hopper).
+Measured on the H200 (docs/BENCHMARKS.md run M, do_bench), the defaults (TMA loads, 3-stage backward):
+forward+backward 403 TFLOP/s non-causal, 358 causal: 1.31x / 1.28x SDPA's flash backend (307 / 279), 0.76x /
+0.75x cuDNN (530 / 475); the pointer path of run E was 359 / 328 (366 / 335 in run M). Targets 450 / 400: not met.
 """
 from __future__ import annotations
 

@@ -27,7 +27,11 @@ tl.range(num_stages=STAGES): on sm_90 Triton turns the tile loads into cp.async 
 STAGES - 1 tiles in flight (PERSISTENT holds one, in registers: 16 KB per SM at 8192 columns, under what Little's
 law asks at the H200's bandwidth). Fewer registers (sm_90 cubin, Triton 3.9: 50-52 at 8192 columns / 32 warps,
 54 at 4096 / 16, against 109 for PERSISTENT at 8192 / 16), so 32 warps per SM, or two programs per SM. The
-pipeline empties at each pass and row boundary; more programs per SM cover that. H200: not measured yet.
+pipeline empties at each pass and row boundary; more programs per SM cover that. H200 (docs/BENCHMARKS.md run M,
+do_bench, one run): 1.466 ms at P = 264, BLOCK 4096, 8 warps, 4 stages, against 1.493 for the PERSISTENT default:
+1.8% in a single run, not adopted as the default on that alone. Both reach 66-68% of copy; with every row the same
+(so both passes hit L2) the PERSISTENT form runs at 0.978 ms, the copy floor: what holds it back is the second
+read of each row missing L2 (6.3 GB moved instead of 4.2), not the kernel's issue rate.
 TWO_PASS: rows split into SEGMENTS programs of BLOCK columns; a statistics launch (m_s, d_s, sum x, x[target] per
 segment), then a gradient launch that combines the row's statistics in segment order and reads the logits again
 (6.3 GB of HBM traffic).

@@ -31,10 +31,11 @@ Rows and columns a TMA box reads past an expert's end are computed and never sto
 descriptor rules (row bytes not a multiple of 16, a transposed B whose K is not a multiple of BK) the pointer
 kernel runs. dW has the same pair (`_grouped_dw_tma_kernel`: full row steps by TMA on a contiguous layout).
 
-Measured on the H200 (docs/BENCHMARKS.md run E, bench_moe.py --quick): grouped GEMM, 64 experts x 2048 tokens,
-H4096 -> F1408: 2.945 ms = 513 TFLOP/s with the pointer kernel at 128x256x64, 0.81x torch._grouped_mm (630), 0.87x
-a loop of matmuls (593). The TMA kernel: not measured yet (benchmarks/bench_moe.py sweeps it against the pointer
-kernel in one run).
+Measured on the H200 (docs/BENCHMARKS.md run M, benchmarks/bench_moe.py, do_bench): grouped GEMM, 64 experts x
+2048 tokens, H4096 -> F1408: the TMA kernel with 256-row blocks and a flattened tile loop 2.329 ms = 649 TFLOP/s,
+1.07x torch._grouped_mm (609) and 1.05x a loop of matmuls (617), 0.97x a uniform bmm (671); with one expert at 8x
+the average load 587 TFLOP/s (-9.6%; grouped_mm 559, loop 587). The pointer kernel: 499 / 482. Targets: 640 met,
+1.1x torch._grouped_mm not (1.07x). Backward: dX 600 TFLOP/s (0.97x grouped_mm), dW 608 (1.01x).
 """
 from __future__ import annotations
 
@@ -459,6 +460,7 @@ def default_config(device: torch.device, swiglu: bool = False) -> tuple[int, int
     return (128, 128, 64, 8, 3, 8) if swiglu else (128, 256, 64, 8, 3, 8)
 
 
+LINEAR_CONFIG = (256, 128, 64, 8, 3, 8)  # grouped_linear_fwd's tiles on a GPU, for TMA
 IMPLS = ("auto", "tma", "ptr")  # auto: TMA wherever the descriptors' rules hold, else the pointer kernel
 
 
@@ -536,7 +538,8 @@ def grouped_dw(dc: torch.Tensor, a: torch.Tensor, layout: Aligned, out: torch.Te
     experts, n_dim, k_dim = out.shape
     if dc.shape[1] != n_dim or a.shape[1] != k_dim or dc.dtype != a.dtype:
         raise ValueError(f"grouped_dw: dc {tuple(dc.shape)} and a {tuple(a.shape)} do not give {tuple(out.shape)}")
-    bn, bk, br, warps, stages = config or ((128, 128, 16, 4, 1) if a.device.type != "cuda" else (128, 128, 64, 8, 3))
+    # H200 (run M): 128 x 256 columns per program through TMA 607.6 TFLOP/s, 1.01x torch._grouped_mm; 128 x 128 561.5
+    bn, bk, br, warps, stages = config or ((128, 128, 16, 4, 1) if a.device.type != "cuda" else (128, 256, 64, 8, 3))
     if layout.block_m % br:
         raise ValueError(f"grouped_dw: rows per step {br} must divide the layout's BLOCK_M {layout.block_m}")
     if out.numel() == 0:
@@ -561,6 +564,11 @@ def grouped_linear_fwd(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tens
     """y[rows of e] = x[rows of e] @ weight[e]^T for x grouped by expert (expert e owns the next counts[e] rows);
     variant: grouped_gemm's impl / warp_specialize / flatten."""
     _check_grouped(x, weight, counts)
+    if config is None and x.device.type == "cuda" and variant.get("impl", "auto") != "ptr":
+        # H200 (run M): 256-row blocks, flattened tile loop through TMA 649 TFLOP/s (1.07x torch._grouped_mm), 587
+        # with one expert at 8x the average load; the layer's 128 x 256 default 622 / 510
+        config = LINEAR_CONFIG
+        variant.setdefault("flatten", True)
     bm = (config or default_config(x.device))[0]
     layout = align_counts(counts, x.shape[0], bm)
     y = torch.empty((x.shape[0], weight.shape[1]), dtype=x.dtype, device=x.device)
