@@ -310,7 +310,10 @@ def plan_adamw(params, grads, exp_avgs, exp_avg_sqs, *, inplace: bool = True, ou
 def _make_plan(arrays, outputs, bases, rows: list, n_chunks: int, align: int, settings, knobs: dict,
                device) -> AdamWPlan:
     blk, warps, it = settings
-    table = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+    # From pinned memory the copy is queued and the host goes on; from pageable memory CUDA first waits for the
+    # stream's earlier work, so the host stalls and the device then waits for the launch (run N: 0.57 ms a call
+    # under crucible's timer, whose 0.5 ms of flush passes ahead of the call the copy waited out, against 0.32 ms).
+    table = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda").to(device, non_blocking=True)
     return AdamWPlan(arrays, outputs, bases, table, n_chunks, align, blk, warps, it, knobs["vec"], knobs["programs"],
                      knobs["split_tail"], knobs["streaming"])
 

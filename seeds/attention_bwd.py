@@ -30,7 +30,7 @@ class ModelNew(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor):
         o, lse, delta = attention_fwd_with_delta(q, k, v, do, self.causal)
-        # Gradients in SDPA's [B, S, H, D] storage: at H = 1 the harness compares the strides of a "contiguous"
-        # reference literally, size-1 dimension included (a harness issue, reported), and SDPA's are BSHD ones.
-        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, self.causal, delta=delta, bshd_grads=True)
+        # Contiguous [B, H, S, D] gradients, as SDPA's CUDA backward returns them (its CPU backward returns [B, S, H, D]
+        # storage, which the harness does not hold candidates to; run N rejected the BSHD layout on the GPU).
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, self.causal, delta=delta)
         return o, dq, dk, dv

@@ -56,6 +56,10 @@ but misses the 45 ms target by 2.6% and is 0.85x torch.compile, which spends 3 G
 reach 694-703 TFLOP/s on each product alone (the pointer kernel 535-706, its logits product the slow one), and the
 form executes 30.4 TFLOP (three stored chunks) to the minimum 25.8: those 4.6 TFLOP of recomputed logits at ~700
 TFLOP/s are the 6.6 ms between this seed and the GEMM-only bound, and what a closer target needs removed.
+Those rows rounded dx to bf16 after each chunk's product; `crucible check` on the H200 (run N) then rejected the
+seed on outlier inputs (3 of 33.5M dx elements past the elementwise bound, where the sum cancels). dx now sums in
+fp32 (dx_fp32, the default): 128 MiB more, about 1.21 GiB in all, over the 1.1 GiB budget; its time and whether
+the check accepts it on the GPU are not measured yet.
 """
 from __future__ import annotations
 
@@ -567,7 +571,7 @@ def _token_form(x, weight, target, ignore_index, label_smoothing, mean, chunk, s
 
 
 def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
-                workspace, store_chunks, gemm):
+                workspace, store_chunks, gemm, dx_fp32=True):
     bt, h = x.shape
     v = weight.shape[0]
     dev = x.device
@@ -627,6 +631,10 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
     _lse_kernel[(triton.cdiv(bt, 128),)](stats, tgt_logit, target, n_valid, lse, row_scale, loss_rows, bt, n_tiles,
                                          v, ignore_index, label_smoothing, SMOOTH=smooth, MEAN=mean, BLOCK=128,
                                          num_warps=4)
+    # dx sums one product per chunk; rounded to bf16 after each (11 times at the task's shape) a few of its elements
+    # cancelled to values the harness's elementwise bound rejects on outlier inputs (3 of 33.5M, run N): kept in
+    # fp32 (128 MiB more) and rounded once.
+    dx_acc = torch.empty(dx.shape, dtype=torch.float32, device=dev) if dx_fp32 and dx.dtype != torch.float32 else dx
     for i, (v0, v1, start) in enumerate(chunks):
         n = v1 - v0
         dl = grad_buffer(v0, v1, start)
@@ -637,7 +645,9 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
         else:
             logits(v0, v1, dl, MODE_GRAD, 0, False)
         matmul(dl.t(), x, dw[v0:v1], config=dw_config, gemm=gemm)
-        matmul(dl, weight[v0:v1], dx, accumulate=i > 0, config=dx_config, gemm=gemm)
+        matmul(dl, weight[v0:v1], dx_acc, accumulate=i > 0, config=dx_config, gemm=gemm)
+    if dx_acc is not dx:
+        dx.copy_(dx_acc)
     return sum_rows(loss_rows, n_valid, mean), dx, dw
 
 
@@ -646,7 +656,7 @@ def linear_cross_entropy_fwd_bwd(
     label_smoothing: float = 0.0, reduction: str = "mean", form: str = "vocab", chunk: int | None = None,
     split_k: int | None = None, logits_config=None, dx_config=None, dw_config=None, fused_ce: bool | None = None,
     workspace: int | None = None, store_chunks: int = 3, gemm: str = "tma", warp_specialize: bool = False,
-    flatten: bool | None = None, programs: int = 0,
+    flatten: bool | None = None, programs: int = 0, dx_fp32: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dx, dweight) of cross_entropy(x @ weight^T, target) for an upstream gradient of 1.
     form "vocab": logits_config tiles the logits/gradient kernel, workspace (bytes) is the fixed scratch,
@@ -654,7 +664,9 @@ def linear_cross_entropy_fwd_bwd(
     "tma" (descriptors, persistent grid of `programs`, 0 = one per SM; warp_specialize and flatten, which
     defaults to not warp_specialize, go to the tile loop) or "ptr" (pointer loads, one program a tile).
     form "token": chunk (tokens), split_k of dx, fused_ce; its products take the pointer path.
-    dx_config / dw_config tile the two backward products in both forms; configs are (BM, BN, BK, warps, stages)."""
+    dx_config / dw_config tile the two backward products in both forms; configs are (BM, BN, BK, warps, stages).
+    dx_fp32 (vocab form): accumulate dx over the chunks in fp32 and round once (False: in dx's dtype, 128 MiB less
+    at the task's shape, rounded once per chunk)."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_cross_entropy: expected x [BT, H] and weight [V, H], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -681,7 +693,7 @@ def linear_cross_entropy_fwd_bwd(
     engine = Gemm(tma=gemm == "tma", warp_specialize=warp_specialize,
                   flatten=not warp_specialize if flatten is None else flatten, programs=programs)
     return _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
-                       workspace, store_chunks, engine)
+                       workspace, store_chunks, engine, dx_fp32)
 
 
 class ModelNew(torch.nn.Module):
