@@ -35,7 +35,6 @@ GLUE_OPS = frozenset({
     "expand_as", "squeeze", "unsqueeze", "flatten", "unflatten", "select", "slice", "narrow", "split",
     "split_with_sizes", "chunk", "unbind", "cat", "stack", "_local_scalar_dense", "resize_", "sym_size",
     "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "record_stream", "set_",
-    "pin_memory", "_pin_memory", "is_pinned",  # host memory the next copy can be queued from
 })
 ALLOCATING_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 

@@ -49,7 +49,9 @@ params in 64 tensors of 15,625,000, in place, fp32 grads, 30 B/param; every vari
   0.38x torch.compile, host-bound in 29 of 30 calls. The lean host path (the default) halves the host work: on
   the H200 (docs/BENCHMARKS.md run M) the plan takes 206 us of host time against 476 for host="loops", a whole
   call 309 against 597 us, and back to back 0.309 ms per call against torch.compile's 0.270: do_bench 0.317 ms
-  against compile's 0.300, 0.95x (the first path: 0.46x). Still host-bound: the remaining gap is Python per call.
+  against compile's 0.300, 0.95x (the first path: 0.46x). `crucible bench` (run N) reads 0.570 ms against
+  compile's 0.175, 0.33x: its timer queues 0.5 ms of flush passes ahead of each call, and the table's copy from
+  pageable memory waits for them, after which the device waits for the host's launch (see plan_adamw).
 """
 from __future__ import annotations
 
@@ -310,10 +312,10 @@ def plan_adamw(params, grads, exp_avgs, exp_avg_sqs, *, inplace: bool = True, ou
 def _make_plan(arrays, outputs, bases, rows: list, n_chunks: int, align: int, settings, knobs: dict,
                device) -> AdamWPlan:
     blk, warps, it = settings
-    # From pinned memory the copy is queued and the host goes on; from pageable memory CUDA first waits for the
-    # stream's earlier work, so the host stalls and the device then waits for the launch (run N: 0.57 ms a call
-    # under crucible's timer, whose 0.5 ms of flush passes ahead of the call the copy waited out, against 0.32 ms).
-    table = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda").to(device, non_blocking=True)
+    # A copy from pageable memory: CUDA first waits for the stream's earlier work, so the host stalls and the device
+    # then waits for the launch (run N: 0.57 ms a call under crucible's timer, against do_bench's 0.32). A pinned
+    # table would queue the copy instead; not measured on the GPU yet, so not the default.
+    table = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
     return AdamWPlan(arrays, outputs, bases, table, n_chunks, align, blk, warps, it, knobs["vec"], knobs["programs"],
                      knobs["split_tail"], knobs["streaming"])
 
