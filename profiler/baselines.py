@@ -52,11 +52,22 @@ def parse_names(text: str | None) -> tuple[str, ...]:
 
 
 def _call(target: Callable[..., Any]) -> Callable[[list], Any]:
+    """target(*args) without autograd, as a forward is timed in inference; a target that needs autograd (a backward
+    task's reference or adapter calls torch.autograd.grad in its forward) fails so on its first call (a warm-up
+    call) and then runs with grad enabled from there on."""
+    grad = {"on": False, "known": False}
+
     def run(args: list) -> Any:
-        needs_grad = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-        if needs_grad:
+        if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return target(*args)
-        with torch.no_grad():
+        if not grad["known"]:
+            grad["known"] = True
+            try:
+                with torch.no_grad():
+                    return target(*args)
+            except RuntimeError:
+                grad["on"] = True
+        with torch.set_grad_enabled(grad["on"]):
             return target(*args)
     return run
 

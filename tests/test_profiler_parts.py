@@ -176,3 +176,33 @@ def test_ceilings_are_measured_once_and_cached(monkeypatch, tmp_path):
     assert (tmp_path / "ceilings.json").exists()
     ceilings.get_ceilings(0, refresh=True)
     assert measured == [0, 0]
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "swiglu_bwd", "rope_bwd", "linear_cross_entropy"])
+def test_eager_baseline_of_a_backward_task_runs_with_grad_from_its_second_call(name):
+    # these references call torch.autograd.grad in forward without enabling grad themselves (the timing stage
+    # calls baselines under no_grad); every call, the first included, must return the gradients
+    from sandbox.task import load_task
+    task = load_task(f"tasks/{name}.py").scaled_for_cpu()
+    model = task.make_reference(0, "cpu")
+    args = task.make_inputs(0, "normal")
+    base = baselines.build("eager", model)
+    with torch.no_grad():
+        first, second = base.fn(args), base.fn(args)
+    expected = model(*args)
+    for got in (first, second):
+        assert all(torch.equal(g, e) for g, e in zip(got, expected))
+
+
+def test_eager_baseline_of_a_forward_task_stays_without_grad():
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(torch.is_grad_enabled())
+            return x * 2
+
+    base = baselines.build("eager", Probe())
+    base.fn([torch.ones(3)])
+    base.fn([torch.ones(3)])
+    assert seen == [False, False]
