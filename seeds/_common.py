@@ -64,6 +64,18 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(m-block, n-block) of a GEMM tile: GROUP_M consecutive m-blocks sweep the n-blocks together, so the n-side
+    operand's tiles are reused from L2 (the MoE and linear + cross-entropy GEMMs)."""
+    group = tile // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    group_size = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % (GROUP_M * num_n)) % group_size
+    pid_n = (tile % (GROUP_M * num_n)) // group_size
+    return pid_m, pid_n
+
+
+@triton.jit
 def _load_pair(X, DY, step, M, N, stride_x, stride_dy, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
     # Rows [step * ROWS, step * ROWS + ROWS) of x and dy in their storage dtype; rows past M read as zeros.
     rows = step * ROWS + tl.arange(0, ROWS)

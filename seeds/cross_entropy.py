@@ -97,6 +97,20 @@ def _count_valid_kernel(TARGET, N, ignore_index, OUT, BLOCK: tl.constexpr):
 
 # ---- PERSISTENT ------------------------------------------------------------------------------------------------
 @triton.jit
+def _row_loss(m, d, sx, x_target, smoothing, V, LANES: tl.constexpr, SMOOTH: tl.constexpr):
+    """(lse, loss) of a row from its running max / sum of exponentials (per lane with LANES) and sum of logits."""
+    if LANES:
+        m_row = tl.max(m, axis=0)
+        lse = m_row + tl.log(tl.sum(d * tl.exp2((m - m_row) * LOG2E), axis=0))
+    else:
+        lse = m + tl.log(d)
+    loss = lse - x_target
+    if SMOOTH:
+        loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(sx, axis=0) / V)
+    return lse, loss
+
+
+@triton.jit
 def _stats_tile(m, d, sx, x, limit, LANES: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
     """One tile of pass 1. x: the tile in the logits' dtype (-inf past the row's end); limit: the row's columns left
     from this tile's start. LANES: m and d are [BLOCK] per-lane running values, updated with one exponential,
@@ -195,14 +209,7 @@ def _ce_persistent_kernel(
                 x = x_ahead
             last = (n_tiles - 1) * BLOCK
             m, d, sx = _stats_tile(m, d, sx, x, V - last, LANES, SMOOTH, BLOCK)
-            if LANES:
-                m_row = tl.max(m, axis=0)
-                lse = m_row + tl.log(tl.sum(d * tl.exp2((m - m_row) * LOG2E), axis=0))
-            else:
-                lse = m + tl.log(d)
-            loss = lse - x_target
-            if SMOOTH:
-                loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(sx, axis=0) / V)
+            lse, loss = _row_loss(m, d, sx, x_target, smoothing, V, LANES, SMOOTH)
             tl.store(LOSS_ROWS + row, loss)
             lse2 = lse * LOG2E
             # pass 2: tiles n-1 .. 0; x holds tile n-1 already, tile t - 1 is in flight while tile t is written
@@ -267,14 +274,7 @@ def _ce_staged_kernel(
                 start = t * BLOCK
                 x = tl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf"), eviction_policy=KEEP)
                 m, d, sx = _stats_tile(m, d, sx, x, V - start, LANES, SMOOTH, BLOCK)
-            if LANES:
-                m_row = tl.max(m, axis=0)
-                lse = m_row + tl.log(tl.sum(d * tl.exp2((m - m_row) * LOG2E), axis=0))
-            else:
-                lse = m + tl.log(d)
-            loss = lse - x_target
-            if SMOOTH:
-                loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(sx, axis=0) / V)
+            lse, loss = _row_loss(m, d, sx, x_target, smoothing, V, LANES, SMOOTH)
             tl.store(LOSS_ROWS + row, loss)
             lse2 = lse * LOG2E
             # pass 2 in reverse: the most recently read tiles first (the likeliest still in L2)

@@ -70,7 +70,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from seeds._common import sm_count
+from seeds._common import grouped_tile, sm_count
 from seeds.cross_entropy import ce_rows, count_valid, needs_rne, round_bf16_rne, sum_rows
 
 CRUCIBLE_SEED = {
@@ -113,14 +113,7 @@ PTR = Gemm(tma=False)
 def _swizzle(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
     """(row tile, column tile) of tile pid: groups of GROUP_M row tiles walk the column tiles together, so the
     column operand's tiles are reused from L2."""
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    group = pid // (GROUP_M * num_n)
-    first_m = group * GROUP_M
-    group_size = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * num_n)) % group_size
-    pid_n = (pid % (GROUP_M * num_n)) // group_size
-    return pid_m, pid_n
+    return grouped_tile(pid, tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
 
 
 @triton.jit

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from seeds._common import sm_count
+from seeds._common import grouped_tile, sm_count
 from seeds.cross_entropy import needs_rne, round_bf16_rne
 
 CRUCIBLE_SEED = {
@@ -214,18 +214,6 @@ def _round_to(x, dtype: tl.constexpr, RNE: tl.constexpr):
 
 
 @triton.jit
-def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    """(m-block, n-block) of a tile: GROUP_M consecutive m-blocks (mostly one expert's) sweep the n-blocks together,
-    so the expert's B tiles stay in L2 while they are reused."""
-    group = tile // (GROUP_M * num_n)
-    first_m = group * GROUP_M
-    group_size = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % (GROUP_M * num_n)) % group_size
-    pid_n = (tile % (GROUP_M * num_n)) // group_size
-    return pid_m, pid_n
-
-
-@triton.jit
 def _grouped_gemm_kernel(
     A, B, C,
     SORTED_IDS, EXPERT_IDS, NUM_PADDED,  # the aligned layout
@@ -246,7 +234,7 @@ def _grouped_gemm_kernel(
     num_n = tl.cdiv(N, BN)
     num_tiles = num_m * num_n
     for tile in range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
-        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
 
         expert = tl.load(EXPERT_IDS + pid_m).to(tl.int64)
         pos = pid_m * BM + tl.arange(0, BM)
@@ -319,7 +307,7 @@ def _grouped_gemm_tma_kernel(
     tile_c = tl.program_id(0) - NUM_PROGRAMS  # the epilogue's own tile counter (as Triton's persistent tutorial)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
         expert = tl.load(EXPERT_IDS + pid_m)
         b_row = expert * b_rows
         if A_TMA:
@@ -350,7 +338,7 @@ def _grouped_gemm_tma_kernel(
                 if SWIGLU:
                     acc_up = _dot(a, B_DESC.load([b_row + N + pid_n * BN, k]).T, acc_up, UPCAST, IEEE)
         tile_c += NUM_PROGRAMS
-        pid_m, pid_n = _tile_coords(tile_c, num_m, num_n, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile_c, num_m, num_n, GROUP_M)
         if SWIGLU:  # the rounding points of the bf16 reference, as in _grouped_gemm_kernel
             gate = _round_to(acc, C.dtype.element_ty, RNE)
             act = _round_to(gate * tl.sigmoid(gate), C.dtype.element_ty, RNE)
