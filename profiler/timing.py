@@ -355,6 +355,8 @@ def measure(
                     persisting.reset()
                     heating = heat_calls[n] if timed else 0
                     args = [_private(input_sets[k]) if n in fresh else input_sets[k] for k in ks]
+                    if n in fresh:
+                        _device_sync()  # the copies are made before the burst's host wall time starts
                     if heating:
                         heat_args = _private(heat_set) if n in fresh else heat_set
                         _RECORD(heat_start)
