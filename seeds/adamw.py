@@ -8,20 +8,32 @@ which is torch.optim.AdamW's update (decoupled weight decay, no amsgrad).
 Bytes per parameter: read p, g, m, v (16 B with fp32 g) and write p, m, v, p16 (14 B): 30 B, 28 with bf16 grads.
 torch's fused=True moves 28 B/param with fp32 grads and writes no bf16 copy.
 
-Two forms, the same per-element code:
-- multi-tensor (default): ONE launch over all tensors. A small int64 table on the device holds, per tensor, its first
+Three forms, the same per-element code (bitwise the same outputs):
+- multi-tensor with a device table (`table="pageable"` / `"pinned"`; the default beyond ARGS_MAX_TENSORS = 8
+  non-empty tensors): ONE launch over all tensors. A small int64 table on the device holds, per tensor, its first
   chunk (a prefix sum), its size and the element offset of each of its eight arrays from the lowest-addressed array
   of the same role (so the kernel needs eight base pointers and no pointer casts). A program binary-searches the
   prefix sums for its chunk's tensor, then streams ITERS blocks of BLOCK elements; a persistent grid (`programs=`)
   walks chunks with a stride instead. `plan_adamw` builds the table once for tensors that stay put (a trainer);
-  `adamw_step` builds it per call (one small host-to-device copy). The per-call host path ("lean", the default):
+  `adamw_step` builds it per call (one small host-to-device copy: from pageable memory, the measured path, or from
+  pinned memory, unmeasured). The per-call host path ("lean", the default):
   the checks are whole-list comparisons, the table is one Python list of sizes and address offsets (one gcd per
   role gives the alignment) turned into one tensor, and new outputs of a dtype are carved out of ONE allocation by
   ONE split (a view only for a shape that is not 1-D): 5 torch ops whatever the number of 1-D tensors (the task's
   4; 64 of 2,048: 5), against 37 and 517 on the first path ("loops",
   kept as `host="loops"`: per-tensor slices and views). The harness hands new addresses every call, so nothing
   is cached across calls.
-- per-tensor: one launch per tensor (kept for comparison).
+- multi-tensor with the tensors as launch arguments (`table="args"`; the default up to 8 non-empty tensors, so
+  the task's forward): ONE launch, every tensor's eight pointers and its size passed as tuple arguments, no table
+  and so no host-to-device copy; 4 torch ops a call (the outputs' two allocations and two splits). A program
+  compares its chunk with the tensors' first chunks (unrolled: one copy of the chunk code per tensor).
+  Why by count: a copy from pageable memory makes the host wait for all work queued before the call, and the
+  device then waits for the launch: under crucible's timer (0.5 ms of flush queued ahead of each call) the task
+  read 0.570 ms against torch.compile's 0.175 (run N), against 0.317 under do_bench. Arguments cost host time on
+  every launch instead (10 per tensor, each specialised by Triton's launcher) and code size (a chunk body per
+  tensor), so beyond 8 tensors the table stays: 1B params in 64 tensors is the measured 7.13 ms, 1.13x fused=True.
+  Not measured on the GPU yet (benchmarks/bench_adamw.py times it against the table forms).
+- per-tensor (`multi_tensor=False`): one launch per tensor, on the lean host path (no table either) or the first.
 Bias corrections are computed once per program in fp64 from the step (1 - b^t in fp32 loses digits at small t);
 per element: fp32, sqrt(v) times 1/sqrt(1 - b2^t), one fast division (div.full, 2 ulp).
 
@@ -46,12 +58,14 @@ params in 64 tensors of 15,625,000, in place, fp32 grads, 30 B/param; every vari
   building the table and copying it to the device) and the launch are a large share of 0.26 ms; compile's one
   fused kernel has none of it. A plan built once (plan_adamw / run_plan) removes the host part where the tensors
   stay put; the task's forward gets new tensors every call, so it cannot. `crucible bench` (its own timer) gave
-  0.38x torch.compile, host-bound in 29 of 30 calls. The lean host path (the default) halves the host work: on
+  0.38x torch.compile, host-bound in 29 of 30 calls. The lean host path (default since) halves the host work: on
   the H200 (docs/BENCHMARKS.md run M) the plan takes 206 us of host time against 476 for host="loops", a whole
   call 309 against 597 us, and back to back 0.309 ms per call against torch.compile's 0.270: do_bench 0.317 ms
   against compile's 0.300, 0.95x (the first path: 0.46x). `crucible bench` (run N) reads 0.570 ms against
   compile's 0.175, 0.33x: its timer queues 0.5 ms of flush passes ahead of each call, and the table's copy from
-  pageable memory waits for them, after which the device waits for the host's launch (see plan_adamw).
+  pageable memory waits for them, after which the device waits for the host's launch (see plan_adamw). (Those
+  were the lean pageable table, `table="pageable"`; the task's default is now the launch-argument form, not
+  measured yet.)
 """
 from __future__ import annotations
 
@@ -206,6 +220,31 @@ def _adamw_tensor_kernel(
                 one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, SPLIT_TAIL, STREAMING)
 
 
+
+@triton.jit
+def _adamw_args_kernel(
+    P, G, M, V, P_OUT, M_OUT, V_OUT, P16,   # tuples of N_TENSORS pointers, one per tensor: no table on the device
+    STEP,
+    FIRST,                                  # tuple of N_TENSORS + 1 ints: each tensor's first chunk, then the total
+    NUMEL,                                  # tuple of N_TENSORS ints: elements per tensor
+    lr, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, ln_beta1, ln_beta2, eps,
+    N_TENSORS: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr, VEC: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr, STREAMING: tl.constexpr,
+):
+    """One launch over a few tensors whose pointers and sizes are plain launch arguments (the launcher specialises
+    each pointer on 16-byte alignment, as for the per-tensor kernel, so no ALIGN is needed). A program finds its
+    tensor by comparing its chunk with the first chunks; the comparison is unrolled over the tensors, one copy of
+    the chunk code per tensor."""
+    CHUNK: tl.constexpr = BLOCK * ITERS
+    step_size, inv_sqrt_bias2 = _bias_terms(STEP, lr, ln_beta1, ln_beta2)
+    c = tl.program_id(0)
+    for t in tl.static_range(N_TENSORS):
+        if (c >= FIRST[t]) & (c < FIRST[t + 1]):
+            start = (c - FIRST[t]).to(tl.int64) * CHUNK
+            _adamw_span(P[t], G[t], M[t], V[t], P_OUT[t], M_OUT[t], V_OUT[t], P16[t], start, NUMEL[t], decay, beta1,
+                        beta2, one_minus_beta1, one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC,
+                        SPLIT_TAIL, STREAMING)
+
 # ---- launchers ------------------------------------------------------------------------------------------------------
 
 def _settings(total: int, block: int | None, num_warps: int | None, iters: int | None) -> tuple[int, int, int]:
@@ -272,11 +311,12 @@ def _step_tensor(step, device: torch.device) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class AdamWPlan:
-    """A multi-tensor launch: its arrays, outputs and device table. Valid while the tensors stay where they are."""
+    """A multi-tensor launch: its arrays, outputs and, for the table forms, the device table. Valid while the
+    tensors stay where they are."""
     arrays: tuple[list[torch.Tensor], ...]  # p, g, m, v, p_out, m_out, v_out, p16 (the non-empty tensors)
     outputs: tuple[list[torch.Tensor], ...]  # params, exp_avgs, exp_avg_sqs, low-precision params (all tensors)
-    bases: tuple[torch.Tensor, ...]          # the lowest-addressed tensor of each role
-    table: torch.Tensor
+    bases: tuple[torch.Tensor, ...]          # the lowest-addressed tensor of each role (table forms)
+    table: torch.Tensor | None               # None for the "args" form
     n_chunks: int
     align: int
     block: int
@@ -286,38 +326,67 @@ class AdamWPlan:
     programs: int | None
     split_tail: bool
     streaming: bool
+    form: str = "pageable"                   # "args", "pageable" or "pinned" (see TABLES)
+    firsts: tuple[int, ...] = ()             # "args": each tensor's first chunk, then the total
+    numels: tuple[int, ...] = ()             # "args": each tensor's size
 
 
 HOSTS = ("lean", "loops")  # how the per-call table and outputs are built (the kernel is the same)
+# How the multi-tensor launch learns where the tensors are: "args" passes every tensor's pointers and size as launch
+# arguments (no table, no host-to-device copy; at most ARGS_MAX_TENSORS tensors); "pageable" builds an int64 table
+# on the host and copies it to the device from pageable memory (the measured path: 7.13 ms at 1B params in 64
+# tensors, 1.13x torch fused=True); "pinned" builds it in pinned host memory, so the copy is queued instead of
+# waiting for the stream's earlier work (not measured yet). "auto": "args" up to ARGS_MAX_TENSORS non-empty tensors
+# (with the lean host path and no persistent grid), else "pageable".
+TABLES = ("auto", "args", "pageable", "pinned")
+# Why 8: a pageable copy makes the host wait for every kernel queued before the call (0.57 ms a call under
+# crucible's timer at the task's 4 tensors, against 0.32 under do_bench), and a table is worth its copy only where
+# the launch would otherwise carry too many arguments: each tensor adds 10 (8 pointers, a size, a first chunk),
+# whose specialisation the launcher checks on every call, and one copy of the chunk code to the kernel. 8 tensors
+# (~90 arguments) stays a small launch; the 64-tensor and 146-tensor configurations keep the measured table.
+ARGS_MAX_TENSORS = 8
 
 
 def plan_adamw(params, grads, exp_avgs, exp_avg_sqs, *, inplace: bool = True, out16: list | None = None,
                low_precision_dtype: torch.dtype = torch.bfloat16, block: int | None = None,
                num_warps: int | None = None, iters: int | None = None, vec: int = 4, programs: int | None = None,
-               split_tail: bool = True, streaming: bool = False, host: str = "lean") -> AdamWPlan:
+               split_tail: bool = True, streaming: bool = False, host: str = "lean",
+               table: str = "auto") -> AdamWPlan:
     """Check the state, allocate the outputs (new tensors unless inplace; the low-precision copy into out16 when
-    given) and build the device table. programs: a persistent grid of that many programs (None: one per chunk).
+    given) and say where the tensors are: launch arguments or a device table (`table`, see TABLES).
+    programs: a persistent grid of that many programs (None: one per chunk; table forms only).
     host: "lean" (default) builds the table from one list of addresses and carves all outputs of a dtype out of one
     allocation with one split; "loops" is the first form (per-tensor slices, views and checks; measured 0.38x
-    torch.compile on the task's 22.5M params, where the host work decides)."""
+    torch.compile on the task's 22.5M params, where the host work decides; table forms only)."""
     if host not in HOSTS:
         raise ValueError(f"adamw_step: host must be one of {', '.join(HOSTS)}, got {host!r}")
+    if table not in TABLES:
+        raise ValueError(f"adamw_step: table must be one of {', '.join(TABLES)}, got {table!r}")
+    if table == "args" and (host != "lean" or programs is not None):
+        raise ValueError("adamw_step: table='args' needs host='lean' and no persistent grid (programs=None)")
     knobs = dict(block=block, num_warps=num_warps, iters=iters, vec=vec, programs=programs, split_tail=split_tail,
                  streaming=streaming)
-    if host == "lean":
-        return _lean_plan(params, grads, exp_avgs, exp_avg_sqs, inplace, out16, low_precision_dtype, knobs)
-    return _loops_plan(params, grads, exp_avgs, exp_avg_sqs, inplace, out16, low_precision_dtype, knobs)
+    if host == "loops":
+        return _loops_plan(params, grads, exp_avgs, exp_avg_sqs, inplace, out16, low_precision_dtype, knobs,
+                           "pageable" if table == "auto" else table)
+    lean = _lean_outputs(params, grads, exp_avgs, exp_avg_sqs, inplace, out16, low_precision_dtype)
+    if table == "auto":
+        table = "args" if programs is None and len(lean.keep) <= ARGS_MAX_TENSORS else "pageable"
+    if table == "args":
+        return _args_plan(lean, knobs)
+    return _lean_plan(lean, knobs, table)
 
 
 def _make_plan(arrays, outputs, bases, rows: list, n_chunks: int, align: int, settings, knobs: dict,
-               device) -> AdamWPlan:
+               device, form: str) -> AdamWPlan:
     blk, warps, it = settings
-    # A copy from pageable memory: CUDA first waits for the stream's earlier work, so the host stalls and the device
-    # then waits for the launch (run N: 0.57 ms a call under crucible's timer, against do_bench's 0.32). A pinned
-    # table would queue the copy instead; not measured on the GPU yet, so not the default.
-    table = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+    # From pageable memory CUDA first waits for the stream's earlier work, so the host stalls and the device then
+    # waits for the launch (run N: 0.57 ms a call under crucible's timer, against do_bench's 0.32). From pinned
+    # memory the copy is queued and the host goes on ("pinned": not measured on the GPU yet, so not the default).
+    pin = form == "pinned" and device.type == "cuda"
+    table = torch.tensor(rows, dtype=torch.int64, pin_memory=pin).to(device, non_blocking=True)
     return AdamWPlan(arrays, outputs, bases, table, n_chunks, align, blk, warps, it, knobs["vec"], knobs["programs"],
-                     knobs["split_tail"], knobs["streaming"])
+                     knobs["split_tail"], knobs["streaming"], form)
 
 
 def _lean_check(params, grads, exp_avgs, exp_avg_sqs, inplace: bool):
@@ -380,9 +449,24 @@ def _carve(flat: torch.Tensor, shapes: list, sizes: list[int], padded: list[int]
     return [outs[c * n:(c + 1) * n] for c in range(copies)]
 
 
-def _lean_plan(params, grads, exp_avgs, exp_avg_sqs, inplace: bool, out16, low_precision_dtype, knobs) -> AdamWPlan:
-    """plan_adamw with few torch calls: two allocations and two splits for new outputs, one tensor for the table
-    and its copy to the device; the per-tensor work is list comprehensions over sizes and addresses."""
+@dataclass(frozen=True)
+class _Lean:
+    """The lean host path's checked inputs and new outputs, shared by the table, argument and per-tensor forms."""
+    inputs: tuple[list[torch.Tensor], ...]   # params, grads, exp_avgs, exp_avg_sqs (contiguous)
+    outputs: tuple[list[torch.Tensor], ...]  # params, exp_avgs, exp_avg_sqs, low-precision params after the step
+    sizes: list[int]
+    keep: list[int] | range                  # the non-empty tensors
+    starts: list[int]                        # where each tensor's outputs begin in flat / flat16
+    total_padded: int
+    flat: torch.Tensor | None                # the fp32 outputs' one allocation (None in place)
+    flat16: torch.Tensor | None              # the low-precision outputs' one allocation (None when out16 is given)
+    device: torch.device
+
+
+def _lean_outputs(params, grads, exp_avgs, exp_avg_sqs, inplace: bool, out16, low_precision_dtype) -> _Lean:
+    """Whole-list checks, then the outputs: in place, or new fp32 outputs carved out of one allocation by one
+    split; the low-precision copy into out16, or carved out of one more allocation. Two torch ops per output dtype,
+    whatever the number of 1-D tensors."""
     (params, grads, exp_avgs, exp_avg_sqs), shapes, device = _lean_check(list(params), list(grads), list(exp_avgs),
                                                                           list(exp_avg_sqs), inplace)
     n = len(params)
@@ -396,33 +480,45 @@ def _lean_plan(params, grads, exp_avgs, exp_avg_sqs, inplace: bool, out16, low_p
     for q in padded:
         starts.append(at)
         at += q
-    total_padded = at
-    inputs = [[lst[i] for i in keep] for lst in (params, grads, exp_avgs, exp_avg_sqs)]
+    flat = flat16 = None
+    if inplace:
+        p_out, m_out, v_out = params, exp_avgs, exp_avg_sqs
+    else:
+        flat = torch.empty(3 * at, dtype=torch.float32, device=device)
+        p_out, m_out, v_out = _carve(flat, shapes, sizes, padded, 3)
+    if out16 is None:
+        flat16 = torch.empty(at, dtype=low_precision_dtype, device=device)
+        (out16,) = _carve(flat16, shapes, sizes, padded, 1)
+    return _Lean((params, grads, exp_avgs, exp_avg_sqs), (p_out, m_out, v_out, out16), sizes, keep, starts, at,
+                 flat, flat16, device)
+
+
+def _lean_plan(lean: _Lean, knobs: dict, form: str) -> AdamWPlan:
+    """The table forms on the lean path: the table from one list of addresses per role (one gcd per role gives the
+    alignment) turned into one tensor, and its copy to the device."""
+    keep, total_padded = lean.keep, lean.total_padded
+    inputs = [[lst[i] for i in keep] for lst in lean.inputs]
     in_offsets = [_offsets(role) if keep else (None, [], MAX_ALIGN) for role in inputs]
     bases = [b for b, _, _ in in_offsets]
     offsets = [o for _, o, _ in in_offsets]
     align = min(a for _, _, a in in_offsets)
-    if inplace:
-        p_out, m_out, v_out = params, exp_avgs, exp_avg_sqs
+    if lean.flat is None:  # in place
         bases += [bases[0], bases[2], bases[3]]
         offsets += [offsets[0], offsets[2], offsets[3]]
     else:
-        flat = torch.empty(3 * total_padded, dtype=torch.float32, device=device)
-        p_out, m_out, v_out = _carve(flat, shapes, sizes, padded, 3)
-        kept_starts = [starts[i] for i in keep]
-        bases += [flat, flat, flat]
+        kept_starts = [lean.starts[i] for i in keep]
+        bases += [lean.flat, lean.flat, lean.flat]
         offsets += [kept_starts, [o + total_padded for o in kept_starts], [o + 2 * total_padded for o in kept_starts]]
-    if out16 is None:
-        flat16 = torch.empty(total_padded, dtype=low_precision_dtype, device=device)
-        (out16,) = _carve(flat16, shapes, sizes, padded, 1)
-        bases.append(flat16)
-        offsets.append([starts[i] for i in keep])
+    out16 = lean.outputs[3]
+    if lean.flat16 is not None:
+        bases.append(lean.flat16)
+        offsets.append([lean.starts[i] for i in keep])
     else:
         base16, offs16, align16 = _offsets([out16[i] for i in keep]) if keep else (None, [], MAX_ALIGN)
         bases.append(base16)
         offsets.append(offs16)
         align = min(align, align16)
-    kept_sizes = [sizes[i] for i in keep]
+    kept_sizes = [lean.sizes[i] for i in keep]
     settings = _settings(sum(kept_sizes), knobs["block"], knobs["num_warps"], knobs["iters"])
     chunk = settings[0] * settings[2]
     rows = [0]  # row 0: first chunk of each tensor (prefix sums, n + 1 entries); then sizes and offsets, padded
@@ -433,12 +529,30 @@ def _lean_plan(params, grads, exp_avgs, exp_avg_sqs, inplace: bool, out16, low_p
     for offs in offsets:
         rows += [o // align for o in offs] if align > 1 else offs
         rows.append(0)
-    arrays = tuple(inputs) + tuple([lst[i] for i in keep] for lst in (p_out, m_out, v_out, out16))
-    return _make_plan(arrays, (p_out, m_out, v_out, out16), tuple(bases), rows, n_chunks, align, settings, knobs,
-                      device)
+    arrays = tuple(inputs) + tuple([lst[i] for i in keep] for lst in lean.outputs)
+    return _make_plan(arrays, lean.outputs, tuple(bases), rows, n_chunks, align, settings, knobs, lean.device, form)
 
 
-def _loops_plan(params, grads, exp_avgs, exp_avg_sqs, inplace: bool, out16, low_precision_dtype, knobs) -> AdamWPlan:
+def _args_plan(lean: _Lean, knobs: dict) -> AdamWPlan:
+    """The "args" form: no table, no torch op beyond the outputs; each tensor's first chunk from its size."""
+    keep = lean.keep
+    kept_sizes = [lean.sizes[i] for i in keep]
+    if len(kept_sizes) > ARGS_MAX_TENSORS:
+        raise ValueError(f"adamw_step: table='args' takes at most {ARGS_MAX_TENSORS} non-empty tensors, "
+                         f"got {len(kept_sizes)}")
+    blk, warps, it = _settings(sum(kept_sizes), knobs["block"], knobs["num_warps"], knobs["iters"])
+    chunk = blk * it
+    firsts = [0]
+    for s in kept_sizes:
+        firsts.append(firsts[-1] - (-s // chunk))
+    arrays = tuple([lst[i] for i in keep] for lst in lean.inputs + lean.outputs)
+    bases = tuple(role[0] if role else None for role in arrays)  # for the device only
+    return AdamWPlan(arrays, lean.outputs, bases, None, firsts[-1], 1, blk, warps, it, knobs["vec"], None,
+                     knobs["split_tail"], knobs["streaming"], "args", tuple(firsts), tuple(kept_sizes))
+
+
+def _loops_plan(params, grads, exp_avgs, exp_avg_sqs, inplace: bool, out16, low_precision_dtype, knobs,
+                form: str) -> AdamWPlan:
     """The first host path, kept for comparison: per-tensor checks, slices and views, a table built in loops."""
     params, grads, exp_avgs, exp_avg_sqs = _state(params, grads, exp_avgs, exp_avg_sqs, inplace)
     if not params:
@@ -475,7 +589,7 @@ def _loops_plan(params, grads, exp_avgs, exp_avg_sqs, inplace: bool, out16, low_
     pad = [0]  # row 0 has n + 1 entries (the last prefix sum); the others get one unused pad
     rows = [first, [params[i].numel() for i in keep] + pad] + [[o // align for o in row] + pad for row in offsets]
     return _make_plan(arrays, (p_out, m_out, v_out, out16), bases, rows, first[-1], align, settings, knobs,
-                      params[0].device)
+                      params[0].device, form)
 
 
 def run_plan(plan: AdamWPlan, step, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -485,6 +599,12 @@ def run_plan(plan: AdamWPlan, step, lr: float = 1e-3, betas: tuple[float, float]
     n = len(plan.arrays[0])
     if n:
         step = _step_tensor(step, plan.bases[0].device)
+        if plan.form == "args":
+            _adamw_args_kernel[(plan.n_chunks,)](
+                *[tuple(role) for role in plan.arrays], step, plan.firsts, plan.numels, **hyper, N_TENSORS=n,
+                BLOCK=plan.block, ITERS=plan.iters, VEC=plan.vec, SPLIT_TAIL=plan.split_tail,
+                STREAMING=plan.streaming, num_warps=plan.num_warps)
+            return plan.outputs
         grid = min(plan.programs, plan.n_chunks) if plan.programs else plan.n_chunks
         _adamw_multi_kernel[(grid,)](
             *plan.bases, step, plan.table, n, plan.n_chunks, (n - 1).bit_length(), **hyper,
@@ -498,27 +618,36 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr: float = 1e-3,
                inplace: bool = True, low_precision_dtype: torch.dtype = torch.bfloat16, out16: list | None = None,
                multi_tensor: bool = True, block: int | None = None, num_warps: int | None = None,
                iters: int | None = None, vec: int = 4, programs: int | None = None, split_tail: bool = True,
-               streaming: bool = False, host: str = "lean"):
+               streaming: bool = False, host: str = "lean", table: str = "auto"):
     """One AdamW step over lists of tensors; returns (params, exp_avgs, exp_avg_sqs, low-precision params).
     Knobs for benchmarks: multi_tensor (one launch, else one per tensor), block / num_warps / iters (elements per
     block, warps, blocks per chunk: block / (32 num_warps) elements per thread and array), vec (the contiguous
     run per thread Triton is told of: 4 keeps every array in one register layout; with more, Triton gives the
     loads and the bf16 store 8 per thread but caps fp32 stores at 4, and converts through shared memory), programs
-    (a persistent grid, multi-tensor form), split_tail (False masks every chunk), streaming (cache hints), host
-    (how the multi-tensor launch's table and outputs are built: "lean" or the first form, "loops")."""
+    (a persistent grid, table forms), split_tail (False masks every chunk), streaming (cache hints), host (how
+    the outputs, and a table, are built: "lean" or the first form, "loops"; per tensor too), table (how the
+    multi-tensor launch finds the tensors: TABLES; "auto" passes up to ARGS_MAX_TENSORS tensors as launch
+    arguments, more through the measured pageable table)."""
     if multi_tensor:
         plan = plan_adamw(params, grads, exp_avgs, exp_avg_sqs, inplace=inplace, out16=out16,
                           low_precision_dtype=low_precision_dtype, block=block, num_warps=num_warps, iters=iters,
-                          vec=vec, programs=programs, split_tail=split_tail, streaming=streaming, host=host)
+                          vec=vec, programs=programs, split_tail=split_tail, streaming=streaming, host=host,
+                          table=table)
         return run_plan(plan, step, lr, betas, eps, weight_decay)
-    params, grads, exp_avgs, exp_avg_sqs = _state(params, grads, exp_avgs, exp_avg_sqs, inplace)
+    if host not in HOSTS:
+        raise ValueError(f"adamw_step: host must be one of {', '.join(HOSTS)}, got {host!r}")
     hyper = _hyper(lr, betas, eps, weight_decay)
-    if inplace:
-        p_out, m_out, v_out = params, exp_avgs, exp_avg_sqs
+    if host == "lean":  # the lean path's checks and carved outputs; no table: a launch per non-empty tensor
+        lean = _lean_outputs(params, grads, exp_avgs, exp_avg_sqs, inplace, out16, low_precision_dtype)
+        (params, grads, exp_avgs, exp_avg_sqs), (p_out, m_out, v_out, out16) = lean.inputs, lean.outputs
     else:
-        p_out, m_out, v_out = ([torch.empty_like(p) for p in params] for _ in range(3))
-    if out16 is None:
-        out16 = [torch.empty(p.shape, dtype=low_precision_dtype, device=p.device) for p in params]
+        params, grads, exp_avgs, exp_avg_sqs = _state(params, grads, exp_avgs, exp_avg_sqs, inplace)
+        if inplace:
+            p_out, m_out, v_out = params, exp_avgs, exp_avg_sqs
+        else:
+            p_out, m_out, v_out = ([torch.empty_like(p) for p in params] for _ in range(3))
+        if out16 is None:
+            out16 = [torch.empty(p.shape, dtype=low_precision_dtype, device=p.device) for p in params]
     step = _step_tensor(step, params[0].device) if params else step
     for arrays in zip(params, grads, exp_avgs, exp_avg_sqs, p_out, m_out, v_out, out16):
         numel = arrays[0].numel()

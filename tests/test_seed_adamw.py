@@ -1,6 +1,7 @@
 """AdamW seed against the task reference (torch's AdamW update written out) and torch.optim.AdamW itself, through
-the Triton interpreter: the multi-tensor launch (chunk -> tensor search, tails, persistent grid, unaligned
-arrays) and the per-tensor form, every knob the benchmark sweeps."""
+the Triton interpreter: the multi-tensor launch with its device table (chunk -> tensor search, tails, persistent
+grid, unaligned arrays; pageable or pinned) or with the tensors as launch arguments (no table, no host-to-device
+copy), and the per-tensor form, every knob the benchmark sweeps; every path bitwise equal to the table's."""
 import collections
 import copy
 import json
@@ -14,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sandbox.task import load_task
 from sandbox.tolerance import compare
-from seeds.adamw import ModelNew, adamw_step, plan_adamw, run_plan
+from seeds.adamw import ARGS_MAX_TENSORS, ModelNew, adamw_step, plan_adamw, run_plan
 from tests.sm90 import compile_sm90, compiled_in_child, nvidia_backend_available
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
@@ -32,8 +33,14 @@ VARIANTS = [
     dict(block=64, num_warps=2, iters=2, streaming=True),
     dict(multi_tensor=False),
     dict(multi_tensor=False, block=64, iters=2, split_tail=False),
+    dict(multi_tensor=False, host="loops"),
     dict(host="loops"),
     dict(host="loops", block=64, num_warps=2, iters=2, programs=3),
+    dict(table="args"),
+    dict(table="args", block=64, num_warps=1, iters=2),
+    dict(table="args", block=64, num_warps=2, iters=2, split_tail=False, streaming=True),
+    dict(table="pageable"),
+    dict(table="pinned", block=64, num_warps=2, iters=2),
 ]
 ODD_SHAPES = [(37, 5), (1,), (1000,), (0,), (129,), (3, 7, 11), (64,), (2049,)]
 
@@ -190,6 +197,70 @@ def test_adamw_host_paths_agree_bitwise(inplace, given16, unaligned, device):
             assert torch.equal(a, b)
 
 
+# Every path that may serve <= ARGS_MAX_TENSORS tensors, against the table from pageable memory (the measured path).
+PATHS = {"args": dict(table="args"), "pinned": dict(table="pinned"), "auto": dict(),
+         "per tensor, lean": dict(multi_tensor=False), "per tensor, loops": dict(multi_tensor=False, host="loops"),
+         "loops": dict(host="loops")}
+SHAPE_SETS = {"task, scaled": [(4099,), (257,), (17,), (2,)], "task, halved": [(30000,), (4096,), (31,), (1000,)],
+              "odd": ODD_SHAPES, "8, 1-D": [(1,), (16,), (17,), (33,), (255,), (64,), (1000,), (3,)]}
+
+
+@pytest.mark.parametrize("shapes", list(SHAPE_SETS), ids=str)
+@pytest.mark.parametrize("inplace,given16,unaligned", [(False, False, False), (True, False, False),
+                                                      (False, True, True), (True, True, True)])
+def test_adamw_paths_bitwise_equal_to_the_table(shapes, inplace, given16, unaligned, device):
+    """The launch-argument form, the pinned table, per-tensor launches (lean and first host paths) and the first
+    host path run the same per-element code on the same elements: bitwise the pageable table's outputs, on the
+    task's shapes scaled down, odd and multi-dimensional sizes (one empty), in place or new outputs, a caller's
+    bf16 buffers or new ones, 16-element aligned arrays or views at odd offsets."""
+    shapes = SHAPE_SETS[shapes]
+
+    def run(knobs):
+        p, g, m, v = _state(shapes, device, seed=5, flat_offset=1 if unaligned else None)
+        out16 = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in shapes] if given16 else None
+        outs = adamw_step(p, g, m, v, torch.tensor(4.0, device=device), 1e-2, (0.9, 0.95), 1e-8, 0.1,
+                          inplace=inplace, out16=out16, block=64, num_warps=2, iters=2, **knobs)
+        if inplace:
+            assert all(a is b for a, b in zip(outs[0], p)) and all(a is b for a, b in zip(outs[2], v))
+        if given16:
+            assert all(a is b for a, b in zip(outs[3], out16))
+        for lst in outs:
+            assert [tuple(t.shape) for t in lst] == [tuple(s) for s in shapes]
+        return outs
+
+    ref = run(dict(table="pageable"))
+    for name, knobs in PATHS.items():
+        got = run(knobs)
+        for k, (a_list, b_list) in enumerate(zip(got, ref)):
+            for i, (a, b) in enumerate(zip(a_list, b_list)):
+                assert torch.equal(a, b), f"{name}: output {k}, tensor {i} {tuple(a.shape)} differs from the table's"
+
+
+def test_adamw_table_form_by_tensor_count():
+    """"auto" passes up to ARGS_MAX_TENSORS non-empty tensors as launch arguments and keeps the measured pageable
+    table beyond (the 1B-param / 64-tensor anchor), and for a persistent grid or the first host path; an explicit
+    "args" beyond the limit is refused in one sentence."""
+    def state(n, empty=0):
+        shapes = [(5,)] * n + [(0,)] * empty
+        return [[torch.zeros(s) for s in shapes] for _ in range(4)]
+
+    assert plan_adamw(*state(ARGS_MAX_TENSORS), inplace=False).form == "args"
+    assert plan_adamw(*state(ARGS_MAX_TENSORS, empty=3), inplace=False).form == "args"  # empty ones are skipped
+    assert plan_adamw(*state(ARGS_MAX_TENSORS + 1)).form == "pageable"
+    assert plan_adamw(*state(64)).form == "pageable"
+    assert plan_adamw(*state(4), programs=8).form == "pageable"
+    assert plan_adamw(*state(4), host="loops").form == "pageable"
+    assert plan_adamw(*state(4), table="pinned").form == "pinned"
+    args = plan_adamw(*state(4), table="args")
+    assert args.table is None and args.firsts == (0, 1, 2, 3, 4) and args.numels == (5, 5, 5, 5)
+    with pytest.raises(ValueError, match="at most"):
+        plan_adamw(*state(ARGS_MAX_TENSORS + 1), table="args")
+    with pytest.raises(ValueError, match="host='lean'"):
+        plan_adamw(*state(4), table="args", programs=8)
+    with pytest.raises(ValueError, match="table must be one of"):
+        plan_adamw(*state(4), table="pinnd")
+
+
 class _CountOps(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -200,34 +271,122 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _Spy:
+    """Stands in for a Triton kernel: records each launch's grid and arguments, runs nothing."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.launches.append((grid, args, kw))
+
+
+def _tensors_in(args) -> list[torch.Tensor]:
+    found = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, tuple):
+            found += _tensors_in(a)
+    return found
+
+
 def test_adamw_lean_host_path_torch_ops(monkeypatch):
-    """What the task's forward does around its one launch (host work decides at its 22.5M params): the lean path
-    runs a fixed handful of torch ops whatever the number of 1-D tensors (two allocations, two splits, the
-    table), plus a view per tensor and output list where a shape is not 1-D; the first path ran two per tensor
-    and role."""
+    """What the task's forward does around its launch (host work decides at its 22.5M params), counted under a
+    dispatch mode with the kernels replaced by spies: the launch-argument form (the default up to
+    ARGS_MAX_TENSORS tensors) and the lean per-tensor launches run only the outputs' two allocations and two
+    splits (plus a view per tensor and output list where a shape is not 1-D); the table forms add the table
+    (lift_fresh) whatever the number of tensors; the first host path ran two ops per tensor and role."""
     import seeds.adamw as A
 
-    launches = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, args))
-
-    monkeypatch.setattr(A, "_adamw_multi_kernel", Spy())
+    spies = {name: _Spy() for name in ("_adamw_multi_kernel", "_adamw_args_kernel", "_adamw_tensor_kernel")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(A, name, spy)
     step = torch.tensor(10.0)
     counts = {}
     for name, shapes in (("task", [(4096,), (1408,), (64,), (1000,)]), ("many", [(2048,)] * 64),
                          ("2-D", [(64, 32), (7, 3), (1000,)])):
         state = [[torch.randn(s) for s in shapes] for _ in range(4)]
-        for host in ("lean", "loops"):
+        for path, knobs in (("auto", {}), ("pageable", dict(table="pageable")), ("loops", dict(host="loops")),
+                            ("per tensor", dict(multi_tensor=False))):
             with _CountOps() as mode:
-                A.adamw_step(*state, step, inplace=False, host=host)
-            counts[name, host] = collections.Counter(mode.ops)
-    assert len(launches) == 6
-    assert counts["task", "lean"] == {"empty": 2, "split_with_sizes": 2, "lift_fresh": 1}, counts
-    assert counts["many", "lean"] == {"empty": 2, "split_with_sizes": 2, "lift_fresh": 1}, counts
-    assert counts["2-D", "lean"] == {"empty": 2, "split_with_sizes": 2, "view": 8, "lift_fresh": 1}, counts
+                A.adamw_step(*state, step, inplace=False, **knobs)
+            counts[name, path] = collections.Counter(mode.ops)
+    outputs = {"empty": 2, "split_with_sizes": 2}
+    assert counts["task", "auto"] == outputs, counts
+    assert counts["task", "per tensor"] == outputs, counts
+    assert counts["task", "pageable"] == {**outputs, "lift_fresh": 1}, counts
+    assert counts["many", "auto"] == {**outputs, "lift_fresh": 1}, counts  # 64 tensors: the table
+    assert counts["2-D", "auto"] == {**outputs, "view": 8}, counts
+    assert counts["2-D", "pageable"] == {**outputs, "view": 8, "lift_fresh": 1}, counts
     assert sum(counts["many", "loops"].values()) > 2 * 4 * 64, counts
+    # auto: 2 launch-argument launches (task, 2-D) and a table launch (many); plus the pageable and loops rows
+    assert len(spies["_adamw_args_kernel"].launches) == 2
+    assert len(spies["_adamw_multi_kernel"].launches) == 1 + 3 + 3
+    assert len(spies["_adamw_tensor_kernel"].launches) == 4 + 64 + 3
+
+
+def test_adamw_args_form_copies_nothing_to_the_device(monkeypatch):
+    """The launch-argument form's whole call on the task's shapes: no torch.tensor, no .to / copy_ (the calls a
+    table or a step would need to reach the device), no lift_fresh / _to_copy / copy_ under a dispatch mode, and one
+    launch whose only tensors are the caller's and the outputs (pointers, no table). The per-tensor lean path
+    likewise, one launch per tensor. The table forms do build and move a table (so this test can fail)."""
+    import seeds.adamw as A
+
+    spies = {name: _Spy() for name in ("_adamw_multi_kernel", "_adamw_args_kernel", "_adamw_tensor_kernel")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(A, name, spy)
+    made, moved = [], []
+    real_tensor, real_to, real_copy = torch.tensor, torch.Tensor.to, torch.Tensor.copy_
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(k) or real_tensor(*a, **k))
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: moved.append((a, k)) or real_to(self, *a, **k))
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, *a, **k: moved.append(a) or real_copy(self, *a, **k))
+    shapes = [(4099,), (257,), (17,), (2,)]
+    state = [[real_tensor(0.5).expand(s).contiguous() for s in shapes] for _ in range(4)]
+    step = real_tensor(10.0)
+    outs = []
+    for knobs in ({}, dict(multi_tensor=False)):
+        with _CountOps() as mode:
+            outs.append(A.adamw_step(*state, step, inplace=False, **knobs))
+        assert not made and not moved, (knobs, made, moved)
+        assert not {"lift_fresh", "_to_copy", "copy_", "to"} & set(mode.ops), (knobs, mode.ops)
+    (grid, args, kw), = spies["_adamw_args_kernel"].launches
+    given = {id(t) for lst in state + list(outs[0]) for t in lst} | {id(step)}
+    passed = _tensors_in(args)
+    assert len(passed) == 8 * 4 + 1 and {id(t) for t in passed} <= given and kw["N_TENSORS"] == 4
+    chunk, firsts = kw["BLOCK"] * kw["ITERS"], [0]
+    for (size,) in shapes:
+        firsts.append(firsts[-1] - (-size // chunk))
+    assert grid == (firsts[-1],) and args[-2:] == (tuple(firsts), (4099, 257, 17, 2))  # one program per chunk
+    assert len(spies["_adamw_tensor_kernel"].launches) == 4
+    A.adamw_step(*state, step, inplace=False, table="pageable")
+    assert made == [{"dtype": torch.int64, "pin_memory": False}] and len(moved) == 1, (made, moved)
+
+
+def test_adamw_pinned_table_is_pinned_on_cuda_only(monkeypatch):
+    """table="pinned" builds the table in pinned host memory where the device is CUDA (so the copy is queued
+    behind the stream's work instead of making the host wait for it), and in ordinary memory elsewhere;
+    "pageable" never pins. The copy is non-blocking either way."""
+    import seeds.adamw as A
+
+    seen = []
+
+    class FakeHostTable:
+        def to(self, device, non_blocking=False):
+            seen[-1]["to"] = (device, non_blocking)
+            return self
+
+    def fake_tensor(rows, dtype=None, pin_memory=False):
+        seen.append({"dtype": dtype, "pin": pin_memory})
+        return FakeHostTable()
+
+    monkeypatch.setattr(A.torch, "tensor", fake_tensor)
+    knobs = dict(vec=4, programs=None, split_tail=True, streaming=False)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    for form, device, pinned in (("pinned", cuda, True), ("pinned", cpu, False), ("pageable", cuda, False)):
+        plan = A._make_plan((), (), (), [0, 1], 1, 16, (1024, 4, 1), knobs, device, form)
+        assert seen[-1] == {"dtype": torch.int64, "pin": pinned, "to": (device, True)}, (form, device, seen[-1])
+        assert plan.form == form
 
 
 def test_adamw_rejects_bad_state():
@@ -262,6 +421,35 @@ def _facts(fn, values: dict, num_warps: int) -> dict:
             "converts": kernel.asm["ttgir"].count("convert_layout"), "shared": kernel.metadata.shared}
 
 
+def _args_facts(fn, hyper: dict, n: int) -> dict:
+    """PTX facts of the launch-argument kernel for n tensors: its tuple arguments need their own signature (one
+    type per tuple element), which tests/sm90.compile_sm90 does not build; pointers 16-byte aligned, as the
+    launcher specialises them, sizes unspecialised (15,625,000 is no multiple of 16)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    roles = dict(P="*fp32", G="*fp32", M="*fp32", V="*fp32", P_OUT="*fp32", M_OUT="*fp32", V_OUT="*fp32",
+                 P16="*bf16")
+    const = dict(N_TENSORS=n, BLOCK=1024, ITERS=1, VEC=4, SPLIT_TAIL=True, STREAMING=False)
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in roles:
+            sig[name] = tuple([roles[name]] * n)
+            attrs.update({(i, j): [["tt.divisibility", 16]] for j in range(n)})
+        elif name == "STEP":
+            sig[name], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
+        elif name in ("FIRST", "NUMEL"):
+            sig[name] = tuple(["i32"] * (n + (name == "FIRST")))
+        else:
+            sig[name] = "fp32" if name in hyper else "constexpr"
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    ptx = kernel.asm["ptx"]
+    return {"ld_v4": len(re.findall(r"ld\.global[.:\w]*\.v4", ptx)),
+            "st_v4": len(re.findall(r"st\.global[.:\w]*\.v4", ptx)),
+            "converts": kernel.asm["ttgir"].count("convert_layout"), "shared": kernel.metadata.shared}
+
+
 def _compile_all() -> dict:
     import seeds.adamw as A  # noqa: N812 - compiled, not interpreted
 
@@ -273,6 +461,7 @@ def _compile_all() -> dict:
                  PERSISTENT=False, SPLIT_TAIL=True, STREAMING=False)
     tensor = dict(**arrays, numel=15625000, **hyper, STREAMING=False)
     return {
+        "args, 4 tensors": _args_facts(A._adamw_args_kernel, hyper, 4),
         "multi default": _facts(A._adamw_multi_kernel, {**multi, "BLOCK": 1024, "ITERS": 1, "VEC": 4}, 4),
         "multi vec=block": _facts(A._adamw_multi_kernel, {**multi, "BLOCK": 1024, "ITERS": 4, "VEC": 1024}, 4),
         "first seed": _facts(A._adamw_tensor_kernel, {**tensor, "BLOCK": 1024, "ITERS": 1, "VEC": 1024,
@@ -288,6 +477,8 @@ def test_gpu_kernel_vectorises_for_sm90():
     facts = compiled_in_child(__file__)
     # 1 block of 1024 at 4 warps (the default): 2 vectors per thread and array; 4 arrays read, 3 fp32 arrays written.
     assert facts["multi default"] == {"ld_v4": 8, "st_v4": 6, "converts": 0, "shared": 0}, facts
+    # The launch-argument form: the same per tensor, one copy of the chunk code per tensor (4 here).
+    assert facts["args, 4 tensors"] == {"ld_v4": 32, "st_v4": 24, "converts": 0, "shared": 0}, facts
     assert facts["multi vec=block"]["converts"] > 0 and facts["multi vec=block"]["shared"] > 0, facts
     assert facts["first seed"]["ld_v4"] == 0 and facts["first seed"]["st_v4"] == 0, facts
 
