@@ -198,7 +198,7 @@ def test_adamw_host_paths_agree_bitwise(inplace, given16, unaligned, device):
 
 
 # Every path that may serve <= ARGS_MAX_TENSORS tensors, against the table from pageable memory (the measured path).
-PATHS = {"args": dict(table="args"), "pinned": dict(table="pinned"), "auto": dict(),
+PATHS = {"args": dict(table="args"), "pinned": dict(table="pinned"), "auto": dict(table="auto"),
          "per tensor, lean": dict(multi_tensor=False), "per tensor, loops": dict(multi_tensor=False, host="loops"),
          "loops": dict(host="loops")}
 SHAPE_SETS = {"task, scaled": [(4099,), (257,), (17,), (2,)], "task, halved": [(30000,), (4096,), (31,), (1000,)],
@@ -244,12 +244,14 @@ def test_adamw_table_form_by_tensor_count():
         shapes = [(5,)] * n + [(0,)] * empty
         return [[torch.zeros(s) for s in shapes] for _ in range(4)]
 
-    assert plan_adamw(*state(ARGS_MAX_TENSORS), inplace=False).form == "args"
-    assert plan_adamw(*state(ARGS_MAX_TENSORS, empty=3), inplace=False).form == "args"  # empty ones are skipped
-    assert plan_adamw(*state(ARGS_MAX_TENSORS + 1)).form == "pageable"
-    assert plan_adamw(*state(64)).form == "pageable"
-    assert plan_adamw(*state(4), programs=8).form == "pageable"
-    assert plan_adamw(*state(4), host="loops").form == "pageable"
+    auto = dict(table="auto")
+    assert plan_adamw(*state(4)).form == "pageable"  # the default: the form measured on the H200
+    assert plan_adamw(*state(ARGS_MAX_TENSORS), inplace=False, **auto).form == "args"
+    assert plan_adamw(*state(ARGS_MAX_TENSORS, empty=3), inplace=False, **auto).form == "args"  # empty ones skipped
+    assert plan_adamw(*state(ARGS_MAX_TENSORS + 1), **auto).form == "pageable"
+    assert plan_adamw(*state(64), **auto).form == "pageable"
+    assert plan_adamw(*state(4), programs=8, **auto).form == "pageable"
+    assert plan_adamw(*state(4), host="loops", **auto).form == "pageable"
     assert plan_adamw(*state(4), table="pinned").form == "pinned"
     args = plan_adamw(*state(4), table="args")
     assert args.table is None and args.firsts == (0, 1, 2, 3, 4) and args.numels == (5, 5, 5, 5)
@@ -293,7 +295,7 @@ def _tensors_in(args) -> list[torch.Tensor]:
 
 def test_adamw_lean_host_path_torch_ops(monkeypatch):
     """What the task's forward does around its launch (host work decides at its 22.5M params), counted under a
-    dispatch mode with the kernels replaced by spies: the launch-argument form (the default up to
+    dispatch mode with the kernels replaced by spies: the launch-argument form ("auto" up to
     ARGS_MAX_TENSORS tensors) and the lean per-tensor launches run only the outputs' two allocations and two
     splits (plus a view per tensor and output list where a shape is not 1-D); the table forms add the table
     (lift_fresh) whatever the number of tensors; the first host path ran two ops per tensor and role."""
@@ -307,7 +309,7 @@ def test_adamw_lean_host_path_torch_ops(monkeypatch):
     for name, shapes in (("task", [(4096,), (1408,), (64,), (1000,)]), ("many", [(2048,)] * 64),
                          ("2-D", [(64, 32), (7, 3), (1000,)])):
         state = [[torch.randn(s) for s in shapes] for _ in range(4)]
-        for path, knobs in (("auto", {}), ("pageable", dict(table="pageable")), ("loops", dict(host="loops")),
+        for path, knobs in (("auto", dict(table="auto")), ("pageable", {}), ("loops", dict(host="loops")),
                             ("per tensor", dict(multi_tensor=False))):
             with _CountOps() as mode:
                 A.adamw_step(*state, step, inplace=False, **knobs)
@@ -345,7 +347,7 @@ def test_adamw_args_form_copies_nothing_to_the_device(monkeypatch):
     state = [[real_tensor(0.5).expand(s).contiguous() for s in shapes] for _ in range(4)]
     step = real_tensor(10.0)
     outs = []
-    for knobs in ({}, dict(multi_tensor=False)):
+    for knobs in (dict(table="args"), dict(multi_tensor=False)):
         with _CountOps() as mode:
             outs.append(A.adamw_step(*state, step, inplace=False, **knobs))
         assert not made and not moved, (knobs, made, moved)
