@@ -9,8 +9,8 @@ Bytes per parameter: read p, g, m, v (16 B with fp32 g) and write p, m, v, p16 (
 torch's fused=True moves 28 B/param with fp32 grads and writes no bf16 copy.
 
 Three forms, the same per-element code (bitwise the same outputs):
-- multi-tensor with a device table (`table="pageable"`, the default, or `"pinned"`): ONE launch over all tensors. A small int64 table on the device holds, per tensor, its first
-  chunk (a prefix sum), its size and the element offset of each of its eight arrays from the lowest-addressed array
+- multi-tensor with a device table (`table="pageable"`, the default, or `"pinned"`): ONE launch over all
+  tensors. A small int64 table on the device holds, per tensor, its first chunk (a prefix sum), its size and the element offset of each of its eight arrays from the lowest-addressed array
   of the same role (so the kernel needs eight base pointers and no pointer casts). A program binary-searches the
   prefix sums for its chunk's tensor, then streams ITERS blocks of BLOCK elements; a persistent grid (`programs=`)
   walks chunks with a stride instead. `plan_adamw` builds the table once for tensors that stay put (a trainer);
@@ -22,8 +22,8 @@ Three forms, the same per-element code (bitwise the same outputs):
   4; 64 of 2,048: 5), against 37 and 517 on the first path ("loops",
   kept as `host="loops"`: per-tensor slices and views). The harness hands new addresses every call, so nothing
   is cached across calls.
-- multi-tensor with the tensors as launch arguments (`table="args"`; the default up to 8 non-empty tensors, so
-  the task's forward): ONE launch, every tensor's eight pointers and its size passed as tuple arguments, no table
+- multi-tensor with the tensors as launch arguments (`table="args"`, or `"auto"`: args up to 8 non-empty
+  tensors, the candidate default for the task's forward once measured): ONE launch, every tensor's eight pointers and its size passed as tuple arguments, no table
   and so no host-to-device copy; 4 torch ops a call (the outputs' two allocations and two splits). A program
   compares its chunk with the tensors' first chunks (unrolled: one copy of the chunk code per tensor).
   Why by count: a copy from pageable memory makes the host wait for all work queued before the call, and the
