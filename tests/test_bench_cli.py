@@ -128,6 +128,8 @@ def fake_gpu(monkeypatch):
         def bench(self, task, candidate, baselines=("eager",), gpu=0, timing_mode="auto"):
             calls.append((task.name, candidate, baselines, gpu, timing_mode))
             m = synthetic_measure({"candidate": 0.1, **{b: 0.2 for b in baselines}})
+            if timing_mode == "sustained":
+                m["config"].update(burst=10, settle_ms=100.0)
             return build_timing(m, candidate="candidate", roof=ROOF)
 
     monkeypatch.setitem(sys.modules, "sandbox.harness", types.SimpleNamespace(Harness=Harness))
@@ -143,6 +145,7 @@ def test_bench_renders_table_and_writes_csv(fake_gpu, tmp_path, capsys):
     assert fake_gpu == [("rmsnorm_fwd", cand, ("eager", "compile"), 0, "sustained")]
     text = capsys.readouterr().out
     assert "vs eager" in text and "GB/s" in text and "2.0" in text
+    assert "30 timed calls each, sustained: bursts of 10 back to back after 100 ms of untimed calls" in text
     rows = list(csv.DictReader(out_csv.open()))
     cand_rows = [r for r in rows if r["impl"] == "candidate"]
     assert {r["vs"] for r in cand_rows} == {"eager", "compile"}

@@ -128,6 +128,11 @@ def render(timing: dict[str, Any], title: str = "") -> None:
     console.print(table)
     console.print("[dim]speedup = baseline time / this time, median of paired rounds, 95% bootstrap interval; "
                   "[green]green[/green] faster, [red]red[/red] slower, grey no significant difference[/]")
+    m = timing.get("measurement") or {}
+    if m:
+        how = (f"sustained: bursts of {m.get('burst')} back to back after {m.get('settle_ms', 0):.0f} ms of untimed "
+               "calls" if m.get("burst", 1) > 1 else "isolated: one call at a time")
+        console.print(f"[dim]{m.get('reps')} timed calls each, {how}; L2 flushed before each[/]")
     for row in timing.get("rows", []):
         if row["ms"] is None:
             console.print(f"[dim]{row['impl']}: {row['note']}[/]")
