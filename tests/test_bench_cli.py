@@ -145,7 +145,8 @@ def test_bench_renders_table_and_writes_csv(fake_gpu, tmp_path, capsys):
     assert fake_gpu == [("rmsnorm_fwd", cand, ("eager", "compile"), 0, "sustained")]
     text = capsys.readouterr().out
     assert "vs eager" in text and "GB/s" in text and "2.0" in text
-    assert "30 timed calls each, sustained: bursts of 10 back to back after 100 ms of untimed calls" in text
+    assert ("30 timed calls each, sustained: bursts of 10 back to back after 100 ms of untimed calls"
+            in " ".join(text.split()))  # (rich wraps at the terminal's width)
     rows = list(csv.DictReader(out_csv.open()))
     cand_rows = [r for r in rows if r["impl"] == "candidate"]
     assert {r["vs"] for r in cand_rows} == {"eager", "compile"}
