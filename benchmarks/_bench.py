@@ -1,10 +1,22 @@
-"""What the GPU bench scripts share: a median time over rotating input sets, and the relative L2 error."""
+"""What the GPU bench scripts share: their --smoke / --budget options, a median time over rotating input sets, and
+the relative L2 error."""
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Callable
 
 import torch
+
+
+def parser(description: str, budget_s: float) -> argparse.ArgumentParser:
+    """--smoke (the CPU interpreter at tiny shapes: checks the script only) and --budget (seconds after which no
+    new row starts); a script adds its own options."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter at tiny shapes: checks the script only")
+    ap.add_argument("--budget", type=float, default=budget_s,
+                    help=f"seconds after which no new row starts (default {budget_s:g})")
+    return ap
 
 
 def rotating_median_ms(fn: Callable[[int], object], sets: int, smoke: bool) -> float:

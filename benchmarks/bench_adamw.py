@@ -30,7 +30,6 @@ Bytes: the seed moves 30 B/param (read p, g, m, v; write p, m, v, bf16 p); torch
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -51,7 +50,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from _bench import rel_l2, rotating_median_ms  # noqa: E402
+from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
 from sandbox.task import load_task  # noqa: E402
 from seeds.adamw import ARGS_MAX_TENSORS, ModelNew, adamw_step, plan_adamw, run_plan  # noqa: E402
 
@@ -451,10 +450,7 @@ def table() -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes (checks the script)")
-    parser.add_argument("--budget", type=float, default=60.0, help="seconds for the whole script (default 60)")
-    args = parser.parse_args()
+    args = parser(__doc__.splitlines()[0], 60.0).parse_args()
     b = args.budget
     anchor_shapes = [(ANCHOR[1],)] * ANCHOR[0]
     parts = [

@@ -25,7 +25,6 @@ The table comes last.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -38,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _bench import rel_l2, rotating_median_ms  # noqa: E402
+from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
 from sandbox.task import load_task  # noqa: E402
 from seeds.cross_entropy import cross_entropy_fwd_bwd  # noqa: E402
 from seeds._common import sm_count  # noqa: E402
@@ -82,10 +81,7 @@ def make_sets(n: int, v: int, dev: str) -> list[tuple[torch.Tensor, torch.Tensor
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes")
-    ap.add_argument("--budget", type=float, default=60.0, help="seconds for the whole script (default 60)")
-    args = ap.parse_args()
+    args = parser(__doc__.splitlines()[0], 60.0).parse_args()
     smoke = args.smoke
     dev = "cpu" if smoke else "cuda"
     n, v = (6, 3001) if smoke else (8192, 128256)

@@ -19,7 +19,6 @@ Budget: sections stop starting rows at fixed times so the whole run stays under 
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _bench import rel_l2, rotating_median_ms  # noqa: E402
+from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
 from sandbox.task import load_task  # noqa: E402
 from seeds.linear_cross_entropy import Gemm, linear_cross_entropy_fwd_bwd, matmul, vocab_chunks  # noqa: E402,E501
 
@@ -241,9 +240,7 @@ def table(b: Bench) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--smoke", action="store_true", help="CPU interpreter at tiny shapes: checks this script only")
-    ap.add_argument("--budget", type=float, default=110.0, help="seconds after which no row starts")
+    ap = parser(__doc__.splitlines()[0], 110.0)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     args = ap.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":

@@ -11,7 +11,6 @@ process with a time limit, so a hang there cannot take the rest of the results w
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sandbox.task import load_task  # noqa: E402
-from _bench import rel_l2, rotating_median_ms  # noqa: E402
+from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
 
 COPY_GBPS = 4244.0
 DEV = "cuda"
@@ -391,12 +390,10 @@ def run_child(args, out: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__.splitlines()[0], 280.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="skip torch.compile baselines")
     ap.add_argument("--part", default="main", choices=["main", "ce_fused"])
-    ap.add_argument("--budget", type=float, default=280.0, help="seconds this whole script may take")
-    ap.add_argument("--smoke", action="store_true", help="CPU interpreter at tiny shapes: checks the script only")
     args = ap.parse_args()
     global DEV, SMOKE
     if args.smoke:

@@ -97,6 +97,17 @@ def _count_valid_kernel(TARGET, N, ignore_index, OUT, BLOCK: tl.constexpr):
 
 # ---- PERSISTENT ------------------------------------------------------------------------------------------------
 @triton.jit
+def _grad_weights(N_VALID, smoothing, V, MEAN: tl.constexpr):
+    """(scale, off_s, hit_s) of the gradient: scale 1 / n_valid for the mean and 1 for the sum, scale eps / V for
+    every column and scale (1 - eps) for the target's."""
+    if MEAN:
+        scale = 1.0 / tl.load(N_VALID)
+    else:
+        scale = 1.0
+    return scale, scale * smoothing / V, scale * (1.0 - smoothing)
+
+
+@triton.jit
 def _row_loss(m, d, sx, x_target, smoothing, V, LANES: tl.constexpr, SMOOTH: tl.constexpr):
     """(lse, loss) of a row from its running max / sum of exponentials (per lane with LANES) and sum of logits."""
     if LANES:
@@ -161,12 +172,7 @@ def _ce_persistent_kernel(
     step = tl.num_programs(0)  # the launcher keeps it <= N, so every program has a first row
     cols = tl.arange(0, BLOCK)
     n_tiles = tl.cdiv(V, BLOCK)
-    if MEAN:
-        scale = 1.0 / tl.load(N_VALID)
-    else:
-        scale = 1.0
-    off_s = scale * smoothing / V
-    hit_s = scale * (1.0 - smoothing)
+    scale, off_s, hit_s = _grad_weights(N_VALID, smoothing, V, MEAN)
 
     # The first row's first tile; afterwards each row's last load fetches the next row's first tile.
     t_next = tl.load(TARGET + pid)
@@ -243,12 +249,7 @@ def _ce_staged_kernel(
     step = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
     n_tiles = tl.cdiv(V, BLOCK)
-    if MEAN:
-        scale = 1.0 / tl.load(N_VALID)
-    else:
-        scale = 1.0
-    off_s = scale * smoothing / V
-    hit_s = scale * (1.0 - smoothing)
+    scale, off_s, hit_s = _grad_weights(N_VALID, smoothing, V, MEAN)
     x_row = X + pid.to(tl.int64) * stride_x  # 64-bit row offsets, advanced by step rows each iteration
     dx_row = DX + pid.to(tl.int64) * stride_dx
     x_step = step.to(tl.int64) * stride_x
