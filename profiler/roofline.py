@@ -15,10 +15,11 @@ bandwidth a little: the H200's datasheet 4.8 TB/s is 1.13x the 4.24 TB/s copy me
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -67,29 +68,40 @@ def _to_meta(x: Any) -> Any:
     return x
 
 
-def count_flops(model: torch.nn.Module, inputs: list[Any]) -> tuple[float, Any, str]:
-    """(FLOPs, outputs, where counted) for one forward of `model` under FlopCounterMode.
+def _forward(model: torch.nn.Module, inputs: list[Any],
+             make_counter: Callable[[], Any] = contextlib.nullcontext) -> tuple[Any, str, Any]:
+    """(outputs, where, counter) of one forward of the reference, under a fresh `make_counter()` per attempt.
 
-    Tried on meta copies first (no device time); a reference that cannot run on meta runs on its own inputs.
+    Tried on meta copies first (no device time); a reference that cannot run on meta (one that reads a tensor's
+    values, such as per-expert counts) runs on its own inputs. Grad is enabled: a backward task's reference calls
+    autograd.grad in its forward.
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
     attempts = []
     try:
         attempts.append(("meta", copy.deepcopy(model).to("meta"), _to_meta(list(inputs))))
-    except Exception as exc:  # noqa: BLE001 - a model that cannot be copied to meta is counted for real
-        log.info("reference cannot move to meta (%s); counting FLOPs on its own device", exc)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot be copied to meta is run for real
+        log.info("reference cannot move to meta (%s); running it on its own device", exc)
     attempts.append(("real", model, list(inputs)))
     last: Exception | None = None
     for where, m, args in attempts:
         try:
-            counter = FlopCounterMode(display=False)
-            with torch.enable_grad(), counter:  # a backward task's reference calls autograd.grad in its forward
-                out = m(*args)
-            return float(counter.get_total_flops()), out, f"FlopCounterMode on the reference ({where})"
+            counter = make_counter()
+            with torch.enable_grad(), counter:
+                return m(*args), where, counter
         except Exception as exc:  # noqa: BLE001 - fall through to the next attempt
             last = exc
-    raise RuntimeError(f"could not count the reference's FLOPs: {type(last).__name__}: {last}")
+    raise RuntimeError(f"could not run the reference: {type(last).__name__}: {last}")
+
+
+def count_flops(model: torch.nn.Module, inputs: list[Any]) -> tuple[float, Any, str]:
+    """(FLOPs, outputs, where counted) for one forward of `model` under FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        out, where, counter = _forward(model, inputs, lambda: FlopCounterMode(display=False))
+    except RuntimeError as exc:
+        raise RuntimeError(f"could not count the reference's FLOPs: {exc}") from None
+    return float(counter.get_total_flops()), out, f"FlopCounterMode on the reference ({where})"
 
 
 @dataclass(frozen=True)
@@ -163,8 +175,7 @@ def task_roofline(task: Any, model: torch.nn.Module, inputs: list[Any], ceilings
         nbytes, bytes_source = float(bytes_fn(consts)), "task formula (CRUCIBLE_BYTES)"
     else:
         if outputs is None:
-            with torch.enable_grad():
-                outputs = copy.deepcopy(model).to("meta")(*_to_meta(list(inputs)))
+            outputs, _, _ = _forward(model, inputs)
         nbytes, bytes_source = tensor_bytes(inputs, outputs, model), "tensor sizes (inputs + parameters + outputs)"
     dtype = compute_dtype(inputs, model)
     if dtype == "fp32" and task.meta.allow_tf32:

@@ -9,7 +9,7 @@ Bytes per parameter: read p, g, m, v (16 B with fp32 g) and write p, m, v, p16 (
 torch's fused=True moves 28 B/param with fp32 grads and writes no bf16 copy.
 
 Three forms, the same per-element code (bitwise the same outputs):
-- multi-tensor with a device table (`table="pageable"`, the default, or `"pinned"`): ONE launch over all
+- multi-tensor with a device table (`table="pageable"`, or `"pinned"`): ONE launch over all
   tensors. A small int64 table on the device holds, per tensor, its first chunk (a prefix sum), its size and the element offset of each of its eight arrays from the lowest-addressed array
   of the same role (so the kernel needs eight base pointers and no pointer casts). A program binary-searches the
   prefix sums for its chunk's tensor, then streams ITERS blocks of BLOCK elements; a persistent grid (`programs=`)
@@ -23,7 +23,7 @@ Three forms, the same per-element code (bitwise the same outputs):
   kept as `host="loops"`: per-tensor slices and views). The harness hands new addresses every call, so nothing
   is cached across calls.
 - multi-tensor with the tensors as launch arguments (`table="args"`, or `"auto"`: args up to 8 non-empty
-  tensors, the candidate default for the task's forward once measured): ONE launch, every tensor's eight pointers and its size passed as tuple arguments, no table
+  tensors, the default: run O): ONE launch, every tensor's eight pointers and its size passed as tuple arguments, no table
   and so no host-to-device copy; 4 torch ops a call (the outputs' two allocations and two splits). A program
   compares its chunk with the tensors' first chunks (unrolled: one copy of the chunk code per tensor).
   Why by count: a copy from pageable memory makes the host wait for all work queued before the call, and the
@@ -31,7 +31,7 @@ Three forms, the same per-element code (bitwise the same outputs):
   read 0.570 ms against torch.compile's 0.175 (run N), against 0.317 under do_bench. Arguments cost host time on
   every launch instead (10 per tensor, each specialised by Triton's launcher) and code size (a chunk body per
   tensor), so beyond 8 tensors the table stays: 1B params in 64 tensors is the measured 7.13 ms, 1.13x fused=True.
-  Not measured on the GPU yet (benchmarks/bench_adamw.py times it against the table forms).
+  Run O (bench_adamw.py, the task's shape): 0.203 ms back to back against the pageable table's 0.329.
 - per-tensor (`multi_tensor=False`): one launch per tensor, on the lean host path (no table either) or the first.
 Bias corrections are computed once per program in fp64 from the step (1 - b^t in fp32 loses digits at small t);
 per element: fp32, sqrt(v) times 1/sqrt(1 - b2^t), one fast division (div.full, 2 ulp).
@@ -63,8 +63,7 @@ params in 64 tensors of 15,625,000, in place, fp32 grads, 30 B/param; every vari
   against compile's 0.300, 0.95x (the first path: 0.46x). `crucible bench` (run N) reads 0.570 ms against
   compile's 0.175, 0.33x: its timer queues 0.5 ms of flush passes ahead of each call, and the table's copy from
   pageable memory waits for them, after which the device waits for the host's launch (see plan_adamw). (Those
-  were the lean pageable table, `table="pageable"`; the task's default is now the launch-argument form, not
-  measured yet.)
+  were the lean pageable table, `table="pageable"`; the task's default is now the launch-argument form: run O.)
 """
 from __future__ import annotations
 
@@ -336,9 +335,9 @@ HOSTS = ("lean", "loops")  # how the per-call table and outputs are built (the k
 # on the host and copies it to the device from pageable memory (the measured path: 7.13 ms at 1B params in 64
 # tensors, 1.13x torch fused=True); "pinned" builds it in pinned host memory, so the copy is queued instead of
 # waiting for the stream's earlier work (not measured yet). "auto": "args" up to ARGS_MAX_TENSORS non-empty tensors
-# (with the lean host path and no persistent grid), else "pageable". The default stays "pageable", the form
-# measured on the H200 (and accepted there by `crucible check`), until bench_adamw.py has measured "args" and
-# "auto" on the GPU: a launch with tuple arguments has only been compiled for sm_90, never run.
+# (with the lean host path and no persistent grid), else "pageable": the default since session 4's run O on the
+# H200 (bench_adamw.py, the task's shape, checked against float64): 0.203 ms back to back against the pageable
+# table's 0.329, 0.170 ms under crucible's timer imitated against 0.172, 214 against 275 us of host time a call.
 TABLES = ("auto", "args", "pageable", "pinned")
 # Why 8: a pageable copy makes the host wait for every kernel queued before the call (0.57 ms a call under
 # crucible's timer at the task's 4 tensors, against 0.32 under do_bench), and a table is worth its copy only where
@@ -352,7 +351,7 @@ def plan_adamw(params, grads, exp_avgs, exp_avg_sqs, *, inplace: bool = True, ou
                low_precision_dtype: torch.dtype = torch.bfloat16, block: int | None = None,
                num_warps: int | None = None, iters: int | None = None, vec: int = 4, programs: int | None = None,
                split_tail: bool = True, streaming: bool = False, host: str = "lean",
-               table: str = "pageable") -> AdamWPlan:
+               table: str = "auto") -> AdamWPlan:
     """Check the state, allocate the outputs (new tensors unless inplace; the low-precision copy into out16 when
     given) and say where the tensors are: launch arguments or a device table (`table`, see TABLES).
     programs: a persistent grid of that many programs (None: one per chunk; table forms only).
@@ -619,7 +618,7 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr: float = 1e-3,
                inplace: bool = True, low_precision_dtype: torch.dtype = torch.bfloat16, out16: list | None = None,
                multi_tensor: bool = True, block: int | None = None, num_warps: int | None = None,
                iters: int | None = None, vec: int = 4, programs: int | None = None, split_tail: bool = True,
-               streaming: bool = False, host: str = "lean", table: str = "pageable"):
+               streaming: bool = False, host: str = "lean", table: str = "auto"):
     """One AdamW step over lists of tensors; returns (params, exp_avgs, exp_avg_sqs, low-precision params).
     Knobs for benchmarks: multi_tensor (one launch, else one per tensor), block / num_warps / iters (elements per
     block, warps, blocks per chunk: block / (32 num_warps) elements per thread and array), vec (the contiguous

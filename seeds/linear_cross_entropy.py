@@ -388,14 +388,21 @@ def _logits_to_grad_kernel(DL, stride_dl, TARGET, LSE, ROW_SCALE, N, v0, V, smoo
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def _default_config(device: torch.device, elem_bytes: int = 2, tma: bool = False) -> tuple[int, int, int, int, int]:
+def _default_config(device: torch.device, elem_bytes: int = 2, tma: bool = False,
+                    out_bytes: int = 2) -> tuple[int, int, int, int, int]:
     """(BM, BN, BK, warps, stages): Hopper-sized tiles on a GPU (the H200's best, docs/bench-lce.md: 4 stages of
     48 KiB for the pointer-path products, 3 with TMA loads: 46.18 ms against 47.77 for the whole step), small ones
-    on the interpreter. fp32 inputs (not the task's dtype, not measured) get BK 32 and 128-column tiles, so their
-    stages fit the same memory."""
+    on the interpreter. An fp32 output (dx summed over the chunks in fp32) needs 128 KiB of shared memory for its
+    128 x 256 epilogue tile, so its products keep 2 stages (3 asked for 272 KiB of the H200's 227: run O).
+    fp32 inputs (not the task's dtype, not measured) get BK 32 and 128-column tiles, so their stages fit the
+    same memory."""
     if device.type != "cuda":
         return (64, 64, 64, 4, 1)
-    return (128, 256, 64, 8, 3 if tma else 4) if elem_bytes <= 2 else (128, 128, 32, 8, 3)
+    if elem_bytes > 2:
+        return (128, 128, 32, 8, 3)
+    if out_bytes > 2:
+        return (128, 256, 64, 8, 2)
+    return (128, 256, 64, 8, 3 if tma else 4)
 
 
 def _flags(a: torch.Tensor) -> dict:
@@ -437,7 +444,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool
     N = b.shape[1]
     if M == 0 or N == 0:
         return
-    config = config or _default_config(a.device, a.element_size(), gemm.tma and split_k == 1)
+    config = config or _default_config(a.device, a.element_size(), gemm.tma and split_k == 1, out.element_size())
     bm, bn, bk = config[:3]
     if gemm.tma and split_k == 1:
         a_t = a.stride(1) != 1 and a.stride(0) == 1  # A is read as the rows of A^T [K, M]

@@ -128,3 +128,26 @@ def test_backward_tasks_count_their_flops_even_when_the_caller_disabled_grad(nam
     else:
         assert "FlopCounterMode" in r.flops_source  # elementwise and reductions only: FlopCounterMode counts products
         assert r.flops == 0 and r.bound == "memory"
+
+
+def test_bytes_are_counted_for_a_reference_that_reads_tensor_values():
+    # moe_grouped_gemm: FLOPs by formula, bytes from the outputs; its forward calls counts.tolist(), which a meta
+    # tensor cannot do, so the outputs come from a real run (it crashed `crucible bench` on the H200, session 4)
+    task = load_task("tasks/moe_grouped_gemm.py").scaled_for_cpu()
+    model, inputs = task.make_reference(0, "cpu"), task.make_inputs(0, "normal")
+    r = task_roofline(task, model, inputs, CEIL)
+    x, counts = inputs
+    weight = model.weight
+    out_bytes = x.shape[0] * weight.shape[1] * 2
+    assert r.bytes == x.numel() * 2 + counts.numel() * counts.element_size() + weight.numel() * 2 + out_bytes
+    assert "CRUCIBLE_FLOPS" in r.flops_source and "tensor sizes" in r.bytes_source
+
+
+def test_flops_of_a_failed_meta_attempt_are_not_added_to_the_real_count():
+    class Reads(torch.nn.Module):
+        def forward(self, a, b, n):
+            c = a @ b  # counted on meta, then the meta attempt fails on .item()
+            return c[: int(n.item())] @ b.t()
+    a, b = torch.randn(8, 4), torch.randn(4, 4)
+    flops, _, where = count_flops(Reads(), [a, b, torch.tensor(8)])
+    assert where.endswith("(real)") and flops == 2 * 8 * 4 * 4 + 2 * 8 * 4 * 4
