@@ -15,7 +15,7 @@ def at(seconds):
 
 
 def batch(tmp_path, name, runs):
-    """runs: (run id, (start s, end s) or the seconds of a run starting at 0, proposals, [(origin, source, verdict)])."""
+    """runs: (run id, (start s, end s) or the seconds of a run from 0, proposals, [(origin, source, verdict)])."""
     db = tmp_path / f"{name}.db"
     con = sqlite3.connect(db)
     con.execute("CREATE TABLE runs (id TEXT, started TEXT, finished TEXT)")
