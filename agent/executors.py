@@ -9,9 +9,10 @@ has. Both keep what the loop relies on:
 - a future resolves to a CheckResult, or fails with the harness's exception (the loop records a harness error).
 
 `LocalExecutor` is the behaviour the loop always had: one warm harness per GPU of this machine (one on the CPU), each
-called on its own thread. `RayExecutor` keeps one evaluation actor per GPU of the cluster (`num_gpus=1`; one per CPU
-with `num_cpus=1` on a cluster without GPUs), fed from one queue; a candidate whose actor dies (a killed worker, a
-lost node) goes back to the head of the queue for another actor while the dead one is replaced.
+called on its own thread (`gpu_ids` pins which GPUs: a `crucible batch` lane owns one). `RayExecutor` keeps one
+evaluation actor per GPU of the cluster (`num_gpus=1`; one per CPU with `num_cpus=1` on a cluster without GPUs), fed
+from one queue; a candidate whose actor dies (a killed worker, a lost node) goes back to the head of the queue for
+another actor while the dead one is replaced.
 """
 from __future__ import annotations
 
@@ -113,31 +114,47 @@ def _resolve_local(device: str) -> str:
 
 
 class LocalExecutor:
-    """Warm harnesses in this process: one per GPU (`--gpus`), or one on the CPU."""
+    """Warm harnesses in this process: one per GPU (`--gpus`), or one on the CPU.
+
+    `gpu_ids` pins the GPUs a session's slots evaluate on (slot i on GPU gpu_ids[i]); by default slot i is GPU i,
+    for the run's --gpus. `crucible batch --gpus N` gives each of its N lanes one GPU this way.
+    """
 
     def __init__(self, evaluator_factory: EvaluatorFactory | None = None, *,
-                 resolve_device: Callable[[str], str] = _resolve_local):
+                 resolve_device: Callable[[str], str] = _resolve_local, gpu_ids: tuple[int, ...] | None = None):
+        if gpu_ids is not None and (not gpu_ids or min(gpu_ids) < 0 or len(set(gpu_ids)) != len(gpu_ids)):
+            raise ValueError(f"gpu_ids must be distinct GPU indices, 0 or more; got {gpu_ids!r}")
         self.factory = evaluator_factory
         self.resolve_device = resolve_device
+        self.gpu_ids = None if gpu_ids is None else tuple(gpu_ids)
 
     def session(self, task: Task, config: "RunConfig", workdir: Path) -> "LocalSession":
         device = self.resolve_device(config.device)
-        if device == "cuda":
-            import torch
-            if config.gpus > torch.cuda.device_count():
-                raise ExecutorError(f"--gpus {config.gpus} asks for more GPUs than the {torch.cuda.device_count()} "
-                                    "visible")
         factory = self.factory or (lambda t, d, gpu: HarnessEvaluator(
             t, d, gpu, timeout_s=config.check_timeout_s, baselines=config.baselines, workdir=workdir))
-        return LocalSession(task, device, config.gpus if device == "cuda" else 1, factory)
+        if device != "cuda":
+            return LocalSession(task, device, 1, factory)
+        gpu_ids = self.gpu_ids if self.gpu_ids is not None else tuple(range(config.gpus))
+        import torch
+        visible = torch.cuda.device_count()
+        if max(gpu_ids, default=-1) >= visible:
+            what = f"--gpus {config.gpus}" if self.gpu_ids is None else f"GPU {max(gpu_ids)}"
+            raise ExecutorError(f"{what} asks for more GPUs than the {visible} visible")
+        return LocalSession(task, device, len(gpu_ids), factory, gpu_ids=gpu_ids)
 
     def close(self) -> None:
         pass  # each session closes its own harnesses
 
 
 class LocalSession:
-    def __init__(self, task: Task, device: str, slots: int, factory: EvaluatorFactory):
+    """Slot i evaluates on GPU gpu_ids[i] (default: GPU i) through its own evaluator, made on first use."""
+
+    def __init__(self, task: Task, device: str, slots: int, factory: EvaluatorFactory, *,
+                 gpu_ids: tuple[int, ...] | None = None):
+        if gpu_ids is not None and len(gpu_ids) != slots:
+            raise ValueError(f"{slots} slot(s) need as many GPU ids; got {gpu_ids!r}")
         self.task, self.device, self.slots, self.factory = task, device, slots, factory
+        self.gpu_ids = tuple(gpu_ids) if gpu_ids is not None else tuple(range(slots))
         self.evaluators: dict[int, Evaluator] = {}
 
     def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None) -> cf.Future:
@@ -146,7 +163,7 @@ class LocalSession:
     def _evaluate(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None) -> CheckResult:
         evaluator = self.evaluators.get(slot)
         if evaluator is None:
-            evaluator = self.evaluators[slot] = self.factory(self.task, self.device, slot)
+            evaluator = self.evaluators[slot] = self.factory(self.task, self.device, self.gpu_ids[slot])
         return evaluator.check(candidate, baselines) if baselines else evaluator.check(candidate)
 
     def reset(self, slot: int) -> None:

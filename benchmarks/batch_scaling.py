@@ -5,8 +5,10 @@ evaluated candidate in the archive).
 
     python3 benchmarks/batch_scaling.py ONE.db ONE.json MANY.db MANY.json --gpus N [--out FILE]
 
-Wall time is each run's started -> finished in the archive, summed over the batch's tasks (they run one after
-another); exit 1 when a candidate was evaluated twice or lost.
+Wall time is the batch's span in the archive: the last `finished` minus the first `started` over the batch's runs
+(runs of different tasks overlap when `crucible batch --gpus N` runs one task per GPU, so their durations are not
+summed; a run with no `finished`, a killed one, counts only through its start). Exit 1 when a candidate was
+evaluated twice or lost.
 """
 from __future__ import annotations
 
@@ -37,14 +39,16 @@ def read(archive: str, summary: str, gpus: int) -> Batch:
     rows = json.load(open(summary))
     runs = [r["run_id"] for r in rows if r.get("run_id")]
     db = sqlite3.connect(archive)
-    wall = evaluated = verified = duplicates = lost = 0
+    evaluated = verified = duplicates = lost = 0
+    starts, ends = [], []
     for row in rows:
         run = row.get("run_id")
         if not run:
             continue
         started, finished = db.execute("SELECT started, finished FROM runs WHERE id = ?", (run,)).fetchone()
+        starts.append(datetime.fromisoformat(started))
         if finished:
-            wall += (datetime.fromisoformat(finished) - datetime.fromisoformat(started)).total_seconds()
+            ends.append(datetime.fromisoformat(finished))
         done = db.execute("SELECT COUNT(*), SUM(verdict = 'accepted') FROM candidates WHERE run_id = ? AND verdict "
                           "IS NOT NULL", (run,)).fetchone()
         evaluated += done[0]
@@ -53,6 +57,7 @@ def read(archive: str, summary: str, gpus: int) -> Batch:
                                  "source_sha IS NOT NULL GROUP BY source_sha HAVING COUNT(*) > 1)", (run,)).fetchone()[0]
         seeds = db.execute("SELECT COUNT(*) FROM candidates WHERE run_id = ? AND origin = 'seed'", (run,)).fetchone()[0]
         lost += max(0, int(row.get("proposals") or 0) + seeds - done[0])
+    wall = (max(ends) - min(starts)).total_seconds() if ends else 0.0
     return Batch(gpus, len(runs), wall, evaluated, verified, duplicates, lost)
 
 

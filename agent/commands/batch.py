@@ -1,11 +1,15 @@
 """`crucible batch DIR`: run the search on every task file in a folder (KernelBench's level folders too).
 
-Tasks run one after another (each with --gpus evaluation workers); a task that cannot start (no seed and no model,
-a broken file) is reported and skipped. The summary table can also be written as JSON (--json-out) and CSV (--csv).
+On one GPU the tasks run one after another. With --gpus N on CUDA, N tasks run at once, one per GPU: each GPU is a
+lane that takes the next task not yet started (so the GPUs stay busy when tasks take unequal times) and runs it with
+one evaluation worker on its GPU. A task that cannot start (no seed and no model, a broken file) is reported and
+skipped. The summary lists the tasks in their folder's order, whatever order they finished in; it can also be
+written as JSON (--json-out) and CSV (--csv).
 
 With --executor ray the candidates are evaluated across a Ray cluster (--address; one worker per GPU of the cluster,
-docs/ray.md) while the search, the LLM requests and the archive stay in this process. --resume continues each
-task's latest run, so a batch whose driver was killed picks up where its archive stops.
+docs/ray.md) while the search, the LLM requests and the archive stay in this process; the tasks run one after
+another there. --resume continues each task's latest run, so a batch whose driver was killed picks up where its
+archive stops.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agent.commands.run import StopOnSignal, add_search_options, baselines_problem, config_from
+from agent.lanes import run_lanes
 
 console = Console()
 err_console = Console(stderr=True)
@@ -34,7 +39,8 @@ CSV_FIELDS = ["task", "status", "run_id", "proposals", "accepted", "rejected", "
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("batch", help="run the search over a folder of tasks", description=__doc__)
     p.add_argument("dir", type=Path, help="folder of task files")
-    add_search_options(p)
+    add_search_options(p, gpus_help="GPUs of this machine to use (default 1): with N > 1 on CUDA, N tasks run at once, "
+                                    "one per GPU, each with one evaluation worker; not used with --executor ray")
     p.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="local: harnesses on this machine (--gpus); ray: one evaluation worker per GPU of a Ray "
                         "cluster (pip install 'kernel-crucible[ray]')")
@@ -66,10 +72,13 @@ def find_tasks(folder: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     from agent.archive import Archive
-    from agent.executors import ExecutorError
+    from agent.executors import ExecutorError, LocalExecutor
     from agent.llm import ProviderError, make_provider
     from agent.loop import LoopError, prepare, run_search
 
+    if args.gpus < 1:
+        err_console.print("--gpus must be at least 1")
+        return 2
     if args.address is not None and args.executor != "ray":
         err_console.print("--address is the Ray cluster to join; use it with --executor ray")
         return 2
@@ -83,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
     tasks = find_tasks(args.dir)
     if not tasks:
         err_console.print(f"no task files in {args.dir} (a task defines Model, get_inputs and get_init_inputs)")
+        return 2
+    try:
+        lanes = _lane_count(args, len(tasks))
+    except ExecutorError as exc:
+        err_console.print(str(exc))
         return 2
     try:
         provider = make_provider(args.model)
@@ -100,19 +114,19 @@ def run(args: argparse.Namespace) -> int:
         archive.close()
         err_console.print(str(exc), markup=False, soft_wrap=True)  # "kernel-crucible[ray]" is not markup
         return 2
-    rows: list[dict[str, Any]] = []
+    if lanes > 1:
+        console.print(f"{len(tasks)} tasks on {lanes} GPUs: one task per GPU at a time")
+    # Each lane evaluates on its own GPU; one lane keeps the loop's own executor (None) or the Ray one.
+    executors = [LocalExecutor(gpu_ids=(k,)) for k in range(lanes)] if lanes > 1 else [executor]
     with archive, _closing(executor), StopOnSignal() as stop, Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(), console=console) as bars:
         ids = {t: bars.add_task(t.name, total=args.budget or 20, status="waiting") for t in tasks}
-        for task in tasks:
-            bar = ids[task]
-            if stop.is_set():
-                rows.append(_row(task, "interrupted", note="not started"))
-                bars.update(bar, status="not started")
-                continue
 
-            def on_event(event: Any, bar: int = bar) -> None:
+        def one_task(task: Path, lane: int) -> dict[str, Any]:
+            bar = ids[task]
+
+            def on_event(event: Any) -> None:
                 p = event.progress
                 best = p.best
                 status = ("not timed" if best is not None and not best.timed else
@@ -121,15 +135,28 @@ def run(args: argparse.Namespace) -> int:
                             status=f"{p.accepted} verified {status}".strip())
             try:
                 resume = "latest" if args.resume_all and _has_run(archive, task) else None
-                config = prepare(replace(config_from(args, task), resume=resume), archive)
+                config = replace(config_from(args, task), resume=resume, **({"gpus": 1} if lanes > 1 else {}))
+                config = prepare(config, archive)
                 summary = run_search(config, archive, provider=provider, on_event=on_event, stop=stop,
-                                     executor=executor)
+                                     executor=executors[lane])
             except LoopError as exc:
-                rows.append(_row(task, "skipped", note=str(exc)))
                 bars.update(bar, status="[yellow]skipped[/yellow]")
-                continue
-            rows.append(_row(task, "interrupted" if summary.stop_reason == "interrupted" else "done", summary))
-            bars.update(bar, status=rows[-1]["status"] + (" · best #%s" % summary.best.id if summary.best else ""))
+                return _row(task, "skipped", note=str(exc))
+            row = _row(task, "interrupted" if summary.stop_reason == "interrupted" else "done", summary)
+            bars.update(bar, status=row["status"] + (" · best #%s" % summary.best.id if summary.best else ""))
+            return row
+
+        def not_started(task: Path) -> dict[str, Any]:
+            bars.update(ids[task], status="not started")
+            return _row(task, "interrupted", note="not started")
+
+        def failed(task: Path, exc: Exception) -> dict[str, Any]:
+            bars.update(ids[task], status="[red]failed[/red]")
+            what = (str(exc).splitlines() or [""])[0][:200]
+            return _row(task, "failed", note=f"crucible failed on this task ({type(exc).__name__}: {what}); this is "
+                                             "a bug in crucible, rerun with -v for the traceback")
+
+        rows = run_lanes(tasks, lanes, one_task, not_started=not_started, failed=failed, stop=stop)
     _table(rows)
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +182,29 @@ def _executor(args: argparse.Namespace) -> Any:
     console.print(f"Ray cluster: {where}; one evaluation worker per {'GPU' if executor.gpus else 'CPU'}"
                   + ("; --gpus is not used" if args.gpus != 1 else ""))
     return executor
+
+
+def _lane_count(args: argparse.Namespace, tasks: int) -> int:
+    """Tasks to run at once: one per GPU with the local executor on CUDA and --gpus > 1, else 1 (one after another,
+    the single task of a one-task folder keeping --gpus evaluation workers). ExecutorError when --gpus asks for more
+    GPUs than are visible."""
+    from agent.executors import ExecutorError
+    if args.executor != "local" or args.gpus == 1 or tasks == 1:
+        return 1
+    visible = _visible_gpus(args.device)
+    if not visible:
+        return 1  # the CPU, or --device cuda without a GPU: each task's run says so
+    if args.gpus > visible:
+        raise ExecutorError(f"--gpus {args.gpus} asks for more GPUs than the {visible} visible")
+    return min(args.gpus, tasks)
+
+
+def _visible_gpus(device: str) -> int:
+    """GPUs the tasks would run on: 0 when --device resolves to the CPU or no GPU is visible."""
+    import torch
+    if device == "cpu" or not torch.cuda.is_available():
+        return 0
+    return torch.cuda.device_count()
 
 
 @contextlib.contextmanager

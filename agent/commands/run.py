@@ -35,13 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def add_search_options(p: argparse.ArgumentParser) -> None:
-    """The options `run` and `batch` share."""
+def add_search_options(p: argparse.ArgumentParser, *,
+                       gpus_help: str = "evaluation workers, one per GPU (default 1)") -> None:
+    """The options `run` and `batch` share (batch says what --gpus means there)."""
     p.add_argument("--model", help="openai:NAME or anthropic:NAME (default: $CRUCIBLE_MODEL, else the offline tuner)")
     p.add_argument("--budget", type=int, help="proposals to make (default 20; the starting kernel is not counted)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="cuda times kernels; cpu checks correctness only, through Triton's interpreter")
-    p.add_argument("--gpus", type=int, default=1, help="evaluation workers, one per GPU (default 1)")
+    p.add_argument("--gpus", type=int, default=1, help=gpus_help)
     p.add_argument("--archive", type=Path, help="archive file (default: $CRUCIBLE_ARCHIVE, else runs/archive.db)")
     p.add_argument("--max-tokens", type=int, help="stop once the run has used this many tokens")
     p.add_argument("--max-cost", type=float, help="stop once the run has cost this many USD (priced models only)")

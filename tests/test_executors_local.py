@@ -1,0 +1,93 @@
+"""LocalExecutor / LocalSession: which GPU each evaluation slot uses (`gpu_ids`), with a fake evaluator factory."""
+import threading
+
+import pytest
+import torch
+
+from agent.executors import ExecutorError, LocalExecutor, LocalSession
+from agent.runs import RunConfig
+from sandbox.task import load_task
+from tests.test_loop import TASK
+
+
+@pytest.fixture
+def task(tmp_path):
+    path = tmp_path / "scale.py"
+    path.write_text(TASK)
+    return load_task(path)
+
+
+class Recorder:
+    """Evaluator factory: remembers (device, gpu) of each evaluator; check() answers which GPU it ran on."""
+
+    def __init__(self):
+        self.made = []
+        self.lock = threading.Lock()
+
+    def __call__(self, task, device, gpu):
+        with self.lock:
+            self.made.append((device, gpu))
+
+        class Evaluator:
+            closed = False
+
+            def check(self, candidate, baselines=None):
+                return (device, gpu, candidate.name, baselines)
+
+            def close(self):
+                self.closed = True
+        return Evaluator()
+
+
+def config(task, **over):
+    return RunConfig(task_path=task.path, **{"device": "cuda", **over})
+
+
+def test_slot_i_evaluates_on_gpu_ids_i(task, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    factory = Recorder()
+    executor = LocalExecutor(factory, resolve_device=lambda d: "cuda", gpu_ids=(3, 1))
+    session = executor.session(task, config(task, gpus=1), tmp_path)  # gpu_ids, not --gpus, sets the slots
+    assert session.device == "cuda" and session.slots == 2
+    got = [session.submit(slot, tmp_path / f"c{slot}.py").result(timeout=10) for slot in (0, 1, 0)]
+    assert got == [("cuda", 3, "c0.py", None), ("cuda", 1, "c1.py", None), ("cuda", 3, "c0.py", None)]
+    assert sorted(factory.made) == [("cuda", 1), ("cuda", 3)]  # one warm evaluator per slot, reused
+    assert session.submit(1, tmp_path / "f.py", ("eager", "compile")).result(timeout=10)[3] == ("eager", "compile")
+    session.close()
+    assert session.evaluators == {}
+
+
+def test_without_gpu_ids_slot_i_is_gpu_i_for_gpus_slots(task, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    factory = Recorder()
+    session = LocalExecutor(factory, resolve_device=lambda d: "cuda").session(task, config(task, gpus=2), tmp_path)
+    assert session.slots == 2 and session.gpu_ids == (0, 1)
+    assert [session.submit(s, tmp_path / "c.py").result(timeout=10)[1] for s in (1, 0)] == [1, 0]
+    with pytest.raises(ExecutorError, match="--gpus 3 asks for more GPUs than the 2 visible"):
+        LocalExecutor(factory, resolve_device=lambda d: "cuda").session(task, config(task, gpus=3), tmp_path)
+
+
+def test_the_highest_gpu_id_must_be_visible(task, tmp_path, monkeypatch):
+    """One slot on GPU 2 needs three visible GPUs, though it is a single GPU."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ExecutorError, match="GPU 2 asks for more GPUs than the 2 visible"):
+        LocalExecutor(Recorder(), resolve_device=lambda d: "cuda", gpu_ids=(2,)).session(task, config(task), tmp_path)
+    session = LocalExecutor(Recorder(), resolve_device=lambda d: "cuda", gpu_ids=(1,)).session(task, config(task),
+                                                                                                tmp_path)
+    assert session.slots == 1 and session.submit(0, tmp_path / "c.py").result(timeout=10)[1] == 1
+
+
+def test_on_the_cpu_one_slot_whatever_the_gpus(task, tmp_path):
+    factory = Recorder()
+    session = LocalExecutor(factory, resolve_device=lambda d: "cpu", gpu_ids=(1,)).session(
+        task, config(task, device="cpu", gpus=2), tmp_path)
+    assert session.device == "cpu" and session.slots == 1
+    assert session.submit(0, tmp_path / "c.py").result(timeout=10)[:2] == ("cpu", 0)
+
+
+def test_bad_gpu_ids_are_refused(task):
+    for bad in ((), (-1,), (0, 0)):
+        with pytest.raises(ValueError, match="gpu_ids"):
+            LocalExecutor(gpu_ids=bad)
+    with pytest.raises(ValueError, match="2 slot"):
+        LocalSession(task, "cuda", 2, Recorder(), gpu_ids=(0,))
