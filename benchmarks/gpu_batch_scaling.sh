@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 10 on a machine with two H200s (kind nvidia-h200-x2): `crucible batch` with the tuner over 8 seeded tasks,
-# once with one evaluation worker (--gpus 1) and once with one per GPU (--gpus 2), each into its own archive; then
+# once on one GPU (--gpus 1: one task at a time) and once with one task per GPU (--gpus 2: two at a time), each into its own archive; then
 # benchmarks/batch_scaling.py: verified candidates per minute per GPU, the scaling, candidates evaluated twice or lost.
 #   GPUS=1 bash benchmarks/gpu_batch_scaling.sh; GPUS=2 bash benchmarks/gpu_batch_scaling.sh
 #   (repo root, .whl carried; BUDGET=4 proposals a task; each config ~4-7 min, so one device call each; the
@@ -10,7 +10,7 @@ OUT=${OUT:-runs/gpu-batch-scaling}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-4}
 GPUS=${GPUS:-1 2}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-160}
 DIR=$(mktemp -d)
 for t in rmsnorm_fwd softmax_fwd layernorm_fwd swiglu_fwd geglu_fwd geglu_erf_fwd rope_fwd rmsnorm_residual_fwd; do
   cp "tasks/$t.py" "$DIR/"
