@@ -281,8 +281,18 @@ class Archive:
                 self._db.executescript(f"BEGIN IMMEDIATE;\n{script}\n"
                                        f"INSERT INTO schema_version VALUES ({version}, '{now()}');\nCOMMIT;")
 
+    def _one(self, sql: str, params: tuple | list = ()) -> sqlite3.Row | None:
+        """One row of a read. Reads take the lock too: one sqlite3 connection used by two threads at once fails
+        ("bad parameter or other API misuse": two batch lanes, run P)."""
+        with self._lock:
+            return self._db.execute(sql, params).fetchone()
+
+    def _all(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
     def schema_version(self) -> int:
-        row = self._db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        row = self._one("SELECT MAX(version) FROM schema_version")
         return int(row[0] or 0)
 
     def close(self) -> None:
@@ -307,12 +317,12 @@ class Archive:
             self._db.execute("UPDATE runs SET finished=?, stop_reason=? WHERE id=?", (now(), stop_reason, run_id))
 
     def get_run(self, run_id: str) -> Run | None:
-        row = self._db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        row = self._one("SELECT * FROM runs WHERE id=?", (run_id,))
         return _run(row) if row else None
 
     def latest_run(self, task_hash: str) -> Run | None:
-        row = self._db.execute("SELECT * FROM runs WHERE task_hash=? ORDER BY started DESC, rowid DESC LIMIT 1",
-                               (task_hash,)).fetchone()
+        row = self._one("SELECT * FROM runs WHERE task_hash=? ORDER BY started DESC, rowid DESC LIMIT 1",
+                               (task_hash,))
         return _run(row) if row else None
 
     # ---- candidates -----------------------------------------------------------------------------------------
@@ -339,7 +349,7 @@ class Archive:
         return dataclasses.replace(cand, id=int(cur.lastrowid))
 
     def get(self, cand_id: int, *, with_source: bool = True) -> Candidate | None:
-        row = self._db.execute("SELECT * FROM candidates WHERE id=?", (cand_id,)).fetchone()
+        row = self._one("SELECT * FROM candidates WHERE id=?", (cand_id,))
         if row is None:
             return None
         cand = _candidate(row)
@@ -349,7 +359,7 @@ class Archive:
         return dataclasses.replace(cand, source=self.source(cand.source_sha)) if cand.source_sha else cand
 
     def source(self, sha: str) -> str | None:
-        row = self._db.execute("SELECT text FROM sources WHERE sha256=?", (sha,)).fetchone()
+        row = self._one("SELECT text FROM sources WHERE sha256=?", (sha,))
         return row[0] if row else None
 
     def candidates(self, *, task: str | None = None, task_hash: str | None = None, run_id: str | None = None,
@@ -359,7 +369,7 @@ class Archive:
         sql = f"SELECT * FROM candidates {where} ORDER BY id"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [_candidate(r) for r in self._db.execute(sql, params)]
+        return [_candidate(r) for r in self._all(sql, params)]
 
     def elites(self, task_hash: str, *, timed: bool) -> list[Candidate]:
         """Harness-verified candidates of a task, measured the same way (timed on a GPU, or correctness only)."""
@@ -367,35 +377,35 @@ class Archive:
 
     def known_sources(self, task_hash: str, *, timed: bool) -> set[str]:
         """Sources already evaluated for a task (interrupted ones excluded: they may be evaluated again)."""
-        rows = self._db.execute(
+        rows = self._all(
             "SELECT DISTINCT source_sha FROM candidates WHERE task_hash=? AND timed=? AND source_sha IS NOT NULL "
             "AND verdict != 'interrupted'", (task_hash, int(timed)))
         return {r[0] for r in rows}
 
     def run_usage(self, run_id: str) -> dict[str, float]:
         """What a run has spent so far: proposals (seeds excluded), tokens and cost."""
-        row = self._db.execute(
+        row = self._one(
             "SELECT COALESCE(SUM(origin != 'seed'),0), COALESCE(SUM(input_tokens),0), "
             "COALESCE(SUM(output_tokens),0), COALESCE(SUM(cost_usd),0) FROM candidates WHERE run_id=?",
-            (run_id,)).fetchone()
+            (run_id,))
         return {"proposals": int(row[0]), "input_tokens": int(row[1]), "output_tokens": int(row[2]),
                 "cost_usd": float(row[3])}
 
     # ---- browsing (issue 8) ---------------------------------------------------------------------------------
     def by_uid(self, prefix: str) -> list[Candidate]:
         """Candidates whose uid starts with `prefix` (a whole uid matches one at most)."""
-        rows = self._db.execute("SELECT * FROM candidates WHERE uid LIKE ? ORDER BY id LIMIT 2",
+        rows = self._all("SELECT * FROM candidates WHERE uid LIKE ? ORDER BY id LIMIT 2",
                                 (prefix.replace("%", "").replace("_", "") + "%",))
         return [_candidate(r) for r in rows]
 
     def children(self, cand_id: int) -> list[Candidate]:
         """Candidates built on this one, as first or second parent."""
-        rows = self._db.execute("SELECT * FROM candidates WHERE parent_id=? OR parent2_id=? ORDER BY id",
+        rows = self._all("SELECT * FROM candidates WHERE parent_id=? OR parent2_id=? ORDER BY id",
                                 (cand_id, cand_id))
         return [_candidate(r) for r in rows]
 
     def runs(self) -> list[Run]:
-        return [_run(r) for r in self._db.execute("SELECT * FROM runs ORDER BY started, rowid")]
+        return [_run(r) for r in self._all("SELECT * FROM runs ORDER BY started, rowid")]
 
     def add_run_if_new(self, run: Run) -> bool:
         """For merging archives: a run id already here is kept as it is."""
@@ -424,10 +434,10 @@ class Archive:
         sql, params = "SELECT * FROM reverifications", ()
         if cand_id is not None:
             sql, params = sql + " WHERE candidate_id=?", (cand_id,)
-        return [_reverification(r) for r in self._db.execute(sql + " ORDER BY id", params)]
+        return [_reverification(r) for r in self._all(sql + " ORDER BY id", params)]
 
     def has_reverification(self, uid: str) -> bool:
-        return self._db.execute("SELECT 1 FROM reverifications WHERE uid=?", (uid,)).fetchone() is not None
+        return self._one("SELECT 1 FROM reverifications WHERE uid=?", (uid,)) is not None
 
     def latest_status(self) -> dict[int, Reverification]:
         """Each re-checked candidate's latest re-check."""

@@ -22,7 +22,14 @@ CRUCIBLE_BYTES = "lambda c: 2 * 8 * c['B'] * c['H'] * c['S'] * c['D']"
 # 0. FlashAttention's backward takes delta = rowsum(dO o O) apart from dP and recomputes P from the saved
 # log-sum-exp, which leaves fp32 residue of order 1e-2 in dS: every FA-style kernel fails that draw, the
 # seed included (measured on the CPU harness), though no training run sees such scores.
-CRUCIBLE_DISTRIBUTIONS = ["normal", "uniform", "outliers", "constant_rows"]
+# Not "outliers" either (0.1% of the elements at +-50): a query and keys sharing an outlier dimension score ~220, so
+# a few keys take the row, and the true dq is ~0 in that dimension only because their dS sum to zero. An FA-style
+# kernel rounds dS to bf16 for its dQ product and takes delta from O, and those roundings, times the outlier 50,
+# leave errors of a few units there. On the H200 (benchmarks/diag_attention_outliers.py, run P, two draws) the
+# harness's bound, set by the reference SDPA picks there (cuDNN), rejected PyTorch's own FlashAttention-2
+# backend (2203 and 2233 dq elements outside) and memory-efficient backend (2084, 2121) as well as the seed (865,
+# 852); only cuDNN passed.
+CRUCIBLE_DISTRIBUTIONS = ["normal", "uniform", "constant_rows"]
 
 
 class Model(nn.Module):

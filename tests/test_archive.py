@@ -120,3 +120,24 @@ def test_default_path_from_environment(tmp_path, monkeypatch):
         assert a.path == tmp_path / "env.db"
     monkeypatch.delenv("CRUCIBLE_ARCHIVE")
     assert str(archive_mod.default_path()) == "runs/archive.db"
+
+
+
+@pytest.mark.parametrize("read", ["candidates", "known_sources", "run_usage", "runs", "get", "latest_run"])
+def test_reads_wait_for_the_archive_lock(tmp_path, read):
+    # two `crucible batch` lanes share one archive; reads on its one sqlite3 connection while another thread wrote
+    # failed with "InterfaceError: bad parameter or other API misuse" on the H200 (run P): every read takes the lock
+    import threading
+    a = Archive(tmp_path / "a.db")
+    a.add_run(Run("r1", "t.py", "h1", "tuner", "cpu", {}, "2026-01-01T00:00:00"))
+    first = a.add(cand(run_id="r1", source="x"))
+    calls = {"candidates": lambda: a.candidates(run_id="r1"), "known_sources": lambda: a.known_sources("h1", timed=False),
+             "run_usage": lambda: a.run_usage("r1"), "runs": a.runs, "get": lambda: a.get(first.id),
+             "latest_run": lambda: a.latest_run("h1")}
+    done = threading.Event()
+    with a._lock:  # another thread's write in progress
+        t = threading.Thread(target=lambda: (calls[read](), done.set()))
+        t.start()
+        assert not done.wait(0.3), f"{read} read the connection while another thread held it"
+    assert done.wait(5)
+    t.join()
