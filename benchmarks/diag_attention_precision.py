@@ -4,7 +4,8 @@ and the float64 truth, with the tolerance module the harness uses, over a few ou
 failing dq elements of the default, the row's softmax in float64 (top probabilities, the candidate's log-sum-exp and
 delta against the truth's) so the cause can be read off.
 
-    python3 benchmarks/diag_attention_outliers.py [--draws 3] [--smoke]
+    python3 benchmarks/diag_attention_precision.py [--draws 3] [--smoke] [--task attention_fwd_bwd_causal]
+        [--dist constant_rows]      (any task of this form and any harness distribution; default the outliers)
 """
 from __future__ import annotations
 
@@ -28,22 +29,26 @@ NAMES = ("o", "dq", "dk", "dv")
 LOG2E = 1.4426950408889634
 
 
-def seed_default(q, k, v, do):
-    o, lse, delta = attention_fwd_with_delta(q, k, v, do, False)
-    return (o, *attention_bwd(do, q, k, v, o, lse, False, delta=delta))
+def seed_default(causal):
+    def run(q, k, v, do):
+        o, lse, delta = attention_fwd_with_delta(q, k, v, do, causal)
+        return (o, *attention_bwd(do, q, k, v, o, lse, causal, delta=delta))
+    return run
 
 
-def seed_preprocess(q, k, v, do):
-    o, lse = attention_fwd(q, k, v, False)
-    return (o, *attention_bwd(do, q, k, v, o, lse, False))
+def seed_preprocess(causal):
+    def run(q, k, v, do):
+        o, lse = attention_fwd(q, k, v, causal)
+        return (o, *attention_bwd(do, q, k, v, o, lse, causal))
+    return run
 
 
-def sdpa_backend(backend):
+def sdpa_backend(backend, causal):
     def run(q, k, v, do):
         from torch.nn.attention import sdpa_kernel
         with sdpa_kernel([backend]), torch.enable_grad():
             q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
-            o = F.scaled_dot_product_attention(q_, k_, v_)
+            o = F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
             return (o.detach(), *torch.autograd.grad(o, (q_, k_, v_), do))
     return run
 
@@ -70,22 +75,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="small shapes on the CPU interpreter (TRITON_INTERPRET=1)")
+    ap.add_argument("--task", default="attention_fwd_bwd", help="tasks/TASK.py (default attention_fwd_bwd)")
+    ap.add_argument("--dist", default="outliers", help="the harness's input distribution (default outliers)")
     args = ap.parse_args()
     dev = "cpu" if args.smoke else "cuda"
-    task = load_task("tasks/attention_fwd_bwd.py")
+    task = load_task(f"tasks/{args.task}.py")
+    causal = bool(task.init_inputs()[0])
     if args.smoke:
         task = task.scaled_for_cpu()
     model = task.make_reference(0, dev)
     model64 = copy.deepcopy(model).double()
-    variants = {"seed (delta from the fp32 o)": seed_default, "seed (delta from the stored o)": seed_preprocess}
+    variants = {"seed (delta from the fp32 o)": seed_default(causal),
+                "seed (delta from the stored o)": seed_preprocess(causal)}
     if not args.smoke:
         from torch.nn.attention import SDPBackend
-        variants["sdpa flash backend"] = sdpa_backend(SDPBackend.FLASH_ATTENTION)
-        variants["sdpa cudnn backend"] = sdpa_backend(SDPBackend.CUDNN_ATTENTION)
-        variants["sdpa efficient backend"] = sdpa_backend(SDPBackend.EFFICIENT_ATTENTION)
+        variants["sdpa flash backend"] = sdpa_backend(SDPBackend.FLASH_ATTENTION, causal)
+        variants["sdpa cudnn backend"] = sdpa_backend(SDPBackend.CUDNN_ATTENTION, causal)
+        variants["sdpa efficient backend"] = sdpa_backend(SDPBackend.EFFICIENT_ATTENTION, causal)
     table = []
     for draw in range(args.draws):
-        inputs = task.make_inputs(1000 + draw, "outliers", dev)
+        inputs = task.make_inputs(1000 + draw, args.dist, dev)
         ref = model(*inputs)
         truth = model64(*[x.double() for x in inputs])
         for name, fn in variants.items():
@@ -94,7 +103,7 @@ def main() -> int:
             for j, n in enumerate(NAMES):
                 m = compare(f"output {j}", got[j], ref[j], truth[j])
                 cells.append("ok" if m is None else f"{m.mismatched}")
-                if m is not None and n == "dq" and name.startswith("seed (delta from the fp32") and draw == 0:
+                if m is not None and n == "dq" and name.startswith("seed (delta from the fp32") and draw == 0 and not causal:
                     err = (got[1].double() - truth[1]).abs()
                     flat = torch.topk(err.flatten(), 4).indices
                     for f in flat.tolist():
@@ -108,7 +117,7 @@ def main() -> int:
             table.append((draw, name, cells))
             del got
         del ref, truth
-    print(f"\nelements outside the bound per output ({', '.join(NAMES)}), outliers draws; ok = passes")
+    print(f"\n{args.task}: elements outside the bound per output ({', '.join(NAMES)}), {args.dist} draws; ok = passes")
     for draw, name, cells in table:
         print(f"draw {draw}  {name:34s} " + "  ".join(f"{n}:{c}" for n, c in zip(NAMES, cells)))
     return 0
