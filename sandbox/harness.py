@@ -358,7 +358,8 @@ class Harness:
             truth = expected.truth[i] if expected.truth is not None else None
             with run.lap("compare"):
                 mismatch = tolerance.compare(f"output {i}", got.to(expected.ref[i].device), expected.ref[i], truth,
-                                             allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale)
+                                             allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale,
+                                             alternates=expected.alternates_for(i))
             if mismatch is not None:
                 # NaN/Inf where the reference has none (or the reverse) is named as such: the clearest signal of
                 # unwritten or uninitialised output.

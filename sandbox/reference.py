@@ -1,10 +1,12 @@
 """The task's reference, run in the trusted parent: in its own dtype (what PyTorch delivers) and in float64 (the
-truth the tolerance module measures errors against). Also the check that a task is usable at all."""
+truth the tolerance module measures errors against), and the task's other honest PyTorch implementations of the op
+when it names some (`crucible_references(model)` in the task file: {name: fn(*inputs) -> outputs}; sandbox/tolerance.py
+says how they count). Also the check that a task is usable at all."""
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -14,15 +16,23 @@ from .task import Task, TaskError
 log = logging.getLogger(__name__)
 
 
+REFERENCES_HOOK = "crucible_references"
+
+
 @dataclass
 class Expected:
     ref: list[torch.Tensor]
     truth: list[torch.Tensor] | None
     structure: str  # "tensor" or "tuple"
+    alternates: list[list[torch.Tensor]] = field(default_factory=list)  # per alternate, its outputs
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.ref)
+
+    def alternates_for(self, i: int) -> tuple[torch.Tensor, ...]:
+        """Output i of each alternate implementation."""
+        return tuple(alt[i] for alt in self.alternates)
 
 
 class Reference:
@@ -34,6 +44,7 @@ class Reference:
             self.model = task.make_reference(model_seed, device)
         except Exception as exc:
             raise TaskError(f"{task.path.name}: Model(*get_init_inputs()) failed: {type(exc).__name__}: {exc}") from None
+        self.alternates = _alternates(task, self.model)
         self.model64: torch.nn.Module | None = None
         try:
             self.model64 = copy.deepcopy(self.model).double()
@@ -67,7 +78,38 @@ class Reference:
             except Exception as exc:
                 log.info("float64 reference failed for %s: %s", self.task.name, exc)
                 self.model64, truth = None, None
-        return Expected(ref=[t.detach() for t in ref], truth=truth, structure=structure)
+        return Expected(ref=[t.detach() for t in ref], truth=truth, structure=structure,
+                        alternates=self._run_alternates(dev_inputs, ref) if truth is not None else [])
+
+    def _run_alternates(self, inputs: list[Any], ref: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """Each alternate's outputs; one that cannot run here (a backend this device lacks) or returns another
+        structure is left out (logged): it can only loosen the bound, never tighten it."""
+        outs = []
+        for name, fn in self.alternates.items():
+            try:
+                got = _as_list(fn(*inputs))
+            except Exception as exc:  # noqa: BLE001 - e.g. SDPA's flash backend on a CPU
+                log.info("%s: alternate reference %s unavailable here: %s: %s", self.task.name, name,
+                         type(exc).__name__, exc)
+                continue
+            if len(got) != len(ref) or any(not isinstance(g, torch.Tensor) or g.shape != r.shape or g.dtype != r.dtype
+                                           for g, r in zip(got, ref)):
+                log.info("%s: alternate reference %s returned another structure; left out", self.task.name, name)
+                continue
+            outs.append([g.detach() for g in got])
+        return outs
+
+
+def _alternates(task: Task, model: torch.nn.Module) -> dict[str, Any]:
+    hook = getattr(task.module, REFERENCES_HOOK, None)
+    if hook is None:
+        return {}
+    try:
+        found = dict(hook(model))
+    except Exception as exc:  # noqa: BLE001 - a task's broken hook: the check goes on against the reference alone
+        log.info("%s: %s failed: %s: %s", task.name, REFERENCES_HOOK, type(exc).__name__, exc)
+        return {}
+    return {str(k): v for k, v in found.items() if callable(v)}
 
 
 def _as_list(out: Any) -> list[Any]:

@@ -113,7 +113,7 @@ def _validate(run: "_Run", reference: "Reference", base: list[list[Any]], measur
                                 f"{list(got.shape)}/{got.dtype}, expected {list(ref.shape)}/{ref.dtype}")
                 break
             mismatch = tolerance.compare(f"output {i}", got.to(ref.device), ref, truth, allow_tf32=meta.allow_tf32,
-                                         scale=meta.tolerance_scale)
+                                         scale=meta.tolerance_scale, alternates=expected.alternates_for(i))
             if mismatch is not None:
                 problems.append(f"timed call {sample['call']} (input set {k}) returned a wrong result: "
                                 + mismatch.describe())

@@ -11,6 +11,11 @@ It passes when all of these hold:
   3. relative L2 error ||c - t|| / ||t|| <= max(l2 floor of the dtype, K * that of r): at most a few times
      PyTorch's own error, never looser than the dtype's floor. The float32 floor is tight enough that a
      tf32 matmul (≈3e-4 at large K) fails unless the task declares tf32 allowed.
+A task may name other honest implementations of its op that PyTorch ships (`crucible_references`, sandbox/task.py:
+SDPA's FlashAttention-2 backend beside the cuDNN one SDPA picks on a Hopper GPU). Their outputs `a` join r in the
+"PyTorch's own error" terms: |r - t| becomes max(|r - t|, |a - t|) elementwise, and RMS and relative L2 errors the
+largest of them. So a candidate is held to the least accurate of PyTorch's own kernels for the op, not to the luck
+of the one the reference happened to run. NaN/Inf positions still follow r.
 Integer and boolean outputs must be equal exactly.
 """
 from __future__ import annotations
@@ -52,8 +57,10 @@ def tolerance_for(dtype: torch.dtype, *, allow_tf32: bool = False, scale: float 
 
 
 def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor | None = None, *,
-            allow_tf32: bool = False, scale: float = 1.0) -> Mismatch | None:
-    """None when `got` passes against the reference `ref` (and float64 `truth`, if any); else a report."""
+            allow_tf32: bool = False, scale: float = 1.0, alternates: tuple[torch.Tensor, ...] = ()) -> Mismatch | None:
+    """None when `got` passes against the reference `ref` (and float64 `truth`, if any); else a report.
+    `alternates`: the same output from other honest PyTorch implementations (module docstring); ignored without
+    a truth or where a shape differs."""
     if got.shape != ref.shape:
         raise ValueError(f"{name}: shape {tuple(got.shape)} vs {tuple(ref.shape)} (check shapes before compare)")
     numel = ref.numel()
@@ -67,12 +74,14 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
                         float((got.double() - ref.double()).abs().max()), 1.0, 0.0, note="integer output must match exactly")
 
     tol = tolerance_for(ref.dtype, allow_tf32=allow_tf32, scale=scale)
-    chunks = _Chunks(got, ref, truth)
+    alternates = tuple(a for a in alternates if truth is not None and a.shape == ref.shape)
+    chunks = _Chunks(got, ref, truth, alternates)
     # Pass 1, the global terms: non-finite disagreements, and the sums behind the RMS and L2 norms.
     n_nf_bad = n_fin = c_nf_count = r_nf_count = 0
     first_nf: int | None = None
-    t2 = ref_err2 = err2 = 0.0
-    for start, c, r, t in chunks:
+    t2 = err2 = 0.0
+    ref_err2 = [0.0] * (1 + len(alternates))  # PyTorch's own errors: the reference's, then each alternate's
+    for start, c, r, t, alts in chunks:
         c_nf, r_nf, t_nf = ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t)
         # Where r is non-finite the candidate must agree with r exactly (same NaN, same signed Inf), unless the
         # float64 truth is finite there and the candidate is finite too (it avoided an overflow r suffered).
@@ -88,28 +97,33 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
         cf, rf, tf = c[finite], r[finite], t[finite]
         n_fin += tf.numel()
         t2 += float(tf.pow(2).sum())
-        ref_err2 += float((rf - tf).pow(2).sum())
+        for j, x in enumerate((rf, *(_finite_or(a[finite], tf) for a in alts))):
+            ref_err2[j] += float((x - tf).pow(2).sum())
         err2 += float((cf - tf).pow(2).sum())
     scale_t = math.sqrt(t2 / n_fin) if n_fin else 0.0
     # PyTorch's own error, per element where it is large there, and as its RMS everywhere: a candidate whose
     # rounding falls elsewhere than PyTorch's (another summation order) is not held to PyTorch's lucky elements.
-    ref_rms = math.sqrt(ref_err2 / n_fin) if n_fin else 0.0
+    worst_ref2 = max(ref_err2)
+    ref_rms = math.sqrt(worst_ref2 / n_fin) if n_fin else 0.0
     norm_t = math.sqrt(t2)
     rel_l2 = math.sqrt(err2) / norm_t if norm_t > 0 else math.sqrt(err2)
-    rel_l2_ref = math.sqrt(ref_err2) / norm_t if norm_t > 0 else math.sqrt(ref_err2)
+    rel_l2_ref = math.sqrt(worst_ref2) / norm_t if norm_t > 0 else math.sqrt(worst_ref2)
     l2_bound = max(tol.rel_l2, REF_FACTOR * rel_l2_ref)
 
     # Pass 2, elementwise: how many elements lie outside their bound, and the worst one by error over bound. The
     # worst is looked for only where it can be: in chunks with an element outside (its ratio exceeds 1, every other
     # chunk's does not), or anywhere when the L2 bound already failed.
     n_out, worst_ratio, worst_flat, max_abs = 0, -1.0, None, 0.0
-    for start, c, r, t in chunks:
+    for start, c, r, t, alts in chunks:
         finite = torch.isfinite(c) & torch.isfinite(r) & torch.isfinite(t)
         cf, rf, tf = c[finite], r[finite], t[finite]
         if not tf.numel():
             continue
         err = (cf - tf).abs()
-        bound = tol.atol * max(scale_t, 1e-30) + tol.rtol * tf.abs() + REF_FACTOR * (rf - tf).abs().clamp_min(ref_rms)
+        ref_err = (rf - tf).abs()
+        for a in alts:
+            ref_err = torch.maximum(ref_err, (_finite_or(a[finite], tf) - tf).abs())
+        bound = tol.atol * max(scale_t, 1e-30) + tol.rtol * tf.abs() + REF_FACTOR * ref_err.clamp_min(ref_rms)
         outside = int((err > bound).sum())
         n_out += outside
         max_abs = max(max_abs, float(err.max()))
@@ -142,9 +156,11 @@ class _Chunks:
     """got, ref and truth (ref where there is none) flattened, as float64 on got's device, CHUNK elements at a time:
     a 2 GB output never needs more than a few CHUNK-sized float64 temporaries at once."""
 
-    def __init__(self, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor | None):
+    def __init__(self, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor | None,
+                 alternates: tuple[torch.Tensor, ...] = ()):
         self.got, self.ref = got.detach().reshape(-1), ref.detach().reshape(-1)
         self.truth = truth.detach().reshape(-1) if truth is not None else self.ref
+        self.alternates = tuple(a.detach().reshape(-1) for a in alternates)
         self.device = self.got.device
 
     def _f64(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,10 +170,15 @@ class _Chunks:
         for start in range(0, self.got.numel(), CHUNK):
             end = start + CHUNK
             yield (start, self._f64(self.got[start:end]), self._f64(self.ref[start:end]),
-                   self._f64(self.truth[start:end]))
+                   self._f64(self.truth[start:end]), [self._f64(a[start:end]) for a in self.alternates])
 
     def value(self, which: str, flat: int) -> float:
         return float(self._f64(getattr(self, which)[flat]))
+
+
+def _finite_or(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """An alternate's values where finite, else the truth's: an alternate's overflow loosens nothing."""
+    return torch.where(torch.isfinite(a), a, t)
 
 
 def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:

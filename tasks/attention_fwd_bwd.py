@@ -22,14 +22,22 @@ CRUCIBLE_BYTES = "lambda c: 2 * 8 * c['B'] * c['H'] * c['S'] * c['D']"
 # 0. FlashAttention's backward takes delta = rowsum(dO o O) apart from dP and recomputes P from the saved
 # log-sum-exp, which leaves fp32 residue of order 1e-2 in dS: every FA-style kernel fails that draw, the
 # seed included (measured on the CPU harness), though no training run sees such scores.
-# Not "outliers" either (0.1% of the elements at +-50): a query and keys sharing an outlier dimension score ~220, so
-# a few keys take the row, and the true dq is ~0 in that dimension only because their dS sum to zero. An FA-style
-# kernel rounds dS to bf16 for its dQ product and takes delta from O, and those roundings, times the outlier 50,
-# leave errors of a few units there. On the H200 (benchmarks/diag_attention_outliers.py, run P, two draws) the
-# harness's bound, set by the reference SDPA picks there (cuDNN), rejected PyTorch's own FlashAttention-2
-# backend (2203 and 2233 dq elements outside) and memory-efficient backend (2084, 2121) as well as the seed (865,
-# 852); only cuDNN passed.
-CRUCIBLE_DISTRIBUTIONS = ["normal", "uniform", "constant_rows"]
+CRUCIBLE_DISTRIBUTIONS = ["normal", "uniform", "outliers", "constant_rows"]
+# On a Hopper GPU SDPA runs cuDNN's backward, whose dq and dk are more accurate than any FlashAttention-2-style
+# kernel's where few keys take a row (causal rows near the start, "outliers" and "constant_rows" draws). Held to
+# cuDNN's elementwise errors alone, PyTorch's own FlashAttention-2 backend failed 6 of these 8 task x distribution
+# draws on the H200 (benchmarks/diag_attention_precision.py, run R: e.g. causal "normal" 181 dq and 463 dk elements
+# outside), so that backend is named here as a second honest reference (sandbox/tolerance.py: a candidate is held
+# to the less accurate of the two, elementwise). On the CPU the alternate is SDPA's CPU flash kernel.
+
+
+def crucible_references(model):
+    """{name: fn(*inputs)}: other honest PyTorch implementations of this op (sandbox/reference.py)."""
+    def flash(q, k, v, do):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return model(q, k, v, do)
+    return {"SDPA FlashAttention-2 backend": flash}
 
 
 class Model(nn.Module):

@@ -106,3 +106,38 @@ def test_chunked_comparison_reports_what_one_pass_would(monkeypatch):
                                                                           b.first_nonfinite_diff)
         assert a.rel_l2_err == pytest.approx(b.rel_l2_err, rel=1e-12) or (a.rel_l2_err != a.rel_l2_err)
     assert small[1].worst_index == (6, 4) and small[2].first_nonfinite_diff == (8, 12)
+
+
+def test_an_alternate_honest_implementation_widens_the_bound_where_it_errs_too():
+    # cuDNN's attention backward is exact where FlashAttention-2's (and any FA-style kernel's) is a few ulps off:
+    # with FA2 named as an alternate, a candidate as good as FA2 passes; without, it fails (run R)
+    torch.manual_seed(0)
+    truth = torch.randn(4096, dtype=torch.float64)
+    ref = truth.to(torch.bfloat16)  # the accurate reference: error <= half an ulp everywhere
+    alt = ref.clone()
+    alt[:8] = (truth[:8] * 1.05).to(torch.bfloat16)  # an honest kernel with a few 5% errors
+    got = ref.clone()
+    got[:8] = (truth[:8] * 1.06).to(torch.bfloat16)  # within 4x the alternate's error, far outside the reference's
+    assert compare("dq", got, ref, truth) is not None
+    assert compare("dq", got, ref, truth, alternates=(alt,)) is None
+    worse = ref.clone()
+    worse[:8] = (truth[:8] * 1.5).to(torch.bfloat16)  # 10x the alternate's error: still rejected
+    assert compare("dq", worse, ref, truth, alternates=(alt,)) is not None
+    elsewhere = ref.clone()
+    elsewhere[100:108] = (truth[100:108] * 1.06).to(torch.bfloat16)  # where the alternate was accurate: rejected
+    assert compare("dq", elsewhere, ref, truth, alternates=(alt,)) is not None
+
+
+def test_an_alternates_overflow_loosens_nothing_and_needs_a_truth():
+    truth = torch.randn(1024, dtype=torch.float64)
+    ref = truth.to(torch.bfloat16)
+    alt = ref.clone()
+    alt[:4] = float("nan")
+    alt[4:8] = float("inf")
+    got = ref.clone()
+    got[:8] = (truth[:8] * 1.2).to(torch.bfloat16)
+    assert compare("o", got, ref, truth, alternates=(alt,)) is not None
+    # without a float64 truth there is no error to take from an alternate: it is ignored
+    far = ref.clone()
+    far[:8] += 1.0
+    assert compare("o", far, ref, None, alternates=(far,)) is not None
