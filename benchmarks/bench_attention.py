@@ -228,14 +228,18 @@ def bench_fwd_bwd(b, h, s, d, causal):
         timed(op, f"SDPA {backend} + autograd", lambda i, backend=backend: sdpa_grads(*sets[i], causal, backend),
               flops, baseline=True)
 
-    def seed(i, fcfg=None, bcfg=None, training=False):
+    def seed(i, fcfg=None, bcfg=None, training=False, precise=False):
         q, k, v, do = sets[i]
         if training:  # the autograd path: delta by the preprocess kernel from the stored o
             o, lse = A.attention_fwd(q, k, v, causal, config=fcfg)
             return A.attention_bwd(do, q, k, v, o, lse, causal, config=bcfg)
-        o, lse, delta = A.attention_fwd_with_delta(q, k, v, do, causal, config=fcfg)
-        return A.attention_bwd(do, q, k, v, o, lse, causal, config=bcfg, delta=delta)
+        o, lse, delta = A.attention_fwd_with_delta(q, k, v, do, causal, config=fcfg, precise=precise)
+        return A.attention_bwd(do, q, k, v, o, lse, causal, config=bcfg, delta=delta, split_ds=precise)
 
+    o_p, lse_p, delta_p = A.attention_fwd_with_delta(q, k, v, do, causal, precise=True)
+    check(op + " precise vs SDPA bf16", ("o", "dq", "dk", "dv"),
+          (o_p, *A.attention_bwd(do, q, k, v, o_p, lse_p, causal, delta=delta_p, split_ds=True)), ref, ref)
+    timed(op, "seed precise (delta from dP, dS split)", lambda i: seed(i, precise=True), flops)
     timed(op, "seed training path (default)", lambda i: seed(i, training=True), flops)
     for bcfg in BWD_VARIANTS:
         timed(op, f"seed bwd {bcfg or 'default ' + str(A.bwd_config(d, q.device))}",

@@ -38,6 +38,13 @@ def seed_default(causal):
     return run
 
 
+def seed_precise(causal):
+    def run(q, k, v, do):
+        o, lse, delta = attention_fwd_with_delta(q, k, v, do, causal, precise=True)
+        return (o, *attention_bwd(do, q, k, v, o, lse, causal, delta=delta, split_ds=True))
+    return run
+
+
 def seed_preprocess(causal):
     def run(q, k, v, do):
         o, lse = attention_fwd(q, k, v, causal)
@@ -94,7 +101,8 @@ def main() -> int:
     if not args.alternates:
         reference.alternates = {}
     variants = {"seed (delta from the fp32 o)": seed_default(causal),
-                "seed (delta from the stored o)": seed_preprocess(causal)}
+                "seed (delta from the stored o)": seed_preprocess(causal),
+                "seed precise (delta from dP, dS split)": seed_precise(causal)}
     if not args.smoke:
         from torch.nn.attention import SDPBackend
         variants["sdpa flash backend"] = sdpa_backend(SDPBackend.FLASH_ATTENTION, causal)

@@ -109,6 +109,18 @@ def _operand(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _split_operand(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 dS as two tensor-core operands, hi = x rounded to `dtype` and lo = the rest rounded: a product through
+    both keeps about twice the bits of one (the `precise` backward). On the interpreter hi is the GPU's rounding
+    emulated and lo the exact rest, both left in fp32."""
+    if UPCAST:
+        hi = round_bf16_rne(x)
+        return hi, x - hi
+    hi = x.to(dtype)
+    return hi, (x - hi.to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _tile_pair(a_ptrs, b_ptrs, A_DESC, B_DESC, a_row, b_row, ok, MASK: tl.constexpr, TMA: tl.constexpr):
     """Two [rows, D] tiles of the same rows (q and dO, or k and v): masked pointer loads (MASK; ok: the valid rows,
     the others read as 0), descriptor loads at rows a_row / b_row of the [rows, D] views (TMA), or plain loads."""
@@ -133,10 +145,10 @@ def _store_rows(ptrs, x, mask, RNE: tl.constexpr):
 
 # ---- forward ------------------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows, lo, hi,
-               k_len, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
+def _fwd_inner(acc, l_i, m_i, dsum, q, do, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows,
+               lo, hi, k_len, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
                CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, SCALE_POS: tl.constexpr,
-               UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
+               PRECISE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
     # Key blocks [lo, hi) of one sequence; MASK applies the key bound and the causal mask. TMA (unmasked ranges
     # only, where every block lies wholly inside the sequence): K and V tiles come through host tensor descriptors
     # over the [rows, D] view, at rows k_row + start_n and v_row + start_n; else through pointer tiles.
@@ -180,11 +192,16 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, K_DESC, V
         else:
             v = tl.load(v_ptrs)
         acc = _mm(_operand(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST, IEEE)
+        if PRECISE:
+            # delta = sum_j P_ij dP_ij with the unrounded P the backward recomputes: the dS of a row then sum to
+            # zero as the softmax Jacobian's do (delta = rowsum(dO o O) inherits the error of P rounded for P V).
+            dp = _mm(do, tl.trans(v), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
+            dsum = dsum * alpha + tl.sum(p * dp, axis=1)
         m_i = m_new
         if MASK or not TMA:
             k_ptrs += BLOCK_N * stride_ks
             v_ptrs += BLOCK_N * stride_vs
-    return acc, l_i, m_i
+    return acc, l_i, m_i, dsum
 
 
 @triton.jit
@@ -206,6 +223,7 @@ def _attn_fwd_kernel(
     GROUP: tl.constexpr,              # query heads per key/value head
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, WITH_DELTA: tl.constexpr,
+    PRECISE: tl.constexpr,    # WITH_DELTA only: delta = sum_j P_ij dP_ij (one more product a key block)
     TMA: tl.constexpr,        # K/V tiles of the unmasked key blocks through K_DESC/V_DESC (the Hopper TMA unit)
     WS: tl.constexpr,         # warp-specialise the unmasked key loop (tl.range(warp_specialize=True))
     SCALE_POS: tl.constexpr,  # qk_scale > 0: the row max is taken before scaling (one FMA per score)
@@ -247,12 +265,18 @@ def _attn_fwd_kernel(
     else:
         bulk_hi = full_k
         hi = k_len
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row,
-                               rows, 0, bulk_hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, TMA, WS,
-                               SCALE_POS, UPCAST, IEEE, RNE)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row,
-                               rows, bulk_hi, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, False, False,
-                               SCALE_POS, UPCAST, IEEE, RNE)
+    dsum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PRECISE:
+        do_in = tl.load(DO + b64 * stride_dob + hq.to(tl.int64) * stride_doh + q_rows[:, None] * stride_dos
+                        + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    else:
+        do_in = q  # not read
+    acc, l_i, m_i, dsum = _fwd_inner(acc, l_i, m_i, dsum, q, do_in, k_base, v_base, stride_ks, stride_vs, K_DESC,
+                                     V_DESC, k_row, v_row, rows, 0, bulk_hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False,
+                                     CAUSAL, TMA, WS, SCALE_POS, PRECISE, UPCAST, IEEE, RNE)
+    acc, l_i, m_i, dsum = _fwd_inner(acc, l_i, m_i, dsum, q, do_in, k_base, v_base, stride_ks, stride_vs, K_DESC,
+                                     V_DESC, k_row, v_row, rows, bulk_hi, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, True,
+                                     CAUSAL, False, False, SCALE_POS, PRECISE, UPCAST, IEEE, RNE)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a query with no key at all (an empty packed key sequence): o = 0
     o = acc / l_safe[:, None]
@@ -261,7 +285,9 @@ def _attn_fwd_kernel(
     l_off = b64 * stride_lb + hq.to(tl.int64) * stride_lh + q_start + rows
     if STORE_LSE:
         tl.store(LSE + l_off, m_i + tl.log2(l_safe), mask=row_ok)
-    if WITH_DELTA:
+    if PRECISE:
+        tl.store(DELTA + l_off, dsum / l_safe, mask=row_ok)
+    elif WITH_DELTA:
         # The backward's delta from the fp32 o, before its rounding to bf16: the rounding error of a stored O
         # would enter every dS of the row (dS = P o (dP - delta)) and bias dQ and dK.
         do = tl.load(DO + b64 * stride_dob + hq.to(tl.int64) * stride_doh + q_rows[:, None] * stride_dos
@@ -310,7 +336,7 @@ def _attn_bwd_delta_kernel(
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC, q_row, do_row,
                 cols, lo, hi, q_len, k_len, qk_scale, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                MASK: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
+                MASK: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, SPLIT_DS: tl.constexpr,
                 UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
     # Query blocks [lo, hi) of one query head against this program's key block (k, v: [BLOCK_N, D]). Transposed
     # tiles (keys on rows) so that dK and dV accumulate with plain dots: dV += P^T dO, dK += dS^T Q.
@@ -339,7 +365,11 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride
         dv = _mm(_operand(p_t, do.dtype, UPCAST), do, dv, UPCAST, IEEE)
         dp_t = _mm(v, tl.trans(do), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = _mm(_operand(ds_t, q.dtype, UPCAST), q, dk, UPCAST, IEEE)
+        if SPLIT_DS:
+            ds_hi, ds_lo = _split_operand(ds_t, q.dtype, UPCAST)
+            dk = _mm(ds_lo, q, _mm(ds_hi, q, dk, UPCAST, IEEE), UPCAST, IEEE)
+        else:
+            dk = _mm(_operand(ds_t, q.dtype, UPCAST), q, dk, UPCAST, IEEE)
         if MASK or not TMA:
             q_ptrs += BLOCK_M * stride_qs
             do_ptrs += BLOCK_M * stride_dos
@@ -362,6 +392,7 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,  # query rows per step of the loop
     BLOCK_N: tl.constexpr,  # key rows held by the program
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr,
+    SPLIT_DS: tl.constexpr,  # dS as two operands (hi + lo) for the dK / dQ products: the `precise` backward
     UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
 ):
     start_n = tl.program_id(0)
@@ -407,13 +438,13 @@ def _attn_bwd_dkdv_kernel(
         d_base = DELTA + b64 * stride_lb + h64 * stride_lh + q_start
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
                              q_row, do_row, cols, a_lo, a_hi, q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, True, CAUSAL,
-                             False, UPCAST, IEEE, RNE)
+                             False, SPLIT_DS, UPCAST, IEEE, RNE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
                              q_row, do_row, cols, a_hi, b_hi, q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, False, CAUSAL,
-                             TMA, UPCAST, IEEE, RNE)
+                             TMA, SPLIT_DS, UPCAST, IEEE, RNE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
                              q_row, do_row, cols, b_hi, q_len, q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, True, CAUSAL,
-                             False, UPCAST, IEEE, RNE)
+                             False, SPLIT_DS, UPCAST, IEEE, RNE)
     dk = dk * sm_scale
     _store_rows(DK + b64 * stride_dkb + hkv.to(tl.int64) * stride_dkh + k_rows * stride_dks + offs_d[None, :], dk,
                 col_ok[:, None], RNE)
@@ -424,7 +455,8 @@ def _attn_bwd_dkdv_kernel(
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows, lo,
               hi, k_len, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
-              CAUSAL: tl.constexpr, TMA: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
+              CAUSAL: tl.constexpr, TMA: tl.constexpr, SPLIT_DS: tl.constexpr,
+              UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
     # dQ += dS K over key blocks [lo, hi). Keys past k_len must be masked here: their p = exp2(-lse2) can overflow.
     # TMA (unmasked ranges only): K and V tiles through host descriptors, at rows k_row/v_row + start_n.
     offs_n = tl.arange(0, BLOCK_N)
@@ -444,7 +476,11 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DE
             p = tl.where(ok, p, 0.0)
         dp = _mm(do, tl.trans(v), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
         ds = p * (dp - delta[:, None])
-        dq = _mm(_operand(ds, k.dtype, UPCAST), k, dq, UPCAST, IEEE)
+        if SPLIT_DS:
+            ds_hi, ds_lo = _split_operand(ds, k.dtype, UPCAST)
+            dq = _mm(ds_lo, k, _mm(ds_hi, k, dq, UPCAST, IEEE), UPCAST, IEEE)
+        else:
+            dq = _mm(_operand(ds, k.dtype, UPCAST), k, dq, UPCAST, IEEE)
         if MASK or not TMA:
             k_ptrs += BLOCK_N * stride_ks
             v_ptrs += BLOCK_N * stride_vs
@@ -466,6 +502,7 @@ def _attn_bwd_dq_kernel(
     BLOCK_M: tl.constexpr,  # query rows held by the program
     BLOCK_N: tl.constexpr,  # key rows per step of the loop
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr,
+    SPLIT_DS: tl.constexpr,  # dS as two operands (hi + lo) for the dK / dQ products: the `precise` backward
     UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -501,23 +538,28 @@ def _attn_bwd_dq_kernel(
         bulk_hi = full_k
         hi = k_len
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows,
-                   0, bulk_hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, TMA, UPCAST, IEEE, RNE)
+                   0, bulk_hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, TMA, SPLIT_DS, UPCAST, IEEE, RNE)
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows,
-                   bulk_hi, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, False, UPCAST, IEEE, RNE)
+                   bulk_hi, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, False, SPLIT_DS, UPCAST, IEEE,
+                   RNE)
     dq = dq * sm_scale
     _store_rows(DQ + b64 * stride_dqb + h64 * stride_dqh + q_rows * stride_dqs + offs_d[None, :], dq,
                 row_ok[:, None], RNE)
 
 
 # ---- launchers ----------------------------------------------------------------------------------------------------
-def fwd_config(head_dim: int, device: torch.device) -> tuple[int, int, int, int]:
+def fwd_config(head_dim: int, device: torch.device, precise: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, warps, stages) of the forward; on the interpreter 32 x 32 tiles keep the tests quick and
     still loop. D = 128: 128 x 128 tiles, 8 warps, 3 stages of K/V through TMA (230,424 bytes of shared memory),
     the best of the H200 sweep (docs/BENCHMARKS.md run M, do_bench, B4 H32 S4096): 498 TFLOP/s, causal 431
     (pointer 128 x 64 s3: 488 / 426; TMA 128 x 128 s2: 457 / 399; warp_specialize: no change). Other head dims:
-    unmeasured starting points."""
+    unmeasured starting points. precise (the forward's dP product, attention_fwd_with_delta): one stage less, as
+    3 stages beside the dO tile need 263,192 bytes at D = 128 (unmeasured on the GPU)."""
     if device.type != "cuda":
         return 32, 32, 4, 1
+    if precise:
+        bm, bn, warps, stages = fwd_config(head_dim, device)
+        return bm, bn, warps, max(1, stages - 1)
     if head_dim <= 64:
         return 128, 64, 4, 3
     if head_dim <= 128:
@@ -608,13 +650,13 @@ def _modes(x: torch.Tensor) -> dict:
 
 
 def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma=None, warp_specialize=False,
-         reverse=None):
+         reverse=None, precise=False):
     # q, k, v: [B, H, S, D] (varlen None) or [T, H, D] with varlen = (cu_q, cu_k, max_q, max_k). tma, warp_specialize,
     # reverse: see attention_fwd.
     d = q.shape[-1]
     hq, hkv = q.shape[1], k.shape[1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    bm, bn, warps, stages = config or fwd_config(d, q.device)
+    bm, bn, warps, stages = config or fwd_config(d, q.device, bool(precise) and do is not None)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if varlen is None:
         batch, s_q, s_k = q.shape[0], q.shape[2], k.shape[2]
@@ -642,7 +684,8 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
         scale * 1.4426950408889634, *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(o), *_bhs(do if do is not None else q),
         *l_strides, s_q, s_k, hq,
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), VARLEN=varlen is not None,
-        STORE_LSE=store_lse, WITH_DELTA=do is not None, TMA=use_tma, WS=bool(warp_specialize) and use_tma,
+        STORE_LSE=store_lse, WITH_DELTA=do is not None, PRECISE=bool(precise) and do is not None, TMA=use_tma,
+        WS=bool(warp_specialize) and use_tma,
         SCALE_POS=scale > 0, REVERSE=bool(causal) if reverse is None else bool(reverse),
         num_warps=warps, num_stages=stages, **_modes(q),
     )
@@ -656,7 +699,7 @@ def _grad_like(t: torch.Tensor, bshd: bool) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
-def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd=False, tma=None):
+def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd=False, tma=None, split_ds=False):
     d = q.shape[-1]
     hq, hkv = q.shape[1], k.shape[1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
@@ -684,7 +727,8 @@ def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd
             BLOCK_M=64 if q.is_cuda else 32, num_warps=4, **common,
         )
     qk_scale = scale * 1.4426950408889634
-    common.update(GROUP=hq // hkv, CAUSAL=bool(causal), num_warps=warps, num_stages=stages, **modes)
+    common.update(GROUP=hq // hkv, CAUSAL=bool(causal), SPLIT_DS=bool(split_ds), num_warps=warps, num_stages=stages,
+                  **modes)
     # TMA for the unmasked blocks of each loop (dense layouts, a whole block at least), as in the forward.
     want = varlen is None and _want_tma(q, tma)
     qdo = ((q, _row_view(q)), (do, _row_view(do))) if want and s_q >= m1 else ((q, None), (do, None))
@@ -723,32 +767,38 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 
 def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                              causal: bool = False, sm_scale: float | None = None, config=None,
-                             tma: bool | None = None, warp_specialize: bool = False, reverse: bool | None = None):
+                             tma: bool | None = None, warp_specialize: bool = False, reverse: bool | None = None,
+                             precise: bool = False):
     """(o, lse, delta) when the upstream gradient do is known at forward time (a fused forward + backward): the
     forward's epilogue computes delta = rowsum(do o o) from the fp32 o, which saves the backward's preprocess
-    kernel (a read of o and do) and the error of o's rounding. Pass delta to attention_bwd."""
+    kernel (a read of o and do) and the error of o's rounding. Pass delta to attention_bwd. precise: delta =
+    sum_j P_ij dP_ij from the unrounded P instead (dP = dO V^T, one more product a key block), so each row's dS sum
+    to zero; with attention_bwd(split_ds=True) it is the `precise` backward (docs/BENCHMARKS.md, the attention
+    section: what the harness rejects the default for; its cost on the H200 is not measured)."""
     _check_qkv(q, k, v, 4)
     if q.shape[0] != k.shape[0] or do.shape != q.shape:
         raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)} and do {tuple(do.shape)} do not fit")
     return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, True, _unit_d(do), tma,
-                warp_specialize, reverse)
+                warp_specialize, reverse, precise)
 
 
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                   lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
                   config: tuple[int, int, int, int, int, int] | None = None, delta: torch.Tensor | None = None,
-                  bshd_grads: bool = False, tma: bool | None = None):
+                  bshd_grads: bool = False, tma: bool | None = None, split_ds: bool = False):
     """(dq, dk, dv) of attention_fwd for the upstream gradient do, from the forward's o and lse (and delta, when
     attention_fwd_with_delta made it; else the preprocess kernel computes it from o and do). bshd_grads: the
     gradients in [B, S, H, D] storage (transposed views), the layout SDPA's CPU backward returns. tma: Q/dO
-    (dK/dV kernel) and K/V (dQ kernel) tiles of the unmasked blocks through TMA descriptors, as in attention_fwd."""
+    (dK/dV kernel) and K/V (dQ kernel) tiles of the unmasked blocks through TMA descriptors, as in attention_fwd.
+    split_ds: dS enters the dK and dQ products as two operands, its bf16 rounding and the rest (one more product
+    in each loop), instead of rounded once."""
     _check_qkv(q, k, v, 4)
     if do.shape != q.shape or o.shape != q.shape or lse.shape != q.shape[:3]:
         raise ValueError(f"attention_bwd: do and o must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}")
     if delta is not None and delta.shape != lse.shape:
         raise ValueError(f"attention_bwd: delta must have lse's shape {tuple(lse.shape)}")
     return _bwd(_unit_d(do), _unit_d(q), _unit_d(k), _unit_d(v), _unit_d(o), lse.contiguous(), causal, sm_scale,
-                config, None, None if delta is None else delta.contiguous(), bshd_grads, tma)
+                config, None, None if delta is None else delta.contiguous(), bshd_grads, tma, split_ds)
 
 
 def _check_varlen(q, k, v, cu_q, cu_k):

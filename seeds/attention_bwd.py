@@ -27,14 +27,20 @@ CRUCIBLE_SEED = {
 }
 
 
+# The `precise` numerics (delta from dP in the forward, dS split for the dK/dQ products): what the harness's bound
+# asks for on the H200 in the CPU emulation (docs/BENCHMARKS.md); off until its cost and acceptance are measured there.
+PRECISE = False
+
+
 class ModelNew(nn.Module):
     def __init__(self, causal: bool = False):
         super().__init__()
         self.causal = causal
+        self.precise = PRECISE
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor):
-        o, lse, delta = attention_fwd_with_delta(q, k, v, do, self.causal)
+        o, lse, delta = attention_fwd_with_delta(q, k, v, do, self.causal, precise=self.precise)
         # Contiguous [B, H, S, D] gradients, as SDPA's CUDA backward returns them (its CPU backward returns [B, S, H, D]
         # storage, which the harness does not hold candidates to; run N rejected the BSHD layout on the GPU).
-        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, self.causal, delta=delta)
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, self.causal, delta=delta, split_ds=self.precise)
         return o, dq, dk, dv

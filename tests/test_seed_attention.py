@@ -98,6 +98,28 @@ def test_forward_backward_matches_sdpa(b, hq, hkv, sq, sk, d, causal, dtype, dis
     torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1) / math.log(2), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("b,hq,hkv,sq,sk,d,causal,dtype,dist", [FWD_BWD_CASES[1], FWD_BWD_CASES[2], FWD_BWD_CASES[5]])
+def test_precise_backward_matches_sdpa(b, hq, hkv, sq, sk, d, causal, dtype, dist):
+    """precise=True / split_ds=True (delta = sum_j P_ij dP_ij from the forward's own dP product; dS as hi + lo in
+    the dK and dQ products): the same gradients within the tolerance, and delta equal to the float64 rowsum(dO o O)
+    to float32 precision. (The interpreter runs its dots in fp32 and does not round P or dS, so the accuracy this
+    buys on the GPU is not visible here; docs/BENCHMARKS.md has the CPU emulation of the GPU's roundings.)"""
+    gen = torch.Generator().manual_seed(hash((b, hq, hkv, sq, sk, d)) % 1000)
+    q = _draw((b, hq, sq, d), dtype, dist, gen)
+    k, v = (_draw((b, hkv, sk, d), dtype, dist, gen) for _ in range(2))
+    do = _draw((b, hq, sq, d), dtype, "normal", gen)
+    ref = _sdpa_grads(q, k, v, do, causal)
+    truth = _sdpa_grads(q.double(), k.double(), v.double(), do.double(), causal)
+    o, lse, delta = A.attention_fwd_with_delta(q, k, v, do, causal, config=SMALL_FWD, precise=True)
+    grads = A.attention_bwd(do, q, k, v, o, lse, causal, config=SMALL_BWD, delta=delta, split_ds=True)
+    for name, got, r, t in zip(("o", "dq", "dk", "dv"), (o, *grads), ref, truth):
+        _check("precise " + name, got, r, t)
+    delta64 = (do.double() * truth[0]).sum(-1)
+    torch.testing.assert_close(delta.double(), delta64, rtol=1e-4, atol=1e-4 * delta64.abs().max().item())
+    _, _, delta_default = A.attention_fwd_with_delta(q, k, v, do, causal, config=SMALL_FWD)
+    assert not torch.equal(delta, delta_default)  # another computation (sum of P dP), not the epilogue's o . dO
+
+
 def test_autograd_function_matches_sdpa():
     gen = torch.Generator().manual_seed(3)
     q, k, v, do = (torch.randn(1, 4, 21, 64, generator=gen).to(torch.bfloat16) for _ in range(4))
@@ -293,22 +315,23 @@ def _compile_all(d: int) -> dict:
     def desc(tma: bool, rows: int) -> str:
         return f"tensordesc<bf16[{rows},{d}]>" if tma else "*bf16"
 
-    def fwd(config, tma=True, warp_specialize=False, reverse=None, **_):
-        bm, bn, warps, stages = config or A.fwd_config(d, dev)
+    def fwd(config, tma=True, warp_specialize=False, reverse=None, precise=False, **_):
+        bm, bn, warps, stages = config or A.fwd_config(d, dev, precise)
         args = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", DO="*bf16", DELTA="*fp32", CU_Q="*i32",
                     CU_K="*i32", K_DESC=desc(tma, bn), V_DESC=desc(tma, bn), K_RB=131072, K_RH=4096, V_RB=131072,
                     V_RH=4096, qk_scale=0.1, S_Q=4096, S_K=4096, HQ=32, GROUP=1, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-                    CAUSAL=True, STORE_LSE=True, WITH_DELTA=True, TMA=tma, WS=warp_specialize, SCALE_POS=True,
+                    CAUSAL=True, STORE_LSE=True, WITH_DELTA=True, PRECISE=precise, TMA=tma, WS=warp_specialize,
+                    SCALE_POS=True,
                     REVERSE=reverse is not False, **flags,
                     **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh "
                                "stride_vs stride_ob stride_oh stride_os stride_dob stride_doh stride_dos stride_lb "
                                "stride_lh"))
         return compile_sm90(A._attn_fwd_kernel, args, warps, stages).metadata.shared
 
-    def bwd(config, tma=True, **_):
+    def bwd(config, tma=True, split_ds=False, **_):
         m1, n1, m2, n2, warps, stages = config or A.bwd_config(d, dev)
         common = dict(CU_Q="*i32", CU_K="*i32", sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096, GROUP=4, HEAD_DIM=d,
-                      CAUSAL=True, TMA=tma, **flags)
+                      CAUSAL=True, TMA=tma, SPLIT_DS=split_ds, **flags)
         ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32")
         dkdv = dict(**common, **ptrs, DK="*bf16", DV="*bf16", HKV=8, BLOCK_M=m1, BLOCK_N=n1, Q_DESC=desc(tma, m1),
                     DO_DESC=desc(tma, m1), Q_RB=131072, Q_RH=4096, DO_RB=131072, DO_RH=4096,
@@ -326,6 +349,8 @@ def _compile_all(d: int) -> dict:
     out["fwd"] = fwd(None)
     out["fwd pointers"] = fwd(None, tma=False)
     out["dkdv"], out["dq"] = bwd(None)
+    out["fwd precise"] = fwd(None, precise=True)  # the `precise` numerics: one more product in each loop
+    out["dkdv precise"], out["dq precise"] = bwd(None, split_ds=True)
     if d == 128:  # each distinct kernel once (the launch order and the defaults repeat others)
         seen = set()
         for name, kw, _ in BENCH.HOPPER_FWD:
@@ -353,7 +378,7 @@ def _compile_all(d: int) -> dict:
 def test_gpu_kernels_compile_for_sm90(d):
     """The interpreter never compiles; a child process without TRITON_INTERPRET compiles every launched variant."""
     shared = compiled_in_child(__file__, str(d))
-    assert set(shared) >= {"fwd", "dkdv", "dq"}
+    assert set(shared) >= {"fwd", "dkdv", "dq", "fwd precise", "dkdv precise", "dq precise"}
     for kernel, nbytes in shared.items():
         assert nbytes <= HOPPER_SMEM, f"{kernel} at D={d} needs {nbytes} bytes of shared memory"
 
