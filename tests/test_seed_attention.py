@@ -73,14 +73,19 @@ FWD_BWD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("b,hq,hkv,sq,sk,d,causal,dtype,dist", FWD_BWD_CASES)
-def test_forward_backward_matches_sdpa(b, hq, hkv, sq, sk, d, causal, dtype, dist):
+def _fwd_bwd_case(b, hq, hkv, sq, sk, d, causal, dtype, dist):
+    """(q, k, v, do, SDPA's (o, dq, dk, dv) in the inputs' dtype, the same in float64) for one FWD_BWD_CASES row."""
     gen = torch.Generator().manual_seed(hash((b, hq, hkv, sq, sk, d)) % 1000)
     q = _draw((b, hq, sq, d), dtype, dist, gen)
     k, v = (_draw((b, hkv, sk, d), dtype, dist, gen) for _ in range(2))
     do = _draw((b, hq, sq, d), dtype, "normal", gen)
-    ref = _sdpa_grads(q, k, v, do, causal)
-    truth = _sdpa_grads(q.double(), k.double(), v.double(), do.double(), causal)
+    return (q, k, v, do, _sdpa_grads(q, k, v, do, causal),
+            _sdpa_grads(q.double(), k.double(), v.double(), do.double(), causal))
+
+
+@pytest.mark.parametrize("b,hq,hkv,sq,sk,d,causal,dtype,dist", FWD_BWD_CASES)
+def test_forward_backward_matches_sdpa(b, hq, hkv, sq, sk, d, causal, dtype, dist):
+    q, k, v, do, ref, truth = _fwd_bwd_case(b, hq, hkv, sq, sk, d, causal, dtype, dist)
     o, lse, delta = A.attention_fwd_with_delta(q, k, v, do, causal, config=SMALL_FWD)
     grads = A.attention_bwd(do, q, k, v, o, lse, causal, config=SMALL_BWD, delta=delta)
     for name, got, r, t in zip(("o", "dq", "dk", "dv"), (o, *grads), ref, truth):
@@ -104,12 +109,7 @@ def test_precise_backward_matches_sdpa(b, hq, hkv, sq, sk, d, causal, dtype, dis
     the dK and dQ products): the same gradients within the tolerance, and delta equal to the float64 rowsum(dO o O)
     to float32 precision. (The interpreter runs its dots in fp32 and does not round P or dS, so the accuracy this
     buys on the GPU is not visible here; docs/BENCHMARKS.md has the CPU emulation of the GPU's roundings.)"""
-    gen = torch.Generator().manual_seed(hash((b, hq, hkv, sq, sk, d)) % 1000)
-    q = _draw((b, hq, sq, d), dtype, dist, gen)
-    k, v = (_draw((b, hkv, sk, d), dtype, dist, gen) for _ in range(2))
-    do = _draw((b, hq, sq, d), dtype, "normal", gen)
-    ref = _sdpa_grads(q, k, v, do, causal)
-    truth = _sdpa_grads(q.double(), k.double(), v.double(), do.double(), causal)
+    q, k, v, do, ref, truth = _fwd_bwd_case(b, hq, hkv, sq, sk, d, causal, dtype, dist)
     o, lse, delta = A.attention_fwd_with_delta(q, k, v, do, causal, config=SMALL_FWD, precise=True)
     grads = A.attention_bwd(do, q, k, v, o, lse, causal, config=SMALL_BWD, delta=delta, split_ds=True)
     for name, got, r, t in zip(("o", "dq", "dk", "dv"), (o, *grads), ref, truth):
