@@ -322,7 +322,7 @@ class Archive:
 
     def latest_run(self, task_hash: str) -> Run | None:
         row = self._one("SELECT * FROM runs WHERE task_hash=? ORDER BY started DESC, rowid DESC LIMIT 1",
-                               (task_hash,))
+                        (task_hash,))
         return _run(row) if row else None
 
     # ---- candidates -----------------------------------------------------------------------------------------
@@ -395,13 +395,13 @@ class Archive:
     def by_uid(self, prefix: str) -> list[Candidate]:
         """Candidates whose uid starts with `prefix` (a whole uid matches one at most)."""
         rows = self._all("SELECT * FROM candidates WHERE uid LIKE ? ORDER BY id LIMIT 2",
-                                (prefix.replace("%", "").replace("_", "") + "%",))
+                         (prefix.replace("%", "").replace("_", "") + "%",))
         return [_candidate(r) for r in rows]
 
     def children(self, cand_id: int) -> list[Candidate]:
         """Candidates built on this one, as first or second parent."""
         rows = self._all("SELECT * FROM candidates WHERE parent_id=? OR parent2_id=? ORDER BY id",
-                                (cand_id, cand_id))
+                         (cand_id, cand_id))
         return [_candidate(r) for r in rows]
 
     def runs(self) -> list[Run]:
