@@ -183,3 +183,13 @@ def test_lanes_only_for_the_local_executor_on_cuda_with_several_gpus(monkeypatch
     assert batch_mod._lane_count(args(device="cpu"), 5) == 1
     assert batch_mod._lane_count(args(executor="ray"), 5) == 1
     assert batch_mod._lane_count(args(gpus=4), 1) == 1  # one task keeps --gpus evaluation workers
+
+
+def test_several_gpus_asked_on_the_cpu_say_they_are_ignored(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(batch_mod, "_visible_gpus", lambda device: 0)
+    d = folder(tmp_path, "rmsnorm_fwd.py", "softmax_fwd.py")
+    code, rows = batch(d, tmp_path, "--gpus", "2", "--device", "cpu", "--budget", "0")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "no GPU to use here: --gpus 2 is ignored" in " ".join(out.split())
+    assert [r["status"] for r in rows] == ["done", "done"]

@@ -116,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if lanes > 1:
         console.print(f"{len(tasks)} tasks on {lanes} GPUs: one task per GPU at a time")
+    elif args.gpus > 1 and args.executor == "local" and not _visible_gpus(args.device):
+        console.print(f"no GPU to use here: --gpus {args.gpus} is ignored and the tasks run one after another on the "
+                      "CPU")
     # Each lane evaluates on its own GPU; one lane keeps the loop's own executor (None) or the Ray one.
     executors = [LocalExecutor(gpu_ids=(k,)) for k in range(lanes)] if lanes > 1 else [executor]
     with archive, _closing(executor), StopOnSignal() as stop, Progress(
