@@ -109,15 +109,19 @@ def _operand(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _split_operand(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
-    """fp32 dS as two tensor-core operands, hi = x rounded to `dtype` and lo = the rest rounded: a product through
-    both keeps about twice the bits of one (the `precise` backward). On the interpreter hi is the GPU's rounding
-    emulated and lo the exact rest, both left in fp32."""
+def _ds_product(ds, b, acc, SPLIT_DS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """acc + dS b, the dK and dQ products. dS (fp32) enters as one operand rounded to b's dtype, or with SPLIT_DS
+    (the `precise` backward) as two, hi = dS rounded and lo = the rest rounded, which keeps about twice the bits.
+    On the interpreter hi is the GPU's rounding emulated and lo the exact rest, both left in fp32."""
+    if not SPLIT_DS:
+        return _mm(_operand(ds, b.dtype, UPCAST), b, acc, UPCAST, IEEE)
     if UPCAST:
-        hi = round_bf16_rne(x)
-        return hi, x - hi
-    hi = x.to(dtype)
-    return hi, (x - hi.to(tl.float32)).to(dtype)
+        hi = round_bf16_rne(ds)
+        lo = ds - hi
+    else:
+        hi = ds.to(b.dtype)
+        lo = (ds - hi.to(tl.float32)).to(b.dtype)
+    return _mm(lo, b, _mm(hi, b, acc, UPCAST, IEEE), UPCAST, IEEE)
 
 
 @triton.jit
@@ -365,11 +369,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride
         dv = _mm(_operand(p_t, do.dtype, UPCAST), do, dv, UPCAST, IEEE)
         dp_t = _mm(v, tl.trans(do), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
         ds_t = p_t * (dp_t - delta[None, :])
-        if SPLIT_DS:
-            ds_hi, ds_lo = _split_operand(ds_t, q.dtype, UPCAST)
-            dk = _mm(ds_lo, q, _mm(ds_hi, q, dk, UPCAST, IEEE), UPCAST, IEEE)
-        else:
-            dk = _mm(_operand(ds_t, q.dtype, UPCAST), q, dk, UPCAST, IEEE)
+        dk = _ds_product(ds_t, q, dk, SPLIT_DS, UPCAST, IEEE)
         if MASK or not TMA:
             q_ptrs += BLOCK_M * stride_qs
             do_ptrs += BLOCK_M * stride_dos
@@ -476,11 +476,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DE
             p = tl.where(ok, p, 0.0)
         dp = _mm(do, tl.trans(v), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
         ds = p * (dp - delta[:, None])
-        if SPLIT_DS:
-            ds_hi, ds_lo = _split_operand(ds, k.dtype, UPCAST)
-            dq = _mm(ds_lo, k, _mm(ds_hi, k, dq, UPCAST, IEEE), UPCAST, IEEE)
-        else:
-            dq = _mm(_operand(ds, k.dtype, UPCAST), k, dq, UPCAST, IEEE)
+        dq = _ds_product(ds, k, dq, SPLIT_DS, UPCAST, IEEE)
         if MASK or not TMA:
             k_ptrs += BLOCK_N * stride_ks
             v_ptrs += BLOCK_N * stride_vs

@@ -180,6 +180,21 @@ def _tma_tile_product(a_desc, b_desc, off_m, off_n, K, A_T: tl.constexpr, B_T: t
 
 
 @triton.jit
+def _persistent_tile(a_desc, b_desc, tile, tile_c, n_programs, M, N, K, A_T: tl.constexpr, B_T: tl.constexpr,
+                     IEEE: tl.constexpr, UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     GROUP_M: tl.constexpr):
+    """One step of a persistent TMA loop: (the product of tile `tile`, the epilogue's tile counter advanced, that
+    tile's rows, columns and column block). The epilogue's index is a second counter (tile_c), not the loop
+    variable, as Triton's persistent-matmul tutorial does, so a flattened or specialised loop keeps its loads and
+    its epilogue independent."""
+    pid_m, pid_n = _swizzle(tile, M, N, BM, BN, GROUP_M)
+    acc = _tma_tile_product(a_desc, b_desc, pid_m * BM, pid_n * BN, K, A_T, B_T, IEEE, UPCAST, BM, BN, BK)
+    tile_c += n_programs
+    pid_m, pid_n = _swizzle(tile_c, M, N, BM, BN, GROUP_M)
+    return acc, tile_c, pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), pid_n
+
+
+@triton.jit
 def _store_tile(C, acc, rm, rn, M, N, stride_cm, stride_cn, ACCUMULATE: tl.constexpr, RNE: tl.constexpr):
     """C[rm, rn] (+)= acc, masked to [M, N]. RNE: round to nearest bf16 before the store (the interpreter
     truncates)."""
@@ -224,19 +239,13 @@ def _tma_matmul_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
-    """C (+)= A @ B, persistent. The epilogue's tile index is a second counter (tile_c), not the loop variable,
-    as Triton's persistent-matmul tutorial does, so a flattened or specialised loop keeps its loads and its
-    epilogue independent."""
+    """C (+)= A @ B, persistent (_persistent_tile)."""
     start = tl.program_id(0)
     num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     tile_c = start - n_programs
     for tile in tl.range(start, num_tiles, n_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _swizzle(tile, M, N, BM, BN, GROUP_M)
-        acc = _tma_tile_product(a_desc, b_desc, pid_m * BM, pid_n * BN, K, A_T, B_T, IEEE, UPCAST, BM, BN, BK)
-        tile_c += n_programs
-        pid_m, pid_n = _swizzle(tile_c, M, N, BM, BN, GROUP_M)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
+        acc, tile_c, rm, rn, _ = _persistent_tile(a_desc, b_desc, tile, tile_c, n_programs, M, N, K, A_T, B_T, IEEE,
+                                                  UPCAST, BM, BN, BK, GROUP_M)
         _store_tile(C, acc, rm, rn, M, N, stride_cm, stride_cn, ACCUMULATE, RNE)
 
 
@@ -330,12 +339,8 @@ def _tma_logits_kernel(
     num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     tile_c = start - n_programs
     for tile in tl.range(start, num_tiles, n_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _swizzle(tile, M, N, BM, BN, GROUP_M)
-        acc = _tma_tile_product(x_desc, w_desc, pid_m * BM, pid_n * BN, K, False, True, IEEE, UPCAST, BM, BN, BK)
-        tile_c += n_programs
-        pid_m, pid_n = _swizzle(tile_c, M, N, BM, BN, GROUP_M)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
+        acc, tile_c, rm, rn, pid_n = _persistent_tile(x_desc, w_desc, tile, tile_c, n_programs, M, N, K, False, True,
+                                                      IEEE, UPCAST, BM, BN, BK, GROUP_M)
         _logits_epilogue(acc, rm, rn, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
                          tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BN)
 

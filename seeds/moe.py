@@ -356,6 +356,12 @@ def _grouped_gemm_tma_kernel(
 
 
 @triton.jit
+def _dw_tile(tile, num_n, num_k):
+    """(expert, column block, K block) of a dW tile: the tiles run expert by expert, K fastest."""
+    return tile // (num_n * num_k), (tile % (num_n * num_k)) // num_k, tile % num_k
+
+
+@triton.jit
 def _dw_step(DC, A, rows, ok, rn, rk, n_ok, k_ok, stride_dcm, stride_dcn, stride_am, stride_ak, acc,
              UPCAST: tl.constexpr, IEEE: tl.constexpr):
     """acc += DC[rows, rn]^T @ A[rows, rk] for one step of rows by pointers (rows not `ok` load as zeros)."""
@@ -379,9 +385,7 @@ def _grouped_dw_kernel(
     num_n = tl.cdiv(N, BN)
     num_k = tl.cdiv(K, BK)
     for tile in range(tl.program_id(0), E * num_n * num_k, NUM_PROGRAMS):
-        e = tile // (num_n * num_k)
-        pid_n = (tile % (num_n * num_k)) // num_k
-        pid_k = tile % num_k
+        e, pid_n, pid_k = _dw_tile(tile, num_n, num_k)
         start = tl.load(EXPERT_START + e)
         count = tl.load(EXPERT_COUNT + e)
         rn = pid_n * BN + tl.arange(0, BN)
@@ -414,9 +418,7 @@ def _grouped_dw_tma_kernel(
     num_k = tl.cdiv(K, BK)
     rr = tl.arange(0, BR)
     for tile in range(tl.program_id(0), E * num_n * num_k, NUM_PROGRAMS):
-        e = tile // (num_n * num_k)
-        pid_n = (tile % (num_n * num_k)) // num_k
-        pid_k = tile % num_k
+        e, pid_n, pid_k = _dw_tile(tile, num_n, num_k)
         first = tl.load(EXPERT_OFFSET + e)
         count = tl.load(EXPERT_COUNT + e)
         full = count // BR * BR
