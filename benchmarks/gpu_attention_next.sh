@@ -7,7 +7,7 @@
 #     of it and of the default seed against eager on the non-causal task.
 #   bash benchmarks/gpu_attention_next.sh      (repo root, one H200; about 7 minutes)
 set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 bash benchmarks/gpu_attention_precision.sh
 for t in attention_fwd_bwd attention_fwd_bwd_causal; do
   echo "=== $(date +%T) crucible check $t (precise)"

@@ -4,7 +4,7 @@
 # that would let each pass: what a CRUCIBLE_TOLERANCE_SCALE for these tasks would have to be, measured.
 #   bash benchmarks/gpu_attention_precision.sh      (repo root, one H200; about 2 minutes)
 set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 for task in attention_fwd_bwd attention_fwd_bwd_causal; do
   for dist in normal uniform outliers constant_rows; do
     timeout 90 python3 benchmarks/diag_attention_precision.py --task $task --dist $dist --draws 1 --alternates \
