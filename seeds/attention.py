@@ -723,8 +723,9 @@ def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd
             BLOCK_M=64 if q.is_cuda else 32, num_warps=4, **common,
         )
     qk_scale = scale * 1.4426950408889634
-    common.update(GROUP=hq // hkv, CAUSAL=bool(causal), SPLIT_DS=bool(split_ds), num_warps=warps, num_stages=stages,
-                  **modes)
+    if split_ds not in (False, True, "dq", "dk"):
+        raise ValueError(f"attention_bwd: split_ds must be True, False, 'dq' or 'dk', not {split_ds!r}")
+    common.update(GROUP=hq // hkv, CAUSAL=bool(causal), num_warps=warps, num_stages=stages, **modes)
     # TMA for the unmasked blocks of each loop (dense layouts, a whole block at least), as in the forward.
     want = varlen is None and _want_tma(q, tma)
     qdo = ((q, _row_view(q)), (do, _row_view(do))) if want and s_q >= m1 else ((q, None), (do, None))
@@ -734,12 +735,12 @@ def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd
     _attn_bwd_dkdv_kernel[(triton.cdiv(s_k, n1), batch * hkv)](
         q, k, v, do, dk, dv, lse, delta, cu_q, cu_k, *q_descs, *q_rows, scale, qk_scale,
         *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dk), *_bhs(dv), *l_strides, s_q, s_k, hkv,
-        BLOCK_M=m1, BLOCK_N=n1, TMA=tma_dkdv, **common,
+        BLOCK_M=m1, BLOCK_N=n1, TMA=tma_dkdv, SPLIT_DS=split_ds in (True, "dk"), **common,
     )
     _attn_bwd_dq_kernel[(triton.cdiv(s_q, m2), batch * hq)](
         q, k, v, do, dq, lse, delta, cu_q, cu_k, *kv_descs, *kv_rows, scale, qk_scale,
         *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dq), *l_strides, s_q, s_k, hq,
-        BLOCK_M=m2, BLOCK_N=n2, TMA=tma_dq, **common,
+        BLOCK_M=m2, BLOCK_N=n2, TMA=tma_dq, SPLIT_DS=split_ds in (True, "dq"), **common,
     )
     return dq, dk, dv
 
@@ -781,13 +782,13 @@ def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                   lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
                   config: tuple[int, int, int, int, int, int] | None = None, delta: torch.Tensor | None = None,
-                  bshd_grads: bool = False, tma: bool | None = None, split_ds: bool = False):
+                  bshd_grads: bool = False, tma: bool | None = None, split_ds: bool | str = False):
     """(dq, dk, dv) of attention_fwd for the upstream gradient do, from the forward's o and lse (and delta, when
     attention_fwd_with_delta made it; else the preprocess kernel computes it from o and do). bshd_grads: the
     gradients in [B, S, H, D] storage (transposed views), the layout SDPA's CPU backward returns. tma: Q/dO
     (dK/dV kernel) and K/V (dQ kernel) tiles of the unmasked blocks through TMA descriptors, as in attention_fwd.
     split_ds: dS enters the dK and dQ products as two operands, its bf16 rounding and the rest (one more product
-    in each loop), instead of rounded once."""
+    in each loop), instead of rounded once; "dq" or "dk": in that product only."""
     _check_qkv(q, k, v, 4)
     if do.shape != q.shape or o.shape != q.shape or lse.shape != q.shape[:3]:
         raise ValueError(f"attention_bwd: do and o must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}")

@@ -120,6 +120,24 @@ def test_precise_backward_matches_sdpa(b, hq, hkv, sq, sk, d, causal, dtype, dis
     assert not torch.equal(delta, delta_default)  # another computation (sum of P dP), not the epilogue's o . dO
 
 
+@pytest.mark.parametrize("split", ["dq", "dk"])
+def test_precise_backward_split_in_one_product(split):
+    """split_ds="dq" / "dk": dS split in that product only; the gradients stay within the tolerance."""
+    b, hq, hkv, sq, sk, d, causal, dtype, dist = FWD_BWD_CASES[1]
+    q, k, v, do, ref, truth = _fwd_bwd_case(b, hq, hkv, sq, sk, d, causal, dtype, dist)
+    o, lse, delta = A.attention_fwd_with_delta(q, k, v, do, causal, config=SMALL_FWD, precise=True)
+    grads = A.attention_bwd(do, q, k, v, o, lse, causal, config=SMALL_BWD, delta=delta, split_ds=split)
+    for name, got, r, t in zip(("dq", "dk", "dv"), grads, ref[1:], truth[1:]):
+        _check(f"split {split} {name}", got, r, t)
+
+
+def test_split_ds_names_its_choices():
+    q, k, v, do = (torch.randn(1, 2, 8, 64).to(torch.bfloat16) for _ in range(4))
+    o, lse = A.attention_fwd(q, k, v, config=SMALL_FWD)
+    with pytest.raises(ValueError, match="split_ds must be True, False, 'dq' or 'dk'"):
+        A.attention_bwd(do, q, k, v, o, lse, config=SMALL_BWD, split_ds="dv")
+
+
 def test_autograd_function_matches_sdpa():
     gen = torch.Generator().manual_seed(3)
     q, k, v, do = (torch.randn(1, 4, 21, 64, generator=gen).to(torch.bfloat16) for _ in range(4))
