@@ -549,10 +549,14 @@ def fwd_config(head_dim: int, device: torch.device, precise: bool = False) -> tu
     still loop. D = 128: 128 x 128 tiles, 8 warps, 3 stages of K/V through TMA (230,424 bytes of shared memory),
     the best of the H200 sweep (docs/BENCHMARKS.md run M, do_bench, B4 H32 S4096): 498 TFLOP/s, causal 431
     (pointer 128 x 64 s3: 488 / 426; TMA 128 x 128 s2: 457 / 399; warp_specialize: no change). Other head dims:
-    unmeasured starting points. precise (the forward's dP product, attention_fwd_with_delta): one stage less, as
-    3 stages beside the dO tile need 263,192 bytes at D = 128 (unmeasured on the GPU)."""
+    unmeasured starting points. precise (the forward's dP product, attention_fwd_with_delta), as 128 x 128 tiles at
+    3 stages beside the dO tile need 263,192 bytes at D = 128: 128 x 64 tiles, 8 warps, 3 stages (run U, fwd+bwd
+    with the split backward: 12.61 ms against 12.81 for 128 x 128 at 2 stages, causal 6.73 / 6.85; 64 x 128 x 4
+    warps 12.89 / 7.07); other head dims one stage less than the plain forward (unmeasured)."""
     if device.type != "cuda":
         return 32, 32, 4, 1
+    if precise and 64 < head_dim <= 128:
+        return 128, 64, 8, 3
     if precise:
         bm, bn, warps, stages = fwd_config(head_dim, device)
         return bm, bn, warps, max(1, stages - 1)

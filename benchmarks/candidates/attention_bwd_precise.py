@@ -1,6 +1,7 @@
 """The attention fwd+bwd seed (seeds/attention_bwd.py) with its `precise` numerics on: delta = sum_j P_ij dP_ij from
 the forward's own dP product, dS as hi + lo operands of the dK and dQ products. A candidate file for `crucible check`
-and `crucible bench` on the H200 (benchmarks/gpu_attention_next.sh) until the seed's default is decided by them."""
+and `crucible bench` on the H200 (benchmarks/gpu_attention_next.sh, run T); the seed's default since run T, so the
+same kernels as seeds/attention_bwd.py now."""
 from seeds.attention_bwd import ModelNew as _Seed
 
 
