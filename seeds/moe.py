@@ -26,7 +26,9 @@ Two kernels compute it (grouped_gemm's `impl`): `_grouped_gemm_kernel` ("ptr") l
 `_grouped_gemm_tma_kernel` ("tma", the default where its rules hold) fetches B's tiles by TMA from B viewed 2D
 ([E*N, K], or [E*K, N] transposed) through a host TensorDescriptor, and A's too where a block's BM rows are one run
 of A (sorted positions, or a contiguous layout from align_counts); a top-K gather keeps pointer loads for A, since
-Hopper's TMA cannot gather rows. Its persistent tile loop can be warp-specialised or flattened (launcher options).
+Hopper's TMA cannot gather rows. Its persistent tile loop can be warp-specialised or flattened, full blocks of C
+stored by TMA (tma_store), and the tile computed as two half-width accumulators (split_n: the epilogue converts half
+a tile at a time, so at 256x128x64 a 4th stage fits in 227 KiB); launcher options, swept by benchmarks/sweep_moe.py.
 Rows and columns a TMA box reads past an expert's end are computed and never stored. Where B's 2D view breaks the
 descriptor rules (row bytes not a multiple of 16, a transposed B whose K is not a multiple of BK) the pointer
 kernel runs. dW has the same pair (`_grouped_dw_tma_kernel`: full row steps by TMA on a contiguous layout).
