@@ -26,7 +26,9 @@ Two kernels compute it (grouped_gemm's `impl`): `_grouped_gemm_kernel` ("ptr") l
 `_grouped_gemm_tma_kernel` ("tma", the default where its rules hold) fetches B's tiles by TMA from B viewed 2D
 ([E*N, K], or [E*K, N] transposed) through a host TensorDescriptor, and A's too where a block's BM rows are one run
 of A (sorted positions, or a contiguous layout from align_counts); a top-K gather keeps pointer loads for A, since
-Hopper's TMA cannot gather rows. Its persistent tile loop can be warp-specialised or flattened (launcher options).
+Hopper's TMA cannot gather rows. Its persistent tile loop can be warp-specialised or flattened, full blocks of C
+stored by TMA (tma_store), and the tile computed as two half-width accumulators (split_n: the epilogue converts half
+a tile at a time, so at 256x128x64 a 4th stage fits in 227 KiB); launcher options, swept by benchmarks/sweep_moe.py.
 Rows and columns a TMA box reads past an expert's end are computed and never stored. Where B's 2D view breaks the
 descriptor rules (row bytes not a multiple of 16, a transposed B whose K is not a multiple of BK) the pointer
 kernel runs. dW has the same pair (`_grouped_dw_tma_kernel`: full row steps by TMA on a contiguous layout).
@@ -281,8 +283,9 @@ def _grouped_gemm_kernel(
 @triton.jit
 def _grouped_gemm_tma_kernel(
     A,                        # A_TMA: a descriptor over A [rows, K] (block [BM, BK]); else A's pointer
-    B_DESC,                   # a descriptor over B viewed 2D: [E*N', K] (block [BN, BK]) or, B_KN, [E*K, N] ([BK, BN])
-    C,
+    B_DESC,                   # a descriptor over B viewed 2D: [E*N', K] (block [BN / SPLIT_N, BK]) or, B_KN, [E*K, N]
+    C,                        # ([BK, BN / SPLIT_N])
+    C_DESC,                   # C_TMA: a descriptor over C [rows, N] (block [BM, BN // SPLIT_N]); else None
     SORTED_IDS, EXPERT_IDS, NUM_PADDED, n_valid, N, K,
     stride_am, stride_ak,     # A's strides (pointer loads only)
     stride_cm, stride_cn,
@@ -295,6 +298,10 @@ def _grouped_gemm_tma_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
     C_INT32: tl.constexpr,    # C's element offsets fit in int32: half the registers for the epilogue's addresses
+    C_TMA: tl.constexpr,      # full blocks (every row routed) stored by TMA, partial ones by pointers: a block's C
+                              # rows are one run (by position, or ids of a contiguous layout)
+    SPLIT_N: tl.constexpr,    # 1 or 2 (not with SWIGLU): the C tile as two [BM, BN/2] accumulators, stored one after
+                              # the other, so the epilogue's layout conversion needs half the shared memory
 ):
     # The same product as _grouped_gemm_kernel, with the tiles of B (and of A where its block is one run of rows)
     # fetched by the TMA engine straight into shared memory. A block that ends before BM rows reads the next
@@ -305,6 +312,8 @@ def _grouped_gemm_tma_kernel(
     num_tiles = num_m * num_n
     rk = tl.arange(0, BK)
     tile_c = tl.program_id(0) - NUM_PROGRAMS  # the epilogue's own tile counter (as Triton's persistent tutorial)
+    BW: tl.constexpr = BN // SPLIT_N  # columns per accumulator
+    second = N if SWIGLU else BW      # B rows between the first accumulator's tile and the second's (up, or right)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
@@ -323,8 +332,8 @@ def _grouped_gemm_tma_kernel(
             else:
                 a_rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
             a_ptrs = A + a_rows[:, None] * stride_am + rk[None, :] * stride_ak
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        acc_up = tl.zeros([BM, BN], dtype=tl.float32)
+        acc = tl.zeros([BM, BW], dtype=tl.float32)
+        acc2 = tl.zeros([BM, BW], dtype=tl.float32)  # SWIGLU: the up rows' product; SPLIT_N 2: the right half
         for k in range(0, K, BK):
             if A_TMA:
                 a = A.load([a_row, k])
@@ -333,26 +342,47 @@ def _grouped_gemm_tma_kernel(
                 a_ptrs += BK * stride_ak
             if B_KN:
                 acc = _dot(a, B_DESC.load([b_row + k, pid_n * BN]), acc, UPCAST, IEEE)
+                if SPLIT_N == 2:
+                    acc2 = _dot(a, B_DESC.load([b_row + k, pid_n * BN + BW]), acc2, UPCAST, IEEE)
             else:
                 acc = _dot(a, B_DESC.load([b_row + pid_n * BN, k]).T, acc, UPCAST, IEEE)
-                if SWIGLU:
-                    acc_up = _dot(a, B_DESC.load([b_row + N + pid_n * BN, k]).T, acc_up, UPCAST, IEEE)
+                if SWIGLU or SPLIT_N == 2:
+                    acc2 = _dot(a, B_DESC.load([b_row + second + pid_n * BN, k]).T, acc2, UPCAST, IEEE)
         tile_c += NUM_PROGRAMS
         pid_m, pid_n = grouped_tile(tile_c, num_m, num_n, GROUP_M)
         if SWIGLU:  # the rounding points of the bf16 reference, as in _grouped_gemm_kernel
             gate = _round_to(acc, C.dtype.element_ty, RNE)
             act = _round_to(gate * tl.sigmoid(gate), C.dtype.element_ty, RNE)
-            acc = act * _round_to(acc_up, C.dtype.element_ty, RNE)
+            acc = act * _round_to(acc2, C.dtype.element_ty, RNE)
         if RNE:
             acc = round_bf16_rne(acc)
+            acc2 = round_bf16_rne(acc2)
         pos = pid_m * BM + tl.arange(0, BM)
         ids = tl.load(SORTED_IDS + pos)
-        rn = pid_n * BN + tl.arange(0, BN)
         c_rows = ids if SCATTER_C else pos
         if not C_INT32:
             c_rows = c_rows.to(tl.int64)
-        c_ptrs = C + c_rows[:, None] * stride_cm + rn[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(ids < n_valid)[:, None] & (rn < N)[None, :])
+        # Padding only ever ends an expert's run, so a block whose last sorted id is routed is full.
+        full = tl.load(SORTED_IDS + pid_m * BM + BM - 1) < n_valid
+        c_row = tl.load(SORTED_IDS + pid_m * BM) if SCATTER_C else pid_m * BM  # the first C row, where full
+        row_ok = ids < n_valid
+        _store_c(C, C_DESC, acc.to(C.dtype.element_ty), c_rows, row_ok, c_row, pid_n * BN, full, N, stride_cm,
+                 stride_cn, C_TMA)
+        if SPLIT_N == 2:
+            _store_c(C, C_DESC, acc2.to(C.dtype.element_ty), c_rows, row_ok, c_row, pid_n * BN + BW, full, N,
+                     stride_cm, stride_cn, C_TMA)
+
+
+@triton.jit
+def _store_c(C, C_DESC, part, c_rows, row_ok, c_row, col, full, N, stride_cm, stride_cn, C_TMA: tl.constexpr):
+    """C[c_rows, col:col + width] = part: by TMA where C_TMA and the block is full (its rows are c_row ...), else
+    by masked pointer stores (a TMA box would overwrite the next expert's first rows)."""
+    rn = col + tl.arange(0, part.shape[1])
+    if C_TMA and full:
+        C_DESC.store([c_row, col], part)  # columns past N are clipped at the descriptor's bound
+    else:
+        tl.store(C + c_rows[:, None] * stride_cm + rn[None, :] * stride_cn, part,
+                 mask=row_ok[:, None] & (rn < N)[None, :])
 
 
 @triton.jit
@@ -460,24 +490,33 @@ def _tma_ok(t: torch.Tensor) -> bool:
             and t.stride(0) * t.element_size() % 16 == 0)
 
 
-def _check_impl(impl: str, warp_specialize: bool, flatten: bool) -> None:
+def _check_impl(impl: str, warp_specialize: bool, flatten: bool, tma_store: bool = False, split_n: int = 1) -> None:
     if impl not in IMPLS:
         raise ValueError(f"grouped GEMM: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    if impl == "ptr" and (warp_specialize or flatten):
-        raise ValueError("grouped GEMM: warp specialisation and loop flattening are options of the TMA kernel")
+    if split_n not in (1, 2):
+        raise ValueError(f"grouped GEMM: split_n must be 1 or 2, got {split_n!r}")
+    if impl == "ptr" and (warp_specialize or flatten or tma_store or split_n != 1):
+        raise ValueError("grouped GEMM: warp specialisation, loop flattening, TMA stores and split_n are options of "
+                         "the TMA kernel")
 
 
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, layout: Aligned, out: torch.Tensor, *, transpose_b: bool = False,
                  a_row_div: int = 1, gather_a: bool = True, scatter_c: bool = True, swiglu: bool = False,
                  config=None, programs: int | None = None, impl: str = "auto", warp_specialize: bool = False,
-                 flatten: bool = False) -> torch.Tensor:
+                 flatten: bool = False, tma_store: bool = False, split_n: int = 1) -> torch.Tensor:
     """out[row] = a[row] @ b[e]^T (b [E, N, K]) or a[row] @ b[e] (transpose_b: b [E, K, N]) for each routed row
     of the aligned layout; with swiglu, b holds [gate; up] rows (b [E, 2N, K]) and out gets silu(gate) * up.
     impl "tma" (or "auto"): B's tiles by TMA from B viewed 2D, A's too where each block's rows are one run (not a
     top-K gather), persistent tile loop optionally warp-specialised / flattened; it falls back to the pointer
     kernel ("ptr") where B's view breaks the descriptor rules (odd row bytes, a transposed B whose K is not a
-    multiple of BK: its boxes would cross into the next expert's rows)."""
-    _check_impl(impl, warp_specialize, flatten)
+    multiple of BK: its boxes would cross into the next expert's rows).
+    TMA kernel options (sweep: benchmarks/sweep_moe.py): tma_store, full blocks of C stored by TMA where a block's
+    C rows are one run (C by sorted position, or a contiguous layout), partial blocks by pointers; split_n 2 (not
+    with swiglu), the tile computed as two [BM, BN/2] accumulators stored one after the other, so the epilogue's
+    layout conversion takes half the shared memory (at 256x128x64 a fourth stage then fits in the H200's 227 KiB)."""
+    _check_impl(impl, warp_specialize, flatten, tma_store, split_n)
+    if swiglu and split_n != 1:
+        raise ValueError("grouped GEMM: split_n is for plain products (swiglu already keeps two accumulators)")
     if a.dtype != b.dtype or out.dtype != a.dtype:
         raise ValueError(f"grouped_gemm: a, b and out must share one dtype, got {a.dtype}, {b.dtype}, {out.dtype}")
     if b.dim() != 3:
@@ -506,12 +545,16 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, layout: Aligned, out: torch.T
     if impl != "ptr" and b2d is not None and _tma_ok(b2d) and (not transpose_b or k_dim % bk == 0):
         a_tma = _tma_ok(a) and (not gather_a or (layout.contiguous and a_row_div == 1))
         a_arg = TensorDescriptor.from_tensor(a, [bm, bk]) if a_tma else a
-        b_desc = TensorDescriptor.from_tensor(b2d, [bk, bn] if transpose_b else [bn, bk])
+        bw = bn // split_n
+        b_desc = TensorDescriptor.from_tensor(b2d, [bk, bw] if transpose_b else [bw, bk])
+        c_tma = tma_store and _tma_ok(out) and (not scatter_c or layout.contiguous)
+        c_desc = TensorDescriptor.from_tensor(out, [bm, bw]) if c_tma else None
         _grouped_gemm_tma_kernel[(programs,)](
-            a_arg, b_desc, out, layout.sorted_ids, layout.expert_ids, layout.num_padded, layout.n_valid, n_dim,
+            a_arg, b_desc, out, c_desc, layout.sorted_ids, layout.expert_ids, layout.num_padded, layout.n_valid, n_dim,
             k_dim, a.stride(0), a.stride(1), out.stride(0), out.stride(1), b.shape[1], A_TMA=a_tma, B_KN=transpose_b,
             WARP_SPECIALIZE=warp_specialize, FLATTEN=flatten,
-            C_INT32=out.shape[0] * out.stride(0) + out.shape[1] * out.stride(1) < 2**31, **flags)
+            C_INT32=out.shape[0] * out.stride(0) + out.shape[1] * out.stride(1) < 2**31, C_TMA=c_tma, SPLIT_N=split_n,
+            **flags)
         return out
     _grouped_gemm_kernel[(programs,)](
         a, b, out, layout.sorted_ids, layout.expert_ids, layout.num_padded, layout.n_valid, n_dim, k_dim,
@@ -552,7 +595,7 @@ def grouped_dw(dc: torch.Tensor, a: torch.Tensor, layout: Aligned, out: torch.Te
 def grouped_linear_fwd(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, config=None,
                        **variant) -> torch.Tensor:
     """y[rows of e] = x[rows of e] @ weight[e]^T for x grouped by expert (expert e owns the next counts[e] rows);
-    variant: grouped_gemm's impl / warp_specialize / flatten."""
+    variant: grouped_gemm's impl / warp_specialize / flatten / tma_store / split_n / programs."""
     _check_grouped(x, weight, counts)
     if config is None and x.device.type == "cuda" and variant.get("impl", "auto") != "ptr":
         # H200 (run M): 256-row blocks, flattened tile loop through TMA 649 TFLOP/s (1.07x torch._grouped_mm), 587

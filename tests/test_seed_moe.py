@@ -180,7 +180,12 @@ def test_grouped_gemm_tile_configs_agree(device):
 
 
 # ---- the TMA kernels against the pointer kernels -----------------------------------------------------------------
-TMA_VARIANTS = [{"impl": "tma"}, {"impl": "tma", "warp_specialize": True}, {"impl": "tma", "flatten": True}]
+TMA_VARIANTS = [{"impl": "tma"}, {"impl": "tma", "warp_specialize": True}, {"impl": "tma", "flatten": True},
+                {"impl": "tma", "tma_store": True}]
+# Plain products only (the layer's gate/up GEMM already keeps two accumulators); with dX, split_n covers the
+# transposed B's two column boxes too.
+SPLIT_VARIANTS = [{"impl": "tma", "split_n": 2, "flatten": True},
+                  {"impl": "tma", "split_n": 2, "tma_store": True, "warp_specialize": True}]
 TMA_CFG, TMA_DW_CFG = (16, 16, 16, 4, 1, 2), (16, 16, 8, 4, 1)  # BK 16 divides F = 32: dx's transposed B by TMA too
 
 
@@ -202,12 +207,64 @@ def test_tma_kernels_match_pointer_kernels(h, f, dtype, device):
     x, w, counts, dy = _grouped_case(h, f, dtype, device)
     y = grouped_linear_fwd(x, w, counts, TMA_CFG, impl="ptr")
     dx, dw = grouped_linear_bwd(x, w, counts, dy, TMA_CFG, TMA_DW_CFG, dw_impl="ptr", impl="ptr")
-    for variant in TMA_VARIANTS:
-        torch.testing.assert_close(grouped_linear_fwd(x, w, counts, TMA_CFG, **variant), y, rtol=0, atol=0)
+    for variant in TMA_VARIANTS + SPLIT_VARIANTS:
+        # split_n's narrower dots sum fp32 products in another order on the interpreter (numpy): fp32 rounding only
+        tol = 1e-5 if variant in SPLIT_VARIANTS and dtype == torch.float32 else 0
+        torch.testing.assert_close(grouped_linear_fwd(x, w, counts, TMA_CFG, **variant), y, rtol=tol, atol=tol)
         dx2, dw2 = grouped_linear_bwd(x, w, counts, dy, TMA_CFG, TMA_DW_CFG, dw_impl="tma", **variant)
-        torch.testing.assert_close(dx2, dx, rtol=0, atol=0)
+        torch.testing.assert_close(dx2, dx, rtol=tol, atol=tol)
         torch.testing.assert_close(dw2, dw, rtol=0, atol=0)
     assert (dw[1] == 0).all() and (dw[4] == 0).all()
+
+
+class _Recorder:
+    """Stands in for TensorDescriptor: records the (shape, block) of each descriptor built."""
+
+    def __init__(self, real, made):
+        self.real, self.made = real, made
+
+    def from_tensor(self, t, block):
+        self.made.append((tuple(t.shape), list(block)))
+        return self.real.from_tensor(t, block)
+
+
+@pytest.mark.parametrize("split_n", [1, 2])
+def test_tma_store_only_where_a_block_is_one_run_of_c(split_n, monkeypatch, device):
+    """C's descriptor (block [BM, BN / split_n]) exists for a contiguous layout, and not for a top-K scatter, whose
+    block rows are scattered (those stores stay pointer stores); both agree with the pointer kernel. The partial
+    blocks (counts 5, 70, 1, 30, 17 at BM 16) must not be stored by TMA: a box would overwrite the next expert's
+    first rows (removing that guard fails the comparison above)."""
+    import seeds.moe as moe
+    made = []
+    monkeypatch.setattr(moe, "TensorDescriptor", _Recorder(moe.TensorDescriptor, made))
+    x, w, counts, _ = _grouped_case(48, 32, torch.bfloat16, device)
+    want = moe.grouped_linear_fwd(x, w, counts, TMA_CFG, impl="ptr")
+    got = moe.grouped_linear_fwd(x, w, counts, TMA_CFG, impl="tma", tma_store=True, split_n=split_n)
+    assert torch.equal(got, want)
+    assert (tuple(want.shape), [16, 16 // split_n]) in made
+    made.clear()
+    ids = torch.randint(0, counts.numel(), (40, 2), generator=torch.Generator().manual_seed(1)).to(device)
+    layout = moe.align_block_size(ids, counts.numel(), 16)
+    scattered = torch.zeros(80, 32, dtype=x.dtype, device=device)
+    moe.grouped_gemm(x[:40], w, layout, scattered, a_row_div=2, config=TMA_CFG, tma_store=True, split_n=split_n)
+    assert all(shape != (80, 32) for shape, _ in made), made
+    flat = ids.reshape(-1)
+    for i in range(80):
+        torch.testing.assert_close(scattered[i].float(), (x[i // 2].float() @ w[flat[i]].float().t()),
+                                   rtol=2e-2, atol=2e-2)
+
+
+def test_tma_options_are_checked(device):
+    import seeds.moe as moe
+    x, w, counts, _ = _grouped_case(48, 32, torch.bfloat16, device)
+    with pytest.raises(ValueError, match="split_n must be"):
+        moe.grouped_linear_fwd(x, w, counts, TMA_CFG, split_n=4)
+    with pytest.raises(ValueError, match="options of the TMA kernel"):
+        moe.grouped_linear_fwd(x, w, counts, TMA_CFG, impl="ptr", tma_store=True)
+    layout = moe.align_counts(counts, x.shape[0], 16)
+    with pytest.raises(ValueError, match="swiglu"):
+        moe.grouped_gemm(x, w, layout, torch.empty(x.shape[0], 16, dtype=x.dtype, device=device), swiglu=True,
+                         config=TMA_CFG, split_n=2)
 
 
 class _Refused:
