@@ -68,6 +68,7 @@ CRUCIBLE_SEED = {
 
 FORMS = ("persistent", "staged", "two_pass", "rendezvous")
 DEFAULT_FORM = "persistent"
+STORE_CACHE = ("", ".cs", ".cg", ".wt")  # the gradient stores' cache modifiers (tl.store cache_modifier)
 
 # _ce_segments_kernel modes (constexpr globals: a kernel may read no other globals)
 MODE_STATS, MODE_GRAD, MODE_FUSED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -122,38 +123,69 @@ def _row_loss(m, d, sx, x_target, smoothing, V, LANES: tl.constexpr, SMOOTH: tl.
 
 
 @triton.jit
-def _stats_tile(m, d, sx, x, limit, LANES: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
-    """One tile of pass 1. x: the tile in the logits' dtype (-inf past the row's end); limit: the row's columns left
-    from this tile's start. LANES: m and d are [BLOCK] per-lane running values, updated with one exponential,
+def _tile_offsets(BLOCK: tl.constexpr, SUB: tl.constexpr):
+    """A tile's column offsets: [BLOCK], or with SUB > 1 [SUB, BLOCK], SUB x BLOCK consecutive columns whose
+    per-lane statistics fold into BLOCK lanes (axis 0 lies within a thread: no shuffles)."""
+    if SUB == 1:
+        offs = tl.arange(0, BLOCK)
+    else:
+        offs = tl.arange(0, SUB)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    return offs
+
+
+@triton.jit
+def _stats_tile(m, d, sx, x, offs, limit, LANES: tl.constexpr, SMOOTH: tl.constexpr, SUB: tl.constexpr):
+    """One tile of pass 1. x: the tile in the logits' dtype (-inf past the row's end), at column offsets offs
+    (_tile_offsets); limit: the row's columns left from this tile's start. LANES: m and d are [BLOCK] per-lane
+    running values, updated with one exponential,
         up = x > m:   d <- d exp(m - x) + 1, m <- x;   else  d <- d + exp(x - m)     (exp of -|x - m| either way)
-    so the loop has no cross-warp reduction; else m and d are the row's scalars, one max and one sum per tile."""
+    so the loop has no cross-warp reduction; with SUB > 1 a lane takes SUB values at once (its max, then one
+    exponential each and one for the rescale); else m and d are the row's scalars, one max and one sum per tile."""
     x = x.to(tl.float32)
     if LANES:
-        diff = x - m
-        e = tl.exp2(-tl.abs(diff) * LOG2E)
-        up = diff > 0
-        d = tl.where(up, d * e + 1.0, d + e)
-        m = tl.where(up, x, m)
+        if SUB == 1:
+            diff = x - m
+            e = tl.exp2(-tl.abs(diff) * LOG2E)
+            up = diff > 0
+            d = tl.where(up, d * e + 1.0, d + e)
+            m = tl.where(up, x, m)
+        else:
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            d = d * tl.exp2((m - m_new) * LOG2E) + tl.sum(tl.exp2((x - m_new[None, :]) * LOG2E), axis=0)
+            m = m_new
     else:
         m_new = tl.maximum(m, tl.max(x, axis=0))
         d = d * tl.exp2((m - m_new) * LOG2E) + tl.sum(tl.exp2(x * LOG2E - m_new * LOG2E), axis=0)
         m = m_new
     if SMOOTH:
-        sx += tl.where(tl.arange(0, BLOCK) < limit, x, 0.0)
+        if SUB == 1:
+            sx += tl.where(offs < limit, x, 0.0)
+        else:
+            sx += tl.sum(tl.where(offs < limit, x, 0.0), axis=0)
     return m, d, sx
 
 
 @triton.jit
-def _grad_tile(x, dx_ptrs, limit, tgt, lse2, scale, off_s, hit_s, DROP: tl.constexpr, RNE: tl.constexpr,
-               BLOCK: tl.constexpr):
+def _store_tile(ptrs, value, mask, DROP: tl.constexpr, STORE: tl.constexpr):
+    """A gradient store: with the eviction hint DROP, or with the cache modifier STORE where one is given (PTX
+    allows no eviction hint beside .cs and the like)."""
+    if STORE == "":
+        tl.store(ptrs, value, mask=mask, eviction_policy=DROP)
+    else:
+        tl.store(ptrs, value, mask=mask, cache_modifier=STORE)
+
+
+@triton.jit
+def _grad_tile(x, dx_ptrs, cols, limit, tgt, lse2, scale, off_s, hit_s, DROP: tl.constexpr, RNE: tl.constexpr,
+               STORE: tl.constexpr):
     """dx = scale (exp(x - lse) - eps / V) - scale (1 - eps) [col == target] for one tile, stored in dx's dtype.
-    lse2 = lse log2(e); off_s = scale eps / V; hit_s = scale (1 - eps); tgt: the target's column in this tile."""
-    cols = tl.arange(0, BLOCK)
+    cols: the tile's column offsets; lse2 = lse log2(e); off_s = scale eps / V; hit_s = scale (1 - eps); tgt: the
+    target's column in this tile; STORE: the stores' cache modifier ("" or ".cs", ".cg", ...)."""
     dx = tl.exp2(x.to(tl.float32) * LOG2E - lse2) * scale - off_s
     dx = tl.where(cols == tgt, dx - hit_s, dx)
     if RNE:
         dx = round_bf16_rne(dx)
-    tl.store(dx_ptrs + cols, dx.to(dx_ptrs.dtype.element_ty), mask=cols < limit, eviction_policy=DROP)
+    _store_tile(dx_ptrs + cols, dx.to(dx_ptrs.dtype.element_ty), cols < limit, DROP, STORE)
 
 
 @triton.jit
@@ -167,11 +199,14 @@ def _ce_persistent_kernel(
     KEEP: tl.constexpr,  # eviction hint of pass-1 loads ("evict_last" or "")
     DROP: tl.constexpr,  # eviction hint of pass-2 loads and the gradient's stores ("evict_first" or "")
     RNE: tl.constexpr,   # round to nearest bf16 before the store (the interpreter only, see round_bf16_rne)
+    SUB: tl.constexpr,   # a tile is SUB x BLOCK columns (bytes in flight), folded into BLOCK lanes (LANES only)
+    STORE: tl.constexpr,  # the gradient stores' cache modifier ("" or ".cs", ".cg")
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0)  # the launcher keeps it <= N, so every program has a first row
-    cols = tl.arange(0, BLOCK)
-    n_tiles = tl.cdiv(V, BLOCK)
+    cols = _tile_offsets(BLOCK, SUB)
+    TILE = BLOCK * SUB
+    n_tiles = tl.cdiv(V, TILE)
     scale, off_s, hit_s = _grad_weights(N_VALID, smoothing, V, MEAN)
 
     # The first row's first tile; afterwards each row's last load fetches the next row's first tile.
@@ -189,9 +224,9 @@ def _ce_persistent_kernel(
         next_len = tl.where(t_next != ignore_index, V, 0)  # columns to fetch of the next row (masked past N)
         x_nrow = x_row + x_step
         if target == ignore_index:
-            for start in range(0, V, BLOCK):
-                tl.store(dx_row + start + cols, tl.zeros([BLOCK], dtype=DX.dtype.element_ty), mask=start + cols < V,
-                         eviction_policy=DROP)
+            for start in range(0, V, TILE):
+                _store_tile(dx_row + start + cols, tl.zeros(cols.shape, dtype=DX.dtype.element_ty), start + cols < V,
+                            DROP, STORE)
             tl.store(LOSS_ROWS + row, 0.0)
             x = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
         else:
@@ -208,24 +243,25 @@ def _ce_persistent_kernel(
             sx = tl.zeros([BLOCK], dtype=tl.float32)
             # pass 1: tiles 0 .. n-1 in order; tile t + 1 is in flight while tile t is reduced
             for t in range(0, n_tiles - 1):
-                start = (t + 1) * BLOCK
+                start = (t + 1) * TILE
                 x_ahead = tl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf"),
                                   eviction_policy=KEEP)
-                m, d, sx = _stats_tile(m, d, sx, x, V - t * BLOCK, LANES, SMOOTH, BLOCK)
+                m, d, sx = _stats_tile(m, d, sx, x, cols, V - t * TILE, LANES, SMOOTH, SUB)
                 x = x_ahead
-            last = (n_tiles - 1) * BLOCK
-            m, d, sx = _stats_tile(m, d, sx, x, V - last, LANES, SMOOTH, BLOCK)
+            last = (n_tiles - 1) * TILE
+            m, d, sx = _stats_tile(m, d, sx, x, cols, V - last, LANES, SMOOTH, SUB)
             lse, loss = _row_loss(m, d, sx, x_target, smoothing, V, LANES, SMOOTH)
             tl.store(LOSS_ROWS + row, loss)
             lse2 = lse * LOG2E
             # pass 2: tiles n-1 .. 0; x holds tile n-1 already, tile t - 1 is in flight while tile t is written
             for i in range(0, n_tiles - 1):
-                start = (n_tiles - 1 - i) * BLOCK
-                x_ahead = tl.load(x_row + start - BLOCK + cols, eviction_policy=DROP)  # a whole tile
-                _grad_tile(x, dx_row + start, V - start, target - start, lse2, scale, off_s, hit_s, DROP, RNE, BLOCK)
+                start = (n_tiles - 1 - i) * TILE
+                x_ahead = tl.load(x_row + start - TILE + cols, eviction_policy=DROP)  # a whole tile
+                _grad_tile(x, dx_row + start, cols, V - start, target - start, lse2, scale, off_s, hit_s, DROP, RNE,
+                           STORE)
                 x = x_ahead
             x_ahead = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
-            _grad_tile(x, dx_row, V, target, lse2, scale, off_s, hit_s, DROP, RNE, BLOCK)
+            _grad_tile(x, dx_row, cols, V, target, lse2, scale, off_s, hit_s, DROP, RNE, STORE)
             x = x_ahead
         x_row = x_nrow
         dx_row += dx_step
@@ -237,7 +273,7 @@ def _ce_staged_kernel(
     X, stride_x, DX, stride_dx, TARGET, LOSS_ROWS, N_VALID, N, V, ignore_index, smoothing,
     MEAN: tl.constexpr, SMOOTH: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
     STAGES: tl.constexpr,  # num_stages of both tile loops: STAGES - 1 tiles in flight (cp.async into shared memory)
-    KEEP: tl.constexpr, DROP: tl.constexpr, RNE: tl.constexpr,
+    KEEP: tl.constexpr, DROP: tl.constexpr, RNE: tl.constexpr, STORE: tl.constexpr,
 ):
     """The PERSISTENT form's rows and maths, with Triton's software pipeliner in place of the hand-written one:
     each pass is a plain tile loop under tl.range(num_stages=STAGES), which on sm_90 turns the loads into
@@ -258,8 +294,8 @@ def _ce_staged_kernel(
         target = tl.load(TARGET + row)
         if target == ignore_index:
             for start in range(0, V, BLOCK):
-                tl.store(dx_row + start + cols, tl.zeros([BLOCK], dtype=DX.dtype.element_ty), mask=start + cols < V,
-                         eviction_policy=DROP)
+                _store_tile(dx_row + start + cols, tl.zeros([BLOCK], dtype=DX.dtype.element_ty), start + cols < V,
+                            DROP, STORE)
             tl.store(LOSS_ROWS + row, 0.0)
         else:
             in_row = (target >= 0) & (target < V)
@@ -274,7 +310,7 @@ def _ce_staged_kernel(
             for t in tl.range(0, n_tiles, num_stages=STAGES):
                 start = t * BLOCK
                 x = tl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf"), eviction_policy=KEEP)
-                m, d, sx = _stats_tile(m, d, sx, x, V - start, LANES, SMOOTH, BLOCK)
+                m, d, sx = _stats_tile(m, d, sx, x, cols, V - start, LANES, SMOOTH, 1)
             lse, loss = _row_loss(m, d, sx, x_target, smoothing, V, LANES, SMOOTH)
             tl.store(LOSS_ROWS + row, loss)
             lse2 = lse * LOG2E
@@ -282,7 +318,8 @@ def _ce_staged_kernel(
             for i in tl.range(0, n_tiles, num_stages=STAGES):
                 start = (n_tiles - 1 - i) * BLOCK
                 x = tl.load(x_row + start + cols, mask=start + cols < V, other=0.0, eviction_policy=DROP)
-                _grad_tile(x, dx_row + start, V - start, target - start, lse2, scale, off_s, hit_s, DROP, RNE, BLOCK)
+                _grad_tile(x, dx_row + start, cols, V - start, target - start, lse2, scale, off_s, hit_s, DROP, RNE,
+                           STORE)
         x_row += x_step
         dx_row += dx_step
 
@@ -425,13 +462,15 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             n_valid: torch.Tensor, ignore_index: int, label_smoothing: float, mean: bool,
             fused: bool | None = None, block: int | None = None, num_warps: int | None = None,
             form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True,
-            stages: int = 3) -> None:
+            stages: int = 3, sub: int = 1, store_cache: str = "") -> None:
     """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
     form: "persistent" (default), "staged", "two_pass" or "rendezvous"; `fused` is the older switch (True:
     rendezvous, False: two_pass) and is read only when form is None, so fused=None gives the persistent form.
     Persistent and staged: programs (default: one per multiprocessor; N gives one program per row), lanes
-    (per-lane running max/sum, default on: the H200's best), hints (L2 eviction hints). Staged only: stages (the
-    tile loops' num_stages)."""
+    (per-lane running max/sum, default on: the H200's best), hints (L2 eviction hints), store_cache (the gradient
+    stores' cache modifier: "" (default), ".cs" streaming, ".cg" L2 only). Staged only: stages (the tile loops'
+    num_stages). Persistent with lanes only: sub (default 1), tiles of sub x block columns folded into `block`
+    lanes: sub times the bytes in flight per program (one tile is loaded ahead) for the same per-lane state."""
     n, v = logits.shape
     if n == 0:
         return
@@ -441,6 +480,12 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
         raise ValueError(f"cross_entropy: form must be one of {', '.join(FORMS)}, got {form!r}")
     blk, warps = ce_block(v, logits.device, form)
     blk, warps = block or blk, num_warps or warps
+    if sub < 1 or sub & (sub - 1):
+        raise ValueError(f"cross_entropy: sub must be a power of two >= 1, got {sub}")
+    if sub > 1 and (form != "persistent" or not lanes):
+        raise ValueError("cross_entropy: sub > 1 needs the persistent form with lanes")
+    if store_cache not in STORE_CACHE:
+        raise ValueError(f"cross_entropy: store_cache must be one of {STORE_CACHE}, got {store_cache!r}")
     rne = needs_rne(dlogits)
     if form in ("persistent", "staged"):
         grid = (max(1, min(n, programs or sm_count(logits.device))),)
@@ -448,9 +493,9 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
                 float(label_smoothing))
         common = dict(MEAN=mean, SMOOTH=label_smoothing > 0, LANES=lanes, BLOCK=blk,
                       KEEP="evict_last" if hints else "", DROP="evict_first" if hints else "", RNE=rne,
-                      num_warps=warps)
+                      STORE=store_cache, num_warps=warps)
         if form == "persistent":
-            _ce_persistent_kernel[grid](*args, **common)
+            _ce_persistent_kernel[grid](*args, SUB=sub, **common)
         else:
             _ce_staged_kernel[grid](*args, STAGES=stages, **common)
         return
@@ -498,7 +543,8 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
                           label_smoothing: float = 0.0, reduction: str = "mean", fused: bool | None = None,
                           block: int | None = None, num_warps: int | None = None, form: str | None = None,
                           programs: int | None = None, lanes: bool = True, hints: bool = True,
-                          out: torch.Tensor | None = None, stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+                          out: torch.Tensor | None = None, stages: int = 3, sub: int = 1,
+                          store_cache: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
     out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller
     that owns the logits buffer. The other keywords choose the kernel (see ce_rows)."""
@@ -516,7 +562,7 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     loss_rows = torch.empty(n, dtype=torch.float32, device=logits.device)
     n_valid = count_valid(target, ignore_index)
     ce_rows(logits, target, out, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps,
-            form, programs, lanes, hints, stages)
+            form, programs, lanes, hints, stages, sub, store_cache)
     return sum_rows(loss_rows, n_valid, mean), out
 
 
