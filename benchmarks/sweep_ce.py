@@ -1,13 +1,18 @@
 """H200 sweep of the cross-entropy seed (forward + backward, 8192 x 128256 bf16) toward the 1.3 ms target: the
-persistent default against its sub-tile and store-cache options, next to eager, torch.compile and Liger.
+persistent default against its sub-tile, split-row and store-cache options, next to eager, torch.compile and Liger.
 
-Why the default stops at 1.49 ms (docs/bench-ce.md, run M): on L2-resident logits it runs at the copy floor
-(0.978 ms), and with fewer programs than SMs its per-SM rate barely rises (P = 66: 2.40 ms, P = 100 staged:
-1.92, P = 132 staged: 1.54), so a program moves about as much as one 16 KB tile per memory latency allows: each
-program has one tile in flight (loaded while the previous one is reduced). The variants:
-  - sub=2 / sub=4: tiles of sub x block columns folded into `block` per-lane statistics: 2-4x the bytes in flight
-    per program for the same per-lane state and the same live rows in L2 (sm_90 ptxas, Triton 3.9: 8192 x 2 at
-    32 warps 64 registers, 4096 x 4 at 16 warps 128, 8192 x 2 at 16 warps 128 with a 24-byte spill);
+Why the default stops at 1.49 ms is not settled (docs/bench-ce.md, run M). On L2-resident logits it runs at the
+copy floor (0.978 ms), so either the second read of a row misses L2 (132 live rows of 250 KB, plus the gradient's
+writes streaming through), or pass 1 is latency-bound: with fewer programs than SMs the per-SM rate barely rises
+(P = 66: 2.40 ms, P = 100 staged: 1.92, P = 132 staged: 1.54), as if a program moved one 16 KB tile per memory
+latency (each program has one tile in flight, loaded while the previous one is reduced). The variants test each:
+  - sub=2 / sub=4 (latency): tiles of sub x block columns folded into `block` per-lane statistics: 2-4x the bytes
+    in flight per program for the same per-lane state and the same live rows in L2 (sm_90 ptxas, Triton 3.9:
+    8192 x 2 at 32 warps 64 registers, 4096 x 4 at 16 warps 128, 8192 x 2 at 16 warps 128 with a 24-byte spill);
+  - split=2 / split=4 (L2): 2 or 4 programs per row, each on its share of the tiles, meeting once per row
+    (publish max / sum of exp / sum of x, a release count, acquire polls) to combine them: the same 132
+    programs keep 1/2 or 1/4 of the live bytes in L2 (16.5 or 8 MB), at the cost of one meeting per row-share
+    (112 / 123 registers at 8192 x 16 warps, 64 at 8192 x 32);
   - store_cache=".cs" / ".cg": the gradient's stores streaming / L2-only instead of the evict_first hint (PTX takes
     one or the other), so the 2.1 GB of writes push fewer re-read logits out of L2;
   - two programs per SM at 4096 columns / 8 warps (97 registers), and run M's best staged variant, for reference.
@@ -15,7 +20,7 @@ Diagnostics (no check, not results): the default and sub=2 on L2-resident logits
 
 Every variant is first checked at the full shape against float64 truth (the task's Model on float64 logits):
 loss rel err <= max(1e-5, 4x eager's) and dlogits rel L2 <= max(1e-2, 4x eager's), at eps 0 / mean (the timed
-setting); the default and each new sub value also at eps 0.1 / sum. A wrong variant prints WRONG, is not timed,
+setting); the default and each new (sub, split) pair also at eps 0.1 / sum. A wrong variant prints WRONG, is not timed,
 and the script exits 1. Timed with benchmarks/_bench.py's rotating_median_ms over 3 input sets (5% ignored rows).
 
     PYTHONPATH=$PWD python3 benchmarks/sweep_ce.py [--budget 80]      # H200; writes $OUT/sweep_ce.json if OUT is set
@@ -66,9 +71,9 @@ def variants(sms: int, smoke: bool) -> list[tuple[str, dict]]:
         staged_kw.update(programs=3, block=64, num_warps=4)
     return [
         ("default", {}),
-        pers(8192, 32, sub=2), pers(4096, 16, sub=4), pers(8192, 16, sub=2),
-        pers(8192, 16, store_cache=".cs"), pers(8192, 32, sub=2, store_cache=".cs"), pers(8192, 16, store_cache=".cg"),
-        pers(4096, 8, p=2 * sms),
+        pers(8192, 32, sub=2), pers(8192, 16, split=2), pers(4096, 16, sub=4), pers(8192, 16, split=4),
+        pers(8192, 16, store_cache=".cs"), pers(8192, 16, sub=2), pers(8192, 32, split=2),
+        pers(8192, 32, sub=2, store_cache=".cs"), pers(8192, 16, store_cache=".cg"), pers(4096, 8, p=2 * sms),
         (f"staged P={2 * sms} BLOCK=4096 w=8 stages=4 (run M's best)", staged_kw),
     ]
 
@@ -150,16 +155,16 @@ def main() -> int:
 
     # --- seed variants ---------------------------------------------------------------------------------------------
     reserve = 0.0 if smoke else COMPILE_RESERVE_S + 8.0  # torch.compile, then the diagnostics
-    maths_checked: set[int] = set()
+    maths_checked: set[tuple[int, int]] = set()
     for name, kw in variants(sms, smoke):
         if left() < reserve:
             log(f"skipped {name}: {left():.0f} s left")
             continue
         le, de, ok = errors(*cross_entropy_fwd_bwd(x, t, -100, 0.0, "mean", **kw), 0.0, "mean")
         log(f"check {name} eps=0 mean: loss {le:.3g} dlogits {de:.3g} {'ok' if ok else 'FAIL'}")
-        sub = kw.get("sub", 1)
-        if sub not in maths_checked and kw.get("form", "persistent") == "persistent":
-            maths_checked.add(sub)
+        maths = (kw.get("sub", 1), kw.get("split", 1))
+        if maths not in maths_checked and kw.get("form", "persistent") == "persistent":
+            maths_checked.add(maths)
             le2, de2, ok2 = errors(*cross_entropy_fwd_bwd(x, t, -100, 0.1, "sum", **kw), 0.1, "sum")
             log(f"check {name} eps=0.1 sum: loss {le2:.3g} dlogits {de2:.3g} {'ok' if ok2 else 'FAIL'}")
             ok = ok and ok2

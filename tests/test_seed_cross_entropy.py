@@ -141,20 +141,23 @@ def test_cross_entropy_forms_bitwise_across_programs(lanes, device):
     assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
 
 
-VARIANT_CASES = [  # (programs, block, sub, store_cache): tiles of sub x block columns, the stores' cache modifier
-    (3, 128, 2, ""), (3, 64, 4, ""), (None, 128, 2, ".cs"), (1000, 256, 2, ""), (3, 128, 1, ".cs"),
-    (2, 128, 1, ".cg"), (3, 32, 8, ".cg"),
+VARIANT_CASES = [  # (programs, block, sub, store_cache, split): tiles of sub x block columns, the stores' cache
+    # modifier, programs per row (split 8 at block 256 leaves segments with no column at V 1000 and below)
+    (3, 128, 2, "", 1), (3, 64, 4, "", 1), (None, 128, 2, ".cs", 1), (1000, 256, 2, "", 1), (3, 128, 1, ".cs", 1),
+    (2, 128, 1, ".cg", 1), (3, 32, 8, ".cg", 1),
+    (4, 128, 1, "", 2), (7, 64, 2, ".cs", 2), (None, 64, 1, "", 4), (1000, 128, 1, "", 2), (8, 256, 1, "", 8),
 ]
 
 
-@pytest.mark.parametrize("programs,block,sub,store_cache", VARIANT_CASES)
+@pytest.mark.parametrize("programs,block,sub,store_cache,split", VARIANT_CASES)
 @pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum"), (0.3, "mean")])
 @pytest.mark.parametrize("shape", [(10, 1000), (7, 515), (4, 100)])
-def test_cross_entropy_sub_tiles_and_store_cache(programs, block, sub, store_cache, smoothing, reduction, shape,
-                                                 device):
+def test_cross_entropy_sweep_options(programs, block, sub, store_cache, split, smoothing, reduction, shape, device):
     """The persistent form's sweep options (benchmarks/sweep_ce.py): sub x block tiles (a partial last tile, a row
-    shorter than one tile, whole rows of -inf padding in a tile) and the stores' cache modifier, with ignored rows
-    first, last and in a run, bf16 logits with outliers."""
+    shorter than one tile, whole rows of -inf padding in a tile), the stores' cache modifier and rows split over
+    programs (the interpreter runs programs one after another: earlier programs always compute their partners'
+    statistics themselves, later ones read them published), with ignored rows first, last and in a run, bf16
+    logits with outliers."""
     from seeds.cross_entropy import cross_entropy_fwd_bwd
     task = load_task(TASKS / "cross_entropy.py").with_constants({"N": shape[0], "V": shape[1]})
     model = task.module.Model(-100, smoothing, reduction).to(device)
@@ -163,7 +166,7 @@ def test_cross_entropy_sub_tiles_and_store_cache(programs, block, sub, store_cac
     t[-1] = -100
     t[2:4] = -100
     got = cross_entropy_fwd_bwd(x, t, -100, smoothing, reduction, programs=programs, block=block, num_warps=4,
-                                sub=sub, store_cache=store_cache)
+                                sub=sub, store_cache=store_cache, split=split)
     _compare_all(got, model(x, t), _truth(model, [x, t]))
 
 
@@ -184,6 +187,24 @@ def test_cross_entropy_sub_tiles_bitwise_and_in_place(sub, device):
     assert c[1].data_ptr() == buf.data_ptr()
     for other in (b, c):
         assert torch.equal(a[0], other[0]) and torch.equal(a[1], other[1])
+
+
+@pytest.mark.parametrize("split,sub", [(2, 1), (4, 2)])
+def test_cross_entropy_split_rows_bitwise_across_grids(split, sub, device):
+    """With rows split over programs, a row's result does not depend on the grid (which group of programs takes
+    it, how many rows a group loops over). On the interpreter the first program of a group always recomputes its
+    partners' statistics and the others read them published; test_cross_entropy_sweep_options checks both paths
+    against the reference."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(9, 1500, generator=g) * 3).to(device=device, dtype=torch.bfloat16)
+    t = torch.randint(0, 1500, (9,), generator=g).to(device)
+    t[4] = -100
+    kw = dict(block=64, sub=sub, split=split, label_smoothing=0.1)
+    a = cross_entropy_fwd_bwd(x, t, programs=split, **kw)
+    for programs in (2 * split, 9 * split, 100):
+        b = cross_entropy_fwd_bwd(x, t, programs=programs, **kw)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), programs
 
 
 def test_cross_entropy_sub_tiles_differ_from_one_lane_per_column(device):
@@ -247,6 +268,9 @@ def test_cross_entropy_rejects_bad_inputs():
             cross_entropy_fwd_bwd(x, t, **kw)
     with pytest.raises(ValueError, match="store_cache"):
         cross_entropy_fwd_bwd(x, t, store_cache=".ca")
+    for kw in (dict(split=3), dict(split=2, lanes=False), dict(split=2, form="staged"), dict(split=2, out=x)):
+        with pytest.raises(ValueError, match="split"):
+            cross_entropy_fwd_bwd(x, t, **kw)
 
 
 LCE_SHAPES = [(1, 16, 1), (5, 24, 37), (70, 32, 129), (33, 48, 300)]  # BT, H, V
