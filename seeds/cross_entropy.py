@@ -22,6 +22,19 @@ The loads are software-pipelined by hand: each tile's load is issued before the 
 tile of pass 1 is the first of pass 2 (kept in registers), and the last load of pass 2 fetches the next row's first
 tile, so HBM never waits on a row boundary. Eviction hints (HINTS) keep pass-1 lines in L2 and drop pass-2 lines
 and the gradient's stores first. With P = N it is Liger's one-program-per-row form (the hardware schedules rows).
+Options of PERSISTENT (defaults off; benchmarks/sweep_ce.py times them, H200 numbers not measured yet):
+  SUB (sub=2, 4): a tile is SUB x BLOCK consecutive columns, folded into the same BLOCK lanes (a lane's max of its
+      SUB values, one exponential each and one rescale): SUB times the bytes in flight per program, the same lane
+      state. For pass 1 being latency-bound: with fewer programs the per-SM rate barely rises (P = 66: 2.40 ms).
+  SPLIT (split=2, 4): SPLIT programs per row, each on 1/SPLIT of its tiles (the rows' live bytes in L2 divided by
+      SPLIT for the same grid); after pass 1 each publishes its (max, sum of exp, sum of x), counts in with a
+      release atomic and polls the row's count (acquire) up to SPIN times; all combine the SPLIT segments in
+      segment order, so they agree bitwise. One that finds the row incomplete after SPIN polls recomputes every
+      segment's statistics from the logits (the same folding, the same values): always the earlier program of a
+      group on the interpreter, which runs programs one after another; on a GPU only if a partner is not resident
+      (the grid is at most one program per SM). Not in place: a partner may still be reading the logits.
+  STORE (store_cache=".cs", ".cg"): the gradient's stores streaming / L2-only, in place of the evict_first hint
+      (PTX allows no eviction hint beside them).
 STAGED: the same rows and maths as PERSISTENT (bitwise the same results), each pass a plain tile loop under
 tl.range(num_stages=STAGES): on sm_90 Triton turns the tile loads into cp.async copies into shared memory,
 STAGES - 1 tiles in flight (PERSISTENT holds one, in registers: 16 KB per SM at 8192 columns, under what Little's
@@ -68,6 +81,7 @@ CRUCIBLE_SEED = {
 
 FORMS = ("persistent", "staged", "two_pass", "rendezvous")
 DEFAULT_FORM = "persistent"
+STORE_CACHE = ("", ".cs", ".cg", ".wt")  # the gradient stores' cache modifiers (tl.store cache_modifier)
 
 # _ce_segments_kernel modes (constexpr globals: a kernel may read no other globals)
 MODE_STATS, MODE_GRAD, MODE_FUSED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -108,13 +122,21 @@ def _grad_weights(N_VALID, smoothing, V, MEAN: tl.constexpr):
 
 
 @triton.jit
-def _row_loss(m, d, sx, x_target, smoothing, V, LANES: tl.constexpr, SMOOTH: tl.constexpr):
-    """(lse, loss) of a row from its running max / sum of exponentials (per lane with LANES) and sum of logits."""
+def _fold_lanes(m, d, LANES: tl.constexpr):
+    """The max and the sum of exp(x - max) over all lanes, from per-lane running values (LANES) or scalars."""
     if LANES:
         m_row = tl.max(m, axis=0)
-        lse = m_row + tl.log(tl.sum(d * tl.exp2((m - m_row) * LOG2E), axis=0))
+        d_row = tl.sum(d * tl.exp2((m - m_row) * LOG2E), axis=0)
     else:
-        lse = m + tl.log(d)
+        m_row, d_row = m, d
+    return m_row, d_row
+
+
+@triton.jit
+def _row_loss(m, d, sx, x_target, smoothing, V, LANES: tl.constexpr, SMOOTH: tl.constexpr):
+    """(lse, loss) of a row from its running max / sum of exponentials (per lane with LANES) and sum of logits."""
+    m_row, d_row = _fold_lanes(m, d, LANES)
+    lse = m_row + tl.log(d_row)
     loss = lse - x_target
     if SMOOTH:
         loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(sx, axis=0) / V)
@@ -122,38 +144,130 @@ def _row_loss(m, d, sx, x_target, smoothing, V, LANES: tl.constexpr, SMOOTH: tl.
 
 
 @triton.jit
-def _stats_tile(m, d, sx, x, limit, LANES: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
-    """One tile of pass 1. x: the tile in the logits' dtype (-inf past the row's end); limit: the row's columns left
-    from this tile's start. LANES: m and d are [BLOCK] per-lane running values, updated with one exponential,
+def _tile_offsets(BLOCK: tl.constexpr, SUB: tl.constexpr):
+    """A tile's column offsets: [BLOCK], or with SUB > 1 [SUB, BLOCK], SUB x BLOCK consecutive columns whose
+    per-lane statistics fold into BLOCK lanes (axis 0 lies within a thread: no shuffles)."""
+    if SUB == 1:
+        offs = tl.arange(0, BLOCK)
+    else:
+        offs = tl.arange(0, SUB)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    return offs
+
+
+@triton.jit
+def _stats_tile(m, d, sx, x, offs, limit, LANES: tl.constexpr, SMOOTH: tl.constexpr, SUB: tl.constexpr):
+    """One tile of pass 1. x: the tile in the logits' dtype (-inf past the row's end), at column offsets offs
+    (_tile_offsets); limit: the row's columns left from this tile's start. LANES: m and d are [BLOCK] per-lane
+    running values, updated with one exponential,
         up = x > m:   d <- d exp(m - x) + 1, m <- x;   else  d <- d + exp(x - m)     (exp of -|x - m| either way)
-    so the loop has no cross-warp reduction; else m and d are the row's scalars, one max and one sum per tile."""
+    so the loop has no cross-warp reduction; with SUB > 1 a lane takes SUB values at once (its max, then one
+    exponential each and one for the rescale); else m and d are the row's scalars, one max and one sum per tile."""
     x = x.to(tl.float32)
     if LANES:
-        diff = x - m
-        e = tl.exp2(-tl.abs(diff) * LOG2E)
-        up = diff > 0
-        d = tl.where(up, d * e + 1.0, d + e)
-        m = tl.where(up, x, m)
+        if SUB == 1:
+            diff = x - m
+            e = tl.exp2(-tl.abs(diff) * LOG2E)
+            up = diff > 0
+            d = tl.where(up, d * e + 1.0, d + e)
+            m = tl.where(up, x, m)
+        else:
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            d = d * tl.exp2((m - m_new) * LOG2E) + tl.sum(tl.exp2((x - m_new[None, :]) * LOG2E), axis=0)
+            m = m_new
     else:
         m_new = tl.maximum(m, tl.max(x, axis=0))
         d = d * tl.exp2((m - m_new) * LOG2E) + tl.sum(tl.exp2(x * LOG2E - m_new * LOG2E), axis=0)
         m = m_new
     if SMOOTH:
-        sx += tl.where(tl.arange(0, BLOCK) < limit, x, 0.0)
+        if SUB == 1:
+            sx += tl.where(offs < limit, x, 0.0)
+        else:
+            sx += tl.sum(tl.where(offs < limit, x, 0.0), axis=0)
     return m, d, sx
 
 
 @triton.jit
-def _grad_tile(x, dx_ptrs, limit, tgt, lse2, scale, off_s, hit_s, DROP: tl.constexpr, RNE: tl.constexpr,
-               BLOCK: tl.constexpr):
+def _store_tile(ptrs, value, mask, DROP: tl.constexpr, STORE: tl.constexpr):
+    """A gradient store: with the eviction hint DROP, or with the cache modifier STORE where one is given (PTX
+    allows no eviction hint beside .cs and the like)."""
+    if STORE == "":
+        tl.store(ptrs, value, mask=mask, eviction_policy=DROP)
+    else:
+        tl.store(ptrs, value, mask=mask, cache_modifier=STORE)
+
+
+@triton.jit
+def _grad_tile(x, dx_ptrs, cols, limit, tgt, lse2, scale, off_s, hit_s, DROP: tl.constexpr, RNE: tl.constexpr,
+               STORE: tl.constexpr):
     """dx = scale (exp(x - lse) - eps / V) - scale (1 - eps) [col == target] for one tile, stored in dx's dtype.
-    lse2 = lse log2(e); off_s = scale eps / V; hit_s = scale (1 - eps); tgt: the target's column in this tile."""
-    cols = tl.arange(0, BLOCK)
+    cols: the tile's column offsets; lse2 = lse log2(e); off_s = scale eps / V; hit_s = scale (1 - eps); tgt: the
+    target's column in this tile; STORE: the stores' cache modifier ("" or ".cs", ".cg", ...)."""
     dx = tl.exp2(x.to(tl.float32) * LOG2E - lse2) * scale - off_s
     dx = tl.where(cols == tgt, dx - hit_s, dx)
     if RNE:
         dx = round_bf16_rne(dx)
-    tl.store(dx_ptrs + cols, dx.to(dx_ptrs.dtype.element_ty), mask=cols < limit, eviction_policy=DROP)
+    _store_tile(dx_ptrs + cols, dx.to(dx_ptrs.dtype.element_ty), cols < limit, DROP, STORE)
+
+
+@triton.jit
+def _segment_stats(x_seg, L, cols, LANES: tl.constexpr, SMOOTH: tl.constexpr, SUB: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """(max, sum of exp(x - max), sum of x) of the L columns from x_seg, as pass 1 folds them (the same tiles in
+    the same order, without its prefetch)."""
+    TILE = BLOCK * SUB
+    if LANES:
+        m = tl.full([BLOCK], -1e30, tl.float32)
+        d = tl.zeros([BLOCK], dtype=tl.float32)
+    else:
+        m = float("-inf")
+        d = 0.0
+    sx = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, L, TILE):
+        x = tl.load(x_seg + start + cols, mask=start + cols < L, other=float("-inf"))
+        m, d, sx = _stats_tile(m, d, sx, x, cols, L - start, LANES, SMOOTH, SUB)
+    m_s, d_s = _fold_lanes(m, d, LANES)
+    return m_s, d_s, tl.sum(sx, axis=0)
+
+
+@triton.jit
+def _split_row_loss(m, d, sx, x_target, x_row, row, seg, STATS, COUNTER, V, smoothing, cols, SPIN: tl.constexpr,
+                    LANES: tl.constexpr, SMOOTH: tl.constexpr, SUB: tl.constexpr, SPLIT: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """(lse, loss) of a row split over SPLIT programs: publish this segment's (max, sum of exp, sum of x), count in
+    (release), poll the row's count (acquire) up to SPIN times, then combine the SPLIT segments in segment order,
+    the same in every program. A program that finds the row incomplete after SPIN polls (always the earlier
+    programs on the interpreter, which runs programs one after another; on a GPU a partner not resident)
+    computes every segment's statistics from the logits itself, with pass 1's folding: the same values."""
+    m_s, d_s = _fold_lanes(m, d, LANES)
+    stat = STATS + row * (SPLIT * 3)  # N SPLIT 3 < 2**31
+    tl.store(stat + seg * 3 + 0, m_s)  # global stores write through to L2, where the partners read (.cg)
+    tl.store(stat + seg * 3 + 1, d_s)
+    tl.store(stat + seg * 3 + 2, tl.sum(sx, axis=0))
+    tl.debug_barrier()  # every thread's stores before the release (the CTA barrier, then one gpu-scope release)
+    tl.atomic_add(COUNTER + row, 1, sem="release")
+    arrived = tl.atomic_add(COUNTER + row, 0, sem="acquire")
+    spins = arrived * 0  # an int32 scalar from the start (a loop-carried value)
+    while (arrived < SPLIT) & (spins < SPIN):
+        arrived = tl.atomic_add(COUNTER + row, 0, sem="acquire")
+        spins += 1
+    tl.debug_barrier()
+    segs = tl.arange(0, SPLIT)
+    if arrived < SPLIT:
+        seg_w = tl.cdiv(tl.cdiv(V, BLOCK * SUB), SPLIT) * (BLOCK * SUB)
+        m_all = tl.full([SPLIT], -1e30, tl.float32)
+        d_all = tl.zeros([SPLIT], dtype=tl.float32)
+        sx_all = tl.zeros([SPLIT], dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            ms, ds, sxs = _segment_stats(x_row + s * seg_w, tl.minimum(V - s * seg_w, seg_w), cols, LANES, SMOOTH,
+                                         SUB, BLOCK)
+            m_all = tl.where(segs == s, ms, m_all)
+            d_all = tl.where(segs == s, ds, d_all)
+            sx_all = tl.where(segs == s, sxs, sx_all)
+    else:
+        m_all = tl.load(stat + segs * 3 + 0, cache_modifier=".cg")
+        d_all = tl.load(stat + segs * 3 + 1, cache_modifier=".cg")
+        sx_all = tl.load(stat + segs * 3 + 2, cache_modifier=".cg")
+    return _row_loss(m_all, d_all, sx_all, x_target, smoothing, V, True, SMOOTH)
 
 
 @triton.jit
@@ -167,38 +281,56 @@ def _ce_persistent_kernel(
     KEEP: tl.constexpr,  # eviction hint of pass-1 loads ("evict_last" or "")
     DROP: tl.constexpr,  # eviction hint of pass-2 loads and the gradient's stores ("evict_first" or "")
     RNE: tl.constexpr,   # round to nearest bf16 before the store (the interpreter only, see round_bf16_rne)
+    SUB: tl.constexpr,   # a tile is SUB x BLOCK columns (bytes in flight), folded into BLOCK lanes (LANES only)
+    STORE: tl.constexpr,  # the gradient stores' cache modifier ("" or ".cs", ".cg")
+    SPLIT: tl.constexpr,  # programs per row (a power of two), each on its own run of whole tiles
+    STATS, COUNTER,       # SPLIT > 1: [N, SPLIT, 3] fp32 segment statistics; [N] int32 zeros, arrivals per row
+    SPIN: tl.constexpr,   # SPLIT > 1: polls of COUNTER before a program computes the other segments itself
 ):
     pid = tl.program_id(0)
-    step = tl.num_programs(0)  # the launcher keeps it <= N, so every program has a first row
-    cols = tl.arange(0, BLOCK)
-    n_tiles = tl.cdiv(V, BLOCK)
+    cols = _tile_offsets(BLOCK, SUB)
+    TILE = BLOCK * SUB
+    if SPLIT == 1:
+        first = pid
+        step = tl.num_programs(0)  # the launcher keeps it <= N, so every program has a first row
+        c0 = 0                     # this program's first column of every row, and its number of columns
+        L = V
+    else:
+        first = pid // SPLIT
+        step = tl.num_programs(0) // SPLIT  # the launcher makes the grid a multiple of SPLIT, <= N SPLIT
+        seg_w = tl.cdiv(tl.cdiv(V, TILE), SPLIT) * TILE
+        c0 = (pid % SPLIT) * seg_w
+        L = tl.minimum(V - c0, seg_w)  # >= 1: the launcher sees to it
+    n_tiles = tl.cdiv(L, TILE)
     scale, off_s, hit_s = _grad_weights(N_VALID, smoothing, V, MEAN)
 
     # The first row's first tile; afterwards each row's last load fetches the next row's first tile.
-    t_next = tl.load(TARGET + pid)
-    x_row = X + pid.to(tl.int64) * stride_x  # 64-bit row offsets, advanced by step rows each iteration
-    dx_row = DX + pid.to(tl.int64) * stride_dx
+    t_next = tl.load(TARGET + first)
+    x_row = X + first.to(tl.int64) * stride_x + c0  # 64-bit row offsets, advanced by step rows each iteration
+    dx_row = DX + first.to(tl.int64) * stride_dx + c0
     x_step = step.to(tl.int64) * stride_x
     dx_step = step.to(tl.int64) * stride_dx
-    x = tl.load(x_row + cols, mask=cols < tl.where(t_next != ignore_index, V, 0), other=float("-inf"),
+    x = tl.load(x_row + cols, mask=cols < tl.where(t_next != ignore_index, L, 0), other=float("-inf"),
                 eviction_policy=KEEP)
-    for row in range(pid, N, step):
+    for row in range(first, N, step):
         target = t_next
         nrow = row + step
         t_next = tl.load(TARGET + nrow, mask=nrow < N, other=ignore_index)
-        next_len = tl.where(t_next != ignore_index, V, 0)  # columns to fetch of the next row (masked past N)
+        next_len = tl.where(t_next != ignore_index, L, 0)  # columns to fetch of the next row (masked past N)
         x_nrow = x_row + x_step
         if target == ignore_index:
-            for start in range(0, V, BLOCK):
-                tl.store(dx_row + start + cols, tl.zeros([BLOCK], dtype=DX.dtype.element_ty), mask=start + cols < V,
-                         eviction_policy=DROP)
-            tl.store(LOSS_ROWS + row, 0.0)
+            for start in range(0, L, TILE):
+                _store_tile(dx_row + start + cols, tl.zeros(cols.shape, dtype=DX.dtype.element_ty), start + cols < L,
+                            DROP, STORE)
+            if c0 == 0:
+                tl.store(LOSS_ROWS + row, 0.0)
             x = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
         else:
             in_row = (target >= 0) & (target < V)
             # Read before any store of this row (in place, the target's column is overwritten in pass 2); the
-            # reductions ending pass 1 are barriers, so every warp has its value before any warp stores.
-            x_target = tl.load(x_row + target, mask=in_row, other=0.0).to(tl.float32)
+            # reductions ending pass 1 are barriers, so every warp has its value before any warp stores. With
+            # SPLIT every segment reads it (no SPLIT in place: the launcher refuses it).
+            x_target = tl.load(x_row - c0 + target, mask=in_row, other=0.0).to(tl.float32)
             if LANES:
                 m = tl.full([BLOCK], -1e30, tl.float32)  # finite: -inf - -inf would poison a lane
                 d = tl.zeros([BLOCK], dtype=tl.float32)
@@ -208,24 +340,30 @@ def _ce_persistent_kernel(
             sx = tl.zeros([BLOCK], dtype=tl.float32)
             # pass 1: tiles 0 .. n-1 in order; tile t + 1 is in flight while tile t is reduced
             for t in range(0, n_tiles - 1):
-                start = (t + 1) * BLOCK
-                x_ahead = tl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf"),
+                start = (t + 1) * TILE
+                x_ahead = tl.load(x_row + start + cols, mask=start + cols < L, other=float("-inf"),
                                   eviction_policy=KEEP)
-                m, d, sx = _stats_tile(m, d, sx, x, V - t * BLOCK, LANES, SMOOTH, BLOCK)
+                m, d, sx = _stats_tile(m, d, sx, x, cols, L - t * TILE, LANES, SMOOTH, SUB)
                 x = x_ahead
-            last = (n_tiles - 1) * BLOCK
-            m, d, sx = _stats_tile(m, d, sx, x, V - last, LANES, SMOOTH, BLOCK)
-            lse, loss = _row_loss(m, d, sx, x_target, smoothing, V, LANES, SMOOTH)
-            tl.store(LOSS_ROWS + row, loss)
+            last = (n_tiles - 1) * TILE
+            m, d, sx = _stats_tile(m, d, sx, x, cols, L - last, LANES, SMOOTH, SUB)
+            if SPLIT == 1:
+                lse, loss = _row_loss(m, d, sx, x_target, smoothing, V, LANES, SMOOTH)
+            else:
+                lse, loss = _split_row_loss(m, d, sx, x_target, x_row - c0, row, pid % SPLIT, STATS, COUNTER, V,
+                                            smoothing, cols, SPIN, LANES, SMOOTH, SUB, SPLIT, BLOCK)
+            if c0 == 0:
+                tl.store(LOSS_ROWS + row, loss)
             lse2 = lse * LOG2E
             # pass 2: tiles n-1 .. 0; x holds tile n-1 already, tile t - 1 is in flight while tile t is written
             for i in range(0, n_tiles - 1):
-                start = (n_tiles - 1 - i) * BLOCK
-                x_ahead = tl.load(x_row + start - BLOCK + cols, eviction_policy=DROP)  # a whole tile
-                _grad_tile(x, dx_row + start, V - start, target - start, lse2, scale, off_s, hit_s, DROP, RNE, BLOCK)
+                start = (n_tiles - 1 - i) * TILE
+                x_ahead = tl.load(x_row + start - TILE + cols, eviction_policy=DROP)  # a whole tile
+                _grad_tile(x, dx_row + start, cols, L - start, target - c0 - start, lse2, scale, off_s, hit_s, DROP,
+                           RNE, STORE)
                 x = x_ahead
             x_ahead = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
-            _grad_tile(x, dx_row, V, target, lse2, scale, off_s, hit_s, DROP, RNE, BLOCK)
+            _grad_tile(x, dx_row, cols, L, target - c0, lse2, scale, off_s, hit_s, DROP, RNE, STORE)
             x = x_ahead
         x_row = x_nrow
         dx_row += dx_step
@@ -237,7 +375,7 @@ def _ce_staged_kernel(
     X, stride_x, DX, stride_dx, TARGET, LOSS_ROWS, N_VALID, N, V, ignore_index, smoothing,
     MEAN: tl.constexpr, SMOOTH: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
     STAGES: tl.constexpr,  # num_stages of both tile loops: STAGES - 1 tiles in flight (cp.async into shared memory)
-    KEEP: tl.constexpr, DROP: tl.constexpr, RNE: tl.constexpr,
+    KEEP: tl.constexpr, DROP: tl.constexpr, RNE: tl.constexpr, STORE: tl.constexpr,
 ):
     """The PERSISTENT form's rows and maths, with Triton's software pipeliner in place of the hand-written one:
     each pass is a plain tile loop under tl.range(num_stages=STAGES), which on sm_90 turns the loads into
@@ -258,8 +396,8 @@ def _ce_staged_kernel(
         target = tl.load(TARGET + row)
         if target == ignore_index:
             for start in range(0, V, BLOCK):
-                tl.store(dx_row + start + cols, tl.zeros([BLOCK], dtype=DX.dtype.element_ty), mask=start + cols < V,
-                         eviction_policy=DROP)
+                _store_tile(dx_row + start + cols, tl.zeros([BLOCK], dtype=DX.dtype.element_ty), start + cols < V,
+                            DROP, STORE)
             tl.store(LOSS_ROWS + row, 0.0)
         else:
             in_row = (target >= 0) & (target < V)
@@ -274,7 +412,7 @@ def _ce_staged_kernel(
             for t in tl.range(0, n_tiles, num_stages=STAGES):
                 start = t * BLOCK
                 x = tl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf"), eviction_policy=KEEP)
-                m, d, sx = _stats_tile(m, d, sx, x, V - start, LANES, SMOOTH, BLOCK)
+                m, d, sx = _stats_tile(m, d, sx, x, cols, V - start, LANES, SMOOTH, 1)
             lse, loss = _row_loss(m, d, sx, x_target, smoothing, V, LANES, SMOOTH)
             tl.store(LOSS_ROWS + row, loss)
             lse2 = lse * LOG2E
@@ -282,7 +420,8 @@ def _ce_staged_kernel(
             for i in tl.range(0, n_tiles, num_stages=STAGES):
                 start = (n_tiles - 1 - i) * BLOCK
                 x = tl.load(x_row + start + cols, mask=start + cols < V, other=0.0, eviction_policy=DROP)
-                _grad_tile(x, dx_row + start, V - start, target - start, lse2, scale, off_s, hit_s, DROP, RNE, BLOCK)
+                _grad_tile(x, dx_row + start, cols, V - start, target - start, lse2, scale, off_s, hit_s, DROP, RNE,
+                           STORE)
         x_row += x_step
         dx_row += dx_step
 
@@ -425,13 +564,17 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             n_valid: torch.Tensor, ignore_index: int, label_smoothing: float, mean: bool,
             fused: bool | None = None, block: int | None = None, num_warps: int | None = None,
             form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True,
-            stages: int = 3) -> None:
+            stages: int = 3, sub: int = 1, store_cache: str = "", split: int = 1) -> None:
     """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
     form: "persistent" (default), "staged", "two_pass" or "rendezvous"; `fused` is the older switch (True:
     rendezvous, False: two_pass) and is read only when form is None, so fused=None gives the persistent form.
     Persistent and staged: programs (default: one per multiprocessor; N gives one program per row), lanes
-    (per-lane running max/sum, default on: the H200's best), hints (L2 eviction hints). Staged only: stages (the
-    tile loops' num_stages)."""
+    (per-lane running max/sum, default on: the H200's best), hints (L2 eviction hints), store_cache (the gradient
+    stores' cache modifier: "" (default), ".cs" streaming, ".cg" L2 only). Staged only: stages (the tile loops'
+    num_stages). Persistent with lanes only: sub (default 1), tiles of sub x block columns folded into `block`
+    lanes: sub times the bytes in flight per program (one tile is loaded ahead) for the same per-lane state; and,
+    not in place, split (default 1): programs per row (a power of two), each on 1/split of the row's tiles, that
+    meet once per row to combine their statistics: the live rows take 1/split of the L2 for the same grid."""
     n, v = logits.shape
     if n == 0:
         return
@@ -441,16 +584,35 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
         raise ValueError(f"cross_entropy: form must be one of {', '.join(FORMS)}, got {form!r}")
     blk, warps = ce_block(v, logits.device, form)
     blk, warps = block or blk, num_warps or warps
+    if sub < 1 or sub & (sub - 1):
+        raise ValueError(f"cross_entropy: sub must be a power of two >= 1, got {sub}")
+    if sub > 1 and (form != "persistent" or not lanes):
+        raise ValueError("cross_entropy: sub > 1 needs the persistent form with lanes")
+    if split < 1 or split & (split - 1):
+        raise ValueError(f"cross_entropy: split must be a power of two >= 1, got {split}")
+    if split > 1 and (form != "persistent" or not lanes):
+        raise ValueError("cross_entropy: split > 1 needs the persistent form with lanes")
+    if split > 1 and dlogits.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr():
+        raise ValueError("cross_entropy: split > 1 cannot write the gradient over the logits")
+    if store_cache not in STORE_CACHE:
+        raise ValueError(f"cross_entropy: store_cache must be one of {STORE_CACHE}, got {store_cache!r}")
     rne = needs_rne(dlogits)
     if form in ("persistent", "staged"):
-        grid = (max(1, min(n, programs or sm_count(logits.device))),)
+        grid = (max(1, min(n * split, programs or sm_count(logits.device)) // split) * split,)
         args = (logits, logits.stride(0), dlogits, dlogits.stride(0), target, loss_rows, n_valid, n, v, ignore_index,
                 float(label_smoothing))
         common = dict(MEAN=mean, SMOOTH=label_smoothing > 0, LANES=lanes, BLOCK=blk,
                       KEEP="evict_last" if hints else "", DROP="evict_first" if hints else "", RNE=rne,
-                      num_warps=warps)
+                      STORE=store_cache, num_warps=warps)
         if form == "persistent":
-            _ce_persistent_kernel[grid](*args, **common)
+            if split > 1:
+                stats = torch.empty((n, split, 3), dtype=torch.float32, device=logits.device)
+                counter = torch.zeros(n, dtype=torch.int32, device=logits.device)
+            else:
+                stats, counter = loss_rows, n_valid  # not read
+            spin = 1 << 14 if logits.device.type == "cuda" else 0
+            _ce_persistent_kernel[grid](*args, SUB=sub, SPLIT=split, STATS=stats, COUNTER=counter, SPIN=spin,
+                                        **common)
         else:
             _ce_staged_kernel[grid](*args, STAGES=stages, **common)
         return
@@ -498,7 +660,8 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
                           label_smoothing: float = 0.0, reduction: str = "mean", fused: bool | None = None,
                           block: int | None = None, num_warps: int | None = None, form: str | None = None,
                           programs: int | None = None, lanes: bool = True, hints: bool = True,
-                          out: torch.Tensor | None = None, stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+                          out: torch.Tensor | None = None, stages: int = 3, sub: int = 1,
+                          store_cache: str = "", split: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
     out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller
     that owns the logits buffer. The other keywords choose the kernel (see ce_rows)."""
@@ -516,7 +679,7 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     loss_rows = torch.empty(n, dtype=torch.float32, device=logits.device)
     n_valid = count_valid(target, ignore_index)
     ce_rows(logits, target, out, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps,
-            form, programs, lanes, hints, stages)
+            form, programs, lanes, hints, stages, sub, store_cache, split)
     return sum_rows(loss_rows, n_valid, mean), out
 
 

@@ -141,6 +141,85 @@ def test_cross_entropy_forms_bitwise_across_programs(lanes, device):
     assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
 
 
+VARIANT_CASES = [  # (programs, block, sub, store_cache, split): tiles of sub x block columns, the stores' cache
+    # modifier, programs per row (split 8 at block 256 leaves segments with no column at V 1000 and below)
+    (3, 128, 2, "", 1), (3, 64, 4, "", 1), (None, 128, 2, ".cs", 1), (1000, 256, 2, "", 1), (3, 128, 1, ".cs", 1),
+    (2, 128, 1, ".cg", 1), (3, 32, 8, ".cg", 1),
+    (4, 128, 1, "", 2), (7, 64, 2, ".cs", 2), (None, 64, 1, "", 4), (1000, 128, 1, "", 2), (8, 256, 1, "", 8),
+]
+
+
+@pytest.mark.parametrize("programs,block,sub,store_cache,split", VARIANT_CASES)
+@pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum"), (0.3, "mean")])
+@pytest.mark.parametrize("shape", [(10, 1000), (7, 515), (4, 100)])
+def test_cross_entropy_sweep_options(programs, block, sub, store_cache, split, smoothing, reduction, shape, device):
+    """The persistent form's sweep options (benchmarks/sweep_ce.py): sub x block tiles (a partial last tile, a row
+    shorter than one tile, whole rows of -inf padding in a tile), the stores' cache modifier and rows split over
+    programs (the interpreter runs programs one after another: earlier programs always compute their partners'
+    statistics themselves, later ones read them published), with ignored rows first, last and in a run, bf16
+    logits with outliers."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    task = load_task(TASKS / "cross_entropy.py").with_constants({"N": shape[0], "V": shape[1]})
+    model = task.module.Model(-100, smoothing, reduction).to(device)
+    x, t = task.make_inputs(3, "outliers", device)
+    t[0] = -100
+    t[-1] = -100
+    t[2:4] = -100
+    got = cross_entropy_fwd_bwd(x, t, -100, smoothing, reduction, programs=programs, block=block, num_warps=4,
+                                sub=sub, store_cache=store_cache, split=split)
+    _compare_all(got, model(x, t), _truth(model, [x, t]))
+
+
+@pytest.mark.parametrize("sub", [2, 4])
+def test_cross_entropy_sub_tiles_bitwise_and_in_place(sub, device):
+    """With sub > 1 a row's result does not depend on the grid, the store modifier changes no bit, and writing
+    the gradient over the logits (out=logits) gives the out-of-place result bitwise."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(9, 700, generator=g) * 3).to(device=device, dtype=torch.bfloat16)
+    t = torch.randint(0, 700, (9,), generator=g).to(device)
+    t[4] = -100
+    kw = dict(block=64, sub=sub, label_smoothing=0.1)
+    a = cross_entropy_fwd_bwd(x, t, programs=1, **kw)
+    b = cross_entropy_fwd_bwd(x, t, programs=4, store_cache=".cs", **kw)
+    buf = x.clone()
+    c = cross_entropy_fwd_bwd(buf, t, programs=2, out=buf, **kw)
+    assert c[1].data_ptr() == buf.data_ptr()
+    for other in (b, c):
+        assert torch.equal(a[0], other[0]) and torch.equal(a[1], other[1])
+
+
+@pytest.mark.parametrize("split,sub", [(2, 1), (4, 2)])
+def test_cross_entropy_split_rows_bitwise_across_grids(split, sub, device):
+    """With rows split over programs, a row's result does not depend on the grid (which group of programs takes
+    it, how many rows a group loops over). On the interpreter the first program of a group always recomputes its
+    partners' statistics and the others read them published; test_cross_entropy_sweep_options checks both paths
+    against the reference."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(9, 1500, generator=g) * 3).to(device=device, dtype=torch.bfloat16)
+    t = torch.randint(0, 1500, (9,), generator=g).to(device)
+    t[4] = -100
+    kw = dict(block=64, sub=sub, split=split, label_smoothing=0.1)
+    a = cross_entropy_fwd_bwd(x, t, programs=split, **kw)
+    for programs in (2 * split, 9 * split, 100):
+        b = cross_entropy_fwd_bwd(x, t, programs=programs, **kw)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), programs
+
+
+def test_cross_entropy_sub_tiles_differ_from_one_lane_per_column(device):
+    """sub > 1 folds sub columns into a lane (a different rounding order from sub = 1), so the test above is not
+    comparing the default with itself: the gradients agree to fp32 rounding but not bitwise."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(8, 2000, generator=g) * 5).to(device)
+    t = torch.randint(0, 2000, (8,), generator=g).to(device)
+    one = cross_entropy_fwd_bwd(x, t, programs=2, block=64)
+    two = cross_entropy_fwd_bwd(x, t, programs=2, block=64, sub=2)
+    torch.testing.assert_close(two[1], one[1], rtol=1e-5, atol=1e-9)
+    assert not torch.equal(one[1], two[1])
+
+
 def test_cross_entropy_default_is_persistent_with_lanes(monkeypatch, device):
     """The default path (ModelNew, cross_entropy_fwd_bwd, ce_rows with fused=None as linear + CE's token form calls
     it) launches the persistent kernel with LANES on (the H200's measured best) and nothing else; "pipelined" (wrong
@@ -183,6 +262,15 @@ def test_cross_entropy_rejects_bad_inputs():
         cross_entropy_fwd_bwd(torch.randn(2, 5), torch.zeros(2, dtype=torch.long), form="magic")
     with pytest.raises(ValueError, match="out"):
         cross_entropy_fwd_bwd(torch.randn(2, 5), torch.zeros(2, dtype=torch.long), out=torch.empty(2, 4))
+    x, t = torch.randn(2, 5), torch.zeros(2, dtype=torch.long)
+    for kw in (dict(sub=3), dict(sub=0), dict(sub=2, lanes=False), dict(sub=2, form="staged")):
+        with pytest.raises(ValueError, match="sub"):
+            cross_entropy_fwd_bwd(x, t, **kw)
+    with pytest.raises(ValueError, match="store_cache"):
+        cross_entropy_fwd_bwd(x, t, store_cache=".ca")
+    for kw in (dict(split=3), dict(split=2, lanes=False), dict(split=2, form="staged"), dict(split=2, out=x)):
+        with pytest.raises(ValueError, match="split"):
+            cross_entropy_fwd_bwd(x, t, **kw)
 
 
 LCE_SHAPES = [(1, 16, 1), (5, 24, 37), (70, 32, 129), (33, 48, 300)]  # BT, H, V
