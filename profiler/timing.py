@@ -315,8 +315,8 @@ def measure(
     segments_timed: int | None = None
     warm_ms: dict[str, list[float]] = {n: [] for n in order_base}  # warm-up stream times: size the heating
     heat_calls: dict[str, int] = {n: 0 for n in order_base}
-    watch_storages: list[int] = []  # byte sizes of the watched function's output storages (its last warm-up call)
-    watch_bytes, reserved, segments_before = 0, 0, None
+    watch_sample: Any = None  # the watched function's last warm-up output: the reserve's pattern
+    reserved, segments_before = 0, None
 
     def recheck(entry_idx: int, out: Any) -> None:
         entry = prints[entry_idx]
@@ -357,9 +357,10 @@ def measure(
             if timed:
                 order.append(alive)
             if rnd == warm_rounds and not graph:
+                copies = _held_at_once(_nbytes(watch_sample), hold_bytes, timed_rounds, burst)
+                reserved = _reserve(watch_sample, copies, dev, warnings) if reserve else 0
+                watch_sample = None
                 segments_before = _segments(dev)
-                copies = _held_at_once(watch_bytes, hold_bytes, timed_rounds, burst)
-                reserved = _reserve(watch_storages, copies, dev, warnings) if reserve else 0
             if rnd == warm_rounds and settle_ms:
                 for n in names:
                     est = _median(warm_ms[n]) if warm_ms[n] else 0.0
@@ -420,8 +421,8 @@ def measure(
                     raw[n].append(rec)
                 else:
                     warm_ms[n].extend(rec["stream_ms"])
-                if not timed and n == watch and outs:
-                    watch_storages, watch_bytes = _storages(outs[-1]), _nbytes(outs[-1])
+                if not timed and n == watch and outs and not graph:
+                    watch_sample = outs[-1]
                 if not timed or n != watch:
                     del outs
                     continue
@@ -577,16 +578,19 @@ def _held_at_once(out_bytes: int, hold_bytes: int, timed_rounds: int, burst: int
     return min(timed_rounds * burst, max(1, hold_bytes // out_bytes) + burst)
 
 
-def _reserve(storages: list[int], copies: int, device: int, warnings: list[str]) -> int:
-    """Grow the caching allocator (on the current stream) by `copies` blocks of each storage size, poisoned with NaN
-    (all-ones bytes) and freed at once, so the outputs measure holds are carved from cached blocks instead of a
-    cudaMalloc inside the timed call. Returns the bytes reserved; a reserve the device cannot hold is cut short
-    with a warning (the calls then allocate as before)."""
+def _reserve(sample: Any, copies: int, device: int, warnings: list[str]) -> int:
+    """Grow the caching allocator (on the current stream) by `copies` blocks of each storage size of `sample` (an
+    output of the watched function), poisoned with NaN (all-ones bytes), and by the fingerprint's working memory
+    (one fingerprint of the sample while the blocks are taken), then free them all: the outputs measure holds, and
+    their fingerprints, are carved from cached blocks instead of a cudaMalloc inside the timed call. Returns the
+    bytes reserved; a reserve the device cannot hold is cut short with a warning (calls then allocate as before)."""
+    storages = _storages(sample)
     blocks: list[torch.Tensor] = []
     try:
         for _ in range(copies):
             for nbytes in storages:
                 blocks.append(torch.empty(nbytes, dtype=torch.uint8, device=device))
+        fingerprint(sample)
     except torch.cuda.OutOfMemoryError:
         warnings.append(f"could reserve only {len(blocks)} of {copies * len(storages)} output blocks: timed calls "
                         "beyond them allocate device memory inside their host time")
