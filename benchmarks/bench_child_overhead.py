@@ -136,6 +136,52 @@ def _cpu_rows(fns, sets, label: str) -> list[dict]:
     return rows
 
 
+def _breakdown(task, sets, device: str) -> list[dict]:
+    """Where the seed's host time goes, in a plain loop (outputs dropped, so the allocator reuses their blocks; the
+    device synchronised every 10 calls so the launch queue never fills): the whole call, its outputs and checks
+    without the launch, the launch of a plan built beforehand, and the pinned-table form's whole call."""
+    import torch
+    from seeds.adamw import ModelNew, adamw_step, plan_adamw, run_plan
+    lr, b1, b2, eps, wd = task.init_inputs()
+    n = (len(sets[0]) - 1) // 4
+    model = ModelNew(lr, b1, b2, eps, wd)
+    lists = [(x[:n], x[n:2 * n], x[2 * n:3 * n], x[3 * n:4 * n]) for x in sets]
+    plans = [plan_adamw(*ls, inplace=False) for ls in lists[:4]]
+    variants = {
+        "seed (whole call)": lambda i: model(*sets[i]),
+        "outputs+checks": lambda i: plan_adamw(*lists[i], inplace=False),
+        "launch (plan built)": lambda i: run_plan(plans[i % 4], sets[i][-1], lr, (b1, b2), eps, wd),
+        "pinned table call": lambda i: adamw_step(*lists[i], sets[i][-1], lr, (b1, b2), eps, wd, inplace=False,
+                                                  table="pinned"),
+    }
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rows = []
+    want = [t.clone() for t in model(*sets[0])]  # every form must give the seed's outputs bit for bit
+    for name, fn in variants.items():
+        got = fn(0)
+        got = [t for lst in got for t in lst] if name != "seed (whole call)" and not name.startswith("outputs") \
+            else got
+        if not name.startswith("outputs") and not all(torch.equal(a, b) for a, b in zip(got, want)):
+            rows.append({"process": "plain, host loop", "fn": name, "reserve": None, "host_ms": float("nan"),
+                         "ms": None, "host_bound": None, "calls": 0, "segments": None,
+                         "error": {"type": "WRONG", "message": "outputs differ from the seed's"}})
+            continue
+        blocks = 3 if device == "cpu" else 10
+        per = 2 if device == "cpu" else 10
+        fn(0)
+        times = []
+        for blk in range(blocks):
+            sync()
+            t0 = time.perf_counter()
+            for j in range(per):
+                fn((blk * per + j) % 4)
+            times.append((time.perf_counter() - t0) * 1e3 / per)
+        sync()
+        rows.append({"process": "plain, host loop", "fn": name, "reserve": None, "host_ms": _median(times),
+                     "ms": None, "host_bound": None, "calls": blocks * per, "segments": None, "error": None})
+    return rows
+
+
 def _probe(model, sets) -> dict:
     """What could slow Python down in this process, and the audit events one seed call fires."""
     import torch
@@ -179,6 +225,7 @@ def _plain(device: str) -> dict:
     check = _check(model, task, sets[0])
     fns = _functions(model, device)
     rows = _cuda_rows(fns, sets, "plain") if device == "cuda" else _cpu_rows(fns, sets, "plain")
+    rows += _breakdown(task, sets, device)
     return {"rows": rows, "probe": _probe(model, sets), "check": check}
 
 
@@ -312,7 +359,7 @@ def _table(results: dict, device: str) -> None:
             print(f"confinement: {r['confined']}")
     unit = "host ms" if device == "cuda" else "host us"
     scale = 1.0 if device == "cuda" else 1e3
-    print(f"\n{'process':<22} {'function':<14} {'reserve':>7} {unit:>9} {'device ms':>9} {'host-bound':>10} "
+    print(f"\n{'process':<22} {'function':<20} {'reserve':>7} {unit:>9} {'device ms':>9} {'host-bound':>10} "
           f"{'cudaMallocs':>11}")
     for r in results.values():
         for row in r["rows"]:
@@ -321,7 +368,7 @@ def _table(results: dict, device: str) -> None:
             seg = str(row["segments"]) if row["segments"] is not None else "-"
             res = "-" if row["reserve"] is None else ("on" if row["reserve"] else "off")
             err = f"  ERROR {row['error']['type']}: {row['error']['message'][:80]}" if row.get("error") else ""
-            print(f"{row['process']:<22} {row['fn']:<14} {res:>7} {row['host_ms'] * scale:9.3f} {dev:>9} "
+            print(f"{row['process']:<22} {row['fn']:<20} {res:>7} {row['host_ms'] * scale:9.3f} {dev:>9} "
                   f"{bound:>10} {seg:>11}{err}")
 
 
