@@ -31,6 +31,7 @@ import functools
 import gc
 import json
 import shutil
+import signal
 import os
 import subprocess
 import sys
@@ -275,6 +276,7 @@ def _child(device: str, out_path: str, budget_s: float) -> dict:
         code = 0
         try:
             os.setsid()
+            signal.alarm(ROLE_TIMEOUT_S["child"] - 5)  # a confined child that hangs ends itself (SIGALRM)
             result = _in_child(device, task, reference, scratch, work / "shared", started, budget_s)
             (scratch / "result.json").write_text(json.dumps(result))
         except BaseException:  # noqa: BLE001 - the fork must never return into the caller
@@ -296,9 +298,11 @@ def _in_child(device, task, reference, scratch: Path, shared: Path, started: flo
     from profiler import timing
     from sandbox import worker
     state: dict = {}
+    # Triton's driver stub comes from the plain role's cache (built there once), as from the harness's shared cache
     msg = {"op": "setup", "candidate": str(SEED), "seeds_dir": str(SEED.parent), "device": device, "gpu": 0,
            "scratch": str(scratch), "write_roots": [str(scratch)], "triton_cache": str(scratch / "triton"),
-           "triton_shared": str(shared), "cpu_seconds": 600, "allow_compute": task.meta.allow_torch_compute,
+           "triton_shared": os.environ.get(CACHE_ENV) or str(shared), "cpu_seconds": 600,
+           "allow_compute": task.meta.allow_torch_compute,
            "seed": reference.model_seed, "init_inputs": reference.init_inputs(), "state_dict": reference.state_dict()}
     reply = worker._setup(state, msg)
     if not reply.get("ok"):
@@ -393,9 +397,16 @@ def main() -> int:
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="crucible-bench-triton-")
-    results = {role: _run_role(role, device) for role in ("plain", "child")}
+    results, failed = {}, []
+    for role in ("plain", "child"):
+        try:
+            results[role] = _run_role(role, device)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            failed.append(f"{role}: {exc}")
     _table(results, device)
-    return 0
+    for line in failed:
+        print(f"FAILED {line}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
