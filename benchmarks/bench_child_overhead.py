@@ -201,7 +201,8 @@ def _probe(model, sets) -> dict:
     rlimit = {}
     try:
         import resource
-        rlimit = {"cpu": resource.getrlimit(resource.RLIMIT_CPU)[0], "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
+        rlimit = {"cpu": resource.getrlimit(resource.RLIMIT_CPU)[0],
+                  "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
     except (ImportError, OSError):
         pass
     return {
@@ -335,7 +336,7 @@ def _in_child(device, task, reference, scratch: Path, shared: Path, started: flo
     return {"rows": rows, "probe": _probe(model, _input_sets(task, device, 1)), "confined": confined}
 
 
-# ---- the parent: one fresh process per role, then the table -----------------------------------------------------------
+# ---- the parent: one fresh process per role, then the table ----------------------------------------------------
 def _run_role(role: str, device: str) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
