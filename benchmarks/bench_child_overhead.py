@@ -52,7 +52,7 @@ ROLE_TIMEOUT_S = {"plain": 40, "child": 70}
 CACHE_ENV = "CRUCIBLE_BENCH_TRITON_CACHE"  # the plain role's Triton cache, copied into the child's scratch
 
 
-# ---- the functions timed -------------------------------------------------------------------------------------------
+# ---- the functions timed ---------------------------------------------------------------------------------------------
 def _functions(model, device: str):
     import torch
     import triton
@@ -336,7 +336,7 @@ def _in_child(device, task, reference, scratch: Path, shared: Path, started: flo
     return {"rows": rows, "probe": _probe(model, _input_sets(task, device, 1)), "confined": confined}
 
 
-# ---- the parent: one fresh process per role, then the table ----------------------------------------------------
+# ---- the parent: one fresh process per role, then the table ----------------------------------------------------------
 def _run_role(role: str, device: str) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
