@@ -53,6 +53,7 @@ Imports: torch and the standard library only; this module runs inside the sandbo
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import math
@@ -76,6 +77,10 @@ _PERF = time.perf_counter
 _ZERO = torch.Tensor.zero_
 _FILL = torch.Tensor.fill_
 _CURRENT_STREAM = torch.cuda.current_stream
+_MEMPOOL = getattr(torch.cuda, "MemPool", None)  # private allocator pools (torch >= 2.6)
+_POOL_BEGIN = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
+_POOL_END = getattr(torch._C, "_cuda_endAllocateToPool", None)
+_POOL_RELEASE = getattr(torch._C, "_cuda_releasePool", None)
 HIGHEST_PRIORITY = -1000  # torch maps it to the greatest priority it supports
 MAX_HEAT_CALLS = 256  # heating calls before one burst, whatever settle_ms asks
 
@@ -239,6 +244,7 @@ def measure(
     tail_tolerance_rel: float = 0.10,
     cover_ms: float = 0.5,
     reserve: bool = True,
+    isolate: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Time each callable `reps` times, interleaved and rotated, on the current CUDA device.
 
@@ -256,7 +262,11 @@ def measure(
     timed ones flag the burst (`count`). `fresh_inputs`: functions that get a private copy of each input set, made
     before the flush, because they may write over their inputs (Liger's cross-entropy stores the gradient in its
     logits): every function then sees the same values. `reserve`: grow the allocator's cache for the held outputs
-    before the timed rounds (see `_reserve`; False only to measure what it saves).
+    before the timed rounds (see `_reserve`; False only to measure what it saves). `isolate`: functions (the
+    baselines) whose results the watched function must never be handed by the caching allocator (THREATS #5):
+    their calls and private input copies allocate from a memory pool of their own, and what they return (autograd's
+    gradients come from its own thread, outside the pool) and their private inputs are set to NaN bytes before
+    being freed. Without torch's MemPool the scrubbing alone applies, with a warning.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("measure needs a CUDA device")
@@ -272,6 +282,10 @@ def measure(
     fresh = set(fresh_inputs)
     if fresh - set(names):
         raise ValueError(f"fresh_inputs names {sorted(fresh - set(names))}, which are not measured")
+    isolated = set(isolate)
+    if isolated - set(names) or (watch or names[0]) in isolated:
+        raise ValueError(f"isolate names {sorted(isolated)}: each must be measured and none the watched function")
+    pools = {n: _MEMPOOL() for n in isolated} if _MEMPOOL is not None and _POOL_BEGIN is not None else {}
     watch = names[0] if watch is None else watch
     if watch not in fns:
         raise ValueError(f"watch={watch!r} is not one of {names}")
@@ -288,6 +302,9 @@ def measure(
     flush = _flush_buffer(flush_bytes, dev)
     persisting = _PersistingL2()
     warnings: list[str] = []
+    if isolated and not pools:
+        warnings.append("this torch has no MemPool: the baselines share the allocator with the candidate (their "
+                        "outputs are still scrubbed before they are freed)")
     heat_set = input_sets[-1]
     if settle_ms and len(input_sets) > 1:
         input_sets = input_sets[:-1]  # the heating calls' set is never a timed call's: no result to reuse
@@ -372,38 +389,45 @@ def measure(
                     _device_sync()
                     persisting.reset()
                     heating = heat_calls[n] if timed else 0
-                    args = [_private(input_sets[k]) if n in fresh else input_sets[k] for k in ks]
-                    if n in fresh:
-                        _device_sync()  # the copies are made before the burst's host wall time starts
-                    if heating:
-                        heat_args = _private(heat_set) if n in fresh else heat_set
-                        _RECORD(heat_start)
-                        for _ in range(heating):
-                            calls[n](heat_args)
-                        _RECORD(heat_end)
-                        _device_sync()  # the burst's host wall time starts with the device free, as without heating
-                        del heat_args
-                    for _ in range(passes):
-                        _ZERO(flush)
-                    t0 = _PERF()
-                    for j, k in enumerate(ks):
-                        if j:
+                    with _pool_context(pools.get(n), dev):
+                        args = [_private(input_sets[k]) if n in fresh else input_sets[k] for k in ks]
+                        if n in fresh:
+                            _device_sync()  # the copies are made before the burst's host wall time starts
+                        if heating:
+                            heat_args = _private(heat_set) if n in fresh else heat_set
+                            _RECORD(heat_start)
+                            for _ in range(heating):
+                                calls[n](heat_args)
+                            _RECORD(heat_end)
+                            _device_sync()  # the burst's wall time starts with the device free, as without heating
+                            if n in isolated and n in fresh:
+                                _scrub(heat_args)
+                            del heat_args
+                        for _ in range(passes):
                             _ZERO(flush)
-                        g = graphs.get((n, k)) if graph and n != NULL_FN else None
-                        th = _PERF()
-                        _RECORD(starts[j])
-                        if g is not None:
-                            g[0].replay()
-                            outs.append(g[1])
-                        else:
-                            outs.append(calls[n](args[j]))
-                        host.append((_PERF() - th) * 1e3)
-                        _RECORD(ends[j])
-                    _device_sync()
-                    t1 = _PERF()
-                    _RECORD(end_all)
-                    _device_sync()
-                    del args
+                        t0 = _PERF()
+                        for j, k in enumerate(ks):
+                            if j:
+                                _ZERO(flush)
+                            g = graphs.get((n, k)) if graph and n != NULL_FN else None
+                            th = _PERF()
+                            _RECORD(starts[j])
+                            if g is not None:
+                                g[0].replay()
+                                outs.append(g[1])
+                            else:
+                                outs.append(calls[n](args[j]))
+                            host.append((_PERF() - th) * 1e3)
+                            _RECORD(ends[j])
+                        _device_sync()
+                        t1 = _PERF()
+                        _RECORD(end_all)
+                        _device_sync()
+                        if n in isolated and not graph:  # what another thread (autograd's) put outside the pool
+                            _scrub(outs)
+                            if n in fresh:
+                                _scrub(args)
+                        del args
                     rec = {"stream_ms": [float(_ELAPSED(starts[j], ends[j])) for j in range(burst)],
                            "gap_ms": [float(_ELAPSED(ends[j - 1], ends[j])) for j in range(1, burst)],
                            "tail_ms": float(_ELAPSED(ends[-1], end_all)), "wall_ms": (t1 - t0) * 1e3,
@@ -604,6 +628,28 @@ def _reserve(sample: Any, copies: int, device: int, warnings: list[str]) -> int:
 def _segments(device: int) -> int:
     """Device memory segments the caching allocator has allocated so far (each one a cudaMalloc)."""
     return int(torch.cuda.memory_stats(device).get("segment.all.allocated", 0))
+
+
+@contextlib.contextmanager
+def _pool_context(pool: Any, device: int):
+    """This thread's device allocations come from `pool` inside (None: the default pool); torch's use_mem_pool,
+    through the functions captured at import."""
+    if pool is None:
+        yield
+        return
+    _POOL_BEGIN(device, pool.id)
+    try:
+        yield
+    finally:
+        _POOL_END(device, pool.id)
+        _POOL_RELEASE(device, pool.id)
+
+
+def _scrub(out: Any) -> None:
+    """Every byte of the CUDA storages behind `out` set to 0xFF (NaN in every float format), before they are freed."""
+    for t in _tensors(out):
+        if t.is_cuda and t.untyped_storage().nbytes():
+            _FILL(torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()), 255)
 
 
 def _private(input_set: list) -> list:

@@ -79,10 +79,12 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         if b.available:
             fns[name] = _trusted(b.fn)
     t1 = time.monotonic()
-    # Baselines get private copies of the inputs: Liger's cross-entropy writes its gradient over the logits.
+    # Baselines get private copies of the inputs (Liger's cross-entropy writes its gradient over the logits) and
+    # memory the candidate can never be handed (their results: THREATS #5).
+    watch = next(iter(fns))
+    others = [n for n in fns if n != watch]
     measured = timing.measure(fns, sets, reps=msg["reps"], warmup=msg["warmup"], burst=burst, settle_ms=settle_ms,
-                              watch=next(iter(fns)), sample_every=msg["sample_every"],
-                              fresh_inputs=[n for n in fns if n != "candidate"])
+                              watch=watch, sample_every=msg["sample_every"], fresh_inputs=others, isolate=others)
     t2 = time.monotonic()
     laps["child_measure_s"] = t2 - t1
     with policy.trusted():
