@@ -6,8 +6,8 @@ Variants (seeds/attention.py, attention_fwd keywords; the seed's default first):
 - a point of Triton's fused-attention tutorial config space that run M did not try (128 x 64 x 4 warps x 3 stages);
 - warp_specialize: the tutorial's Hopper structure (one key loop, Q/K/V descriptors made in the kernel,
   tl.range(warp_specialize=True)), which Triton 3.6 compiles at 4 warps into a TMA producer warp group and two
-  consumer warp groups of 64 rows (FlashAttention-3's layout), at 128 x 128 x 2 stages and 128 x 64 x 3 / 4 stages,
-  and persistent;
+  consumer warp groups of BLOCK_M / 2 rows (FlashAttention-3's layout), at 128 x 128 x 2 stages, 128 x 64 x 3 / 4
+  stages, 256 x 64 x 3 stages (ptxas spills 72 bytes under the 168-register cap), and persistent;
 - subtiles=2: two query sub-tiles per program sharing each K/V tile (256 rows at 8 warps, 128 at 4), the second's
   QK^T issued before the first's softmax;
 - persistent: one program per SM looping over the (query block, head) tiles, causal the longest first;
@@ -56,6 +56,7 @@ VARIANTS = [
     ("ws 128x128 w4 s2", dict(warp_specialize=True, config=(128, 128, 4, 2))),
     ("ws 128x64 w4 s3", dict(warp_specialize=True, config=(128, 64, 4, 3))),
     ("ws 128x64 w4 s4", dict(warp_specialize=True, config=(128, 64, 4, 4))),
+    ("ws 256x64 w4 s3", dict(warp_specialize=True, config=(256, 64, 4, 3))),
     ("ws 128x128 w4 s2 persistent", dict(warp_specialize=True, config=(128, 128, 4, 2), persistent=True)),
     ("subtiles2 256x64 w8 s3", dict(subtiles=2, config=(256, 64, 8, 3))),
     ("subtiles2 128x64 w4 s3", dict(subtiles=2, config=(128, 64, 4, 3))),

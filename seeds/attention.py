@@ -39,10 +39,30 @@ unmasked key loops, and the Q/dO tiles of the dK/dV kernel's unmasked query loop
 (every such block lies wholly inside its sequence, so a tile never reads another head's rows); the masked diagonal
 and tail blocks, the Q tile and the stores keep pointers. Layouts a descriptor cannot read (packed varlen
 sequences, a row stride or base not 16-byte aligned, batch/head strides that are not whole rows) keep the pointer
-path whatever `tma` says. `warp_specialize` (tl.range(warp_specialize=True) on the forward's unmasked loop) is a
-variant only: compiled for sm_90 with Triton 3.9 on the CPU, it is silently not applied at 8 warps and fails the
-compiler's warp-specialisation pass at 4 warps. Causal launches run the query blocks last-first (`reverse`), so the
-longest programs start first and the short ones fill the tail.
+path whatever `tma` says. Causal launches run the query blocks last-first (`reverse`), so the longest programs start
+first and the short ones fill the tail.
+
+Forward variants (launcher keywords, off by default; benchmarks/sweep_attention_fwd.py times them), after Triton's
+fused-attention tutorial (python/tutorials/06-fused-attention.py, 3.4-3.6), FlashAttention-3 and -4:
+- warp_specialize: the tutorial's Hopper structure. Triton's Hopper warp-specialisation pass (3.6 and 3.9, checked by
+  compiling for sm_90 on the CPU) applies only at 4 warps, where it turns the program into 12 warps: a producer warp
+  group issuing TMA loads and two consumer warp groups of BLOCK_M / 2 rows (setmaxnreg 40 / 232), FA3's layout. It
+  fails (assertions in the pass) on an early return, on any pointer load in the kernel (Q's included) and on a
+  second key loop, and in 3.9 on a host descriptor for Q (whose block it splits in two); an scf.if in the loop makes
+  it silently give up. So this path makes Q/K/V descriptors in the kernel (tl.make_tensor_descriptor, as the tutorial does on
+  Hopper), runs ONE key loop with the causal mask applied in every block (a select per score), and is taken only
+  where the keys fill whole blocks (else the two-loop path runs); 128 x 128 tiles fit 2 stages (180 KB; 3 would
+  need 246 KB). At 8 warps the pass does not apply (the old variant's "no change" in run M).
+- subtiles=2: two query sub-tiles of BLOCK_M / 2 rows per program share each K/V tile, the second's QK^T issued
+  before the first's softmax, so the asynchronous wgmma of one may overlap the other's exp2 (FA3's intra-warp-group
+  overlap, without its named barriers, which Triton does not expose).
+- persistent: about `persistent` programs per SM loop over the (query block, head) tiles; causal, the longest first.
+- defer_rescale: the running max moves only when some row's grows by more than 8 (base 2), and the rescale of the
+  accumulator is skipped until then (FA4); the decision is one max over the tile's rows (a cross-warp reduction per
+  block on Hopper, where the rescale is 64 FMULs a thread), so it may cost more than it saves.
+Already in the default: exp2 with the scale folded into one FMA per score (SCALE_POS) and the causal mask only on
+the diagonal blocks (the two-loop split). Not ported: FA3's ping-pong between two warp groups (named barriers) and
+the tutorial's Blackwell-only pieces (maxnreg 168/80 with warp specialisation, accumulator sub-tiling, f32x2 FMAs).
 
 Tile sizes: see fwd_config / bwd_config; benchmarks/bench_attention.py --hopper sweeps the variants on the H200.
 Measured on the H200 (docs/BENCHMARKS.md run M, do_bench, one run), B4 H32 S4096 D128 bf16, the defaults:
@@ -689,7 +709,8 @@ def fwd_config(head_dim: int, device: torch.device, precise: bool = False,
     if device.type != "cuda":
         return 32, 32, 4, 1
     if warp_specialize:  # Triton's Hopper pass makes 4 warps 12 (a producer and two consumer warp groups); 3
-        # stages of 128-row K and V tiles would pass the shared memory (246 KB at D = 128). Unmeasured.
+        # stages of 128-row K and V tiles would pass the shared memory (246 KB at D = 128). Unmeasured on the H200
+        # (benchmarks/sweep_attention_fwd.py).
         return (128, 128, 4, 2) if head_dim <= 128 else (128, 64, 4, 2)
     if precise and 64 < head_dim <= 128:
         return 128, 64, 8, 3
