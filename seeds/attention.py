@@ -39,10 +39,30 @@ unmasked key loops, and the Q/dO tiles of the dK/dV kernel's unmasked query loop
 (every such block lies wholly inside its sequence, so a tile never reads another head's rows); the masked diagonal
 and tail blocks, the Q tile and the stores keep pointers. Layouts a descriptor cannot read (packed varlen
 sequences, a row stride or base not 16-byte aligned, batch/head strides that are not whole rows) keep the pointer
-path whatever `tma` says. `warp_specialize` (tl.range(warp_specialize=True) on the forward's unmasked loop) is a
-variant only: compiled for sm_90 with Triton 3.9 on the CPU, it is silently not applied at 8 warps and fails the
-compiler's warp-specialisation pass at 4 warps. Causal launches run the query blocks last-first (`reverse`), so the
-longest programs start first and the short ones fill the tail.
+path whatever `tma` says. Causal launches run the query blocks last-first (`reverse`), so the longest programs start
+first and the short ones fill the tail.
+
+Forward variants (launcher keywords, off by default; benchmarks/sweep_attention_fwd.py times them), after Triton's
+fused-attention tutorial (python/tutorials/06-fused-attention.py, 3.4-3.6), FlashAttention-3 and -4:
+- warp_specialize: the tutorial's Hopper structure. Triton's Hopper warp-specialisation pass (3.6 and 3.9, checked by
+  compiling for sm_90 on the CPU) applies only at 4 warps, where it turns the program into 12 warps: a producer warp
+  group issuing TMA loads and two consumer warp groups of BLOCK_M / 2 rows (setmaxnreg 40 / 232), FA3's layout. It
+  fails (assertions in the pass) on an early return, on any pointer load in the kernel (Q's included) and on a
+  second key loop, and in 3.9 on a host descriptor for Q (whose block it splits in two); an scf.if in the loop makes
+  it silently give up. So this path makes Q/K/V descriptors in the kernel (tl.make_tensor_descriptor, as the tutorial does on
+  Hopper), runs ONE key loop with the causal mask applied in every block (a select per score), and is taken only
+  where the keys fill whole blocks (else the two-loop path runs); 128 x 128 tiles fit 2 stages (180 KB; 3 would
+  need 246 KB). At 8 warps the pass does not apply (the old variant's "no change" in run M).
+- subtiles=2: two query sub-tiles of BLOCK_M / 2 rows per program share each K/V tile, the second's QK^T issued
+  before the first's softmax, so the asynchronous wgmma of one may overlap the other's exp2 (FA3's intra-warp-group
+  overlap, without its named barriers, which Triton does not expose).
+- persistent: about `persistent` programs per SM loop over the (query block, head) tiles; causal, the longest first.
+- defer_rescale: the running max moves only when some row's grows by more than 8 (base 2), and the rescale of the
+  accumulator is skipped until then (FA4); the decision is one max over the tile's rows (a cross-warp reduction per
+  block on Hopper, where the rescale is 64 FMULs a thread), so it may cost more than it saves.
+Already in the default: exp2 with the scale folded into one FMA per score (SCALE_POS) and the causal mask only on
+the diagonal blocks (the two-loop split). Not ported: FA3's ping-pong between two warp groups (named barriers) and
+the tutorial's Blackwell-only pieces (maxnreg 168/80 with warp specialisation, accumulator sub-tiling, f32x2 FMAs).
 
 Tile sizes: see fwd_config / bwd_config; benchmarks/bench_attention.py --hopper sweeps the variants on the H200.
 Measured on the H200 (docs/BENCHMARKS.md run M, do_bench, one run), B4 H32 S4096 D128 bf16, the defaults:
@@ -60,6 +80,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from seeds._common import sm_count
 from seeds.cross_entropy import round_bf16_rne
 
 CRUCIBLE_SEED = {
@@ -149,53 +170,61 @@ def _store_rows(ptrs, x, mask, RNE: tl.constexpr):
 
 # ---- forward ------------------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, dsum, q, do, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows,
-               lo, hi, k_len, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
-               CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, SCALE_POS: tl.constexpr,
-               PRECISE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
+def _fwd_inner(acc, l_i, m_i, dsum, q, acc1, l1, m1, q1, do, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC,
+               k_row, v_row, rows, rows1, lo, hi, k_len, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+               MASK: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+               SCALE_POS: tl.constexpr, PRECISE: tl.constexpr, SUBTILES: tl.constexpr, DIAG: tl.constexpr,
+               DEFER: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
     # Key blocks [lo, hi) of one sequence; MASK applies the key bound and the causal mask. TMA (unmasked ranges
-    # only, where every block lies wholly inside the sequence): K and V tiles come through host tensor descriptors
-    # over the [rows, D] view, at rows k_row + start_n and v_row + start_n; else through pointer tiles.
+    # only, where every block lies wholly inside the sequence): K and V tiles come through tensor descriptors over
+    # the [rows, D] view, at rows k_row + start_n and v_row + start_n; else through pointer tiles.
+    # SUBTILES = 2: a second query sub-tile (q1, rows1; acc1, l1, m1) shares each K/V tile; with 1 those arguments
+    # pass through untouched. DIAG: the causal mask inside an unmasked range (the single-loop structure of the
+    # warp-specialised path). DEFER: see _online_softmax.
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     # Pointers advance by BLOCK_N rows a step (64-bit pointers, 32-bit increments: no overflow on long caches).
     k_ptrs = k_base + tl.cast(lo, tl.int64) * stride_ks + offs_n[:, None] * stride_ks + offs_d[None, :]
     v_ptrs = v_base + tl.cast(lo, tl.int64) * stride_vs + offs_n[:, None] * stride_vs + offs_d[None, :]
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+        cols = start_n + offs_n
+        kv_ok = cols < k_len
         if MASK:
-            kv_ok = (start_n + offs_n) < k_len
             k = tl.load(k_ptrs, mask=kv_ok[:, None], other=0.0)
         elif TMA:
             k = K_DESC.load([k_row + start_n, 0])
         else:
             k = tl.load(k_ptrs)
         s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
-        if MASK:
-            s = s * qk_scale
-            ok = kv_ok[None, :]
-            if CAUSAL:
-                ok = ok & ((start_n + offs_n)[None, :] <= rows[:, None])
-            s = tl.where(ok, s, float("-inf"))
-            # Every row meets a valid key in the first block it processes (see _attn_fwd_kernel): m_new is finite.
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp2(s - m_new[:, None])
-        elif SCALE_POS:
-            # max(s) * c == max(s * c) for c > 0, so the scale folds into one FMA per score: s * c - m.
-            m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
-            p = tl.exp2(s * qk_scale - m_new[:, None])
-        else:
-            s = s * qk_scale
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        if SUBTILES == 2:  # issued before the first sub-tile's softmax, so the two can overlap
+            s1 = _mm(q1, tl.trans(k), tl.zeros([q1.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
+        p, m_new, alpha, moved = _online_softmax(s, m_i, cols, kv_ok, rows, qk_scale, MASK, CAUSAL, SCALE_POS, DIAG,
+                                                  DEFER)
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        if SUBTILES == 2:
+            p1, m1_new, alpha1, moved1 = _online_softmax(s1, m1, cols, kv_ok, rows1, qk_scale, MASK, CAUSAL,
+                                                          SCALE_POS, DIAG, DEFER)
+            l1 = l1 * alpha1 + tl.sum(p1, axis=1)
         if MASK:
             v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)
         elif TMA:
             v = V_DESC.load([v_row + start_n, 0])
         else:
             v = tl.load(v_ptrs)
-        acc = _mm(_operand(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST, IEEE)
+        if DEFER:
+            if moved:  # some row's max moved: rescale the accumulator (skipped while every row's stays put)
+                acc = acc * alpha[:, None]
+            acc = _mm(_operand(p, v.dtype, UPCAST), v, acc, UPCAST, IEEE)
+        else:
+            acc = _mm(_operand(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST, IEEE)
+        if SUBTILES == 2:
+            if DEFER:
+                if moved1:
+                    acc1 = acc1 * alpha1[:, None]
+                acc1 = _mm(_operand(p1, v.dtype, UPCAST), v, acc1, UPCAST, IEEE)
+            else:
+                acc1 = _mm(_operand(p1, v.dtype, UPCAST), v, acc1 * alpha1[:, None], UPCAST, IEEE)
+            m1 = m1_new
         if PRECISE:
             # delta = sum_j P_ij dP_ij with the unrounded P the backward recomputes: the dS of a row then sum to
             # zero as the softmax Jacobian's do (delta = rowsum(dO o O) inherits the error of P rounded for P V).
@@ -205,7 +234,161 @@ def _fwd_inner(acc, l_i, m_i, dsum, q, do, k_base, v_base, stride_ks, stride_vs,
         if MASK or not TMA:
             k_ptrs += BLOCK_N * stride_ks
             v_ptrs += BLOCK_N * stride_vs
-    return acc, l_i, m_i, dsum
+    return acc, l_i, m_i, dsum, acc1, l1, m1
+
+
+@triton.jit
+def _online_softmax(s, m_i, cols, kv_ok, rows, qk_scale, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                    SCALE_POS: tl.constexpr, DIAG: tl.constexpr, DEFER: tl.constexpr):
+    """(p, the new running max, alpha = exp2(old max - new), whether any row's max moved) for one block of raw
+    scores s [rows, BLOCK_N]. DEFER (the FlashAttention-4 trick): the running max only moves when some row's grows
+    by more than 8 (base 2); until then p is taken against the stale max (p <= 2^8, exact in fp32 and as a bf16
+    operand), alpha is 1 and the accumulator's rescale is skipped. The result is the same softmax: l and acc are
+    both kept against whichever max was used, and o = acc / l, lse = m + log2 l."""
+    if MASK:
+        s = s * qk_scale
+        ok = kv_ok[None, :]
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= rows[:, None])
+        s = tl.where(ok, s, float("-inf"))
+        # Every row meets a valid key in the first block it processes (see _attn_fwd_kernel): m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        moved = m_new  # (read only with DEFER)
+    elif SCALE_POS:
+        if DIAG:  # qk_scale > 0: -inf stays -inf through the FMA below
+            s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        # max(s) * c == max(s * c) for c > 0, so the scale folds into one FMA per score: s * c - m.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        moved = m_new
+        if DEFER:
+            moved = tl.max(m_new - m_i, axis=0) > 8.0
+            m_new = tl.where(moved, m_new, m_i)
+        p = tl.exp2(s * qk_scale - m_new[:, None])
+    else:
+        s = s * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        moved = m_new
+    return p, m_new, tl.exp2(m_i - m_new), moved
+
+
+@triton.jit
+def _fwd_epilogue(acc, l_i, m_i, dsum, rows, q_len, q_start, b64, hq64, O, LSE, DO, DELTA, stride_ob, stride_oh,
+                  stride_os, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, HEAD_DIM: tl.constexpr,
+                  STORE_LSE: tl.constexpr, WITH_DELTA: tl.constexpr, PRECISE: tl.constexpr, RNE: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = rows < q_len
+    q_rows = (q_start + rows).to(tl.int64)
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a query with no key at all (an empty packed key sequence): o = 0
+    o = acc / l_safe[:, None]
+    o_ptrs = O + b64 * stride_ob + hq64 * stride_oh + q_rows[:, None] * stride_os + offs_d[None, :]
+    _store_rows(o_ptrs, o, row_ok[:, None], RNE)
+    l_off = b64 * stride_lb + hq64 * stride_lh + q_start + rows
+    if STORE_LSE:
+        tl.store(LSE + l_off, m_i + tl.log2(l_safe), mask=row_ok)
+    if PRECISE:
+        tl.store(DELTA + l_off, dsum / l_safe, mask=row_ok)
+    elif WITH_DELTA:
+        # The backward's delta from the fp32 o, before its rounding to bf16: the rounding error of a stored O
+        # would enter every dS of the row (dS = P o (dP - delta)) and bias dQ and dK.
+        do = tl.load(DO + b64 * stride_dob + hq64 * stride_doh + q_rows[:, None] * stride_dos + offs_d[None, :],
+                     mask=row_ok[:, None], other=0.0)
+        tl.store(DELTA + l_off, tl.sum(o * do.to(tl.float32), axis=1), mask=row_ok)
+
+
+@triton.jit
+def _fwd_tile(
+    start_m, bh, Q, K, V, O, LSE, DO, DELTA, CU_Q, CU_K, K_DESC, V_DESC, K_RB, K_RH, V_RB, V_RH, Q_RB, Q_RH, Q_ROWS,
+    K_ROWS, V_ROWS, qk_scale, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
+    stride_vs, stride_ob, stride_oh, stride_os, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, S_Q, S_K,
+    HQ, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, WITH_DELTA: tl.constexpr,
+    PRECISE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, SCALE_POS: tl.constexpr, SUBTILES: tl.constexpr,
+    DEFER: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+):
+    # Query block start_m of (batch, query head) bh; the arguments are _attn_fwd_kernel's.
+    b = bh // HQ
+    hq = bh % HQ
+    hkv = hq // GROUP
+    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, S_Q, S_K, VARLEN)
+    if VARLEN or not WS:  # (dense grids fit exactly; Hopper's warp-specialisation pass takes no early exit)
+        if start_m * BLOCK_M >= q_len:  # the grid covers the longest packed sequence
+            return
+    b64 = b.to(tl.int64)
+    hq64 = hq.to(tl.int64)
+    k_row = b * K_RB + hkv * K_RH + k_start  # int32: the launcher checks the view has fewer than 2^31 rows
+    v_row = b * V_RB + hkv * V_RH + k_start
+    offs_d = tl.arange(0, HEAD_DIM)
+    SUB_M: tl.constexpr = BLOCK_M // SUBTILES
+    rows = start_m * BLOCK_M + tl.arange(0, SUB_M)
+    rows1 = rows + (SUBTILES - 1) * SUB_M  # the second sub-tile's rows (SUBTILES = 2)
+    q_base = Q + b64 * stride_qb + hq64 * stride_qh
+    if WS:
+        # The warp-specialised loop (Triton's Hopper pass: one producer warp group issuing TMA loads, two consumer
+        # warp groups of BLOCK_M / 2 rows each) takes only descriptor loads in the kernel, made on the device so the
+        # compiler may split their blocks: Q's too, and one key loop with the causal mask inside (DIAG).
+        q_desc = tl.make_tensor_descriptor(Q, [Q_ROWS, HEAD_DIM], [stride_qs, 1], [SUB_M, HEAD_DIM])
+        K_DESC = tl.make_tensor_descriptor(K, [K_ROWS, HEAD_DIM], [stride_ks, 1], [BLOCK_N, HEAD_DIM])
+        V_DESC = tl.make_tensor_descriptor(V, [V_ROWS, HEAD_DIM], [stride_vs, 1], [BLOCK_N, HEAD_DIM])
+        q = q_desc.load([b * Q_RB + hq * Q_RH + q_start + start_m * BLOCK_M, 0])
+    else:
+        q = tl.load(q_base + (q_start + rows).to(tl.int64)[:, None] * stride_qs + offs_d[None, :],
+                    mask=(rows < q_len)[:, None], other=0.0)
+    q1 = q
+    if SUBTILES == 2:
+        q1 = tl.load(q_base + (q_start + rows1).to(tl.int64)[:, None] * stride_qs + offs_d[None, :],
+                     mask=(rows1 < q_len)[:, None], other=0.0)
+    k_base = K + b64 * stride_kb + hkv.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks
+    v_base = V + b64 * stride_vb + hkv.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs
+
+    m_i = tl.full([SUB_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([SUB_M], dtype=tl.float32)
+    acc = tl.zeros([SUB_M, HEAD_DIM], dtype=tl.float32)
+    m1, l1, acc1 = m_i, l_i, acc
+    dsum = tl.zeros([SUB_M], dtype=tl.float32)
+    if PRECISE:
+        do_in = tl.load(DO + b64 * stride_dob + hq64 * stride_doh + (q_start + rows).to(tl.int64)[:, None] * stride_dos
+                        + offs_d[None, :], mask=(rows < q_len)[:, None], other=0.0)
+    else:
+        do_in = q  # not read
+    if WS:
+        # One loop over every key block the query block sees (the launcher checks that the keys fill whole
+        # blocks and, causal, that BLOCK_N divides BLOCK_M).
+        if CAUSAL:
+            hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M)
+        else:
+            hi = k_len
+        acc, l_i, m_i, dsum, acc1, l1, m1 = _fwd_inner(
+            acc, l_i, m_i, dsum, q, acc1, l1, m1, q1, do_in, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC,
+            k_row, v_row, rows, rows1, 0, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, True, True,
+            SCALE_POS, PRECISE, SUBTILES, CAUSAL, DEFER, UPCAST, IEEE, RNE)
+    else:
+        # Unmasked blocks: wholly inside the keys and, when causal, wholly left of this block's first row. The
+        # masked range then starts at a key every row of the block may see (j = its first key <= every row i), so
+        # no row is left with only -inf scores after its first block.
+        full_k = (k_len // BLOCK_N) * BLOCK_N
+        if CAUSAL:
+            bulk_hi = tl.minimum((start_m * BLOCK_M // BLOCK_N) * BLOCK_N, full_k)
+            hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M)
+        else:
+            bulk_hi = full_k
+            hi = k_len
+        acc, l_i, m_i, dsum, acc1, l1, m1 = _fwd_inner(
+            acc, l_i, m_i, dsum, q, acc1, l1, m1, q1, do_in, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC,
+            k_row, v_row, rows, rows1, 0, bulk_hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, TMA, False,
+            SCALE_POS, PRECISE, SUBTILES, False, DEFER, UPCAST, IEEE, RNE)
+        acc, l_i, m_i, dsum, acc1, l1, m1 = _fwd_inner(
+            acc, l_i, m_i, dsum, q, acc1, l1, m1, q1, do_in, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC,
+            k_row, v_row, rows, rows1, bulk_hi, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, False, False,
+            SCALE_POS, PRECISE, SUBTILES, False, False, UPCAST, IEEE, RNE)
+    _fwd_epilogue(acc, l_i, m_i, dsum, rows, q_len, q_start, b64, hq64, O, LSE, DO, DELTA, stride_ob, stride_oh,
+                  stride_os, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, HEAD_DIM, STORE_LSE,
+                  WITH_DELTA, PRECISE, RNE)
+    if SUBTILES == 2:
+        _fwd_epilogue(acc1, l1, m1, dsum, rows1, q_len, q_start, b64, hq64, O, LSE, DO, DELTA, stride_ob,
+                      stride_oh, stride_os, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, HEAD_DIM,
+                      STORE_LSE, WITH_DELTA, PRECISE, RNE)
 
 
 @triton.jit
@@ -215,6 +398,8 @@ def _attn_fwd_kernel(
     CU_Q, CU_K,  # [batch + 1] int32 sequence starts (VARLEN only; any pointer otherwise)
     K_DESC, V_DESC,  # TMA only: host tensor descriptors over K and V seen as [rows, D] (block [BLOCK_N, D])
     K_RB, K_RH, V_RB, V_RH,  # TMA only: rows of that view per batch and per head (row of key j: b*RB + h*RH + j)
+    Q_RB, Q_RH,  # WS only: the same for Q (its descriptor is made in the kernel, as those over K and V then)
+    Q_ROWS, K_ROWS, V_ROWS,  # WS only: rows of the three [rows, D] views
     qk_scale,    # softmax scale * log2(e)
     stride_qb, stride_qh, stride_qs,  # elements; D has unit stride. Packed sequences: stride_*b = 0
     stride_kb, stride_kh, stride_ks,
@@ -224,79 +409,46 @@ def _attn_fwd_kernel(
     stride_lb, stride_lh,             # LSE (and DELTA) [B, Hq, Sq] (packed: [Hq, Tq], stride_lb = 0); rows unit stride
     S_Q, S_K,                         # dense lengths (VARLEN: unused, the grid covers the longest sequence)
     HQ,                               # query heads
+    NUM_M, NUM_BH,                    # PERSISTENT only: query blocks per (batch, head), and batch * HQ
     GROUP: tl.constexpr,              # query heads per key/value head
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, WITH_DELTA: tl.constexpr,
     PRECISE: tl.constexpr,    # WITH_DELTA only: delta = sum_j P_ij dP_ij (one more product a key block)
     TMA: tl.constexpr,        # K/V tiles of the unmasked key blocks through K_DESC/V_DESC (the Hopper TMA unit)
-    WS: tl.constexpr,         # warp-specialise the unmasked key loop (tl.range(warp_specialize=True))
+    WS: tl.constexpr,         # the warp-specialised single key loop over device-made descriptors (see _fwd_tile)
     SCALE_POS: tl.constexpr,  # qk_scale > 0: the row max is taken before scaling (one FMA per score)
     REVERSE: tl.constexpr,    # the last query block first (causal: the longest programs start first)
+    SUBTILES: tl.constexpr,   # 1, or 2 query sub-tiles of BLOCK_M / 2 rows sharing each K/V tile
+    PERSISTENT: tl.constexpr,  # a grid of about one program per SM looping over the (query block, head) tiles
+    DEFER: tl.constexpr,      # rescale the accumulator only when a row's max grows by more than 8 (base 2)
     UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
 ):
-    start_m = tl.program_id(0)
-    if REVERSE:
-        start_m = tl.num_programs(0) - 1 - start_m
-    bh = tl.program_id(1)
-    b = bh // HQ
-    hq = bh % HQ
-    hkv = hq // GROUP
-    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, S_Q, S_K, VARLEN)
-    if start_m * BLOCK_M >= q_len:  # the grid covers the longest packed sequence
-        return
-    b64 = b.to(tl.int64)
-    k_row = b * K_RB + hkv * K_RH + k_start  # int32: the launcher checks the view has fewer than 2^31 rows
-    v_row = b * V_RB + hkv * V_RH + k_start
-    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = rows < q_len
-    q_rows = (q_start + rows).to(tl.int64)
-    q = tl.load(Q + b64 * stride_qb + hq.to(tl.int64) * stride_qh + q_rows[:, None] * stride_qs + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    k_base = K + b64 * stride_kb + hkv.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks
-    v_base = V + b64 * stride_vb + hkv.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # Unmasked blocks: wholly inside the keys and, when causal, wholly left of this block's first row. The masked
-    # range then starts at a key every row of the block may see (j = its first key <= every row i), so no row
-    # is left with only -inf scores after its first block.
-    full_k = (k_len // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        bulk_hi = tl.minimum((start_m * BLOCK_M // BLOCK_N) * BLOCK_N, full_k)
-        hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M)
+    if PERSISTENT:
+        # Tile t of NUM_M * NUM_BH. Causal: the last query blocks of every head first (the longest tiles start
+        # first and the short ones fill the tail); else a head's query blocks in a row (its K/V stay in L2).
+        for tile in tl.range(tl.program_id(0), NUM_M * NUM_BH, tl.num_programs(0)):
+            if CAUSAL:
+                start_m = NUM_M - 1 - tile // NUM_BH
+                bh = tile % NUM_BH
+            else:
+                start_m = tile % NUM_M
+                bh = tile // NUM_M
+            _fwd_tile(start_m, bh, Q, K, V, O, LSE, DO, DELTA, CU_Q, CU_K, K_DESC, V_DESC, K_RB, K_RH, V_RB, V_RH,
+                      Q_RB, Q_RH, Q_ROWS, K_ROWS, V_ROWS, qk_scale, stride_qb, stride_qh, stride_qs, stride_kb,
+                      stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
+                      stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, S_Q, S_K, HQ, GROUP, HEAD_DIM,
+                      BLOCK_M, BLOCK_N, CAUSAL, VARLEN, STORE_LSE, WITH_DELTA, PRECISE, TMA, WS, SCALE_POS, SUBTILES,
+                      DEFER, UPCAST, IEEE, RNE)
     else:
-        bulk_hi = full_k
-        hi = k_len
-    dsum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PRECISE:
-        do_in = tl.load(DO + b64 * stride_dob + hq.to(tl.int64) * stride_doh + q_rows[:, None] * stride_dos
-                        + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    else:
-        do_in = q  # not read
-    acc, l_i, m_i, dsum = _fwd_inner(acc, l_i, m_i, dsum, q, do_in, k_base, v_base, stride_ks, stride_vs, K_DESC,
-                                     V_DESC, k_row, v_row, rows, 0, bulk_hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False,
-                                     CAUSAL, TMA, WS, SCALE_POS, PRECISE, UPCAST, IEEE, RNE)
-    acc, l_i, m_i, dsum = _fwd_inner(acc, l_i, m_i, dsum, q, do_in, k_base, v_base, stride_ks, stride_vs, K_DESC,
-                                     V_DESC, k_row, v_row, rows, bulk_hi, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, True,
-                                     CAUSAL, False, False, SCALE_POS, PRECISE, UPCAST, IEEE, RNE)
-
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a query with no key at all (an empty packed key sequence): o = 0
-    o = acc / l_safe[:, None]
-    o_ptrs = O + b64 * stride_ob + hq.to(tl.int64) * stride_oh + q_rows[:, None] * stride_os + offs_d[None, :]
-    _store_rows(o_ptrs, o, row_ok[:, None], RNE)
-    l_off = b64 * stride_lb + hq.to(tl.int64) * stride_lh + q_start + rows
-    if STORE_LSE:
-        tl.store(LSE + l_off, m_i + tl.log2(l_safe), mask=row_ok)
-    if PRECISE:
-        tl.store(DELTA + l_off, dsum / l_safe, mask=row_ok)
-    elif WITH_DELTA:
-        # The backward's delta from the fp32 o, before its rounding to bf16: the rounding error of a stored O
-        # would enter every dS of the row (dS = P o (dP - delta)) and bias dQ and dK.
-        do = tl.load(DO + b64 * stride_dob + hq.to(tl.int64) * stride_doh + q_rows[:, None] * stride_dos
-                     + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        tl.store(DELTA + l_off, tl.sum(o * do.to(tl.float32), axis=1), mask=row_ok)
+        start_m = tl.program_id(0)
+        if REVERSE:
+            start_m = tl.num_programs(0) - 1 - start_m
+        _fwd_tile(start_m, tl.program_id(1), Q, K, V, O, LSE, DO, DELTA, CU_Q, CU_K, K_DESC, V_DESC, K_RB, K_RH,
+                  V_RB, V_RH, Q_RB, Q_RH, Q_ROWS, K_ROWS, V_ROWS, qk_scale, stride_qb, stride_qh, stride_qs,
+                  stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
+                  stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, S_Q, S_K, HQ, GROUP, HEAD_DIM, BLOCK_M,
+                  BLOCK_N, CAUSAL, VARLEN, STORE_LSE, WITH_DELTA, PRECISE, TMA, WS, SCALE_POS, SUBTILES, DEFER,
+                  UPCAST, IEEE, RNE)
 
 
 # ---- backward -----------------------------------------------------------------------------------------------------
@@ -544,7 +696,8 @@ def _attn_bwd_dq_kernel(
 
 
 # ---- launchers ----------------------------------------------------------------------------------------------------
-def fwd_config(head_dim: int, device: torch.device, precise: bool = False) -> tuple[int, int, int, int]:
+def fwd_config(head_dim: int, device: torch.device, precise: bool = False,
+               warp_specialize: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, warps, stages) of the forward; on the interpreter 32 x 32 tiles keep the tests quick and
     still loop. D = 128: 128 x 128 tiles, 8 warps, 3 stages of K/V through TMA (230,424 bytes of shared memory),
     the best of the H200 sweep (docs/BENCHMARKS.md run M, do_bench, B4 H32 S4096): 498 TFLOP/s, causal 431
@@ -555,6 +708,10 @@ def fwd_config(head_dim: int, device: torch.device, precise: bool = False) -> tu
     warps 12.89 / 7.07); other head dims one stage less than the plain forward (unmeasured)."""
     if device.type != "cuda":
         return 32, 32, 4, 1
+    if warp_specialize:  # Triton's Hopper pass makes 4 warps 12 (a producer and two consumer warp groups); 3
+        # stages of 128-row K and V tiles would pass the shared memory (246 KB at D = 128). Unmeasured on the H200
+        # (benchmarks/sweep_attention_fwd.py).
+        return (128, 128, 4, 2) if head_dim <= 128 else (128, 64, 4, 2)
     if precise and 64 < head_dim <= 128:
         return 128, 64, 8, 3
     if precise:
@@ -650,13 +807,18 @@ def _modes(x: torch.Tensor) -> dict:
 
 
 def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma=None, warp_specialize=False,
-         reverse=None, precise=False):
+         reverse=None, precise=False, subtiles=1, persistent=False, defer_rescale=False):
     # q, k, v: [B, H, S, D] (varlen None) or [T, H, D] with varlen = (cu_q, cu_k, max_q, max_k). tma, warp_specialize,
-    # reverse: see attention_fwd.
+    # reverse, subtiles, persistent, defer_rescale: see attention_fwd.
     d = q.shape[-1]
     hq, hkv = q.shape[1], k.shape[1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    bm, bn, warps, stages = config or fwd_config(d, q.device, bool(precise) and do is not None)
+    precise = bool(precise) and do is not None
+    if subtiles not in (1, 2) or (subtiles == 2 and precise):
+        raise ValueError(f"attention: subtiles must be 1 or 2 (1 with precise=True), not {subtiles!r}")
+    if persistent and varlen is not None:
+        raise ValueError("attention: persistent scheduling is for dense [B, H, S, D] inputs, not packed sequences")
+    bm, bn, warps, stages = config or fwd_config(d, q.device, precise, bool(warp_specialize))
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if varlen is None:
         batch, s_q, s_k = q.shape[0], q.shape[2], k.shape[2]
@@ -678,18 +840,42 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
     use_tma = varlen is None and s_k >= bn and _want_tma(q, tma)
     descs, kv_rows, use_tma = _descs(((k, _row_view(k)), (v, _row_view(v))) if use_tma else ((k, None), (v, None)),
                                      bn)
-    grid = (triton.cdiv(grid_m, bm), batch * hq)
+    # The warp-specialised single loop: descriptors over Q, K and V made in the kernel, keys filling whole blocks
+    # (causal: whole diagonal blocks too), qk_scale > 0 (the causal -inf goes through the FMA), no dO product.
+    # Where one of these fails the launch keeps the two-loop path, as `tma` does.
+    views = [_row_view(t) for t in (q, k, v)] if use_tma and warp_specialize else [None]
+    use_ws = (all(view is not None for view in views) and s_k % bn == 0 and (not causal or bm % bn == 0)
+              and scale > 0 and not precise and subtiles == 1)
+    if use_ws:
+        _set_scratch_allocator(q.device)
+    q_rows = views[0][:2] if use_ws else (0, 0)
+    rows = [view[2] for view in views] if use_ws else [0, 0, 0]
+    num_m = triton.cdiv(grid_m, bm)
+    if persistent:
+        programs = min(num_m * batch * hq, sm_count(q.device) * int(persistent))
+        grid = (programs, 1)
+    else:
+        grid = (num_m, batch * hq)
     _attn_fwd_kernel[grid](
         q, k, v, o, lse, do if do is not None else q, delta if do is not None else lse, cu_q, cu_k, *descs, *kv_rows,
-        scale * 1.4426950408889634, *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(o), *_bhs(do if do is not None else q),
-        *l_strides, s_q, s_k, hq,
+        *q_rows, *rows, scale * 1.4426950408889634, *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(o),
+        *_bhs(do if do is not None else q), *l_strides, s_q, s_k, hq, num_m, batch * hq,
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), VARLEN=varlen is not None,
-        STORE_LSE=store_lse, WITH_DELTA=do is not None, PRECISE=bool(precise) and do is not None, TMA=use_tma,
-        WS=bool(warp_specialize) and use_tma,
-        SCALE_POS=scale > 0, REVERSE=bool(causal) if reverse is None else bool(reverse),
+        STORE_LSE=store_lse, WITH_DELTA=do is not None, PRECISE=precise, TMA=use_tma, WS=use_ws,
+        SCALE_POS=scale > 0, REVERSE=bool(causal) if reverse is None else bool(reverse), SUBTILES=subtiles,
+        PERSISTENT=bool(persistent), DEFER=bool(defer_rescale),
         num_warps=warps, num_stages=stages, **_modes(q),
     )
     return o, lse, delta
+
+
+def _set_scratch_allocator(device: torch.device) -> None:
+    """Descriptors made in a kernel (tl.make_tensor_descriptor) live in global scratch memory that Triton asks the
+    host for through this allocator."""
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(alloc)
 
 
 def _grad_like(t: torch.Tensor, bshd: bool) -> torch.Tensor:
@@ -752,35 +938,46 @@ def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                   sm_scale: float | None = None, config: tuple[int, int, int, int] | None = None,
                   store_lse: bool = True, tma: bool | None = None, warp_specialize: bool = False,
-                  reverse: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  reverse: bool | None = None, subtiles: int = 1, persistent: bool | int = False,
+                  defer_rescale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [B, Hq, Sq, D], lse2 [B, Hq, Sq] fp32) of softmax(q k^T * scale) v; scale defaults to 1/sqrt(D).
     lse2 is the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for the natural one).
-    Variants (same results): config (BLOCK_M, BLOCK_N, warps, stages); tma: K/V tiles of the unmasked key blocks
-    through TMA descriptors (None: on sm_90+ GPUs; layouts a descriptor cannot read keep pointers, whatever tma
-    says); warp_specialize: tl.range(warp_specialize=True) on that loop (with TMA only); reverse: the query blocks
-    in reverse launch order (None: when causal, so that the longest programs start first)."""
+    Variants (the same softmax; the defaults are the measured best): config (BLOCK_M, BLOCK_N, warps, stages);
+    tma: K/V tiles of the unmasked key blocks through TMA descriptors (None: on sm_90+ GPUs; layouts a descriptor
+    cannot read keep pointers, whatever tma says); reverse: the query blocks in reverse launch order (None: when
+    causal, so that the longest programs start first). The Hopper variants of issue 6, after Triton's fused-attention
+    tutorial: warp_specialize: one key loop (the causal mask inside) over descriptors made in the kernel, under
+    tl.range(warp_specialize=True), which Triton 3.6 compiles at 4 warps into a TMA producer warp group and two
+    consumer warp groups of BLOCK_M / 2 rows (default config 128 x 128 x 4 warps x 2 stages; kept off where the
+    keys do not fill whole blocks, the layout is not TMA-readable or scale <= 0); subtiles=2: two query sub-tiles
+    of BLOCK_M / 2 rows share each K/V tile, the second's QK^T issued before the first's softmax (meant for
+    BLOCK_M 256 at 8 warps or 128 at 4); persistent: about `persistent` programs per SM (True: 1) looping over the
+    (query block, head) tiles, causal the longest first; defer_rescale: the running max moves only when a row's
+    grows by more than 8 (base 2), and the accumulator's rescale is skipped until then (FlashAttention-4)."""
     _check_qkv(q, k, v, 4)
     if q.shape[0] != k.shape[0]:
         raise ValueError(f"attention: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
     return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, store_lse, None, tma,
-                warp_specialize, reverse)[:2]
+                warp_specialize, reverse, subtiles=subtiles, persistent=persistent, defer_rescale=defer_rescale)[:2]
 
 
 def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                              causal: bool = False, sm_scale: float | None = None, config=None,
                              tma: bool | None = None, warp_specialize: bool = False, reverse: bool | None = None,
-                             precise: bool = False):
+                             precise: bool = False, subtiles: int = 1, persistent: bool | int = False,
+                             defer_rescale: bool = False):
     """(o, lse, delta) when the upstream gradient do is known at forward time (a fused forward + backward): the
     forward's epilogue computes delta = rowsum(do o o) from the fp32 o, which saves the backward's preprocess
     kernel (a read of o and do) and the error of o's rounding. Pass delta to attention_bwd. precise: delta =
     sum_j P_ij dP_ij from the unrounded P instead (dP = dO V^T, one more product a key block), so each row's dS sum
     to zero; with attention_bwd(split_ds=True) it is the `precise` backward (docs/BENCHMARKS.md, the attention
-    section: what the harness rejects the default for; its cost on the H200 is not measured)."""
+    section: what the harness rejects the default for; its cost on the H200 is not measured). The other variants:
+    see attention_fwd (subtiles=2 with precise=False only)."""
     _check_qkv(q, k, v, 4)
     if q.shape[0] != k.shape[0] or do.shape != q.shape:
         raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)} and do {tuple(do.shape)} do not fit")
     return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, True, _unit_d(do), tma,
-                warp_specialize, reverse, precise)
+                warp_specialize, reverse, precise, subtiles, persistent, defer_rescale)
 
 
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,

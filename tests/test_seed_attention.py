@@ -298,6 +298,67 @@ def test_tma_falls_back_where_a_descriptor_cannot_read(monkeypatch):
                F.scaled_dot_product_attention(*(t.double() for t in per), is_causal=True)[0].transpose(0, 1))
 
 
+# The forward's Hopper variants (issue 6; benchmarks/sweep_attention_fwd.py) at interpreter-sized tiles, TMA on as on
+# the H200: (name, attention_fwd keywords).
+FWD_VARIANTS = [
+    ("warp_specialize", dict(warp_specialize=True, config=(32, 16, 4, 1))),
+    ("warp_specialize 32x32", dict(warp_specialize=True, config=(32, 32, 4, 1))),
+    ("subtiles", dict(subtiles=2, config=(64, 16, 8, 1))),
+    ("persistent", dict(persistent=True, config=(32, 16, 8, 1))),
+    ("persistent warp_specialize", dict(persistent=True, warp_specialize=True, config=(32, 16, 4, 1))),
+    ("defer_rescale", dict(defer_rescale=True, config=(32, 16, 8, 1))),
+    ("defer_rescale subtiles persistent", dict(defer_rescale=True, subtiles=2, persistent=2, config=(64, 16, 8, 1))),
+]
+FWD_VARIANT_CASES = [
+    # B, Hq, Hkv, S, D, causal, dtype, distribution. S 64: whole blocks (the warp-specialised single loop runs);
+    # S 45: a masked tail (it falls back to the two-loop path). "growing": keys of a late block scaled up, so the
+    # running max jumps by more than 8 (base 2) there, after blocks where it barely moves (both sides of DEFER).
+    (2, 4, 2, 64, 32, False, torch.bfloat16, "growing"),
+    (1, 2, 2, 64, 64, True, torch.float16, "growing"),
+    (1, 4, 1, 45, 32, True, torch.bfloat16, "normal"),
+    (2, 2, 2, 45, 16, False, torch.bfloat16, "outliers"),
+]
+
+
+@pytest.mark.parametrize("b,hq,hkv,s,d,causal,dtype,dist", FWD_VARIANT_CASES)
+@pytest.mark.parametrize("name,kw", FWD_VARIANTS, ids=[name for name, _ in FWD_VARIANTS])
+def test_forward_variants_match_sdpa(monkeypatch, name, kw, b, hq, hkv, s, d, causal, dtype, dist):
+    """Each variant against the float64 truth (the harness's tolerance) and its lse against the default's; the
+    warp-specialised variants take their single-loop path exactly where the keys fill whole blocks."""
+    gen = torch.Generator().manual_seed(s * 13 + d + hq)
+    q = _draw((b, hq, s, d), dtype, dist if dist != "growing" else "normal", gen)
+    k, v = (_draw((b, hkv, s, d), dtype, dist if dist != "growing" else "normal", gen) for _ in range(2))
+    if dist == "growing":
+        k[:, :, 40:48] *= 6
+    ws_launches = []
+    real = A._set_scratch_allocator
+    monkeypatch.setattr(A, "_set_scratch_allocator", lambda dev: ws_launches.append(dev) or real(dev))
+    o, lse = A.attention_fwd(q, k, v, causal, tma=True, **kw)
+    assert len(ws_launches) == int(kw.get("warp_specialize", False) and s % kw["config"][1] == 0)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv)
+    truth = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
+                                           enable_gqa=hq != hkv)
+    _check(f"{name} o", o, ref, truth)
+    o0, lse0 = A.attention_fwd(q, k, v, causal, config=SMALL_FWD, tma=True)
+    assert (lse - lse0).abs().max() <= 1e-5 * max(1.0, float(lse0.abs().max())), f"{name}: lse differs"
+
+
+def test_forward_variants_with_delta():
+    """The fused forward + backward's delta through the variants equals the default's (no dO product: the
+    warp-specialised loop takes no pointer load, so delta comes from the epilogue as in the default)."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, do = (torch.randn(1, 2, 64, 32, generator=gen).to(torch.bfloat16) for _ in range(4))
+    want = A.attention_fwd_with_delta(q, k, v, do, True, config=(32, 16, 4, 1), tma=True)
+    for kw in (dict(warp_specialize=True), dict(persistent=True), dict(defer_rescale=True)):
+        got = A.attention_fwd_with_delta(q, k, v, do, True, config=(32, 16, 4, 1), tma=True, **kw)
+        for name, g, w in zip(("o", "lse", "delta"), got, want):
+            assert torch.allclose(g.float(), w.float(), atol=1e-5, rtol=1e-5), f"{kw}: {name} differs"
+    with pytest.raises(ValueError, match="subtiles"):
+        A.attention_fwd_with_delta(q, k, v, do, True, config=(32, 16, 4, 1), subtiles=2, precise=True)
+    with pytest.raises(ValueError, match="subtiles"):
+        A.attention_fwd(q, k, v, subtiles=3)
+
+
 def test_bad_inputs_are_one_sentence():
     q = torch.randn(1, 3, 8, 64)
     with pytest.raises(ValueError, match="multiple of key/value heads"):
@@ -333,18 +394,25 @@ def _compile_all(d: int) -> dict:
     def desc(tma: bool, rows: int) -> str:
         return f"tensordesc<bf16[{rows},{d}]>" if tma else "*bf16"
 
-    def fwd(config, tma=True, warp_specialize=False, reverse=None, precise=False, **_):
-        bm, bn, warps, stages = config or A.fwd_config(d, dev, precise)
+    def fwd(config=None, tma=True, warp_specialize=False, reverse=None, precise=False, subtiles=1, persistent=False,
+            defer_rescale=False, causal=True, with_ws=False, **_):
+        """Shared memory of one forward variant (with_ws: and whether Triton warp-specialised it)."""
+        bm, bn, warps, stages = config or A.fwd_config(d, dev, precise, warp_specialize)
+        ws = warp_specialize and tma and not precise and subtiles == 1  # as _fwd decides at B4 H32 S4096
         args = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", DO="*bf16", DELTA="*fp32", CU_Q="*i32",
-                    CU_K="*i32", K_DESC=desc(tma, bn), V_DESC=desc(tma, bn), K_RB=131072, K_RH=4096, V_RB=131072,
-                    V_RH=4096, qk_scale=0.1, S_Q=4096, S_K=4096, HQ=32, GROUP=1, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-                    CAUSAL=True, STORE_LSE=True, WITH_DELTA=True, PRECISE=precise, TMA=tma, WS=warp_specialize,
-                    SCALE_POS=True,
-                    REVERSE=reverse is not False, **flags,
+                    CU_K="*i32", K_DESC=desc(tma and not ws, bn), V_DESC=desc(tma and not ws, bn), K_RB=131072,
+                    K_RH=4096, V_RB=131072, V_RH=4096, Q_RB=131072, Q_RH=4096, Q_ROWS=524288, K_ROWS=524288,
+                    V_ROWS=524288, qk_scale=0.1, S_Q=4096, S_K=4096, HQ=32, NUM_M=4096 // bm, NUM_BH=128, GROUP=1,
+                    HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, STORE_LSE=True, WITH_DELTA=not ws,
+                    PRECISE=precise, TMA=tma, WS=ws, SCALE_POS=True, REVERSE=reverse is not False,
+                    SUBTILES=subtiles, PERSISTENT=bool(persistent), DEFER=defer_rescale, **flags,
                     **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh "
                                "stride_vs stride_ob stride_oh stride_os stride_dob stride_doh stride_dos stride_lb "
                                "stride_lh"))
-        return compile_sm90(A._attn_fwd_kernel, args, warps, stages).metadata.shared
+        kernel = compile_sm90(A._attn_fwd_kernel, args, warps, stages)
+        if with_ws:
+            return kernel.metadata.shared, "ttg.warp_specialize" in kernel.asm["ttgir"]
+        return kernel.metadata.shared
 
     def bwd(config, tma=True, split_ds=False, **_):
         m1, n1, m2, n2, warps, stages = config or A.bwd_config(d, dev)
@@ -381,6 +449,12 @@ def _compile_all(d: int) -> dict:
             if key not in seen:
                 seen.add(key)
                 out[f"dkdv {name}"], out[f"dq {name}"] = bwd(*key)
+        import sweep_attention_fwd as SWEEP
+        for name, kw in SWEEP.VARIANTS:  # benchmarks/sweep_attention_fwd.py, causal and not
+            for causal in (False, True):
+                shared, ws = fwd(**kw, causal=causal, with_ws=True)
+                out[f"sweep {name}{' causal' if causal else ''}"] = shared
+                out[f"warp-specialised: sweep {name}{' causal' if causal else ''}"] = ws
         block_n, warps, stages = DEC.decode_config(dev)
         split = dict(Q="*bf16", K="*bf16", V="*bf16", O_PART="*fp32", LSE_PART="*fp32", SEQ_LENS="*i32",
                      BLOCK_TABLE="*i32", qk_scale=0.1, stride_bt=512, N_CTX=8192, tokens_per_split=4096, HKV=8,
@@ -397,8 +471,11 @@ def test_gpu_kernels_compile_for_sm90(d):
     """The interpreter never compiles; a child process without TRITON_INTERPRET compiles every launched variant."""
     shared = compiled_in_child(__file__, str(d))
     assert set(shared) >= {"fwd", "dkdv", "dq", "fwd precise", "dkdv precise", "dq precise"}
+    ws = {k.split(": ", 1)[1]: shared.pop(k) for k in list(shared) if k.startswith("warp-specialised: ")}
     for kernel, nbytes in shared.items():
         assert nbytes <= HOPPER_SMEM, f"{kernel} at D={d} needs {nbytes} bytes of shared memory"
+    if d == 128:  # Triton's Hopper pass takes every 4-warp warp_specialize variant of the sweep, and only those
+        assert ws and all(flag == ("sweep ws " in name) for name, flag in ws.items()), ws
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--compile-sm90"]:
