@@ -100,7 +100,7 @@ SOFTMAX_Y_VARIANTS = [  # from the saved y
     ("row w16 .cs", RowVariant(num_warps=16, store_cache=".cs")),
     ("row w16 evict_first .cs", RowVariant(num_warps=16, load_policy="evict_first", store_cache=".cs")),
     ("row w16 maxnreg40", RowVariant(num_warps=16, maxnreg=40)),
-    ("row w32", RowVariant(num_warps=32)),
+    ("row w16 maxnreg32", RowVariant(num_warps=16, maxnreg=32)),
     ("row w16 persistent 1/SM prefetch", RowVariant(num_warps=16, programs_per_sm=1, prefetch=True)),
     ("row w16 persistent 2/SM prefetch", RowVariant(num_warps=16, programs_per_sm=2, prefetch=True)),
     ("two-pass chunk 2048 w16", RowVariant(num_warps=16, chunk=2048)),
@@ -111,7 +111,6 @@ SOFTMAX_X_VARIANTS = [  # from x (the task's contract), recomputing y in registe
     ("row w8", RowVariant(num_warps=8)),
     ("row w16", RowVariant(num_warps=16)),
     ("row w16 maxnreg40", RowVariant(num_warps=16, maxnreg=40)),
-    ("row w8 .cs", RowVariant(num_warps=8, store_cache=".cs")),
     ("row w16 persistent 2/SM prefetch", RowVariant(num_warps=16, programs_per_sm=2, prefetch=True)),
     ("row w8 persistent 1/SM prefetch", RowVariant(num_warps=8, programs_per_sm=1, prefetch=True)),
 ]
@@ -178,10 +177,8 @@ RESIDUAL_VARIANTS = [
     ("row w8", RowVariant(num_warps=8)),
     ("row w4", RowVariant(num_warps=4)),
     ("row w16", RowVariant(num_warps=16)),
-    ("row w8 .cs", RowVariant(num_warps=8, store_cache=".cs")),
     ("row w8 evict_first .cs", RowVariant(num_warps=8, load_policy="evict_first", store_cache=".cs")),
     ("row w8 persistent 4/SM", RowVariant(num_warps=8, programs_per_sm=4)),
-    ("row w8 persistent 2/SM prefetch", RowVariant(num_warps=8, programs_per_sm=2, prefetch=True)),
     ("row w8 persistent 4/SM prefetch", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True)),
     ("row w16 persistent 2/SM prefetch", RowVariant(num_warps=16, programs_per_sm=2, prefetch=True)),
 ]

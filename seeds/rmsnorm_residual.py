@@ -7,9 +7,12 @@ Measured on the H200 (2026-11-29, docs/bench-norms.md): 0.1432 ms = 3,749 GB/s (
 0.96x Liger's fused_add_rms_norm (3,918) and 0.97x torch.compile (3,881); 1.26x eager.
 
 Variants (issue 5; a `RowVariant` of seeds/softmax_bwd.py, default off, timed by benchmarks/sweep_norms.py, not yet
-measured on the GPU): a one-row kernel shaped like Liger's (a 1-D block at a scalar int64 row offset, no mask when N
-is the block), with the memory hints (`evict_first` loads of x and residual, `.cs` streaming stores of h and y) and
-a persistent grid (optionally with the next row's loads issued before this row's arithmetic).
+measured on the GPU): a one-row kernel shaped like Liger's (a 1-D block at a scalar row offset, no mask when N is the
+block), with the memory hints (`evict_first` loads of x and residual, `.cs` streaming stores of h and y), a
+persistent grid (optionally with the next row's loads issued before this row's arithmetic) and a register cap.
+Compiled for sm_90 here (triton 3.6, ptxas), the 8-warp row kernel has the seed kernel's counts (40 registers a
+thread, 264 SASS instructions) and Liger's holds 40 registers too (320 instructions): occupancy does not explain the
+4% between them, so only the GPU sweep can say whether any of these launch shapes closes it.
 """
 from __future__ import annotations
 

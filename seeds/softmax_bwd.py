@@ -6,21 +6,24 @@ Measured on the H200 (2026-11-29, docs/bench-norms.md): 0.2164 ms = 3,721 GB/s a
 0.87x torch.compile's backward from the saved y (4,295 GB/s), 1.77x eager; not faster than the best baseline.
 
 Variants (issue 5; `RowVariant`, default off, timed by benchmarks/sweep_norms.py, not yet measured on the GPU): a
-one-row kernel written for the copy ceiling, from x or from the saved y:
-- the row is one 1-D block at a scalar int64 row offset (no per-element 64-bit address arithmetic), with no mask
-  at all when N is the block (the task's 8192);
-- from x, the two sums of a row (sum e and sum e·dy) share one reduction, and y is never formed:
-  dx = e/s · (dy - d/s) with s = sum e, d = sum e·dy; two cross-warp reductions a row instead of three;
-- memory hints: `evict_first` on the once-read loads, `.cs` (streaming) on the dx store;
+one-row kernel, from x or from the saved y, a 1-D block at a scalar row offset with no mask at all when N is the
+block (the task's 8192). What each option changes, and what compiling for sm_90 here showed (triton 3.6 and ptxas,
+no GPU; registers a thread, SASS instructions of the kernel):
+- from y at 16 warps: 46 registers / 216 instructions against the seed's 48 / 216, so the 1-D form alone changes
+  little; from x at 8 warps the two sums of a row (sum e and sum e·dy) share one reduction and y is never formed,
+  dx = e/s · (dy - d/s) with s = sum e, d = sum e·dy: 576 instructions and 6 barriers against 680 and 8;
+- memory hints: `evict_first` on the once-read loads, `.cs` (streaming) on the dx store (the forwards' sweep,
+  docs/BENCHMARKS.md run E, found evict_first 2.7-4.5% slower and .cs neutral there);
 - a persistent grid (k programs per SM walking rows with a stride), optionally loading the next row before this
-  row's arithmetic so a program always has a row of loads in flight;
+  row's arithmetic so a program keeps a row of loads in flight (64 registers from y at 16 warps: 2 programs per
+  SM; 128 from x at 8 warps: 1). A prefetch past the last row re-reads row M - 1 instead (no out-of-bounds read;
+  the interpreter cannot tell the two apart, so only the GPU run exercises it);
 - from y only, `chunk`: two passes over the row in chunks, the second re-reading the row from cache, as
   torch.compile's looped reduction does (its backward is the one the seed trails);
-- `maxnreg`: a register cap. Compiled for sm_90 (triton 3.6, ptxas), the 16-warp row kernel from y holds 46
-  registers a thread (2 programs per SM); Liger's backward, which does its arithmetic in bf16, holds 32 (4 per SM,
-  twice the rows in flight). fp32 arithmetic on 8192 columns cannot fit 32 without spilling; 40 (3 per SM) spills
-  8 bytes a thread.
-`_load_row_pair` / `_store_row` / `RowVariant` are shared with seeds/rmsnorm_residual.py.
+- `maxnreg`: a register cap. Liger's backward holds 32 registers at 16 warps (4 programs per SM, twice the rows in
+  flight of the seed's 2) because it does its arithmetic in bf16; fp32 arithmetic on 8192 columns does not fit 32
+  without spilling (48 bytes a thread), 40 (3 programs per SM) spills 8.
+`_load` / `_store` / `_load_row_pair` / `_store_row` / `RowVariant` are shared with seeds/rmsnorm_residual.py.
 """
 from __future__ import annotations
 
@@ -61,7 +64,8 @@ class RowVariant:
         if self.programs_per_sm < 0:
             raise ValueError(f"programs_per_sm must be 0 (one program per row) or more, got {self.programs_per_sm}")
         if self.prefetch and not self.programs_per_sm:
-            raise ValueError("prefetch needs a persistent grid (programs_per_sm > 0): a one-row program has no next row")
+            raise ValueError("prefetch needs a persistent grid (programs_per_sm > 0): a one-row program has no "
+                             "next row")
         if self.chunk and (self.chunk < 16 or self.chunk & (self.chunk - 1)):
             raise ValueError(f"chunk must be 0 or a power of two of at least 16, got {self.chunk}")
         if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
