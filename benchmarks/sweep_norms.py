@@ -177,6 +177,7 @@ RESIDUAL_VARIANTS = [
     ("row w8", RowVariant(num_warps=8)),
     ("row w4", RowVariant(num_warps=4)),
     ("row w16", RowVariant(num_warps=16)),
+    ("row w8 .cs", RowVariant(num_warps=8, store_cache=".cs")),
     ("row w8 evict_first .cs", RowVariant(num_warps=8, load_policy="evict_first", store_cache=".cs")),
     ("row w8 persistent 4/SM", RowVariant(num_warps=8, programs_per_sm=4)),
     ("row w8 persistent 4/SM prefetch", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True)),

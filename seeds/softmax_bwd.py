@@ -27,7 +27,7 @@ no GPU; registers a thread, SASS instructions of the kernel):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -43,9 +43,7 @@ LOAD_POLICIES = ("", "evict_first")
 STORE_CACHES = ("", ".cs")
 
 
-@dataclass(frozen=True)
-class RowVariant:
-    """How a one-row-per-program kernel is launched (the softmax backward and the fused residual RMSNorm)."""
+class _RowVariantFields(NamedTuple):
     num_warps: int | None = None  # None: seeds._common.row_warps (about 1 KiB of row per warp)
     load_policy: str = ""         # eviction policy of the once-read loads: "" or "evict_first"
     store_cache: str = ""         # cache modifier of the output stores: "" or ".cs" (streaming)
@@ -54,7 +52,16 @@ class RowVariant:
     chunk: int = 0                # softmax from y: 0 keeps the row in registers; c > 0 makes two passes of c columns
     maxnreg: int | None = None    # cap on registers per thread (ptxas spills past it): more programs resident per SM
 
-    def __post_init__(self):
+
+class RowVariant(_RowVariantFields):
+    """How a one-row-per-program kernel is launched (the softmax backward and the fused residual RMSNorm), checked
+    when built. A NamedTuple, not a dataclass: agent/export.py vendors it into one file, which a user may load with
+    importlib without registering it in sys.modules, and a dataclass under `from __future__ import annotations`
+    cannot be built there."""
+    __slots__ = ()
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls, *args, **kwargs)
         if self.load_policy not in LOAD_POLICIES:
             raise ValueError(f"load_policy must be one of {LOAD_POLICIES}, got {self.load_policy!r}")
         if self.store_cache not in STORE_CACHES:
@@ -72,6 +79,7 @@ class RowVariant:
             raise ValueError(f"maxnreg must be between 24 and 255 registers, got {self.maxnreg}")
         if self.chunk and (self.programs_per_sm or self.prefetch):
             raise ValueError("the two-pass (chunk) kernel runs one program per row: no persistent grid or prefetch")
+        return self
 
     def grid(self, m: int, device: torch.device) -> int:
         return m if not self.programs_per_sm else max(1, min(m, sm_count(device) * self.programs_per_sm))
