@@ -2,8 +2,12 @@
 RMSNorm forward (16384x4096 bf16), each seed's default and its `RowVariant`s (seeds/softmax_bwd.py) against eager
 PyTorch, torch.compile and Liger (when importable), in one run.
 
-    python3 benchmarks/sweep_norms.py [--budget 75] [--out DIR]          # H200: about 60-75 s, table last
+    python3 benchmarks/sweep_norms.py [--budget 75] [--out DIR]          # H200 (not yet run): table last
     TRITON_INTERPRET=1 python3 benchmarks/sweep_norms.py --smoke          # CPU interpreter, tiny shapes
+
+Liger is timed when `liger_kernel` imports (on the device machine: pip install --no-deps --target /tmp/site
+.whl/liger_kernel-0.8.5-py3-none-any.whl and PYTHONPATH=/tmp/site). Not yet run on the GPU: about 27 Triton
+compiles and two torch.compile graphs, estimated at 60-80 s; the budget guard stops new rows after 75 s.
 
 Every implementation is first checked against float64 at the full shape (relative L2 below 1e-2 on every output;
 the residual op checks both the normed y and the sum h, and says where h is not x + residual bit for bit); a wrong
