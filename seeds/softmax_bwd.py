@@ -27,8 +27,6 @@ no GPU; registers a thread, SASS instructions of the kernel):
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn as nn
 import triton
@@ -43,43 +41,43 @@ LOAD_POLICIES = ("", "evict_first")
 STORE_CACHES = ("", ".cs")
 
 
-class _RowVariantFields(NamedTuple):
-    num_warps: int | None = None  # None: seeds._common.row_warps (about 1 KiB of row per warp)
-    load_policy: str = ""         # eviction policy of the once-read loads: "" or "evict_first"
-    store_cache: str = ""         # cache modifier of the output stores: "" or ".cs" (streaming)
-    programs_per_sm: int = 0      # 0: one program per row; k > 0: a persistent grid of k programs per SM
-    prefetch: bool = False        # persistent: issue the next row's loads before this row's arithmetic
-    chunk: int = 0                # softmax from y: 0 keeps the row in registers; c > 0 makes two passes of c columns
-    maxnreg: int | None = None    # cap on registers per thread (ptxas spills past it): more programs resident per SM
-
-
-class RowVariant(_RowVariantFields):
+class RowVariant:
     """How a one-row-per-program kernel is launched (the softmax backward and the fused residual RMSNorm), checked
-    when built. A NamedTuple, not a dataclass: agent/export.py vendors it into one file, which a user may load with
-    importlib without registering it in sys.modules, and a dataclass under `from __future__ import annotations`
-    cannot be built there."""
-    __slots__ = ()
+    when built. A plain class: agent/export.py vendors it into one file, which a user may load with importlib without
+    registering it in sys.modules, where a dataclass under `from __future__ import annotations` cannot be built; and
+    the harness's static check refuses the `super().__new__` a validated NamedTuple would need."""
 
-    def __new__(cls, *args, **kwargs):
-        self = super().__new__(cls, *args, **kwargs)
-        if self.load_policy not in LOAD_POLICIES:
-            raise ValueError(f"load_policy must be one of {LOAD_POLICIES}, got {self.load_policy!r}")
-        if self.store_cache not in STORE_CACHES:
-            raise ValueError(f"store_cache must be one of {STORE_CACHES}, got {self.store_cache!r}")
-        if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16, 32):
-            raise ValueError(f"num_warps must be a power of two from 1 to 32, got {self.num_warps}")
-        if self.programs_per_sm < 0:
-            raise ValueError(f"programs_per_sm must be 0 (one program per row) or more, got {self.programs_per_sm}")
-        if self.prefetch and not self.programs_per_sm:
+    def __init__(self, num_warps: int | None = None, load_policy: str = "", store_cache: str = "",
+                 programs_per_sm: int = 0, prefetch: bool = False, chunk: int = 0, maxnreg: int | None = None):
+        self.num_warps = num_warps              # None: seeds._common.row_warps (about 1 KiB of row per warp)
+        self.load_policy = load_policy          # eviction policy of the once-read loads: "" or "evict_first"
+        self.store_cache = store_cache          # cache modifier of the output stores: "" or ".cs" (streaming)
+        self.programs_per_sm = programs_per_sm  # 0: one program per row; k > 0: a persistent grid, k per SM
+        self.prefetch = prefetch                # persistent: issue the next row's loads before this row's arithmetic
+        self.chunk = chunk                      # softmax from y: 0 keeps the row in registers; c > 0: two passes
+        self.maxnreg = maxnreg                  # register cap a thread (ptxas spills past it): more programs per SM
+        if load_policy not in LOAD_POLICIES:
+            raise ValueError(f"load_policy must be one of {LOAD_POLICIES}, got {load_policy!r}")
+        if store_cache not in STORE_CACHES:
+            raise ValueError(f"store_cache must be one of {STORE_CACHES}, got {store_cache!r}")
+        if num_warps is not None and num_warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
+        if programs_per_sm < 0:
+            raise ValueError(f"programs_per_sm must be 0 (one program per row) or more, got {programs_per_sm}")
+        if prefetch and not programs_per_sm:
             raise ValueError("prefetch needs a persistent grid (programs_per_sm > 0): a one-row program has no "
                              "next row")
-        if self.chunk and (self.chunk < 16 or self.chunk & (self.chunk - 1)):
-            raise ValueError(f"chunk must be 0 or a power of two of at least 16, got {self.chunk}")
-        if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
-            raise ValueError(f"maxnreg must be between 24 and 255 registers, got {self.maxnreg}")
-        if self.chunk and (self.programs_per_sm or self.prefetch):
+        if chunk and (chunk < 16 or chunk & (chunk - 1)):
+            raise ValueError(f"chunk must be 0 or a power of two of at least 16, got {chunk}")
+        if maxnreg is not None and not 24 <= maxnreg <= 255:
+            raise ValueError(f"maxnreg must be between 24 and 255 registers, got {maxnreg}")
+        if chunk and (programs_per_sm or prefetch):
             raise ValueError("the two-pass (chunk) kernel runs one program per row: no persistent grid or prefetch")
-        return self
+
+    def __repr__(self) -> str:
+        return (f"RowVariant(num_warps={self.num_warps}, load_policy={self.load_policy!r}, "
+                f"store_cache={self.store_cache!r}, programs_per_sm={self.programs_per_sm}, "
+                f"prefetch={self.prefetch}, chunk={self.chunk}, maxnreg={self.maxnreg})")
 
     def grid(self, m: int, device: torch.device) -> int:
         return m if not self.programs_per_sm else max(1, min(m, sm_count(device) * self.programs_per_sm))
