@@ -8,6 +8,7 @@ import torch
 from sandbox.task import load_task
 from sandbox.tolerance import compare
 from seeds import rmsnorm, rmsnorm_bwd, rmsnorm_residual
+from seeds.softmax_bwd import RowVariant
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -125,3 +126,49 @@ def test_sum_partials_over_several_steps(device):
     for name, got, t in (("out", out, part.double().sum(0)), ("out2", out2, part2.double().sum(0))):
         mismatch = compare(name, got, t.to(got.dtype), t)
         assert mismatch is None, mismatch.describe()
+
+
+# The fused residual's one-row kernel under each option of softmax_bwd.RowVariant (chunk excepted): on the CPU,
+# sm_count is 4, so the persistent grids (8 and 4 programs) walk several rows each.
+RESIDUAL_VARIANTS = [
+    RowVariant(),
+    RowVariant(num_warps=4, load_policy="evict_first", store_cache=".cs"),
+    RowVariant(programs_per_sm=2),
+    RowVariant(programs_per_sm=1, prefetch=True, maxnreg=64),
+]
+
+
+@pytest.mark.parametrize("shape", [(37, 129), (16, 64), (5, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant", RESIDUAL_VARIANTS, ids=repr)
+def test_residual_row_kernel_variants(variant, dtype, shape, device):
+    torch.manual_seed(7)
+    x, r = (2 * torch.randn(2, *shape, device=device)).to(dtype).unbind(0)
+    w = (1 + 0.1 * torch.randn(shape[1], device=device)).to(dtype)
+    y, h = rmsnorm_residual.rmsnorm_residual_rows(x, r, w, 1e-6, variant)
+    # (The interpreter rounds fp32 to bf16 by truncation, so h is compared within tolerance here; on the GPU
+    # benchmarks/sweep_norms.py requires it to equal x + residual bit for bit.)
+    h_t = x.double() + r.double()
+    y_t = torch.nn.functional.rms_norm(h.double(), (shape[1],), w.double(), 1e-6)
+    y_ref, h_ref = rmsnorm.rmsnorm_residual_fwd(x, r, w, 1e-6)
+    for name, got, ref, t in (("h", h, h_ref, h_t), ("y", y, y_ref, y_t)):
+        mismatch = compare(name, got, ref, t)
+        assert mismatch is None, mismatch.describe()
+
+
+def test_residual_model_new_runs_the_variant(device):
+    torch.manual_seed(8)
+    x, r = torch.randn(2, 11, 48, device=device, dtype=torch.bfloat16).unbind(0)
+    outs = [rmsnorm_residual.ModelNew(48, 1e-6, variant)(x, r) for variant in (None, RowVariant(programs_per_sm=1))]
+    h_t = x.double() + r.double()
+    for y, h in outs:
+        y_t = torch.nn.functional.rms_norm(h.double(), (48,), None, 1e-6)
+        for name, got, t in (("h", h, h_t), ("y", y, y_t)):
+            mismatch = compare(name, got, t.to(got.dtype), t)
+            assert mismatch is None, mismatch.describe()
+
+
+def test_residual_row_kernel_refuses_chunks(device):
+    x = torch.randn(3, 32, device=device)
+    with pytest.raises(ValueError, match="chunk must be 0"):
+        rmsnorm_residual.rmsnorm_residual_rows(x, x, torch.ones(32, device=device), 1e-6, RowVariant(chunk=16))

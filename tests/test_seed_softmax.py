@@ -66,3 +66,71 @@ def test_rows_of_minus_infinity_give_nan_like_torch(device):
     y = softmax.softmax_fwd(x)
     assert torch.isnan(y[1]).all() and torch.isnan(torch.softmax(x, -1)[1]).all()
     assert torch.allclose(y[[0, 2]], torch.softmax(x, -1)[[0, 2]], rtol=1e-5, atol=1e-7)
+
+
+# Every option of the one-row kernels (softmax_bwd.RowVariant) on its own and in the combinations the sweep times.
+# On the CPU sm_count is 4, so programs_per_sm=2 gives 8 programs that each walk several of the rows.
+ROW_VARIANTS = [
+    softmax_bwd.RowVariant(),
+    softmax_bwd.RowVariant(num_warps=4, load_policy="evict_first", store_cache=".cs"),
+    softmax_bwd.RowVariant(programs_per_sm=2),
+    softmax_bwd.RowVariant(programs_per_sm=1, prefetch=True),
+    softmax_bwd.RowVariant(programs_per_sm=3, prefetch=True, store_cache=".cs", maxnreg=64),
+]
+TWO_PASS_VARIANTS = [softmax_bwd.RowVariant(chunk=32), softmax_bwd.RowVariant(chunk=16, store_cache=".cs")]
+
+
+def _softmax_grad_truth(x, dy):
+    xr = x.double().requires_grad_()
+    y = torch.softmax(xr, -1)
+    (dx,) = torch.autograd.grad(y, xr, dy.double())
+    return y.detach(), dx
+
+
+# (37, 129): a masked block and a ragged last program; (16, 64): N is the block (the unmasked path); (5, 300).
+@pytest.mark.parametrize("shape", [(37, 129), (16, 64), (5, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant", ROW_VARIANTS + TWO_PASS_VARIANTS, ids=repr)
+def test_row_kernel_variants(variant, dtype, shape, device):
+    torch.manual_seed(5)
+    x, dy = (3 * torch.randn(2, *shape, device=device)).to(dtype).unbind(0)
+    y_t, dx_t = _softmax_grad_truth(x, dy)
+    y = y_t.to(dtype)
+    cases = [("dx from y", y)] + ([] if variant.chunk else [("dx from x", x)])
+    for name, saved in cases:
+        got = softmax_bwd.softmax_bwd_rows(saved, dy, from_input=saved is x, variant=variant)
+        assert got.dtype == dtype and got.shape == x.shape
+        # The reference PyTorch would give from the same (rounded) inputs, and the float64 truth.
+        ref = softmax.softmax_bwd(saved, dy, from_input=saved is x)
+        mismatch = compare(name, got, ref, dx_t)
+        assert mismatch is None, mismatch.describe()
+
+
+def test_row_kernel_model_new_runs_the_variant(device):
+    torch.manual_seed(6)
+    x, dy = torch.randn(2, 9, 40, device=device).unbind(0)
+    _, dx_t = _softmax_grad_truth(x, dy)
+    for variant in (None, softmax_bwd.RowVariant(programs_per_sm=1, prefetch=True)):
+        got = softmax_bwd.ModelNew(variant)(x, dy)
+        mismatch = compare(f"dx {variant}", got, dx_t.float(), dx_t)
+        assert mismatch is None, mismatch.describe()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"load_policy": "evict_last"}, "load_policy"),
+    ({"store_cache": ".wt"}, "store_cache"),
+    ({"num_warps": 6}, "num_warps"),
+    ({"prefetch": True}, "persistent grid"),
+    ({"chunk": 48}, "power of two"),
+    ({"chunk": 64, "programs_per_sm": 2}, "one program per row"),
+    ({"maxnreg": 8}, "maxnreg"),
+])
+def test_row_variant_rejects_bad_options(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        softmax_bwd.RowVariant(**kwargs)
+
+
+def test_two_pass_variant_refuses_the_input_form(device):
+    x = torch.randn(3, 32, device=device)
+    with pytest.raises(ValueError, match="reads the saved y"):
+        softmax_bwd.softmax_bwd_rows(x, x, from_input=True, variant=softmax_bwd.RowVariant(chunk=16))
