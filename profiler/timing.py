@@ -83,6 +83,7 @@ _POOL_END = getattr(torch._C, "_cuda_endAllocateToPool", None)
 _POOL_RELEASE = getattr(torch._C, "_cuda_releasePool", None)
 HIGHEST_PRIORITY = -1000  # torch maps it to the greatest priority it supports
 MAX_HEAT_CALLS = 256  # heating calls before one burst, whatever settle_ms asks
+RESERVE_SHARE = 0.5  # the most of the free device memory the held outputs' reserve may take (see _reserve)
 
 _WATCHED: dict[str, Callable[[], Any]] = {
     "torch.cuda.Event": lambda: torch.cuda.Event,
@@ -607,8 +608,19 @@ def _reserve(sample: Any, copies: int, device: int, warnings: list[str]) -> int:
     output of the watched function), poisoned with NaN (all-ones bytes), and by the fingerprint's working memory
     (one fingerprint of the sample while the blocks are taken), then free them all: the outputs measure holds, and
     their fingerprints, are carved from cached blocks instead of a cudaMalloc inside the timed call. Returns the
-    bytes reserved; a reserve the device cannot hold is cut short with a warning (calls then allocate as before)."""
+    bytes reserved; at most RESERVE_SHARE of the free device memory (the baselines' own pool and the candidate's
+    working memory need the rest), and a reserve cut short says so in a warning (calls then allocate as before)."""
     storages = _storages(sample)
+    per_copy = sum(storages)
+    if per_copy:
+        free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
+            torch.cuda.memory_allocated(device)
+        affordable = int(free * RESERVE_SHARE) // per_copy
+        if affordable < copies:
+            warnings.append(f"reserved {affordable} of the {copies} output blocks the re-check may hold (at most "
+                            f"{RESERVE_SHARE:.0%} of the free device memory): timed calls beyond them allocate device "
+                            "memory inside their host time")
+            copies = affordable
     blocks: list[torch.Tensor] = []
     try:
         for _ in range(copies):

@@ -415,6 +415,8 @@ class Harness:
 
     def _timing(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
         from . import timing_parent
+        if self.device == "cuda":  # the correctness stages' cached blocks (float64 truths) go back to the driver,
+            torch.cuda.empty_cache()  # for the child's input sets, baselines and held outputs
         return timing_parent.run(self, run, reference)
 
     # ---- the verdict ----------------------------------------------------------------------------------------
