@@ -36,8 +36,12 @@ kernel runs. dW has the same pair (`_grouped_dw_tma_kernel`: full row steps by T
 Measured on the H200 (docs/BENCHMARKS.md run M, benchmarks/bench_moe.py, do_bench): grouped GEMM, 64 experts x
 2048 tokens, H4096 -> F1408: the TMA kernel with 256-row blocks and a flattened tile loop 2.329 ms = 649 TFLOP/s,
 1.07x torch._grouped_mm (609) and 1.05x a loop of matmuls (617), 0.97x a uniform bmm (671); with one expert at 8x
-the average load 587 TFLOP/s (-9.6%; grouped_mm 559, loop 587). The pointer kernel: 499 / 482. Targets: 640 met,
-1.1x torch._grouped_mm not (1.07x). Backward: dX 600 TFLOP/s (0.97x grouped_mm), dW 608 (1.01x).
+the average load 587 TFLOP/s (-9.6%; grouped_mm 559, loop 587). The pointer kernel: 499 / 482. Run V
+(benchmarks/sweep_moe.py, do_bench, same run): the same tiles at 4 stages, loop not flattened (now grouped_linear_fwd's
+default) 2.077 ms = 727.9 TFLOP/s, 1.18x torch._grouped_mm (615.2), 1.20x the loop (605.9); at 8x skew 573.7
+(grouped_mm 562.3, loop 603.2): 10% under the 640 target, 21% under its own uniform rate. The flattened 3-stage loop
+666.3 / 586.6 in the same run; split_n and tma_store lost (439-525 TFLOP/s; tma_store with split_n does not compile
+in triton 3.6). Backward: dX 600 TFLOP/s (0.97x grouped_mm), dW 608 (1.01x).
 """
 from __future__ import annotations
 
@@ -480,7 +484,7 @@ def default_config(device: torch.device, swiglu: bool = False) -> tuple[int, int
     return (128, 128, 64, 8, 3, 8) if swiglu else (128, 256, 64, 8, 3, 8)
 
 
-LINEAR_CONFIG = (256, 128, 64, 8, 3, 8)  # grouped_linear_fwd's tiles on a GPU, for TMA
+LINEAR_CONFIG = (256, 128, 64, 8, 4, 8)  # grouped_linear_fwd's tiles on a GPU, for TMA (4 stages: flatten off)
 IMPLS = ("auto", "tma", "ptr")  # auto: TMA wherever the descriptors' rules hold, else the pointer kernel
 
 
@@ -598,10 +602,10 @@ def grouped_linear_fwd(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tens
     variant: grouped_gemm's impl / warp_specialize / flatten / tma_store / split_n / programs."""
     _check_grouped(x, weight, counts)
     if config is None and x.device.type == "cuda" and variant.get("impl", "auto") != "ptr":
-        # H200 (run M): 256-row blocks, flattened tile loop through TMA 649 TFLOP/s (1.07x torch._grouped_mm), 587
-        # with one expert at 8x the average load; the layer's 128 x 256 default 622 / 510
+        # H200 (run V, benchmarks/sweep_moe.py): 256-row blocks through TMA at 4 stages, tile loop not flattened
+        # (its epilogue scratch reuses the dead stage buffers: 197 KiB) 727.9 TFLOP/s, 1.18x torch._grouped_mm, 574
+        # with one expert at 8x the average load (grouped_mm 562); run M's flattened 3-stage loop 666 / 587
         config = LINEAR_CONFIG
-        variant.setdefault("flatten", True)
     bm = (config or default_config(x.device))[0]
     layout = align_counts(counts, x.shape[0], bm)
     y = torch.empty((x.shape[0], weight.shape[1]), dtype=x.dtype, device=x.device)
