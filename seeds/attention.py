@@ -709,9 +709,10 @@ def fwd_config(head_dim: int, device: torch.device, precise: bool = False,
     if device.type != "cuda":
         return 32, 32, 4, 1
     if warp_specialize:  # Triton's Hopper pass makes 4 warps 12 (a producer and two consumer warp groups); 3
-        # stages of 128-row K and V tiles would pass the shared memory (246 KB at D = 128). Unmeasured on the H200
-        # (benchmarks/sweep_attention_fwd.py).
-        return (128, 128, 4, 2) if head_dim <= 128 else (128, 64, 4, 2)
+        # stages of 128-row K and V tiles would pass the shared memory (246 KB at D = 128). H200, run V
+        # (benchmarks/sweep_attention_fwd.py, D = 128): 535.9 TFLOP/s, causal 467.6 (default 492.4 / 439.7); with
+        # 64-row key blocks it computed inf (so _fwd refuses them)
+        return 128, 128, 4, 2 if head_dim <= 128 else 1
     if precise and 64 < head_dim <= 128:
         return 128, 64, 8, 3
     if precise:
@@ -819,6 +820,9 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
     if persistent and varlen is not None:
         raise ValueError("attention: persistent scheduling is for dense [B, H, S, D] inputs, not packed sequences")
     bm, bn, warps, stages = config or fwd_config(d, q.device, precise, bool(warp_specialize))
+    if warp_specialize and q.is_cuda and bn != 128:
+        raise ValueError(f"attention: warp_specialize computed wrong results with {bn}-row key blocks on the H200 "
+                         "(triton 3.6, docs/BENCHMARKS.md run V); give it BLOCK_N 128")
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if varlen is None:
         batch, s_q, s_k = q.shape[0], q.shape[2], k.shape[2]
@@ -1049,6 +1053,15 @@ def flash_attention(q, k, v, causal: bool = False, sm_scale: float | None = None
     return FlashAttention.apply(q, k, v, causal, sm_scale)
 
 
+def hopper_fwd_variant(q: torch.Tensor, causal: bool) -> dict:
+    """The forward's launch options measured best on the H200 at D = 128 (run V, do_bench, B4 H32 S4096 bf16):
+    warp-specialised at 128 x 128 x 4 warps x 2 stages, persistent when not causal: 560.8 TFLOP/s (default 492.4),
+    causal without persistence 467.6 (439.7; persistent 407.3). Elsewhere the default."""
+    if not q.is_cuda or q.shape[-1] != 128 or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return {}
+    return {"warp_specialize": True, "persistent": not causal}
+
+
 class ModelNew(nn.Module):
     """tasks/attention_fwd.py and tasks/attention_fwd_causal.py: o = SDPA(q, k, v, is_causal=causal)."""
 
@@ -1057,4 +1070,5 @@ class ModelNew(nn.Module):
         self.causal = causal
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attention_fwd(q, k, v, self.causal, store_lse=False)[0]
+        return attention_fwd(q, k, v, self.causal, store_lse=False, **hopper_fwd_variant(q, self.causal))[0]
+
