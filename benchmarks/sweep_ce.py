@@ -149,8 +149,12 @@ def main() -> int:
     try:
         liger = task.module.crucible_liger(model)
         le, de, ok = errors(*liger(x.clone(), t), 0.0, "mean")
+        # Liger writes the gradient over its logits: timed on copies, or every row after it reads its gradients
+        # (run V's first try: every variant WRONG against the untouched truth)
+        own = [[s[0].clone(), *s[1:]] for s in sets]
         add(f"liger {liger_version()} (grad over its input)", "baseline",
-            rotating_median_ms(lambda i: liger(*sets[i]), SETS, smoke), le, de, ok)
+            rotating_median_ms(lambda i: liger(*own[i]), SETS, smoke), le, de, ok)
+        del own
     except Exception as exc:  # noqa: BLE001 (not installed, or failing: the row is missing, the run goes on)
         log(f"liger unavailable: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
