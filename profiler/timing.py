@@ -83,7 +83,7 @@ _POOL_END = getattr(torch._C, "_cuda_endAllocateToPool", None)
 _POOL_RELEASE = getattr(torch._C, "_cuda_releasePool", None)
 HIGHEST_PRIORITY = -1000  # torch maps it to the greatest priority it supports
 MAX_HEAT_CALLS = 256  # heating calls before one burst, whatever settle_ms asks
-RESERVE_SHARE = 0.5  # the most of the free device memory the held outputs' reserve may take (see _reserve)
+RESERVE_SHARE = 0.25  # the most of the free device memory the held outputs' reserve may take (see _reserve)
 
 _WATCHED: dict[str, Callable[[], Any]] = {
     "torch.cuda.Event": lambda: torch.cuda.Event,

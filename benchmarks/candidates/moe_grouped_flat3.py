@@ -1,0 +1,13 @@
+"""The MoE grouped GEMM seed with run M's tile loop (256x128x64, 3 stages, flattened), the default until run V, as a
+candidate file: `crucible bench` of it beside seeds/moe.py in one call compares the two under the harness's own
+sustained timer (benchmarks/gpu_session5c.sh)."""
+import torch
+
+from seeds.moe import ModelNew as _Seed
+from seeds.moe import grouped_linear_fwd
+
+
+class ModelNew(_Seed):
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        config = (256, 128, 64, 8, 3, 8) if x.is_cuda else None
+        return grouped_linear_fwd(x, self.weight.detach(), counts, config=config, flatten=x.is_cuda)
