@@ -37,11 +37,11 @@ Measured on the H200 (docs/BENCHMARKS.md run M, benchmarks/bench_moe.py, do_benc
 2048 tokens, H4096 -> F1408: the TMA kernel with 256-row blocks and a flattened tile loop 2.329 ms = 649 TFLOP/s,
 1.07x torch._grouped_mm (609) and 1.05x a loop of matmuls (617), 0.97x a uniform bmm (671); with one expert at 8x
 the average load 587 TFLOP/s (-9.6%; grouped_mm 559, loop 587). The pointer kernel: 499 / 482. Run V
-(benchmarks/sweep_moe.py, do_bench, same run): the same tiles at 4 stages, loop not flattened (now grouped_linear_fwd's
-default) 2.077 ms = 727.9 TFLOP/s, 1.18x torch._grouped_mm (615.2), 1.20x the loop (605.9); at 8x skew 573.7
-(grouped_mm 562.3, loop 603.2): 10% under the 640 target, 21% under its own uniform rate. The flattened 3-stage loop
-666.3 / 586.6 in the same run; split_n and tma_store lost (439-525 TFLOP/s; tma_store with split_n does not compile
-in triton 3.6). Backward: dX 600 TFLOP/s (0.97x grouped_mm), dW 608 (1.01x).
+(benchmarks/sweep_moe.py, do_bench, same run): the default 666.3 TFLOP/s, 1.08x torch._grouped_mm (615.2), 586.6 at
+8x skew (grouped_mm 562.3, loop 603.2); the same tiles at 4 stages, loop not flattened, 727.9 (1.18x) / 573.7, but
+under `crucible bench`'s sustained timer (run X, one after the other on one GPU) 625.7 TFLOP/s against the
+default's 648.4 (1.09x the loop), so the default stays; split_n and tma_store lost (439-525 TFLOP/s; tma_store with
+split_n does not compile in triton 3.6). Backward: dX 600 TFLOP/s (0.97x grouped_mm), dW 608 (1.01x).
 """
 from __future__ import annotations
 
@@ -484,7 +484,7 @@ def default_config(device: torch.device, swiglu: bool = False) -> tuple[int, int
     return (128, 128, 64, 8, 3, 8) if swiglu else (128, 256, 64, 8, 3, 8)
 
 
-LINEAR_CONFIG = (256, 128, 64, 8, 4, 8)  # grouped_linear_fwd's tiles on a GPU, for TMA (4 stages: flatten off)
+LINEAR_CONFIG = (256, 128, 64, 8, 3, 8)  # grouped_linear_fwd's tiles on a GPU, for TMA
 IMPLS = ("auto", "tma", "ptr")  # auto: TMA wherever the descriptors' rules hold, else the pointer kernel
 
 
@@ -602,10 +602,12 @@ def grouped_linear_fwd(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tens
     variant: grouped_gemm's impl / warp_specialize / flatten / tma_store / split_n / programs."""
     _check_grouped(x, weight, counts)
     if config is None and x.device.type == "cuda" and variant.get("impl", "auto") != "ptr":
-        # H200 (run V, benchmarks/sweep_moe.py): 256-row blocks through TMA at 4 stages, tile loop not flattened
-        # (its epilogue scratch reuses the dead stage buffers: 197 KiB) 727.9 TFLOP/s, 1.18x torch._grouped_mm, 574
-        # with one expert at 8x the average load (grouped_mm 562); run M's flattened 3-stage loop 666 / 587
+        # H200: 256-row blocks through TMA, 3 stages, flattened tile loop. Under `crucible bench`'s sustained timer
+        # (run X, same GPU one after the other) 648.4 TFLOP/s, 1.09x the per-expert loop, against 625.7 / 1.03x for
+        # 4 stages not flattened, although do_bench (run V) had those ahead: 727.9 against 666.3 (1.18x / 1.08x
+        # torch._grouped_mm; 574 / 587 at 8x skew)
         config = LINEAR_CONFIG
+        variant.setdefault("flatten", True)
     bm = (config or default_config(x.device))[0]
     layout = align_counts(counts, x.shape[0], bm)
     y = torch.empty((x.shape[0], weight.shape[1]), dtype=x.dtype, device=x.device)
