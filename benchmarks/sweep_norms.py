@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._bench import parser, rel_l2, rotating_median_ms  # noqa: E402
 from seeds import rmsnorm, softmax  # noqa: E402
 from seeds.rmsnorm_residual import rmsnorm_residual_rows  # noqa: E402
-from seeds.softmax_bwd import RowVariant, softmax_bwd_rows  # noqa: E402
+from seeds._common import RowVariant  # noqa: E402
+from seeds.softmax_bwd import softmax_bwd_rows  # noqa: E402
 
 START = time.time()
 SETS = 3

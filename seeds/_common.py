@@ -125,3 +125,95 @@ def sum_partials(partial: torch.Tensor, out: torch.Tensor, partial2: torch.Tenso
         partial, out, partial2 if two else partial, out2 if two else out, num_partials, n,
         TWO=two, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
     )
+
+
+# ---- one-row-per-program kernels (the softmax backward, the fused residual RMSNorm) ----------------------------
+LOAD_POLICIES = ("", "evict_first")
+STORE_CACHES = ("", ".cs")
+
+
+class RowVariant:
+    """How a one-row-per-program kernel is launched (the softmax backward and the fused residual RMSNorm), checked
+    when built. A plain class: agent/export.py vendors it into one file, which a user may load with importlib without
+    registering it in sys.modules, where a dataclass under `from __future__ import annotations` cannot be built; and
+    the harness's static check refuses the `super().__new__` a validated NamedTuple would need."""
+
+    def __init__(self, num_warps: int | None = None, load_policy: str = "", store_cache: str = "",
+                 programs_per_sm: int = 0, prefetch: bool = False, chunk: int = 0, maxnreg: int | None = None):
+        self.num_warps = num_warps              # None: seeds._common.row_warps (about 1 KiB of row per warp)
+        self.load_policy = load_policy          # eviction policy of the once-read loads: "" or "evict_first"
+        self.store_cache = store_cache          # cache modifier of the output stores: "" or ".cs" (streaming)
+        self.programs_per_sm = programs_per_sm  # 0: one program per row; k > 0: a persistent grid, k per SM
+        self.prefetch = prefetch                # persistent: issue the next row's loads before this row's arithmetic
+        self.chunk = chunk                      # softmax from y: 0 keeps the row in registers; c > 0: two passes
+        self.maxnreg = maxnreg                  # register cap a thread (ptxas spills past it): more programs per SM
+        if load_policy not in LOAD_POLICIES:
+            raise ValueError(f"load_policy must be one of {LOAD_POLICIES}, got {load_policy!r}")
+        if store_cache not in STORE_CACHES:
+            raise ValueError(f"store_cache must be one of {STORE_CACHES}, got {store_cache!r}")
+        if num_warps is not None and num_warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
+        if programs_per_sm < 0:
+            raise ValueError(f"programs_per_sm must be 0 (one program per row) or more, got {programs_per_sm}")
+        if prefetch and not programs_per_sm:
+            raise ValueError("prefetch needs a persistent grid (programs_per_sm > 0): a one-row program has no "
+                             "next row")
+        if chunk and (chunk < 16 or chunk & (chunk - 1)):
+            raise ValueError(f"chunk must be 0 or a power of two of at least 16, got {chunk}")
+        if maxnreg is not None and not 24 <= maxnreg <= 255:
+            raise ValueError(f"maxnreg must be between 24 and 255 registers, got {maxnreg}")
+        if chunk and (programs_per_sm or prefetch):
+            raise ValueError("the two-pass (chunk) kernel runs one program per row: no persistent grid or prefetch")
+
+    def __repr__(self) -> str:
+        return (f"RowVariant(num_warps={self.num_warps}, load_policy={self.load_policy!r}, "
+                f"store_cache={self.store_cache!r}, programs_per_sm={self.programs_per_sm}, "
+                f"prefetch={self.prefetch}, chunk={self.chunk}, maxnreg={self.maxnreg})")
+
+    def grid(self, m: int, device: torch.device) -> int:
+        return m if not self.programs_per_sm else max(1, min(m, sm_count(device) * self.programs_per_sm))
+
+    def launch_options(self, block: int, elem_bytes: int) -> dict:
+        """num_warps (and maxnreg when set) for a kernel over rows of `block` elements."""
+        options = {"num_warps": self.num_warps or row_warps(block, elem_bytes)}
+        if self.maxnreg is not None:
+            options["maxnreg"] = self.maxnreg
+        return options
+
+
+@triton.jit
+def load_cols(ptrs, cols, N, EVEN_N: tl.constexpr, POLICY: tl.constexpr):
+    # Columns past N read as zeros; no mask at all when every column is in bounds (EVEN_N).
+    if EVEN_N:
+        v = tl.load(ptrs, eviction_policy=POLICY)
+    else:
+        v = tl.load(ptrs, mask=cols < N, other=0.0, eviction_policy=POLICY)
+    return v
+
+
+@triton.jit
+def store_cols(ptrs, value, cols, N, EVEN_N: tl.constexpr, CACHE: tl.constexpr):
+    if EVEN_N:
+        tl.store(ptrs, value, cache_modifier=CACHE)
+    else:
+        tl.store(ptrs, value, mask=cols < N, cache_modifier=CACHE)
+
+
+@triton.jit
+def load_row_pair(A, B, row, stride_a, stride_b, M, N, cols,
+                   EVEN_N: tl.constexpr,     # N == BLOCK_N: no column mask
+                   CLAMP_ROW: tl.constexpr,  # row may be >= M (a prefetch past the end): read row M - 1 instead
+                   POLICY: tl.constexpr):
+    # One row of A and of B in their storage dtype. A clamped prefetch re-reads the last row, which every
+    # program's final prefetch shares (one extra row from HBM), and needs no row mask.
+    row = tl.cast(row, tl.int64)
+    if CLAMP_ROW:
+        row = tl.minimum(row, M - 1)
+    a = load_cols(A + row * stride_a + cols, cols, N, EVEN_N, POLICY)
+    b = load_cols(B + row * stride_b + cols, cols, N, EVEN_N, POLICY)
+    return a, b
+
+
+@triton.jit
+def store_row(P, row, stride, N, cols, value, EVEN_N: tl.constexpr, CACHE: tl.constexpr):
+    store_cols(P + tl.cast(row, tl.int64) * stride + cols, value.to(P.dtype.element_ty), cols, N, EVEN_N, CACHE)

@@ -21,9 +21,8 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from seeds._common import as_rows, row_block
+from seeds._common import RowVariant, as_rows, load_cols, load_row_pair, row_block, store_row
 from seeds.rmsnorm import _check, rmsnorm_residual_fwd
-from seeds.softmax_bwd import RowVariant, _load, _load_row_pair, _store_row
 
 CRUCIBLE_SEED = {"name": "rmsnorm_residual", "tasks": ["rmsnorm_residual_fwd.py"],
                  "ops": ["residual add + RMSNorm fwd"]}
@@ -45,23 +44,23 @@ def _add_rmsnorm_row_kernel(
     step = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     if PREFETCH:
-        x_next, r_next = _load_row_pair(X, R, pid, stride_x, stride_r, M, N, cols, EVEN_N, True, LOAD_POLICY)
+        x_next, r_next = load_row_pair(X, R, pid, stride_x, stride_r, M, N, cols, EVEN_N, True, LOAD_POLICY)
     for row in range(pid, M, step):
         if PREFETCH:
             x, r = x_next, r_next
-            x_next, r_next = _load_row_pair(X, R, row + step, stride_x, stride_r, M, N, cols, EVEN_N, True,
+            x_next, r_next = load_row_pair(X, R, row + step, stride_x, stride_r, M, N, cols, EVEN_N, True,
                                             LOAD_POLICY)
         else:
-            x, r = _load_row_pair(X, R, row, stride_x, stride_r, M, N, cols, EVEN_N, False, LOAD_POLICY)
+            x, r = load_row_pair(X, R, row, stride_x, stride_r, M, N, cols, EVEN_N, False, LOAD_POLICY)
         # The sum is rounded to the activation dtype first, as the unfused model does; the norm reads that value.
         h = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
-        _store_row(H, row, stride_h, N, cols, h, EVEN_N, STORE_CACHE)
+        store_row(H, row, stride_h, N, cols, h, EVEN_N, STORE_CACHE)
         h = h.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(h * h, axis=0) / N + eps)
         # w (N elements, read by every row) is loaded per row from L1/L2 rather than held across the loop: the
         # registers it would hold are worth more as loads in flight.
-        w = _load(W + cols, cols, N, EVEN_N, "evict_last").to(tl.float32)
-        _store_row(Y, row, stride_y, N, cols, h * rstd * w, EVEN_N, STORE_CACHE)
+        w = load_cols(W + cols, cols, N, EVEN_N, "evict_last").to(tl.float32)
+        store_row(Y, row, stride_y, N, cols, h * rstd * w, EVEN_N, STORE_CACHE)
 
 
 def rmsnorm_residual_rows(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float,

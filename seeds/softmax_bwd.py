@@ -23,7 +23,7 @@ no GPU; registers a thread, SASS instructions of the kernel):
 - `maxnreg`: a register cap. Liger's backward holds 32 registers at 16 warps (4 programs per SM, twice the rows in
   flight of the seed's 2) because it does its arithmetic in bf16; fp32 arithmetic on 8192 columns does not fit 32
   without spilling (48 bytes a thread), 40 (3 programs per SM) spills 8.
-`_load` / `_store` / `_load_row_pair` / `_store_row` / `RowVariant` are shared with seeds/rmsnorm_residual.py.
+`_load` / `_store` / `load_row_pair` / `store_row` / `RowVariant` are shared with seeds/rmsnorm_residual.py.
 """
 from __future__ import annotations
 
@@ -32,101 +32,10 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from seeds._common import as_rows, row_block, row_warps, sm_count
+from seeds._common import RowVariant, as_rows, load_cols, load_row_pair, row_block, store_cols, store_row
 from seeds.softmax import softmax_bwd
 
 CRUCIBLE_SEED = {"name": "softmax_bwd", "tasks": ["softmax_bwd.py"], "ops": ["softmax bwd (last dim)"]}
-
-LOAD_POLICIES = ("", "evict_first")
-STORE_CACHES = ("", ".cs")
-
-
-class RowVariant:
-    """How a one-row-per-program kernel is launched (the softmax backward and the fused residual RMSNorm), checked
-    when built. A plain class: agent/export.py vendors it into one file, which a user may load with importlib without
-    registering it in sys.modules, where a dataclass under `from __future__ import annotations` cannot be built; and
-    the harness's static check refuses the `super().__new__` a validated NamedTuple would need."""
-
-    def __init__(self, num_warps: int | None = None, load_policy: str = "", store_cache: str = "",
-                 programs_per_sm: int = 0, prefetch: bool = False, chunk: int = 0, maxnreg: int | None = None):
-        self.num_warps = num_warps              # None: seeds._common.row_warps (about 1 KiB of row per warp)
-        self.load_policy = load_policy          # eviction policy of the once-read loads: "" or "evict_first"
-        self.store_cache = store_cache          # cache modifier of the output stores: "" or ".cs" (streaming)
-        self.programs_per_sm = programs_per_sm  # 0: one program per row; k > 0: a persistent grid, k per SM
-        self.prefetch = prefetch                # persistent: issue the next row's loads before this row's arithmetic
-        self.chunk = chunk                      # softmax from y: 0 keeps the row in registers; c > 0: two passes
-        self.maxnreg = maxnreg                  # register cap a thread (ptxas spills past it): more programs per SM
-        if load_policy not in LOAD_POLICIES:
-            raise ValueError(f"load_policy must be one of {LOAD_POLICIES}, got {load_policy!r}")
-        if store_cache not in STORE_CACHES:
-            raise ValueError(f"store_cache must be one of {STORE_CACHES}, got {store_cache!r}")
-        if num_warps is not None and num_warps not in (1, 2, 4, 8, 16, 32):
-            raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
-        if programs_per_sm < 0:
-            raise ValueError(f"programs_per_sm must be 0 (one program per row) or more, got {programs_per_sm}")
-        if prefetch and not programs_per_sm:
-            raise ValueError("prefetch needs a persistent grid (programs_per_sm > 0): a one-row program has no "
-                             "next row")
-        if chunk and (chunk < 16 or chunk & (chunk - 1)):
-            raise ValueError(f"chunk must be 0 or a power of two of at least 16, got {chunk}")
-        if maxnreg is not None and not 24 <= maxnreg <= 255:
-            raise ValueError(f"maxnreg must be between 24 and 255 registers, got {maxnreg}")
-        if chunk and (programs_per_sm or prefetch):
-            raise ValueError("the two-pass (chunk) kernel runs one program per row: no persistent grid or prefetch")
-
-    def __repr__(self) -> str:
-        return (f"RowVariant(num_warps={self.num_warps}, load_policy={self.load_policy!r}, "
-                f"store_cache={self.store_cache!r}, programs_per_sm={self.programs_per_sm}, "
-                f"prefetch={self.prefetch}, chunk={self.chunk}, maxnreg={self.maxnreg})")
-
-    def grid(self, m: int, device: torch.device) -> int:
-        return m if not self.programs_per_sm else max(1, min(m, sm_count(device) * self.programs_per_sm))
-
-    def launch_options(self, block: int, elem_bytes: int) -> dict:
-        """num_warps (and maxnreg when set) for a kernel over rows of `block` elements."""
-        options = {"num_warps": self.num_warps or row_warps(block, elem_bytes)}
-        if self.maxnreg is not None:
-            options["maxnreg"] = self.maxnreg
-        return options
-
-
-@triton.jit
-def _load(ptrs, cols, N, EVEN_N: tl.constexpr, POLICY: tl.constexpr):
-    # Columns past N read as zeros; no mask at all when every column is in bounds (EVEN_N).
-    if EVEN_N:
-        v = tl.load(ptrs, eviction_policy=POLICY)
-    else:
-        v = tl.load(ptrs, mask=cols < N, other=0.0, eviction_policy=POLICY)
-    return v
-
-
-@triton.jit
-def _store(ptrs, value, cols, N, EVEN_N: tl.constexpr, CACHE: tl.constexpr):
-    if EVEN_N:
-        tl.store(ptrs, value, cache_modifier=CACHE)
-    else:
-        tl.store(ptrs, value, mask=cols < N, cache_modifier=CACHE)
-
-
-@triton.jit
-def _load_row_pair(A, B, row, stride_a, stride_b, M, N, cols,
-                   EVEN_N: tl.constexpr,     # N == BLOCK_N: no column mask
-                   CLAMP_ROW: tl.constexpr,  # row may be >= M (a prefetch past the end): read row M - 1 instead
-                   POLICY: tl.constexpr):
-    # One row of A and of B in their storage dtype. A clamped prefetch re-reads the last row, which every
-    # program's final prefetch shares (one extra row from HBM), and needs no row mask.
-    row = tl.cast(row, tl.int64)
-    if CLAMP_ROW:
-        row = tl.minimum(row, M - 1)
-    a = _load(A + row * stride_a + cols, cols, N, EVEN_N, POLICY)
-    b = _load(B + row * stride_b + cols, cols, N, EVEN_N, POLICY)
-    return a, b
-
-
-@triton.jit
-def _store_row(P, row, stride, N, cols, value, EVEN_N: tl.constexpr, CACHE: tl.constexpr):
-    _store(P + tl.cast(row, tl.int64) * stride + cols, value.to(P.dtype.element_ty), cols, N, EVEN_N, CACHE)
-
 
 @triton.jit
 def _add_pair(a, b, c, d):
@@ -151,14 +60,14 @@ def _softmax_bwd_row_kernel(
     step = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     if PREFETCH:
-        s_next, dy_next = _load_row_pair(S, DY, pid, stride_s, stride_dy, M, N, cols, EVEN_N, True, LOAD_POLICY)
+        s_next, dy_next = load_row_pair(S, DY, pid, stride_s, stride_dy, M, N, cols, EVEN_N, True, LOAD_POLICY)
     for row in range(pid, M, step):
         if PREFETCH:
             s, dy = s_next, dy_next
-            s_next, dy_next = _load_row_pair(S, DY, row + step, stride_s, stride_dy, M, N, cols, EVEN_N, True,
+            s_next, dy_next = load_row_pair(S, DY, row + step, stride_s, stride_dy, M, N, cols, EVEN_N, True,
                                              LOAD_POLICY)
         else:
-            s, dy = _load_row_pair(S, DY, row, stride_s, stride_dy, M, N, cols, EVEN_N, False, LOAD_POLICY)
+            s, dy = load_row_pair(S, DY, row, stride_s, stride_dy, M, N, cols, EVEN_N, False, LOAD_POLICY)
         s = s.to(tl.float32)
         dy = dy.to(tl.float32)
         if FROM_INPUT:
@@ -170,7 +79,7 @@ def _softmax_bwd_row_kernel(
             dx = e * inv * (dy - dot * inv)
         else:
             dx = s * (dy - tl.sum(s * dy, axis=0))
-        _store_row(DX, row, stride_dx, N, cols, dx, EVEN_N, STORE_CACHE)
+        store_row(DX, row, stride_dx, N, cols, dx, EVEN_N, STORE_CACHE)
 
 
 @triton.jit
@@ -189,15 +98,15 @@ def _softmax_bwd_two_pass_kernel(
     cols = tl.arange(0, CHUNK)
     acc = tl.zeros([CHUNK], dtype=tl.float32)
     for start in range(0, N, CHUNK):
-        y = _load(y_row + start + cols, start + cols, N, EVEN_N, "evict_last")
-        dy = _load(dy_row + start + cols, start + cols, N, EVEN_N, "evict_last")
+        y = load_cols(y_row + start + cols, start + cols, N, EVEN_N, "evict_last")
+        dy = load_cols(dy_row + start + cols, start + cols, N, EVEN_N, "evict_last")
         acc += y.to(tl.float32) * dy.to(tl.float32)
     dot = tl.sum(acc, axis=0)
     for start in range(0, N, CHUNK):
-        y = _load(y_row + start + cols, start + cols, N, EVEN_N, "evict_first")
-        dy = _load(dy_row + start + cols, start + cols, N, EVEN_N, "evict_first")
+        y = load_cols(y_row + start + cols, start + cols, N, EVEN_N, "evict_first")
+        dy = load_cols(dy_row + start + cols, start + cols, N, EVEN_N, "evict_first")
         dx = y.to(tl.float32) * (dy.to(tl.float32) - dot)
-        _store(dx_row + start + cols, dx.to(DX.dtype.element_ty), start + cols, N, EVEN_N, STORE_CACHE)
+        store_cols(dx_row + start + cols, dx.to(DX.dtype.element_ty), start + cols, N, EVEN_N, STORE_CACHE)
 
 
 def softmax_bwd_rows(saved: torch.Tensor, dy: torch.Tensor, *, from_input: bool,

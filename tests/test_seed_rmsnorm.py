@@ -8,7 +8,7 @@ import torch
 from sandbox.task import load_task
 from sandbox.tolerance import compare
 from seeds import rmsnorm, rmsnorm_bwd, rmsnorm_residual
-from seeds.softmax_bwd import RowVariant
+from seeds._common import RowVariant
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
