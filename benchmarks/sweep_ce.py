@@ -44,18 +44,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
+from bench_ce import COPY_GBPS, SETS, log, make_sets  # noqa: E402
 from sandbox.task import load_task  # noqa: E402
 from seeds._common import sm_count  # noqa: E402
 from seeds.cross_entropy import cross_entropy_fwd_bwd  # noqa: E402
 
-COPY_GBPS = 4244.0  # ANCHORS.md device-to-device copy on the H200
-SETS = 3
 COMPILE_RESERVE_S = 25.0  # torch.compile of the task Model, timed last
 T0 = time.time()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
 
 
 def variants(sms: int, smoke: bool, near_default: bool = False) -> list[tuple[str, dict]]:
@@ -92,16 +87,6 @@ def liger_version() -> str:
         return version("liger-kernel")
     except PackageNotFoundError:
         return "(version unknown)"
-
-
-def make_sets(n: int, v: int, dev: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator(device=dev).manual_seed(0)
-    sets = []
-    for _ in range(SETS):
-        t = torch.randint(0, v, (n,), device=dev, generator=g)
-        t[torch.rand(n, device=dev, generator=g) < 0.05] = -100
-        sets.append((torch.randn(n, v, device=dev, dtype=torch.bfloat16, generator=g), t))
-    return sets
 
 
 def main() -> int:

@@ -121,6 +121,20 @@ def _seq_bounds(CU_Q, CU_K, b, S_Q, S_K, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _key_bounds(start_m, k_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(bulk_hi, hi) of query block start_m's key loop: keys [0, bulk_hi) in whole blocks needing no mask (wholly
+    inside the keys and, when causal, wholly left of the block's first row), then [bulk_hi, hi) masked."""
+    full_k = (k_len // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        bulk_hi = tl.minimum((start_m * BLOCK_M // BLOCK_N) * BLOCK_N, full_k)
+        hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M)
+    else:
+        bulk_hi = full_k
+        hi = k_len
+    return bulk_hi, hi
+
+
+@triton.jit
 def _operand(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
     """fp32 P or dS as a tl.dot operand: `dtype` on the GPU (the tensor cores' input, as in FlashAttention and
     SDPA's GPU backends); left in fp32 on the interpreter, whose dots run in fp32 anyway (see the docstring)."""
@@ -367,13 +381,7 @@ def _fwd_tile(
         # Unmasked blocks: wholly inside the keys and, when causal, wholly left of this block's first row. The
         # masked range then starts at a key every row of the block may see (j = its first key <= every row i), so
         # no row is left with only -inf scores after its first block.
-        full_k = (k_len // BLOCK_N) * BLOCK_N
-        if CAUSAL:
-            bulk_hi = tl.minimum((start_m * BLOCK_M // BLOCK_N) * BLOCK_N, full_k)
-            hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M)
-        else:
-            bulk_hi = full_k
-            hi = k_len
+        bulk_hi, hi = _key_bounds(start_m, k_len, BLOCK_M, BLOCK_N, CAUSAL)
         acc, l_i, m_i, dsum, acc1, l1, m1 = _fwd_inner(
             acc, l_i, m_i, dsum, q, acc1, l1, m1, q1, do_in, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC,
             k_row, v_row, rows, rows1, 0, bulk_hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, TMA, False,
@@ -678,13 +686,7 @@ def _attn_bwd_dq_kernel(
     k_row = b * K_RB + hkv * K_RH + k_start  # int32: the launcher checks the views have fewer than 2^31 rows
     v_row = b * V_RB + hkv * V_RH + k_start
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    full_k = (k_len // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        bulk_hi = tl.minimum((start_m * BLOCK_M // BLOCK_N) * BLOCK_N, full_k)
-        hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M)
-    else:
-        bulk_hi = full_k
-        hi = k_len
+    bulk_hi, hi = _key_bounds(start_m, k_len, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows,
                    0, bulk_hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, TMA, SPLIT_DS, UPCAST, IEEE, RNE)
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows,
