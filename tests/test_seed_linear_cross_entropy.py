@@ -12,7 +12,8 @@ import torch
 import seeds.linear_cross_entropy as lce
 from sandbox.task import load_task
 from sandbox.tolerance import compare
-from seeds.linear_cross_entropy import Gemm, linear_cross_entropy_fwd_bwd, matmul, stored_ends, vocab_chunks
+from seeds.linear_cross_entropy import (Gemm, dx_tail_rows, linear_cross_entropy_fwd_bwd, matmul, stored_ends,
+                                        vocab_chunks)
 
 TASK = Path(__file__).resolve().parent.parent / "tasks" / "linear_cross_entropy.py"
 TMA_KERNELS = ("_tma_logits_kernel", "_tma_matmul_kernel")
@@ -69,6 +70,31 @@ def test_vocab_form(bt, h, v, workspace, dtype, device):
     model, x, target = _case(bt, h, v, dtype, "normal", device=device)
     got = linear_cross_entropy_fwd_bwd(x, model.weight.detach(), target, -100, 0.0, "mean", workspace=workspace)
     _check(got, model, x, target)
+
+
+@pytest.mark.parametrize("bt,h,v,workspace,store_chunks", [(7, 24, 37, None, 3), (33, 40, 301, 33 * 2 * 16, 1),
+                                                          (19, 13, 83, 19 * 2 * 5, 0), (16, 32, 129, 16 * 2 * 8, 2)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_vocab_form_dx_in_dweight(bt, h, v, workspace, store_chunks, dtype, device):
+    """The fp32 dx accumulator in dweight's last rows (written last, their gradient recomputed): the same loss and
+    gradients as the separate accumulator, within the tolerance, and a tail that really is there."""
+    assert 0 < dx_tail_rows(bt, h, v, 2) < v
+    model, x, target = _case(bt, h, v, dtype, "outliers", 0.1, "mean", seed=6, device=device)
+    w = model.weight.detach()
+    got = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", workspace=workspace,
+                                       store_chunks=store_chunks, dx_in_dweight=True)
+    _check(got, model, x, target)
+    apart = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", workspace=workspace,
+                                         store_chunks=store_chunks)
+    for a, b in zip(got, apart):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_dx_tail_rows_at_the_task_shape():
+    """8192 tokens x 4096 of fp32 dx take 16384 bf16 rows of 4096: the main vocabulary ends at 111872, a multiple
+    of 8; too small a vocabulary for the accumulator gives no tail."""
+    assert dx_tail_rows(8192, 4096, 128256, 2) == 16384
+    assert dx_tail_rows(8192, 4096, 16000, 2) == 0
 
 
 @pytest.mark.parametrize("dist", ["uniform", "large", "outliers", "constant_rows"])
