@@ -80,18 +80,46 @@ def make_sets(n: int, v: int, dev: str) -> list[tuple[torch.Tensor, torch.Tensor
     return sets
 
 
+def describe(dev: str, n: int, v: int, nbytes: int) -> int:
+    """Log the device, Triton and the shape; the multiprocessor count."""
+    sms = sm_count(torch.device(dev))
+    if dev == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        log(f"{props.name}: {sms} SMs, L2 {props.L2_cache_size / 2**20:.0f} MiB; torch {torch.__version__}")
+    import triton
+    log(f"triton {triton.__version__}; N={n} V={v}; {nbytes / 1e9:.3f} GB minimum traffic")
+    return sms
+
+
+class Truth:
+    """The task Model's float64 loss and gradient on one input set per (label smoothing, reduction), and eager's
+    own error there: a variant passes within 4x eager's error (floors 1e-5 for the loss, 1e-2 for the gradient)."""
+
+    def __init__(self, task, x: torch.Tensor, t: torch.Tensor, settings: list[tuple[float, str]]):
+        self.truth, self.eager_err = {}, {}
+        for eps, red in settings:
+            m = task.module.Model(-100, eps, red)
+            tl_, tdx = m(x.double(), t)
+            el, edx = m(x, t)
+            self.truth[(eps, red)] = (tl_, tdx)
+            self.eager_err[(eps, red)] = (rel_l2(el, tl_), rel_l2(edx, tdx))
+            log(f"eager eps={eps} {red}: loss rel err {self.eager_err[(eps, red)][0]:.3g}, dlogits rel L2 "
+                f"{self.eager_err[(eps, red)][1]:.3g}")
+            del el, edx
+
+    def errors(self, loss: torch.Tensor, dx: torch.Tensor, eps: float, red: str) -> tuple[float, float, bool]:
+        (tl_, tdx), (el, edx) = self.truth[(eps, red)], self.eager_err[(eps, red)]
+        le, de = rel_l2(loss, tl_), rel_l2(dx, tdx)
+        return le, de, le <= max(1e-5, 4 * el) and de <= max(1e-2, 4 * edx)
+
+
 def main() -> int:
     args = parser(__doc__.splitlines()[0], 60.0).parse_args()
     smoke = args.smoke
     dev = "cpu" if smoke else "cuda"
     n, v = (6, 3001) if smoke else (8192, 128256)
     nbytes = 2 * 2 * n * v + 8 * n
-    sms = sm_count(torch.device(dev))
-    if not smoke:
-        props = torch.cuda.get_device_properties(0)
-        log(f"{props.name}: {sms} SMs, L2 {props.L2_cache_size / 2**20:.0f} MiB; torch {torch.__version__}")
-    import triton
-    log(f"triton {triton.__version__}; N={n} V={v}; {nbytes / 1e9:.2f} GB minimum traffic")
+    sms = describe(dev, n, v, nbytes)
 
     def left() -> float:
         return args.budget - (time.time() - T0)
@@ -99,24 +127,11 @@ def main() -> int:
     task = load_task(ROOT / "tasks/cross_entropy.py")
     sets = make_sets(n, v, dev)
     x, t = sets[0]
-    settings = [(0.0, "mean"), (0.1, "sum")]
-    truth, eager_err = {}, {}
-    for eps, red in settings:
-        m = task.module.Model(-100, eps, red)
-        tl_, tdx = m(x.double(), t)
-        el, edx = m(x, t)
-        truth[(eps, red)] = (tl_, tdx)
-        eager_err[(eps, red)] = (rel_l2(el, tl_), rel_l2(edx, tdx))
-        log(f"eager eps={eps} {red}: loss rel err {eager_err[(eps, red)][0]:.3g}, dlogits rel L2 "
-            f"{eager_err[(eps, red)][1]:.3g}")
-        del el, edx
+    ref = Truth(task, x, t, [(0.0, "mean"), (0.1, "sum")])
 
     def check(name: str, kw: dict, eps: float, red: str, out=None) -> tuple[float, float, bool]:
-        loss, dx = cross_entropy_fwd_bwd(x if out is None else out, t, -100, eps, red, out=out, **kw)
-        tl_, tdx = truth[(eps, red)]
-        el, edx = eager_err[(eps, red)]
-        le, de = rel_l2(loss, tl_), rel_l2(dx, tdx)
-        ok = le <= max(1e-5, 4 * el) and de <= max(1e-2, 4 * edx)
+        le, de, ok = ref.errors(*cross_entropy_fwd_bwd(x if out is None else out, t, -100, eps, red, out=out, **kw),
+                                eps, red)
         log(f"check {name} eps={eps} {red}: loss {le:.3g} dlogits {de:.3g} {'ok' if ok else 'FAIL'}")
         return le, de, ok
 
@@ -166,7 +181,7 @@ def main() -> int:
 
     # --- baselines --------------------------------------------------------------------------------------------------
     model = task.module.Model(-100, 0.0, "mean")
-    el, edx = eager_err[(0.0, "mean")]
+    el, edx = ref.eager_err[(0.0, "mean")]
     add("eager (task Model)", "baseline", rotating_median_ms(lambda i: model(*sets[i]), SETS, smoke), el, edx)
     if smoke:
         log("torch.compile and Liger: skipped in --smoke")
@@ -175,20 +190,15 @@ def main() -> int:
     else:
         try:  # a compile failure costs its row, not the run
             cm = torch.compile(model, dynamic=False)
-            cl, cdx = cm(x, t)
-            tl_, tdx = truth[(0.0, "mean")]
+            cle, cde, _ = ref.errors(*cm(x, t), 0.0, "mean")
             add("torch.compile (task Model)", "baseline", rotating_median_ms(lambda i: cm(*sets[i]), SETS, smoke),
-                rel_l2(cl, tl_), rel_l2(cdx, tdx))
-            del cl, cdx
+                cle, cde)
         except Exception as exc:  # noqa: BLE001
             log(f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     if not smoke:
         try:
             liger = task.module.crucible_liger(model)
-            ll, ldx = liger(x.clone(), t)
-            tl_, tdx = truth[(0.0, "mean")]
-            le, de = rel_l2(ll, tl_), rel_l2(ldx, tdx)
-            del ll, ldx
+            le, de, _ = ref.errors(*liger(x.clone(), t), 0.0, "mean")
             add("liger 0.8.5 (grad over its input)", "baseline",
                 rotating_median_ms(lambda i: liger(*sets[i]), SETS, smoke), le, de)
         except Exception as exc:  # noqa: BLE001

@@ -43,10 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
-from bench_ce import COPY_GBPS, SETS, log, make_sets  # noqa: E402
+from _bench import parser, rotating_median_ms  # noqa: E402
+from bench_ce import COPY_GBPS, SETS, Truth, describe, log, make_sets  # noqa: E402
 from sandbox.task import load_task  # noqa: E402
-from seeds._common import sm_count  # noqa: E402
 from seeds.cross_entropy import cross_entropy_fwd_bwd  # noqa: E402
 
 COMPILE_RESERVE_S = 25.0  # torch.compile of the task Model, timed last
@@ -97,12 +96,7 @@ def main() -> int:
     dev = "cpu" if smoke else "cuda"
     n, v = (6, 700) if smoke else (8192, 128256)
     nbytes = 2 * 2 * n * v + 8 * n
-    sms = sm_count(torch.device(dev))
-    if not smoke:
-        props = torch.cuda.get_device_properties(0)
-        log(f"{props.name}: {sms} SMs, L2 {props.L2_cache_size / 2**20:.0f} MiB; torch {torch.__version__}")
-    import triton
-    log(f"triton {triton.__version__}; N={n} V={v}; {nbytes / 1e9:.3f} GB minimum traffic")
+    sms = describe(dev, n, v, nbytes)
 
     def left() -> float:
         return args.budget - (time.time() - T0)
@@ -110,21 +104,7 @@ def main() -> int:
     task = load_task(ROOT / "tasks/cross_entropy.py")
     sets = make_sets(n, v, dev)
     x, t = sets[0]
-    settings = [(0.0, "mean"), (0.1, "sum")]
-    truth, eager_err = {}, {}
-    for eps, red in settings:
-        m = task.module.Model(-100, eps, red)
-        truth[(eps, red)] = m(x.double(), t)
-        el, edx = m(x, t)
-        eager_err[(eps, red)] = (rel_l2(el, truth[(eps, red)][0]), rel_l2(edx, truth[(eps, red)][1]))
-        log(f"eager eps={eps} {red}: loss rel err {eager_err[(eps, red)][0]:.3g}, dlogits rel L2 "
-            f"{eager_err[(eps, red)][1]:.3g}")
-        del el, edx
-
-    def errors(loss: torch.Tensor, dx: torch.Tensor, eps: float, red: str) -> tuple[float, float, bool]:
-        (tl_, tdx), (el, edx) = truth[(eps, red)], eager_err[(eps, red)]
-        le, de = rel_l2(loss, tl_), rel_l2(dx, tdx)
-        return le, de, le <= max(1e-5, 4 * el) and de <= max(1e-2, 4 * edx)
+    ref = Truth(task, x, t, [(0.0, "mean"), (0.1, "sum")])
 
     rows: list[dict] = []
     failed: list[str] = []
@@ -137,12 +117,12 @@ def main() -> int:
 
     # --- baselines that cost no compile: eager, Liger -------------------------------------------------------------
     model = task.module.Model(-100, 0.0, "mean")
-    el, edx = eager_err[(0.0, "mean")]
+    el, edx = ref.eager_err[(0.0, "mean")]
     add("eager F.cross_entropy fwd+bwd (task Model)", "baseline",
         rotating_median_ms(lambda i: model(*sets[i]), SETS, smoke), el, edx)
     try:
         liger = task.module.crucible_liger(model)
-        le, de, ok = errors(*liger(x.clone(), t), 0.0, "mean")
+        le, de, ok = ref.errors(*liger(x.clone(), t), 0.0, "mean")
         # Liger writes the gradient over its logits: timed on copies, or every row after it reads its gradients
         # (run V's first try: every variant WRONG against the untouched truth)
         own = [[s[0].clone(), *s[1:]] for s in sets]
@@ -159,12 +139,12 @@ def main() -> int:
         if left() < reserve:
             log(f"skipped {name}: {left():.0f} s left")
             continue
-        le, de, ok = errors(*cross_entropy_fwd_bwd(x, t, -100, 0.0, "mean", **kw), 0.0, "mean")
+        le, de, ok = ref.errors(*cross_entropy_fwd_bwd(x, t, -100, 0.0, "mean", **kw), 0.0, "mean")
         log(f"check {name} eps=0 mean: loss {le:.3g} dlogits {de:.3g} {'ok' if ok else 'FAIL'}")
         maths = (kw.get("sub", 1), kw.get("split", 1))
         if maths not in maths_checked and kw.get("form", "persistent") == "persistent":
             maths_checked.add(maths)
-            le2, de2, ok2 = errors(*cross_entropy_fwd_bwd(x, t, -100, 0.1, "sum", **kw), 0.1, "sum")
+            le2, de2, ok2 = ref.errors(*cross_entropy_fwd_bwd(x, t, -100, 0.1, "sum", **kw), 0.1, "sum")
             log(f"check {name} eps=0.1 sum: loss {le2:.3g} dlogits {de2:.3g} {'ok' if ok2 else 'FAIL'}")
             ok = ok and ok2
         if not ok:
@@ -182,7 +162,7 @@ def main() -> int:
     else:
         try:  # a compile failure costs its row, not the run
             cm = torch.compile(model, dynamic=False)
-            le, de, ok = errors(*cm(x, t), 0.0, "mean")
+            le, de, ok = ref.errors(*cm(x, t), 0.0, "mean")
             add("torch.compile (task Model)", "baseline", rotating_median_ms(lambda i: cm(*sets[i]), SETS, smoke),
                 le, de, ok)
         except Exception as exc:  # noqa: BLE001

@@ -28,6 +28,19 @@ def _truth(model, inputs):
 CE_SHAPES = [(1, 1), (1, 37), (5, 2048), (7, 3001), (16, 4999)]
 
 
+def _check_knobs(shape, smoothing, reduction, device, **knobs):
+    """bf16 logits with outliers, ignored rows first, last and in a run: the seed with `knobs` against the task."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    task = load_task(TASKS / "cross_entropy.py").with_constants({"N": shape[0], "V": shape[1]})
+    model = task.module.Model(-100, smoothing, reduction).to(device)
+    x, t = task.make_inputs(3, "outliers", device)
+    t[0] = -100
+    t[-1] = -100
+    t[2:4] = -100
+    got = cross_entropy_fwd_bwd(x, t, -100, smoothing, reduction, **knobs)
+    _compare_all(got, model(x, t), _truth(model, [x, t]))
+
+
 @pytest.mark.parametrize("task_file", ["cross_entropy.py", "cross_entropy_smooth_sum.py"])
 @pytest.mark.parametrize("shape", CE_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -80,16 +93,8 @@ FORM_CASES = [  # (form, programs, lanes, hints): the persistent form with fewer
 def test_cross_entropy_forms(form, programs, lanes, hints, smoothing, reduction, shape, block, device):
     """Every form and knob the bench sweeps: several tiles a row (a partial last tile; V below one tile), ignored
     rows first, last and in a run, bf16 logits with outliers."""
-    from seeds.cross_entropy import cross_entropy_fwd_bwd
-    task = load_task(TASKS / "cross_entropy.py").with_constants({"N": shape[0], "V": shape[1]})
-    model = task.module.Model(-100, smoothing, reduction).to(device)
-    x, t = task.make_inputs(3, "outliers", device)
-    t[0] = -100
-    t[-1] = -100
-    t[2:4] = -100
-    got = cross_entropy_fwd_bwd(x, t, -100, smoothing, reduction, form=form, programs=programs, lanes=lanes,
-                                hints=hints, block=block, num_warps=4)
-    _compare_all(got, model(x, t), _truth(model, [x, t]))
+    _check_knobs(shape, smoothing, reduction, device, form=form, programs=programs, lanes=lanes, hints=hints,
+                 block=block, num_warps=4)
 
 
 @pytest.mark.parametrize("form", ["persistent", "staged", "two_pass"])
@@ -158,16 +163,8 @@ def test_cross_entropy_sweep_options(programs, block, sub, store_cache, split, s
     programs (the interpreter runs programs one after another: earlier programs always compute their partners'
     statistics themselves, later ones read them published), with ignored rows first, last and in a run, bf16
     logits with outliers."""
-    from seeds.cross_entropy import cross_entropy_fwd_bwd
-    task = load_task(TASKS / "cross_entropy.py").with_constants({"N": shape[0], "V": shape[1]})
-    model = task.module.Model(-100, smoothing, reduction).to(device)
-    x, t = task.make_inputs(3, "outliers", device)
-    t[0] = -100
-    t[-1] = -100
-    t[2:4] = -100
-    got = cross_entropy_fwd_bwd(x, t, -100, smoothing, reduction, programs=programs, block=block, num_warps=4,
-                                sub=sub, store_cache=store_cache, split=split)
-    _compare_all(got, model(x, t), _truth(model, [x, t]))
+    _check_knobs(shape, smoothing, reduction, device, programs=programs, block=block, num_warps=4, sub=sub,
+                 store_cache=store_cache, split=split)
 
 
 @pytest.mark.parametrize("sub", [2, 4])
