@@ -43,7 +43,7 @@ class RunConfig:
     seed: int = 0
     check_timeout_s: float = 300.0
     baselines: tuple[str, ...] = ("eager",)  # each candidate's timing (torch.compile alone costs ~20 s a check)
-    final_baselines: tuple[str, ...] = ("eager", "compile", "liger")  # the best's final re-check
+    final_baselines: tuple[str, ...] = ("eager", "compile", "liger", "vendor")  # the best's final re-check
 
     def stored(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("resume", "time_limit_s")}

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sandbox.task import formula, load_task  # noqa: E402
+from profiler.vendor_ops import moe_layer as vendor_moe_layer  # noqa: E402
 from seeds.moe import align_counts, grouped_dw, grouped_gemm, grouped_linear_fwd  # noqa: E402
 from seeds.moe_layer import moe_layer_fwd  # noqa: E402
 from _bench import rel_l2, rotating_median_ms  # noqa: E402
@@ -262,22 +263,6 @@ def grouped_bwd() -> None:
 
 
 # ---- the layer ----------------------------------------------------------------------------------------------------
-def grouped_mm_layer(model, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """torch._grouped_mm for both projections, routing/sort/SwiGLU/combine as separate PyTorch ops."""
-    weights, ids = model.route(logits)
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    offs = torch.cumsum(torch.bincount(flat, minlength=model.experts), 0).to(torch.int32)
-    xs = x.index_select(0, order // model.top_k)
-    h = torch._grouped_mm(xs, model.w_gate_up.transpose(1, 2), offs=offs)
-    gate, up = h.chunk(2, dim=-1)
-    y = torch._grouped_mm(torch.nn.functional.silu(gate) * up, model.w_down.transpose(1, 2), offs=offs)
-    out = torch.empty_like(y)
-    out[order] = y
-    k = model.top_k
-    return (out.view(-1, k, x.shape[1]).float() * weights[..., None]).sum(1).to(x.dtype)
-
-
 def layer(name: str) -> None:
     task = task_for(f"moe_layer_{name}.py")
     flops = formula(task.meta.flops_formula)(task.current_constants())
@@ -300,7 +285,7 @@ def layer(name: str) -> None:
         sec.run("loop over experts", "baseline", lambda i: model(*sets[i]), cut=lambda o: o[:n])
         if has_grouped_mm():
             sec.run("torch._grouped_mm + torch routing/SwiGLU/combine", "baseline",
-                    lambda i: grouped_mm_layer(model, *sets[i]), cut=lambda o: o[:n])
+                    lambda i, f=vendor_moe_layer(model): f(*sets[i]), cut=lambda o: o[:n])
         for vname, up, down, opts in LAYER:
             sec.run(vname, "seed", lambda i, u=up, d=down, o=opts: moe_layer_fwd(
                 sets[i][0], sets[i][1], wgu, wd, k, scoring, bias, scale, u, d, **o), cut=lambda o: o[:n])

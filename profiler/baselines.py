@@ -5,6 +5,8 @@
 - `liger`: Liger Kernel's kernel for the same op, when the task file defines `crucible_liger(model)` returning a
   callable that takes the same positional inputs as the model (the task knows which Liger op matches and how to carry
   over the weights) and liger-kernel is installed.
+- `vendor`: a vendor library's kernel for the same op, when the task file defines `crucible_vendor(model)` the same
+  way (e.g. torch._grouped_mm, cuBLAS's grouped GEMM, for the MoE grouped GEMM, whose eager reference is a loop).
 A baseline that cannot be built is reported as unavailable with the reason, never silently dropped. Each callable
 takes one input set (a list), as profiler.timing.measure expects, and runs without autograd unless an input asks
 for gradients.
@@ -21,8 +23,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-KNOWN = ("eager", "compile", "liger")
+KNOWN = ("eager", "compile", "liger", "vendor")
 LIGER_HOOK = "crucible_liger"
+VENDOR_HOOK = "crucible_vendor"
 
 
 @dataclass(frozen=True)
@@ -92,20 +95,27 @@ def build(name: str, model: torch.nn.Module, task_module: Any = None) -> Baselin
         return Baseline("compile", _call(compiled), versions={**torch_v, "triton": _dist_version("triton")})
     if name == "liger":
         versions = {**torch_v, "liger_kernel": _dist_version("liger-kernel")}
-        hook = getattr(task_module, LIGER_HOOK, None)
-        if hook is None:
-            return Baseline("liger", None, f"the task defines no {LIGER_HOOK}(model) for Liger's matching op", versions)
-        if importlib.util.find_spec("liger_kernel") is None:
+        if importlib.util.find_spec("liger_kernel") is None and hasattr(task_module, LIGER_HOOK):
             return Baseline("liger", None, "liger-kernel is not installed", versions)
-        try:
-            fn = hook(model)
-        except Exception as exc:  # noqa: BLE001 - reported as unavailable
-            return Baseline("liger", None, f"{LIGER_HOOK} failed: {type(exc).__name__}: {exc}", versions)
-        if not callable(fn):
-            return Baseline("liger", None, f"{LIGER_HOOK}(model) returned {type(fn).__name__}, not a callable",
-                            versions)
-        return Baseline("liger", _call(fn), versions=versions)
+        return _from_hook("liger", LIGER_HOOK, "Liger's matching op", model, task_module, versions)
+    if name == "vendor":
+        return _from_hook("vendor", VENDOR_HOOK, "a vendor library's matching op", model, task_module, torch_v)
     raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(KNOWN)}")
+
+
+def _from_hook(name: str, hook_name: str, what: str, model: torch.nn.Module, task_module: Any,
+               versions: dict[str, str | None]) -> Baseline:
+    """The baseline the task's `hook_name(model)` returns, or unavailable with the reason."""
+    hook = getattr(task_module, hook_name, None)
+    if hook is None:
+        return Baseline(name, None, f"the task defines no {hook_name}(model) for {what}", versions)
+    try:
+        fn = hook(model)
+    except Exception as exc:  # noqa: BLE001 - reported as unavailable
+        return Baseline(name, None, f"{hook_name} failed: {type(exc).__name__}: {exc}", versions)
+    if not callable(fn):
+        return Baseline(name, None, f"{hook_name}(model) returned {type(fn).__name__}, not a callable", versions)
+    return Baseline(name, _call(fn), versions=versions)
 
 
 def build_all(names: tuple[str, ...], model: torch.nn.Module, task_module: Any = None) -> dict[str, Baseline]:

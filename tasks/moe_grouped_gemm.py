@@ -50,3 +50,9 @@ def get_inputs():
 
 def get_init_inputs():
     return [EXPERTS, H, F]
+
+
+def crucible_vendor(model):
+    """torch._grouped_mm (cuBLAS's grouped GEMM), the `vendor` baseline: ANCHORS.md's 573 TFLOP/s."""
+    from profiler.vendor_ops import grouped_linear as vendor_grouped_linear
+    return vendor_grouped_linear(model.weight)

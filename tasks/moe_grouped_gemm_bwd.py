@@ -46,3 +46,9 @@ def get_inputs():
 
 def get_init_inputs():
     return [EXPERTS, H, F]
+
+
+def crucible_vendor(model):
+    """torch._grouped_mm for dx and dW (cuBLAS's grouped GEMM), the `vendor` baseline."""
+    from profiler.vendor_ops import grouped_linear_backward
+    return grouped_linear_backward(model.weight)

@@ -66,3 +66,9 @@ def get_inputs():
 
 def get_init_inputs():
     return [H, FFN, EXPERTS, TOP_K, "sigmoid", 2.5]
+
+
+def crucible_vendor(model):
+    """torch._grouped_mm for both projections, routing/SwiGLU/combine as PyTorch ops: the `vendor` baseline."""
+    from profiler.vendor_ops import moe_layer
+    return moe_layer(model)

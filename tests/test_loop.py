@@ -343,7 +343,7 @@ def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
 
 def test_the_best_is_checked_again_against_the_final_baselines(tmp_path, task, kernel, monkeypatch):
     """Candidates are timed against eager alone; the run's best is checked once more, every stage, against
-    eager, torch.compile and Liger, and that re-check is appended to the archive. A best that fails it is said so."""
+    eager, torch.compile, Liger and the vendor library, and that re-check is appended to the archive. A best that fails it is said so."""
     import agent.loop as loop_mod
     import torch
 
@@ -353,7 +353,7 @@ def test_the_best_is_checked_again_against_the_final_baselines(tmp_path, task, k
     with Archive(tmp_path / "a.db") as archive:
         s = run_search(RunConfig(task_path=task, budget=2, device="cuda", start_from=kernel), archive,
                        evaluator_factory=ScriptedEvaluator)
-        assert ScriptedEvaluator.asked == [None, None, None, ("eager", "compile", "liger")]
+        assert ScriptedEvaluator.asked == [None, None, None, ("eager", "compile", "liger", "vendor")]
         assert s.final is not None and s.final.candidate_id == s.best.id and s.final.status == "confirmed"
         assert archive.reverifications(s.best.id)[-1].status == "confirmed"
         assert not s.notes

@@ -153,6 +153,19 @@ def test_liger_unavailable_reasons(monkeypatch):
     assert "not a callable" in baselines.build("liger", _Scale(), broken).reason
 
 
+def test_vendor_baseline_comes_from_the_tasks_hook_and_the_cli_knows_every_name():
+    from agent.commands import BASELINES
+
+    assert BASELINES == baselines.KNOWN
+    assert "crucible_vendor" in baselines.build("vendor", _Scale(), types.SimpleNamespace()).reason
+    ok = baselines.build("vendor", _Scale(), types.SimpleNamespace(crucible_vendor=lambda m: (lambda x: m(x) * 2)))
+    assert ok.available and torch.equal(ok.fn([torch.ones(8)]), torch.full((8,), 6.0))
+    def missing_op(model):
+        raise AttributeError("module 'torch' has no attribute '_grouped_mm'")
+    gone = baselines.build("vendor", _Scale(), types.SimpleNamespace(crucible_vendor=missing_op))
+    assert not gone.available and "_grouped_mm" in gone.reason
+
+
 # ---- environment and ceilings cache -------------------------------------------------------------------------------------
 def test_environment_fingerprint():
     e = env.environment()

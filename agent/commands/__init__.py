@@ -2,6 +2,9 @@
 
 import argparse
 
+# The baselines profiler.baselines can build (its KNOWN; kept here too so the CLI validates flags without torch).
+BASELINES = ("eager", "compile", "liger", "vendor")
+
 
 def add_timing_mode(p: argparse.ArgumentParser) -> None:
     """--timing-mode, shared by `check` and `bench` (sandbox.timing_parent.pacing reads it)."""

@@ -28,8 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__)
     p.add_argument("task", nargs="?", help="task file (KernelBench format)")
     p.add_argument("candidate", nargs="?", help="candidate file defining ModelNew; omit to time the baselines only")
-    p.add_argument("--baselines", default="eager,compile,liger",
-                   help="comma-separated: eager, compile, liger (default: all three)")
+    p.add_argument("--baselines", default="eager,compile,liger,vendor",
+                   help="comma-separated: eager, compile, liger, vendor (default: all four; liger and vendor "
+                        "where the task names such a kernel)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("--csv", metavar="FILE", help="also write one row per implementation to FILE")
     p.add_argument("--ceilings", action="store_true", help="print the device's measured ceilings (cached)")

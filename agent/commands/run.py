@@ -20,6 +20,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from . import BASELINES
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -52,11 +54,12 @@ def add_search_options(p: argparse.ArgumentParser, *,
     p.add_argument("--concurrency", type=int, default=4, help="LLM requests in flight (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the search and the tuner (default 0)")
     p.add_argument("--baselines", default="eager",
-                   help="what each candidate is timed against on the GPU: eager, compile, liger (default eager: "
+                   help="what each candidate is timed against on the GPU: eager, compile, liger, vendor (default eager: "
                         "torch.compile adds ~20 s to every check)")
-    p.add_argument("--final-baselines", default="eager,compile,liger",
+    p.add_argument("--final-baselines", default="eager,compile,liger,vendor",
                    help="what the run's best kernel is timed against in its final re-check (default "
-                        "eager,compile,liger; liger where Liger Kernel has the op)")
+                        "eager,compile,liger,vendor; liger where Liger Kernel has the op, vendor where the task "
+                        "names a vendor library's kernel)")
 
 
 def config_from(args: argparse.Namespace, task: Path, **over: Any):
@@ -72,8 +75,9 @@ def config_from(args: argparse.Namespace, task: Path, **over: Any):
 def baselines_problem(args: argparse.Namespace) -> str | None:
     """One sentence when --baselines or --final-baselines names something the profiler does not time."""
     for flag, text in (("--baselines", args.baselines), ("--final-baselines", args.final_baselines)):
-        if not _names(text) or set(_names(text)) - {"eager", "compile", "liger"}:
-            return f"{flag} {text!r}: unknown baseline; name one or more of eager, compile, liger, separated by commas"
+        if not _names(text) or set(_names(text)) - set(BASELINES):
+            return (f"{flag} {text!r}: unknown baseline; name one or more of {', '.join(BASELINES)}, "
+                    "separated by commas")
     return None
 
 
@@ -279,7 +283,8 @@ def render_summary(s: Any, archive_path: Path) -> None:
             f = s.final
             colour = "green" if f.status == "confirmed" else "red"
             table.add_row("final re-check", f"[{colour}]{f.status}[/{colour}]: {f.note}")
-            labels = {"eager": "vs eager", "compile": "vs torch.compile", "liger": "vs Liger"}
+            labels = {"eager": "vs eager", "compile": "vs torch.compile", "liger": "vs Liger",
+                      "vendor": "vs vendor library"}
             for name, v in final_speedups(f).items():
                 text = _ci(v["speedup"], v["ci_low"], v["ci_high"])
                 if v["verdict"] and v["speedup"] is not None:
