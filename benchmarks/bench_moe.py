@@ -91,6 +91,17 @@ LAYER = [
     ("tma up 128x128 s4 down 128x128 s4", (128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 4, 8), TMA),
     ("tma+ws up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), WS),
 ]
+# --layers: the layer sections alone, wider (issue 7's layer targets, ANCHORS.md: Mixtral-like >= 640 TFLOP/s,
+# DeepSeek-like >= 530); the grouped linear's winners (flattened loop, 256-row blocks) tried inside the layer.
+LAYER_SWEEP = LAYER[1:2] + [
+    ("flat up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), FLAT),
+    ("flat up 128x128 s4 down 128x256 s3", (128, 128, 64, 8, 4, 8), (128, 256, 64, 8, 3, 8), FLAT),
+    ("flat up 128x128 s4 down 128x128 s4", (128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 4, 8), FLAT),
+    ("flat up 256x64 down 256x128 s3", (256, 64, 64, 8, 3, 8), (256, 128, 64, 8, 3, 8), FLAT),
+    ("flat up 128x128 down 128x256 s3 G16", (128, 128, 64, 8, 3, 16), (128, 256, 64, 8, 3, 16), FLAT),
+    ("flat up 128x128 down 128x256 s3 G4", (128, 128, 64, 8, 3, 4), (128, 256, 64, 8, 3, 4), FLAT),
+    ("flat up 256x64 s4 down 256x128 s3", (256, 64, 64, 8, 4, 8), (256, 128, 64, 8, 3, 8), FLAT),
+]
 if SMOKE:
     FWD = [("ptr", (16, 32, 16, 4, 1, 4), PTR), ("tma", (16, 32, 16, 4, 1, 4), TMA),
            ("tma+ws", (16, 32, 16, 4, 1, 4), WS), ("tma+flat", (32, 16, 16, 4, 1, 2), FLAT)]
@@ -98,6 +109,7 @@ if SMOKE:
     DW = [("ptr", (32, 16, 16, 4, 1), "ptr"), ("tma", (32, 16, 16, 4, 1), "tma")]
     LAYER = [("ptr", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), PTR),
              ("tma", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), TMA)]
+    LAYER_SWEEP = LAYER[1:] + [("flat", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), FLAT)]
 T0 = time.time()
 ROWS: list[dict] = []
 
@@ -263,7 +275,7 @@ def grouped_bwd() -> None:
 
 
 # ---- the layer ----------------------------------------------------------------------------------------------------
-def layer(name: str) -> None:
+def layer(name: str, variants=None) -> None:
     task = task_for(f"moe_layer_{name}.py")
     flops = formula(task.meta.flops_formula)(task.current_constants())
     model = make(task, 0)
@@ -286,7 +298,7 @@ def layer(name: str) -> None:
         if has_grouped_mm():
             sec.run("torch._grouped_mm + torch routing/SwiGLU/combine", "baseline",
                     lambda i, f=vendor_moe_layer(model): f(*sets[i]), cut=lambda o: o[:n])
-        for vname, up, down, opts in LAYER:
+        for vname, up, down, opts in variants or LAYER:
             sec.run(vname, "seed", lambda i, u=up, d=down, o=opts: moe_layer_fwd(
                 sets[i][0], sets[i][1], wgu, wd, k, scoring, bias, scale, u, d, **o), cut=lambda o: o[:n])
     del model, sets
@@ -319,8 +331,12 @@ def table() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes (checks the script)")
-    parser.parse_args()
-    parts = [
+    parser.add_argument("--layers", action="store_true",
+                        help="the two layers alone with the wider LAYER_SWEEP variants (about 110 s)")
+    args = parser.parse_args()
+    if args.layers:
+        BUDGET.update({"layer deepseek": 45, "layer mixtral": 55})
+    parts = [(f"layer {n}", lambda n=n: layer(n, LAYER_SWEEP)) for n in ("deepseek", "mixtral")] if args.layers else [
         ("grouped fwd", lambda: grouped_fwd(1, FWD)),
         ("grouped fwd skew8", None),
         ("grouped bwd", grouped_bwd),
