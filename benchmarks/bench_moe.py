@@ -325,6 +325,7 @@ def table() -> None:
     print(f"\n{env}")
     if os.environ.get("OUT"):
         keep = [{k: v for k, v in r.items() if k not in ("cfg", "opts")} for r in ROWS]
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         (Path(os.environ["OUT"]) / "bench_moe.json").write_text(json.dumps({"env": env, "rows": keep}, indent=1))
 
 
