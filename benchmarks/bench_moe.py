@@ -62,6 +62,7 @@ BUDGET = {"grouped fwd skew1": 38, "grouped fwd skew8": 14, "grouped bwd dX": 16
 # A variant: (name, config (BM, BN, BK, warps, stages, GROUP_M), grouped_gemm's impl options).
 TMA, WS, FLAT = {"impl": "tma"}, {"impl": "tma", "warp_specialize": True}, {"impl": "tma", "flatten": True}
 PTR = {"impl": "ptr"}
+PRE = {"impl": "tma", "pregather": True}  # the layer's x rows copied into sorted order: the up GEMM's A by TMA
 FWD = [
     ("ptr 128x256x64 w8 s3", (128, 256, 64, 8, 3, 8), PTR),  # the measured default of run E (513 TFLOP/s)
     ("tma 128x256x64 w8 s3", (128, 256, 64, 8, 3, 8), TMA),
@@ -92,15 +93,16 @@ LAYER = [
     ("tma+ws up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), WS),
 ]
 # --layers: the layer sections alone, wider (issue 7's layer targets, ANCHORS.md: Mixtral-like >= 640 TFLOP/s,
-# DeepSeek-like >= 530); the grouped linear's winners (flattened loop, 256-row blocks) tried inside the layer.
+# DeepSeek-like >= 530): the up GEMM's A rows by TMA after one gather (pregather), TMA stores, warp specialisation.
 LAYER_SWEEP = LAYER[1:2] + [
-    ("flat up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), FLAT),
+    # run AB: flattening (-6 to -8%), 256-row blocks, GROUP_M 4/16 and both 128x128 at 4 stages all lost here
+    ("pregather up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), PRE),
+    ("pregather up 128x128 s4 down 128x256 s3", (128, 128, 64, 8, 4, 8), (128, 256, 64, 8, 3, 8), PRE),
+    ("pregather flat", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**PRE, "flatten": True}),
+    ("pregather tmastore", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**PRE, "tma_store": True}),
+    ("pregather ws", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**PRE, "warp_specialize": True}),
+    ("tmastore", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**TMA, "tma_store": True}),
     ("flat up 128x128 s4 down 128x256 s3", (128, 128, 64, 8, 4, 8), (128, 256, 64, 8, 3, 8), FLAT),
-    ("flat up 128x128 s4 down 128x128 s4", (128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 4, 8), FLAT),
-    ("flat up 256x64 down 256x128 s3", (256, 64, 64, 8, 3, 8), (256, 128, 64, 8, 3, 8), FLAT),
-    ("flat up 128x128 down 128x256 s3 G16", (128, 128, 64, 8, 3, 16), (128, 256, 64, 8, 3, 16), FLAT),
-    ("flat up 128x128 down 128x256 s3 G4", (128, 128, 64, 8, 3, 4), (128, 256, 64, 8, 3, 4), FLAT),
-    ("flat up 256x64 s4 down 256x128 s3", (256, 64, 64, 8, 4, 8), (256, 128, 64, 8, 3, 8), FLAT),
 ]
 if SMOKE:
     FWD = [("ptr", (16, 32, 16, 4, 1, 4), PTR), ("tma", (16, 32, 16, 4, 1, 4), TMA),
@@ -109,7 +111,7 @@ if SMOKE:
     DW = [("ptr", (32, 16, 16, 4, 1), "ptr"), ("tma", (32, 16, 16, 4, 1), "tma")]
     LAYER = [("ptr", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), PTR),
              ("tma", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), TMA)]
-    LAYER_SWEEP = LAYER[1:] + [("flat", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), FLAT)]
+    LAYER_SWEEP = LAYER[1:] + [("pregather", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), PRE)]
 T0 = time.time()
 ROWS: list[dict] = []
 

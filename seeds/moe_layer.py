@@ -143,9 +143,11 @@ def combine(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.
 
 def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                   top_k: int, scoring: str = "softmax", bias: torch.Tensor | None = None, routed_scale: float = 1.0,
-                  up_config=None, down_config=None, **variant) -> torch.Tensor:
+                  up_config=None, down_config=None, pregather: bool = False, **variant) -> torch.Tensor:
     """The MoE layer's output [T, H] (see the module docstring); configs as seeds.moe.grouped_gemm, one BLOCK_M;
-    variant: both grouped GEMMs' impl / warp_specialize / flatten."""
+    variant: both grouped GEMMs' impl / warp_specialize / flatten.
+    pregather: copy x's routed rows into sorted order first (one gather of T K H elements), so the gate/up GEMM
+    reads its A blocks as runs of rows (by TMA on a GPU) instead of gathering them by pointer loads."""
     if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
         raise ValueError(f"moe_layer: expected x [T, H], w_gate_up [E, 2F, H], w_down [E, H, F], got "
                          f"{tuple(x.shape)}, {tuple(w_gate_up.shape)}, {tuple(w_down.shape)}")
@@ -165,8 +167,14 @@ def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor
     weights, ids = route(logits, top_k, scoring, bias, routed_scale)
     layout = align_block_size(ids, experts, up_config[0])
     h = torch.empty((layout.sorted_ids.numel(), ffn), dtype=x.dtype, device=x.device)
-    grouped_gemm(x, w_gate_up, layout, h, a_row_div=top_k, gather_a=True, scatter_c=False, swiglu=True,
-                 config=up_config, **variant)
+    if pregather:
+        # padding positions hold the sentinel id T K: they read token T - 1, and their rows of h are never stored
+        xs = x.index_select(0, torch.clamp(layout.sorted_ids // top_k, max=t - 1))
+        grouped_gemm(xs, w_gate_up, layout, h, gather_a=False, scatter_c=False, swiglu=True, config=up_config,
+                     **variant)
+    else:
+        grouped_gemm(x, w_gate_up, layout, h, a_row_div=top_k, gather_a=True, scatter_c=False, swiglu=True,
+                     config=up_config, **variant)
     y = torch.empty((t * top_k, hidden), dtype=x.dtype, device=x.device)
     grouped_gemm(h, w_down, layout, y, gather_a=False, scatter_c=True, config=down_config, **variant)
     return combine(y, weights, torch.empty_like(x))
