@@ -109,6 +109,9 @@ def test_unknown_candidate_name_is_refused():
 
 
 # ---- the command's GPU path, with the harness replaced by one returning a synthetic report ----------------------------
+SIZES: list[dict] = []  # the constants of each task the fake harness was handed
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -127,6 +130,7 @@ def fake_gpu(monkeypatch):
 
         def bench(self, task, candidate, baselines=("eager",), gpu=0, timing_mode="auto"):
             calls.append((task.name, candidate, baselines, gpu, timing_mode))
+            SIZES.append(task.current_constants())
             m = synthetic_measure({"candidate": 0.1, **{b: 0.2 for b in baselines}})
             if timing_mode == "sustained":
                 m["config"].update(burst=10, settle_ms=100.0)
@@ -159,7 +163,18 @@ def test_bench_json(fake_gpu, capsys):
     assert data["baselines"]["eager"]["verdict"] == "faster"
 
 
+def test_bench_set_times_the_task_at_another_size(fake_gpu):
+    SIZES.clear()
+    assert main(["bench", TASK, "--set", "N=512", "--set", "M=1_024"]) == 0
+    assert SIZES[-1]["N"] == 512 and SIZES[-1]["M"] == 1024
+    assert main(["bench", TASK]) == 0
+    assert SIZES[-1]["N"] == 4096
+
+
 @pytest.mark.parametrize("argv,needle", [
+    (["bench", TASK, "--set", "N"], "write NAME=INTEGER"),
+    (["bench", TASK, "--set", "N=big"], "write NAME=INTEGER"),
+    (["bench", TASK, "--set", "HIDDEN=8"], "no integer constant named ['HIDDEN']"),
     (["bench", TASK, "--baselines", "eager,triton"], "unknown baseline triton"),
     (["bench", "tasks/does_not_exist.py"], "does not exist"),
     (["bench", TASK, "no_such_candidate.py"], "does not exist"),

@@ -24,6 +24,16 @@ def test_accepted_candidate_exits_0_with_one_json_object():
     assert [s["stage"] for s in result["stages"]] == ["static", "compile", "smoke", "correctness", "robustness"]
 
 
+def test_set_checks_the_task_at_another_size():
+    proc = crucible("check", "tasks/rmsnorm_fwd.py", "tests/candidates/rmsnorm_honest.py", "--device", "cpu", "--json",
+                    "--set", "N=96")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["environment"]["constants"]["N"] == 96
+    bad = crucible("check", "tasks/rmsnorm_fwd.py", "tests/candidates/rmsnorm_honest.py", "--device", "cpu",
+                   "--set", "N=ninety")
+    assert bad.returncode == 2 and "write NAME=INTEGER" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_rejected_candidate_exits_1_with_stage_reason_and_report():
     proc = crucible("check", "tasks/rmsnorm_fwd.py", "tests/candidates/cheats/uninitialised.py", "--device", "cpu",
                     "--json")

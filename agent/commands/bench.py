@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from . import add_timing_mode
+from . import add_constants, add_timing_mode, parse_constants
 
 console = Console()
 err_console = Console(stderr=True)
@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="comma-separated: eager, compile, liger, vendor (default: all four; liger and vendor "
                         "where the task names such a kernel)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    add_constants(p)
     p.add_argument("--csv", metavar="FILE", help="also write one row per implementation to FILE")
     p.add_argument("--ceilings", action="store_true", help="print the device's measured ceilings (cached)")
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="CUDA device index (default 0)")
@@ -73,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         task = load_task(args.task)
-    except TaskError as exc:
+        constants = parse_constants(args.constants)
+        task = task.with_constants(constants) if constants else task
+    except (TaskError, ValueError) as exc:
         err_console.print(str(exc))
         return 2
     candidate = None

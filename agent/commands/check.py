@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from . import add_timing_mode
+from . import add_constants, add_timing_mode, parse_constants
 
 console = Console()
 err_console = Console(stderr=True)
@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="CUDA device index")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     add_timing_mode(p)
+    add_constants(p)
     p.set_defaults(func=run)
 
 
@@ -53,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         task = load_task(args.task)
-    except TaskError as exc:
+        constants = parse_constants(args.constants)
+        task = task.with_constants(constants) if constants else task
+    except (TaskError, ValueError) as exc:
         return _bad(args, str(exc))
 
     if args.reference:
