@@ -145,11 +145,18 @@ def _operand(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _ds_product(ds, b, acc, SPLIT_DS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """acc + dS b, the dK and dQ products. dS (fp32) enters as one operand rounded to b's dtype, or with SPLIT_DS
-    (the `precise` backward) as two, hi = dS rounded and lo = the rest rounded, which keeps about twice the bits.
-    On the interpreter hi is the GPU's rounding emulated and lo the exact rest, both left in fp32."""
+    """acc + dS b, the dK and dQ products. dS (fp32) enters as one operand rounded to b's dtype (SPLIT_DS 0), or
+    with SPLIT_DS 1 (the `precise` backward) as two, hi = dS rounded and lo = the rest rounded, which keeps about
+    twice the bits; SPLIT_DS 2: one fp16 product, dS rounded to fp16 (11 significant bits against bf16's 8, one
+    product instead of two) and b converted to fp16 (exact for bf16 values in fp16's normal range; b's range and
+    dS's must fit fp16's, +-65504). On the interpreter hi (and the fp16 rounding) is the GPU's rounding emulated
+    and lo the exact rest, both left in fp32."""
     if not SPLIT_DS:
         return _mm(_operand(ds, b.dtype, UPCAST), b, acc, UPCAST, IEEE)
+    if SPLIT_DS == 2:
+        if UPCAST:
+            return _mm(ds.to(tl.float16).to(tl.float32), b.to(tl.float16).to(tl.float32), acc, UPCAST, IEEE)
+        return _mm(ds.to(tl.float16), b.to(tl.float16), acc, UPCAST, IEEE)
     if UPCAST:
         hi = round_bf16_rne(ds)
         lo = ds - hi
@@ -570,7 +577,7 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,  # query rows per step of the loop
     BLOCK_N: tl.constexpr,  # key rows held by the program
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr,
-    SPLIT_DS: tl.constexpr,  # dS as two operands (hi + lo) for the dK / dQ products: the `precise` backward
+    SPLIT_DS: tl.constexpr,  # 1: dS as two operands (hi + lo) for the dK product (the `precise` backward), 2: fp16
     ATOMIC_DQ: tl.constexpr,  # dQ here too, through fp32 atomics into DQ (no dQ kernel)
     SPLIT_DQ: tl.constexpr,   # ATOMIC_DQ only: dS split for the dQ product (SPLIT_DS is dK's)
     UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
@@ -942,8 +949,12 @@ def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd
             BLOCK_M=64 if q.is_cuda else 32, num_warps=4, **common,
         )
     qk_scale = scale * 1.4426950408889634
-    if split_ds not in (False, True, "dq", "dk"):
-        raise ValueError(f"attention_bwd: split_ds must be True, False, 'dq' or 'dk', not {split_ds!r}")
+    if split_ds not in (False, True, "dq", "dk", "fp16"):
+        raise ValueError(f"attention_bwd: split_ds must be True, False, 'dq' or 'dk' (that product only), or 'fp16'; "
+                         f"not {split_ds!r}")
+    # each product's SPLIT_DS: 0 dS rounded once, 1 split in two (hi + lo), 2 one fp16 product
+    split_dk, split_dq = ((2, 2) if split_ds == "fp16" else
+                          (int(split_ds in (True, "dk")), int(split_ds in (True, "dq"))))
     common.update(GROUP=hq // hkv, CAUSAL=bool(causal), num_warps=warps, num_stages=stages, **modes)
     if dq_atomic and not q.is_contiguous():  # (dQ's fp32 accumulator is addressed with q's strides)
         q = q.contiguous()
@@ -959,15 +970,15 @@ def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd
     _attn_bwd_dkdv_kernel[(triton.cdiv(s_k, n1), batch * hkv)](
         q, k, v, do, dk, dv, lse, delta, dq_acc, cu_q, cu_k, *q_descs, *q_rows, scale, qk_scale,
         *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dk), *_bhs(dv), *l_strides, s_q, s_k, hkv,
-        BLOCK_M=m1, BLOCK_N=n1, TMA=tma_dkdv, SPLIT_DS=split_ds in (True, "dk"), ATOMIC_DQ=bool(dq_atomic),
-        SPLIT_DQ=split_ds in (True, "dq"), **common,
+        BLOCK_M=m1, BLOCK_N=n1, TMA=tma_dkdv, SPLIT_DS=split_dk, ATOMIC_DQ=bool(dq_atomic), SPLIT_DQ=split_dq,
+        **common,
     )
     if dq_atomic:
         return dq.copy_(dq_acc), dk, dv
     _attn_bwd_dq_kernel[(triton.cdiv(s_q, m2), batch * hq)](
         q, k, v, do, dq, lse, delta, cu_q, cu_k, *kv_descs, *kv_rows, scale, qk_scale,
         *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dq), *l_strides, s_q, s_k, hq,
-        BLOCK_M=m2, BLOCK_N=n2, TMA=tma_dq, SPLIT_DS=split_ds in (True, "dq"), **common,
+        BLOCK_M=m2, BLOCK_N=n2, TMA=tma_dq, SPLIT_DS=split_dq, **common,
     )
     return dq, dk, dv
 
@@ -1027,7 +1038,8 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     gradients in [B, S, H, D] storage (transposed views), the layout SDPA's CPU backward returns. tma: Q/dO
     (dK/dV kernel) and K/V (dQ kernel) tiles of the unmasked blocks through TMA descriptors, as in attention_fwd.
     split_ds: dS enters the dK and dQ products as two operands, its bf16 rounding and the rest (one more product
-    in each loop), instead of rounded once; "dq" or "dk": in that product only. dq_atomic (FlashAttention-2's
+    in each loop), instead of rounded once; "dq" or "dk": in that product only; "fp16": dS rounded to fp16 (3 more
+    bits than bf16) in one product with the other operand converted to fp16, in both products. dq_atomic (FlashAttention-2's
     layout): the dK/dV kernel also computes dQ's share of each step, c dS K, and adds it into an fp32 accumulator
     with atomics (order-dependent rounding: not bitwise repeatable), so the dQ kernel, which recomputes S and dP
     (2 of the backward's 5 products, 2 of 7 with split_ds), is not launched; config's dQ tile is then unused."""

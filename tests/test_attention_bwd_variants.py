@@ -87,6 +87,28 @@ def test_dq_atomic_with_strided_q_and_bshd_grads(monkeypatch):
     assert float((got[0].float() - want[0].float()).abs().max()) <= 2e-2 * float(want[0].abs().max())
 
 
+@pytest.mark.parametrize("case", [FWD_BWD_CASES[1], FWD_BWD_CASES[2]], ids=["gqa-causal", "mqa-outliers"])
+@pytest.mark.parametrize("dq_atomic", [False, True])
+def test_ds_fp16_matches_sdpa(case, dq_atomic):
+    """split_ds="fp16": dQ and dK within the harness's tolerance of the float64 truth, and not the split path's
+    (the interpreter emulates the fp16 rounding of dS, so the one-product path is visibly another computation);
+    dV, which takes no dS, bitwise the split path's."""
+    causal = case[6]
+    q, k, v, do, ref, truth = _fwd_bwd_case(*case)
+    o, lse, delta = A.attention_fwd_with_delta(q, k, v, do, causal, config=SMALL_FWD, precise=True)
+    split = A.attention_bwd(do, q, k, v, o, lse, causal, config=SMALL_BWD, delta=delta, split_ds=True)
+    got = A.attention_bwd(do, q, k, v, o, lse, causal, config=SMALL_BWD, delta=delta, split_ds="fp16",
+                          dq_atomic=dq_atomic)
+    for name, g, r, t in zip(NAMES, got, ref[1:], truth[1:]):
+        _check(f"dS fp16 {name}", g, r, t)
+    assert not torch.equal(got[0], split[0]) and not torch.equal(got[1], split[1])
+    assert torch.equal(got[2], split[2])
+    if dq_atomic:  # the same fp16 rounding for dQ through the atomics as in the dQ kernel
+        plain = A.attention_bwd(do, q, k, v, o, lse, causal, config=SMALL_BWD, delta=delta, split_ds="fp16")
+        assert float((got[0].float() - plain[0].float()).abs().max()) <= 2e-2 * float(plain[0].abs().max())
+        assert torch.equal(got[1], plain[1])
+
+
 def _spy_ws(monkeypatch) -> list:
     """One entry per warp-specialised forward launch (it sets the device scratch allocator)."""
     launches: list = []
@@ -161,33 +183,43 @@ def _compile_variants() -> dict:
         kernel = compile_sm90(A._attn_fwd_kernel, fwd, warps, stages)
         out[f"fwd precise ws causal={causal}"] = [kernel.metadata.shared,
                                                   "ttg.warp_specialize" in kernel.asm["ttgir"]]
-        for m1, n1, warps, stages in ((64, 128, 8, 3), (64, 128, 8, 2)):
+        for split in (1, 2):  # the sweep's dq_atomic rows: dS split (hi + lo) and dS fp16
+            m1, n1, m2, n2, warps, stages = A.bwd_config(d, torch.device("cuda"))
             desc = f"tensordesc<bf16[{m1},{d}]>"
             dkdv = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", DK="*bf16", DV="*bf16", LSE="*fp32",
                         DELTA="*fp32", DQ="*fp32", CU_Q="*i32", CU_K="*i32", Q_DESC=desc, DO_DESC=desc, Q_RB=131072,
                         Q_RH=4096, DO_RB=131072, DO_RH=4096, sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096,
                         HKV=32, GROUP=1, HEAD_DIM=d, BLOCK_M=m1, BLOCK_N=n1, CAUSAL=causal, TMA=True,
-                        SPLIT_DS=True, ATOMIC_DQ=True, SPLIT_DQ=True, **flags,
+                        SPLIT_DS=split, ATOMIC_DQ=True, SPLIT_DQ=split, **flags,
                         **{n: 128 for n in ("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb "
                                             "stride_vh stride_vs stride_dob stride_doh stride_dos stride_dkb "
                                             "stride_dkh stride_dks stride_dvb stride_dvh stride_dvs stride_lb "
                                             "stride_lh").split()})
             kernel = compile_sm90(A._attn_bwd_dkdv_kernel, dkdv, warps, stages)
-            out[f"dkdv dq_atomic s{stages} causal={causal}"] = [kernel.metadata.shared,
-                                                                "red.global" in kernel.asm["ptx"]]
+            out[f"dkdv dq_atomic split={split} causal={causal}"] = [kernel.metadata.shared,
+                                                                    "red.global" in kernel.asm["ptx"]]
+        dq = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", DQ="*bf16", LSE="*fp32", DELTA="*fp32", CU_Q="*i32",
+                  CU_K="*i32", K_DESC=f"tensordesc<bf16[{n2},{d}]>", V_DESC=f"tensordesc<bf16[{n2},{d}]>",
+                  K_RB=131072, K_RH=4096, V_RB=131072, V_RH=4096, sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096,
+                  HQ=32, GROUP=1, HEAD_DIM=d, BLOCK_M=m2, BLOCK_N=n2, CAUSAL=causal, TMA=True, SPLIT_DS=2, **flags,
+                  **{n: 128 for n in ("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb "
+                                      "stride_vh stride_vs stride_dob stride_doh stride_dos stride_dqb stride_dqh "
+                                      "stride_dqs stride_lb stride_lh").split()})
+        kernel = compile_sm90(A._attn_bwd_dq_kernel, dq, warps, stages)
+        out[f"dq dS fp16 causal={causal}"] = [kernel.metadata.shared, "f16.f16" in kernel.asm["ptx"]]
     return out
 
 
 @pytest.mark.skipif(not nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
 def test_variants_compile_for_sm90():
     """The precise forward under warp_specialize compiles into the producer/consumer split (the pass takes it:
-    the dO product fits) and the atomic dK/dV kernel fits the shared memory, at the sweep's configs. (Persistent,
-    the precise ws forward needs 279,016 bytes: not in the sweep.)"""
+    the dO product fits), the atomic dK/dV kernel fits the shared memory and emits reductions, and dS fp16 runs
+    fp16 wgmma, at the sweep's configs. (Persistent, the precise ws forward needs 279,016 bytes: not swept.)"""
     out = compiled_in_child(__file__)
-    assert len(out) == 6, out
+    assert len(out) == 8, out
     for name, (nbytes, flag) in out.items():
         assert nbytes <= HOPPER_SMEM, f"{name}: {nbytes} bytes of shared memory"
-        assert flag, f"{name}: not warp-specialised / no atomics"
+        assert flag, f"{name}: not warp-specialised / no atomics / no fp16 product"
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--compile-sm90"]:
