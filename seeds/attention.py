@@ -64,6 +64,13 @@ Already in the default: exp2 with the scale folded into one FMA per score (SCALE
 the diagonal blocks (the two-loop split). Not ported: FA3's ping-pong between two warp groups (named barriers) and
 the tutorial's Blackwell-only pieces (maxnreg 168/80 with warp specialisation, accumulator sub-tiling, f32x2 FMAs).
 
+Backward variants (attention_bwd keywords, off by default; benchmarks/sweep_attention_bwd.py checks them against the
+harness's bound and times them, unmeasured so far): dq_atomic, FlashAttention-2's layout: the dK/dV kernel also
+adds each step's c dS K into an fp32 dQ (red.global.add, not bitwise repeatable) and the dQ kernel, which recomputes
+S and dP, is not launched; split_ds="fp16": dS in one fp16 product (3 more bits than bf16) instead of the split's
+two. Not done: tl.range(warp_specialize=True) in the backward's loops, on which Triton's Hopper pass asserts as the
+kernels stand (pointer loads of lse and delta, three loops; compiled for sm_90 with triton 3.9).
+
 Tile sizes: see fwd_config / bwd_config; benchmarks/bench_attention.py --hopper sweeps the variants on the H200.
 Measured on the H200 (docs/BENCHMARKS.md run M, do_bench, one run), B4 H32 S4096 D128 bf16, the defaults:
 forward 498 TFLOP/s (causal 431): 1.42x SDPA's flash backend (351; causal 319), 0.82x cuDNN (607; causal 0.82x of
@@ -875,7 +882,8 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
     descs, kv_rows, use_tma = _descs(((k, _row_view(k)), (v, _row_view(v))) if use_tma else ((k, None), (v, None)),
                                      bn)
     # The warp-specialised single loop: descriptors over Q, K and V made in the kernel, keys filling whole blocks
-    # (causal: whole diagonal blocks too), qk_scale > 0 (the causal -inf goes through the FMA), no dO product.
+    # (causal: whole diagonal blocks too), qk_scale > 0 (the causal -inf goes through the FMA); precise: dO read
+    # through Q's row coordinates (see below).
     # Where one of these fails the launch keeps the two-loop path, as `tma` does.
     # precise: dO comes through a descriptor too, addressed with Q's row coordinates, so its view must be Q's.
     views = [_row_view(t) for t in (q, k, v)] if use_tma and warp_specialize else [None]
@@ -1020,7 +1028,9 @@ def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     sum_j P_ij dP_ij from the unrounded P instead (dP = dO V^T, one more product a key block), so each row's dS sum
     to zero; with attention_bwd(split_ds=True) it is the `precise` backward (docs/BENCHMARKS.md, the attention
     section: what the harness rejects the default for; its cost on the H200 is not measured). The other variants:
-    see attention_fwd (subtiles=2 with precise=False only)."""
+    see attention_fwd (subtiles=2 with precise=False only); warp_specialize with precise: dO comes through a
+    descriptor made in the kernel as Q does, where dO's [rows, D] view is Q's (else the two-loop path), and the
+    dP product runs in the consumer warp groups (sm_90: 213 KB at 128 x 128 x 2 stages; persistent does not fit)."""
     _check_qkv(q, k, v, 4)
     if q.shape[0] != k.shape[0] or do.shape != q.shape:
         raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)} and do {tuple(do.shape)} do not fit")
