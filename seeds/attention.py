@@ -882,10 +882,9 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
     descs, kv_rows, use_tma = _descs(((k, _row_view(k)), (v, _row_view(v))) if use_tma else ((k, None), (v, None)),
                                      bn)
     # The warp-specialised single loop: descriptors over Q, K and V made in the kernel, keys filling whole blocks
-    # (causal: whole diagonal blocks too), qk_scale > 0 (the causal -inf goes through the FMA); precise: dO read
-    # through Q's row coordinates (see below).
+    # (causal: whole diagonal blocks too), qk_scale > 0 (the causal -inf goes through the FMA); precise: dO comes
+    # through a descriptor too, addressed with Q's row coordinates, so its view must be Q's.
     # Where one of these fails the launch keeps the two-loop path, as `tma` does.
-    # precise: dO comes through a descriptor too, addressed with Q's row coordinates, so its view must be Q's.
     views = [_row_view(t) for t in (q, k, v)] if use_tma and warp_specialize else [None]
     use_ws = (all(view is not None for view in views) and s_k % bn == 0 and (not causal or bm % bn == 0)
               and scale > 0 and subtiles == 1 and (not precise or _row_view(do) == views[0]))
