@@ -64,6 +64,13 @@ Already in the default: exp2 with the scale folded into one FMA per score (SCALE
 the diagonal blocks (the two-loop split). Not ported: FA3's ping-pong between two warp groups (named barriers) and
 the tutorial's Blackwell-only pieces (maxnreg 168/80 with warp specialisation, accumulator sub-tiling, f32x2 FMAs).
 
+Backward variants (attention_bwd keywords, off by default; benchmarks/sweep_attention_bwd.py checks them against the
+harness's bound and times them, unmeasured so far): dq_atomic, FlashAttention-2's layout: the dK/dV kernel also
+adds each step's c dS K into an fp32 dQ (red.global.add, not bitwise repeatable) and the dQ kernel, which recomputes
+S and dP, is not launched; split_ds="fp16": dS in one fp16 product (3 more bits than bf16) instead of the split's
+two. Not done: tl.range(warp_specialize=True) in the backward's loops, on which Triton's Hopper pass asserts as the
+kernels stand (pointer loads of lse and delta, three loops; compiled for sm_90 with triton 3.9).
+
 Tile sizes: see fwd_config / bwd_config; benchmarks/bench_attention.py --hopper sweeps the variants on the H200.
 Measured on the H200 (docs/BENCHMARKS.md run M, do_bench, one run), B4 H32 S4096 D128 bf16, the defaults:
 forward 498 TFLOP/s (causal 431): 1.42x SDPA's flash backend (351; causal 319), 0.82x cuDNN (607; causal 0.82x of
@@ -145,11 +152,18 @@ def _operand(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _ds_product(ds, b, acc, SPLIT_DS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """acc + dS b, the dK and dQ products. dS (fp32) enters as one operand rounded to b's dtype, or with SPLIT_DS
-    (the `precise` backward) as two, hi = dS rounded and lo = the rest rounded, which keeps about twice the bits.
-    On the interpreter hi is the GPU's rounding emulated and lo the exact rest, both left in fp32."""
+    """acc + dS b, the dK and dQ products. dS (fp32) enters as one operand rounded to b's dtype (SPLIT_DS 0), or
+    with SPLIT_DS 1 (the `precise` backward) as two, hi = dS rounded and lo = the rest rounded, which keeps about
+    twice the bits; SPLIT_DS 2: one fp16 product, dS rounded to fp16 (11 significant bits against bf16's 8, one
+    product instead of two) and b converted to fp16 (exact for bf16 values in fp16's normal range; b's range and
+    dS's must fit fp16's, +-65504). On the interpreter hi (and the fp16 rounding) is the GPU's rounding emulated
+    and lo the exact rest, both left in fp32."""
     if not SPLIT_DS:
         return _mm(_operand(ds, b.dtype, UPCAST), b, acc, UPCAST, IEEE)
+    if SPLIT_DS == 2:
+        if UPCAST:
+            return _mm(ds.to(tl.float16).to(tl.float32), b.to(tl.float16).to(tl.float32), acc, UPCAST, IEEE)
+        return _mm(ds.to(tl.float16), b.to(tl.float16), acc, UPCAST, IEEE)
     if UPCAST:
         hi = round_bf16_rne(ds)
         lo = ds - hi
@@ -361,7 +375,11 @@ def _fwd_tile(
     acc = tl.zeros([SUB_M, HEAD_DIM], dtype=tl.float32)
     m1, l1, acc1 = m_i, l_i, acc
     dsum = tl.zeros([SUB_M], dtype=tl.float32)
-    if PRECISE:
+    if PRECISE and WS:  # dO through a descriptor as Q (the pass takes no pointer load); the launcher checks that
+        # dO's [rows, D] view is Q's (same rows per batch and head), so Q's row coordinates address it
+        do_desc = tl.make_tensor_descriptor(DO, [Q_ROWS, HEAD_DIM], [stride_dos, 1], [SUB_M, HEAD_DIM])
+        do_in = do_desc.load([b * Q_RB + hq * Q_RH + q_start + start_m * BLOCK_M, 0])
+    elif PRECISE:
         do_in = tl.load(DO + b64 * stride_dob + hq64 * stride_doh + (q_start + rows).to(tl.int64)[:, None] * stride_dos
                         + offs_d[None, :], mask=(rows < q_len)[:, None], other=0.0)
     else:
@@ -498,13 +516,16 @@ def _attn_bwd_delta_kernel(
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC, q_row, do_row,
-                cols, lo, hi, q_len, k_len, qk_scale, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                MASK: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, SPLIT_DS: tl.constexpr,
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
+                q_row, do_row, cols, lo, hi, q_len, k_len, sm_scale, qk_scale, BLOCK_M: tl.constexpr,
+                HEAD_DIM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
+                SPLIT_DS: tl.constexpr, ATOMIC_DQ: tl.constexpr, SPLIT_DQ: tl.constexpr,
                 UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr):
     # Query blocks [lo, hi) of one query head against this program's key block (k, v: [BLOCK_N, D]). Transposed
     # tiles (keys on rows) so that dK and dV accumulate with plain dots: dV += P^T dO, dK += dS^T Q.
     # TMA (unmasked ranges only): Q and dO tiles through host descriptors, at rows q_row/do_row + start_m.
+    # ATOMIC_DQ: this step's share of dQ, c dS K (dS split as SPLIT_DQ says), added to the fp32 rows at dq_base (Q's
+    # strides) with atomics: the dQ kernel, and its recompute of S and dP, is then not launched.
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q_ptrs = q_base + tl.cast(lo, tl.int64) * stride_qs + offs_m[:, None] * stride_qs + offs_d[None, :]
@@ -526,10 +547,20 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride
             if CAUSAL:
                 ok = ok & (cols[:, None] <= rows[None, :])
             p_t = tl.where(ok, p_t, 0.0)
+        elif ATOMIC_DQ:  # keys past k_len (zero rows of k) reach dQ here: their p = exp2(-lse2) may overflow
+            p_t = tl.where((cols < k_len)[:, None], p_t, 0.0)
         dv = _mm(_operand(p_t, do.dtype, UPCAST), do, dv, UPCAST, IEEE)
         dp_t = _mm(v, tl.trans(do), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST, IEEE)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = _ds_product(ds_t, q, dk, SPLIT_DS, UPCAST, IEEE)
+        if ATOMIC_DQ:
+            dq = _ds_product(tl.trans(ds_t), k, tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32), SPLIT_DQ, UPCAST,
+                             IEEE)
+            dq_ptrs = dq_base + rows.to(tl.int64)[:, None] * stride_qs + offs_d[None, :]
+            if MASK:
+                tl.atomic_add(dq_ptrs, dq * sm_scale, mask=row_ok[:, None], sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq * sm_scale, sem="relaxed")
         if MASK or not TMA:
             q_ptrs += BLOCK_M * stride_qs
             do_ptrs += BLOCK_M * stride_dos
@@ -539,6 +570,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride
 @triton.jit
 def _attn_bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, LSE, DELTA,
+    DQ,                      # ATOMIC_DQ only: fp32 dQ accumulator, zeroed, with Q's strides
     CU_Q, CU_K,
     Q_DESC, DO_DESC,         # TMA only: descriptors over Q and dO seen as [rows, D] (block [BLOCK_M, D])
     Q_RB, Q_RH, DO_RB, DO_RH,  # TMA only: rows of those views per batch and per head
@@ -552,7 +584,9 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,  # query rows per step of the loop
     BLOCK_N: tl.constexpr,  # key rows held by the program
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr,
-    SPLIT_DS: tl.constexpr,  # dS as two operands (hi + lo) for the dK / dQ products: the `precise` backward
+    SPLIT_DS: tl.constexpr,  # 1: dS as two operands (hi + lo) for the dK product (the `precise` backward), 2: fp16
+    ATOMIC_DQ: tl.constexpr,  # dQ here too, through fp32 atomics into DQ (no dQ kernel)
+    SPLIT_DQ: tl.constexpr,   # ATOMIC_DQ only: dS split for the dQ product (SPLIT_DS is dK's)
     UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
 ):
     start_n = tl.program_id(0)
@@ -596,15 +630,16 @@ def _attn_bwd_dkdv_kernel(
         do_base = DO + b64 * stride_dob + h64 * stride_doh + q_start.to(tl.int64) * stride_dos
         l_base = LSE + b64 * stride_lb + h64 * stride_lh + q_start
         d_base = DELTA + b64 * stride_lb + h64 * stride_lh + q_start
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
-                             q_row, do_row, cols, a_lo, a_hi, q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, True, CAUSAL,
-                             False, SPLIT_DS, UPCAST, IEEE, RNE)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
-                             q_row, do_row, cols, a_hi, b_hi, q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, False, CAUSAL,
-                             TMA, SPLIT_DS, UPCAST, IEEE, RNE)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
-                             q_row, do_row, cols, b_hi, q_len, q_len, k_len, qk_scale, BLOCK_M, HEAD_DIM, True, CAUSAL,
-                             False, SPLIT_DS, UPCAST, IEEE, RNE)
+        dq_base = DQ + b64 * stride_qb + h64 * stride_qh + q_start.to(tl.int64) * stride_qs
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, stride_qs, stride_dos, Q_DESC,
+                             DO_DESC, q_row, do_row, cols, a_lo, a_hi, q_len, k_len, sm_scale, qk_scale, BLOCK_M,
+                             HEAD_DIM, True, CAUSAL, False, SPLIT_DS, ATOMIC_DQ, SPLIT_DQ, UPCAST, IEEE, RNE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, stride_qs, stride_dos, Q_DESC,
+                             DO_DESC, q_row, do_row, cols, a_hi, b_hi, q_len, k_len, sm_scale, qk_scale, BLOCK_M,
+                             HEAD_DIM, False, CAUSAL, TMA, SPLIT_DS, ATOMIC_DQ, SPLIT_DQ, UPCAST, IEEE, RNE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, stride_qs, stride_dos, Q_DESC,
+                             DO_DESC, q_row, do_row, cols, b_hi, q_len, q_len, k_len, sm_scale, qk_scale, BLOCK_M,
+                             HEAD_DIM, True, CAUSAL, False, SPLIT_DS, ATOMIC_DQ, SPLIT_DQ, UPCAST, IEEE, RNE)
     dk = dk * sm_scale
     _store_rows(DK + b64 * stride_dkb + hkv.to(tl.int64) * stride_dkh + k_rows * stride_dks + offs_d[None, :], dk,
                 col_ok[:, None], RNE)
@@ -847,11 +882,12 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
     descs, kv_rows, use_tma = _descs(((k, _row_view(k)), (v, _row_view(v))) if use_tma else ((k, None), (v, None)),
                                      bn)
     # The warp-specialised single loop: descriptors over Q, K and V made in the kernel, keys filling whole blocks
-    # (causal: whole diagonal blocks too), qk_scale > 0 (the causal -inf goes through the FMA), no dO product.
+    # (causal: whole diagonal blocks too), qk_scale > 0 (the causal -inf goes through the FMA); precise: dO comes
+    # through a descriptor too, addressed with Q's row coordinates, so its view must be Q's.
     # Where one of these fails the launch keeps the two-loop path, as `tma` does.
     views = [_row_view(t) for t in (q, k, v)] if use_tma and warp_specialize else [None]
     use_ws = (all(view is not None for view in views) and s_k % bn == 0 and (not causal or bm % bn == 0)
-              and scale > 0 and not precise and subtiles == 1)
+              and scale > 0 and subtiles == 1 and (not precise or _row_view(do) == views[0]))
     if use_ws:
         _set_scratch_allocator(q.device)
     q_rows = views[0][:2] if use_ws else (0, 0)
@@ -891,7 +927,8 @@ def _grad_like(t: torch.Tensor, bshd: bool) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
-def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd=False, tma=None, split_ds=False):
+def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd=False, tma=None, split_ds=False,
+         dq_atomic=False):
     d = q.shape[-1]
     hq, hkv = q.shape[1], k.shape[1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
@@ -919,24 +956,36 @@ def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd
             BLOCK_M=64 if q.is_cuda else 32, num_warps=4, **common,
         )
     qk_scale = scale * 1.4426950408889634
-    if split_ds not in (False, True, "dq", "dk"):
-        raise ValueError(f"attention_bwd: split_ds must be True, False, 'dq' or 'dk', not {split_ds!r}")
+    if split_ds not in (False, True, "dq", "dk", "fp16"):
+        raise ValueError(f"attention_bwd: split_ds must be True, False, 'dq' or 'dk' (that product only), or 'fp16'; "
+                         f"not {split_ds!r}")
+    # each product's SPLIT_DS: 0 dS rounded once, 1 split in two (hi + lo), 2 one fp16 product
+    split_dk, split_dq = ((2, 2) if split_ds == "fp16" else
+                          (int(split_ds in (True, "dk")), int(split_ds in (True, "dq"))))
     common.update(GROUP=hq // hkv, CAUSAL=bool(causal), num_warps=warps, num_stages=stages, **modes)
+    if dq_atomic and not q.is_contiguous():  # (dQ's fp32 accumulator is addressed with q's strides)
+        q = q.contiguous()
     # TMA for the unmasked blocks of each loop (dense layouts, a whole block at least), as in the forward.
     want = varlen is None and _want_tma(q, tma)
     qdo = ((q, _row_view(q)), (do, _row_view(do))) if want and s_q >= m1 else ((q, None), (do, None))
     q_descs, q_rows, tma_dkdv = _descs(qdo, m1)
     kv = ((k, _row_view(k)), (v, _row_view(v))) if want and s_k >= n2 else ((k, None), (v, None))
     kv_descs, kv_rows, tma_dq = _descs(kv, n2)
+    # dq_atomic: the dK/dV kernel adds each step's dQ share into an fp32 accumulator addressed with Q's strides
+    # (contiguous, as q is made above), rounded into dq at the end; the dQ kernel is then not launched.
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if dq_atomic else dq
     _attn_bwd_dkdv_kernel[(triton.cdiv(s_k, n1), batch * hkv)](
-        q, k, v, do, dk, dv, lse, delta, cu_q, cu_k, *q_descs, *q_rows, scale, qk_scale,
+        q, k, v, do, dk, dv, lse, delta, dq_acc, cu_q, cu_k, *q_descs, *q_rows, scale, qk_scale,
         *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dk), *_bhs(dv), *l_strides, s_q, s_k, hkv,
-        BLOCK_M=m1, BLOCK_N=n1, TMA=tma_dkdv, SPLIT_DS=split_ds in (True, "dk"), **common,
+        BLOCK_M=m1, BLOCK_N=n1, TMA=tma_dkdv, SPLIT_DS=split_dk, ATOMIC_DQ=bool(dq_atomic), SPLIT_DQ=split_dq,
+        **common,
     )
+    if dq_atomic:
+        return dq.copy_(dq_acc), dk, dv
     _attn_bwd_dq_kernel[(triton.cdiv(s_q, m2), batch * hq)](
         q, k, v, do, dq, lse, delta, cu_q, cu_k, *kv_descs, *kv_rows, scale, qk_scale,
         *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dq), *l_strides, s_q, s_k, hq,
-        BLOCK_M=m2, BLOCK_N=n2, TMA=tma_dq, SPLIT_DS=split_ds in (True, "dq"), **common,
+        BLOCK_M=m2, BLOCK_N=n2, TMA=tma_dq, SPLIT_DS=split_dq, **common,
     )
     return dq, dk, dv
 
@@ -978,7 +1027,9 @@ def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     sum_j P_ij dP_ij from the unrounded P instead (dP = dO V^T, one more product a key block), so each row's dS sum
     to zero; with attention_bwd(split_ds=True) it is the `precise` backward (docs/BENCHMARKS.md, the attention
     section: what the harness rejects the default for; its cost on the H200 is not measured). The other variants:
-    see attention_fwd (subtiles=2 with precise=False only)."""
+    see attention_fwd (subtiles=2 with precise=False only); warp_specialize with precise: dO comes through a
+    descriptor made in the kernel as Q does, where dO's [rows, D] view is Q's (else the two-loop path), and the
+    dP product runs in the consumer warp groups (sm_90: 213 KB at 128 x 128 x 2 stages; persistent does not fit)."""
     _check_qkv(q, k, v, 4)
     if q.shape[0] != k.shape[0] or do.shape != q.shape:
         raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)} and do {tuple(do.shape)} do not fit")
@@ -989,20 +1040,25 @@ def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                   lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
                   config: tuple[int, int, int, int, int, int] | None = None, delta: torch.Tensor | None = None,
-                  bshd_grads: bool = False, tma: bool | None = None, split_ds: bool | str = False):
+                  bshd_grads: bool = False, tma: bool | None = None, split_ds: bool | str = False,
+                  dq_atomic: bool = False):
     """(dq, dk, dv) of attention_fwd for the upstream gradient do, from the forward's o and lse (and delta, when
     attention_fwd_with_delta made it; else the preprocess kernel computes it from o and do). bshd_grads: the
     gradients in [B, S, H, D] storage (transposed views), the layout SDPA's CPU backward returns. tma: Q/dO
     (dK/dV kernel) and K/V (dQ kernel) tiles of the unmasked blocks through TMA descriptors, as in attention_fwd.
     split_ds: dS enters the dK and dQ products as two operands, its bf16 rounding and the rest (one more product
-    in each loop), instead of rounded once; "dq" or "dk": in that product only."""
+    in each loop), instead of rounded once; "dq" or "dk": in that product only; "fp16": dS rounded to fp16 (3 more
+    bits than bf16) in one product with the other operand converted to fp16, in both products. dq_atomic (FlashAttention-2's
+    layout): the dK/dV kernel also computes dQ's share of each step, c dS K, and adds it into an fp32 accumulator
+    with atomics (order-dependent rounding: not bitwise repeatable), so the dQ kernel, which recomputes S and dP
+    (2 of the backward's 5 products, 2 of 7 with split_ds), is not launched; config's dQ tile is then unused."""
     _check_qkv(q, k, v, 4)
     if do.shape != q.shape or o.shape != q.shape or lse.shape != q.shape[:3]:
         raise ValueError(f"attention_bwd: do and o must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}")
     if delta is not None and delta.shape != lse.shape:
         raise ValueError(f"attention_bwd: delta must have lse's shape {tuple(lse.shape)}")
     return _bwd(_unit_d(do), _unit_d(q), _unit_d(k), _unit_d(v), _unit_d(o), lse.contiguous(), causal, sm_scale,
-                config, None, None if delta is None else delta.contiguous(), bshd_grads, tma, split_ds)
+                config, None, None if delta is None else delta.contiguous(), bshd_grads, tma, split_ds, dq_atomic)
 
 
 def _check_varlen(q, k, v, cu_q, cu_k):

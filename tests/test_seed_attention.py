@@ -419,7 +419,8 @@ def _compile_all(d: int) -> dict:
         common = dict(CU_Q="*i32", CU_K="*i32", sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096, GROUP=4, HEAD_DIM=d,
                       CAUSAL=True, TMA=tma, SPLIT_DS=split_ds, **flags)
         ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32")
-        dkdv = dict(**common, **ptrs, DK="*bf16", DV="*bf16", HKV=8, BLOCK_M=m1, BLOCK_N=n1, Q_DESC=desc(tma, m1),
+        dkdv = dict(**common, **ptrs, DK="*bf16", DV="*bf16", DQ="*fp32", ATOMIC_DQ=False, SPLIT_DQ=False, HKV=8,
+                    BLOCK_M=m1, BLOCK_N=n1, Q_DESC=desc(tma, m1),
                     DO_DESC=desc(tma, m1), Q_RB=131072, Q_RH=4096, DO_RB=131072, DO_RH=4096,
                     **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh "
                                "stride_vs stride_dob stride_doh stride_dos stride_dkb stride_dkh stride_dks stride_dvb "

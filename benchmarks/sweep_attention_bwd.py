@@ -1,0 +1,238 @@
+"""H200 sweep of the attention fwd+bwd seed's variants (issue 6), B4 H32 S4096 D128 bf16, non-causal and causal, in
+ONE call, against SDPA's cuDNN (the baseline) and FlashAttention-2 backends timed in the same run.
+
+Variants (seeds/attention.py keywords; the seed's default first, all with the `precise` numerics unless named):
+- default: precise forward 128 x 64 x 8 warps x 3 stages (three products), backward 64/128 dK/dV, 128/64 dQ tiles,
+  8 warps, 3 stages, dS split in both products (run U: 12.6 ms / 6.7 ms);
+- control, not precise (non-causal only, to save its compiles): the faster numerics the harness rejects on these
+  draws (run T); it must read WRONG here, which shows that the check below has teeth;
+- fwd ws: the precise forward warp-specialised (attention_fwd_with_delta(warp_specialize=True)): dO now comes
+  through an in-kernel descriptor like Q, so the three-product loop runs as a TMA producer warp group and two
+  consumer warp groups of 64 rows at 128 x 128 x 4 warps x 2 stages (213 KB of shared memory; the plain forward
+  went 492 -> 536 TFLOP/s this way in run V); not persistent, which needs 279 KB with the dO tile (sm_90 compile);
+- bwd dq_atomic: dQ computed in the dK/dV kernel (FlashAttention-2's layout) and added with fp32 atomics
+  (red.global.add.v4.f32), so the dQ kernel and its recompute of S = QK^T and dP = dO V^T (2 of the backward's 7
+  products with the split) are not launched;
+- bwd dS fp16: split_ds="fp16", dS rounded to fp16 (11 significant bits, against bf16's 8 unsplit and ~16 split)
+  in ONE product per gradient, the other operand (Q or K, bf16) converted to fp16 in the kernel: the split's extra
+  product (~0.9 ms each, run U) gone, if 3 more bits satisfy the bound (the check says; one draw per mode only);
+- the combinations: dS fp16 with dq_atomic, and each with the ws forward.
+Not a variant: tl.range(warp_specialize=True) in the backward's loops. Triton's Hopper pass asserts on both kernels
+as they stand (TaskIdPropagation, checked by compiling for sm_90 on the CPU, triton 3.9): it needs one loop without
+pointer loads (lse and delta are pointer loads; three loops per query head).
+
+Check (the same criterion as benchmarks/sweep_attention_precise.py, i.e. the harness's): each variant's (o, dq, dk,
+dv) on two draws of the task's inputs per mode (MODES: cells the non-precise numerics fail) against the harness's
+Reference (SDPA in bf16, its float64 truth, SDPA's FlashAttention-2 backend as the alternate),
+sandbox.tolerance.compare per output; any element outside on either draw -> WRONG, not timed. A pass here is two
+draws, not `crucible check` (all distributions and the robustness shapes). Timing: triton.testing.do_bench medians over 3 rotating input sets (benchmarks/_bench.py) of fwd+bwd,
+the forward alone (o, lse, delta) and the backward alone (from that forward's outputs). TFLOP/s: 14 B H S^2 D for
+fwd+bwd (half when causal), 4 B H S^2 D for the forward, 10 for the backward (the convention of ANCHORS.md, not the
+precise path's extra products). One table last.
+
+    python3 benchmarks/sweep_attention_bwd.py [--budget 75]                # the H200, about 90 s with compiles
+    TRITON_INTERPRET=1 python3 benchmarks/sweep_attention_bwd.py --smoke   # the CPU interpreter, tiny shape
+Rows also go to $OUT/sweep_attention_bwd.json when OUT is set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+if "--smoke" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from benchmarks._bench import parser, rotating_median_ms  # noqa: E402
+from sandbox.reference import Reference  # noqa: E402
+from sandbox.task import load_task  # noqa: E402
+from sandbox.tolerance import compare  # noqa: E402
+from seeds import attention as A  # noqa: E402
+
+SETS = 3
+NAMES = ("o", "dq", "dk", "dv")
+# mode -> (task file, the distributions of the check's draws: cells the non-precise numerics fail, run T: non-causal
+# outliers dq 138 / dk 5 and constant rows dq 2048, causal normal dq 30 / dk 21 and constant rows dq 896)
+MODES = {False: ("attention_fwd_bwd", ("outliers", "constant_rows")),
+         True: ("attention_fwd_bwd_causal", ("normal", "constant_rows"))}
+PRECISE = dict(precise=True)
+WS = dict(precise=True, warp_specialize=True, config=(128, 128, 4, 2))
+SPLIT = dict(split_ds=True)
+ATOMIC = dict(split_ds=True, dq_atomic=True)
+FP16 = dict(split_ds="fp16")
+# (name, attention_fwd_with_delta keywords, attention_bwd keywords, None: both modes, else only causal == it)
+VARIANTS = [
+    ("default (precise)", PRECISE, SPLIT, None),
+    ("control: not precise", dict(precise=False), dict(split_ds=False), False),  # (its 3 compiles once)
+    ("bwd dq_atomic", PRECISE, ATOMIC, None),
+    ("bwd dS fp16", PRECISE, FP16, None),
+    ("bwd dS fp16 + dq_atomic", PRECISE, dict(FP16, dq_atomic=True), None),
+    # last: Triton's warp-specialisation pass is the likeliest to fail on triton 3.6 (each row is logged as it ends)
+    ("fwd ws 128x128 w4 s2", WS, SPLIT, None),
+    ("fwd ws + bwd dq_atomic", WS, ATOMIC, None),
+    ("fwd ws + bwd dS fp16 + dq_atomic", WS, dict(FP16, dq_atomic=True), None),
+]
+
+
+def log(t0: float, msg: str) -> None:
+    print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+
+
+def smoke_kwargs(fwd: dict, bwd: dict) -> tuple[dict, dict]:
+    """The same variant at interpreter-sized tiles (16 rows: the scaled tasks' S, so that the keys fill whole blocks
+    and the warp-specialised path runs), TMA descriptors on (as on the H200; the interpreter's default is pointers,
+    and the warp-specialised forward needs them)."""
+    return dict(fwd, config=(16, 16, 4, 1), tma=True), dict(bwd, config=(16, 16, 16, 16, 4, 1), tma=True)
+
+
+def seed(fwd_kw: dict, bwd_kw: dict):
+    """(forward, backward, both) of one variant: q, k, v, do, causal -> (o, lse, delta) / (dq, dk, dv) / all four."""
+    def fwd(q, k, v, do, causal):
+        return A.attention_fwd_with_delta(q, k, v, do, causal, **fwd_kw)
+
+    def bwd(q, k, v, do, causal, o, lse, delta):
+        return A.attention_bwd(do, q, k, v, o, lse, causal, delta=delta, **bwd_kw)
+
+    def both(q, k, v, do, causal):
+        o, lse, delta = fwd(q, k, v, do, causal)
+        return (o, *bwd(q, k, v, do, causal, o, lse, delta))
+    return fwd, bwd, both
+
+
+def sdpa(backend: str, smoke: bool):
+    """SDPA with one backend (PyTorch's choice on the CPU): forward (o and the autograd graph), backward, both."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    chosen = [] if smoke else [{"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]]
+
+    def fwd(q, k, v, do, causal):
+        with (sdpa_kernel(chosen) if chosen else torch.enable_grad()), torch.enable_grad():
+            q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+            return F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal), (q_, k_, v_), None
+
+    def bwd(q, k, v, do, causal, o, leaves, _):
+        return torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+    def both(q, k, v, do, causal):
+        o, leaves, _ = fwd(q, k, v, do, causal)
+        return (o.detach(), *torch.autograd.grad(o, leaves, do))
+    return fwd, bwd, both
+
+
+def check(both, inputs, causal: bool, expected) -> dict[str, int]:
+    """{output: elements outside the harness's bound (alternates counted)} for the outputs with any."""
+    got = both(*inputs, causal)
+    bad = {}
+    for j, out in enumerate(NAMES):
+        m = compare(f"output {j}", got[j], expected.ref[j], expected.truth[j], alternates=expected.alternates_for(j))
+        if m is not None:
+            bad[out] = m.mismatched
+    return bad
+
+
+def time_parts(fns, sets, causal: bool, smoke: bool) -> tuple[float, float, float]:
+    """(fwd+bwd, fwd, bwd) median ms; the backward from forward outputs made once per input set."""
+    fwd, bwd, both = fns
+    t_both = rotating_median_ms(lambda i: both(*sets[i], causal), len(sets), smoke)
+    t_fwd = rotating_median_ms(lambda i: fwd(*sets[i], causal), len(sets), smoke)
+    saved = [fwd(*s, causal) for s in sets]
+    t_bwd = rotating_median_ms(lambda i: bwd(*sets[i], causal, *saved[i]), len(sets), smoke)
+    del saved
+    return t_both, t_fwd, t_bwd
+
+
+def main() -> int:
+    ap = parser(__doc__.splitlines()[0], budget_s=75.0)
+    args = ap.parse_args()
+    t0 = time.time()
+    smoke = args.smoke
+    budget = float("inf") if smoke else args.budget  # (the interpreter's minutes are not the GPU's seconds)
+    dev = "cpu" if smoke else "cuda"
+    rows: list[dict] = []
+    for causal, (task_name, dists) in MODES.items():
+        tag = "causal" if causal else "non-causal"
+        task = load_task(str(ROOT / "tasks" / f"{task_name}.py"))
+        if smoke:
+            task = task.scaled_for_cpu()
+        reference = Reference(task, dev, 0)
+        draws = {}  # distribution -> (inputs, what the harness expects)
+        for dist in dists:
+            inputs = task.make_inputs(1000, dist, dev)
+            draws[dist] = (inputs, reference.run(inputs))
+        b, h, s, d = inputs[0].shape
+        gen = torch.Generator(device=dev).manual_seed(0)
+        sets = [[torch.randn(b, h, s, d, device=dev, generator=gen).to(torch.bfloat16) for _ in range(4)]
+                for _ in range(1 if smoke else SETS)]
+        flops = 2 * b * h * s * s * d / (2 if causal else 1)  # one S x S x D matmul; fwd+bwd is 7 of them
+        log(t0, f"{tag}: {task_name} [{b}, {h}, {s}, {d}], references ({', '.join(dists)} draws) done")
+        entries = [(f"SDPA {bk}", sdpa(bk, smoke), True) for bk in ("cudnn", "flash")]
+        for name, fwd_kw, bwd_kw, only in VARIANTS:
+            if only is None or only == causal:
+                kw = smoke_kwargs(fwd_kw, bwd_kw) if smoke else (fwd_kw, bwd_kw)
+                entries.append((name, seed(*kw), False))
+        for name, fns, baseline in entries:
+            row = dict(causal=causal, variant=name, check="", ms=None, fwd_ms=None, bwd_ms=None, status="")
+            if time.time() - t0 > budget and not baseline:
+                row["status"] = "skipped (budget)"
+                rows.append(row)
+                log(t0, f"{tag} {name}: skipped (budget of {budget:g} s spent)")
+                continue
+            try:
+                bad = {dist: check(fns[2], inputs, causal, expected) for dist, (inputs, expected) in draws.items()}
+                row["check"] = " ".join(f"{dist}:" + (",".join(f"{k}={n}" for k, n in out.items()) or "ok")
+                                        for dist, out in bad.items())
+                if not any(bad.values()) or baseline:
+                    row["ms"], row["fwd_ms"], row["bwd_ms"] = time_parts(fns, sets, causal, smoke)
+                    row["status"] = "baseline" if baseline else "ok"
+                else:
+                    row["status"] = "WRONG"
+            except Exception as exc:  # one failing variant (compile error, out of resources) costs its row
+                row["status"] = f"FAILED {type(exc).__name__}"
+                log(t0, f"{tag} {name}: FAILED {type(exc).__name__}: {str(exc)[-300:]}")
+                traceback.print_exc(limit=2)
+            rows.append(row)
+            log(t0, f"{tag} {name}: {row['status']} {row['check']} ms={row['ms']} fwd={row['fwd_ms']} "
+                    f"bwd={row['bwd_ms']}")
+            if not smoke:
+                torch.cuda.empty_cache()
+        for row in rows:
+            if row["causal"] == causal:
+                row["flops"] = flops
+        del draws, inputs, sets
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "sweep_attention_bwd.json").write_text(json.dumps(rows, indent=1))
+    print_table(rows, smoke)
+    return 0
+
+
+def print_table(rows: list[dict], smoke: bool) -> None:
+    print(f"\nattention fwd+bwd, {'SMOKE (CPU interpreter, tiny shape: not speed)' if smoke else 'B4 H32 S4096 D128 bf16'}"
+          "; TFLOP/s by the 14 / 4 / 10 B H S^2 D convention (half causal); speedup against SDPA cuDNN fwd+bwd")
+    print(f"{'mode':6s} {'variant':34s} {'fwd+bwd':>8s} {'TFLOP/s':>7s} {'vs cuDNN':>8s} {'fwd ms':>7s} {'TF/s':>5s}"
+          f" {'bwd ms':>7s} {'TF/s':>5s}  status  check (elements outside the bound)")
+    for causal in (False, True):
+        mode = [r for r in rows if r["causal"] == causal]
+        cudnn = next((r["ms"] for r in mode if r["variant"] == "SDPA cudnn" and r["ms"]), None)
+        for r in mode:
+            def num(x, fmt):
+                return format(x, fmt) if x else "-"
+            unit = r.get("flops", 0.0)
+            tf = 7 * unit / r["ms"] / 1e9 if r["ms"] else None
+            tf_f = 2 * unit / r["fwd_ms"] / 1e9 if r["fwd_ms"] else None
+            tf_b = 5 * unit / r["bwd_ms"] / 1e9 if r["bwd_ms"] else None
+            vs = f"{cudnn / r['ms']:.3f}x" if r["ms"] and cudnn else "-"
+            print(f"{'causal' if causal else 'full':6s} {r['variant']:34s} {num(r['ms'], '.3f'):>8s} "
+                  f"{num(tf, '.1f'):>7s} {vs:>8s} {num(r['fwd_ms'], '.3f'):>7s} {num(tf_f, '.0f'):>5s} "
+                  f"{num(r['bwd_ms'], '.3f'):>7s} {num(tf_b, '.0f'):>5s}  {r['status']}  {r['check']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
