@@ -85,24 +85,27 @@ DW = [
     ("tma 128x256 r64 w8 s3", (128, 256, 64, 8, 3), "tma"),
     ("tma 128x128 r64 w8 s4", (128, 128, 64, 8, 4), "tma"),
 ]
-# Layer: (name, gate/up config, down config, impl options); one BLOCK_M for both.
+# Layer: (name, gate/up config, down config, impl options); one BLOCK_M for both. Since run AC the layer's GPU
+# default is pregather + warp specialisation (seeds/moe_layer.py); the rows before it say so explicitly.
+PLAIN = {"pregather": False, "warp_specialize": False}
 LAYER = [
     ("ptr up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), PTR),
-    ("tma up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), TMA),
-    ("tma up 128x128 s4 down 128x128 s4", (128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 4, 8), TMA),
-    ("tma+ws up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), WS),
+    ("tma up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**TMA, **PLAIN}),
+    ("tma up 128x128 s4 down 128x128 s4", (128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 4, 8), {**TMA, **PLAIN}),
+    ("tma+ws up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**WS, "pregather": False}),
+    ("default (pregather + ws since run AC)", None, None, {}),
 ]
 # --layers: the layer sections alone, wider (issue 7's layer targets, ANCHORS.md: Mixtral-like >= 640 TFLOP/s,
 # DeepSeek-like >= 530): the up GEMM's A rows by TMA after one gather (pregather), TMA stores, warp specialisation.
-LAYER_SWEEP = LAYER[1:2] + [
-    # run AB: flattening (-6 to -8%), 256-row blocks, GROUP_M 4/16 and both 128x128 at 4 stages all lost here
-    ("pregather up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), PRE),
-    ("pregather up 128x128 s4 down 128x256 s3", (128, 128, 64, 8, 4, 8), (128, 256, 64, 8, 3, 8), PRE),
-    ("pregather flat", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**PRE, "flatten": True}),
-    ("pregather tmastore", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**PRE, "tma_store": True}),
-    ("pregather ws", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**PRE, "warp_specialize": True}),
-    ("tmastore", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**TMA, "tma_store": True}),
-    ("flat up 128x128 s4 down 128x256 s3", (128, 128, 64, 8, 4, 8), (128, 256, 64, 8, 3, 8), FLAT),
+LAYER_SWEEP = LAYER[1:2] + LAYER[-1:] + [
+    # run AB: flattening (-6 to -8%), 256-row blocks, GROUP_M 4/16 and both 128x128 at 4 stages all lost here;
+    # run AC: pregather with ws the best of both layers (now the default), pregather flattened -10 to -25%
+    ("pregather up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8),
+     {**PRE, "warp_specialize": False}),
+    ("pregather ws up 128x128 s4 down 128x256 s3", (128, 128, 64, 8, 4, 8), (128, 256, 64, 8, 3, 8),
+     {**PRE, "warp_specialize": True}),
+    ("pregather ws tmastore", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8),
+     {**PRE, "warp_specialize": True, "tma_store": True}),
 ]
 if SMOKE:
     FWD = [("ptr", (16, 32, 16, 4, 1, 4), PTR), ("tma", (16, 32, 16, 4, 1, 4), TMA),
@@ -111,7 +114,8 @@ if SMOKE:
     DW = [("ptr", (32, 16, 16, 4, 1), "ptr"), ("tma", (32, 16, 16, 4, 1), "tma")]
     LAYER = [("ptr", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), PTR),
              ("tma", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), TMA)]
-    LAYER_SWEEP = LAYER[1:] + [("pregather", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), PRE)]
+    LAYER_SWEEP = LAYER[1:] + [("pregather", (16, 32, 16, 4, 1, 4), (16, 32, 16, 4, 1, 4), PRE),
+                               ("default", None, None, {})]
 T0 = time.time()
 ROWS: list[dict] = []
 

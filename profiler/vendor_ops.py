@@ -46,7 +46,8 @@ def grouped_linear_backward(weight: torch.Tensor) -> Callable[..., tuple[torch.T
 
 
 def moe_layer(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """(x, router_logits) -> out for the MoE layer tasks' Model (its route(), w_gate_up [E, 2F, H], w_down [E, H, F])."""
+    """(x, router_logits) -> out for the MoE layer tasks' Model: its route(), w_gate_up [E, 2F, H] and
+    w_down [E, H, F]."""
     mm = _grouped_mm()
     w_gate_up, w_down = model.w_gate_up.detach().transpose(1, 2), model.w_down.detach().transpose(1, 2)
     k, experts = model.top_k, model.experts

@@ -17,7 +17,7 @@ FLOPs 6 T K H F: 11.5 TFLOP at the Mixtral shape (16k tokens), 2.27 TFLOP at the
 Bytes beyond the weights: h and y (T K (F + H) x 2 B) written and read once each.
 
 Measured on the H200 (docs/BENCHMARKS.md run M, benchmarks/bench_moe.py, do_bench), 16k tokens, the default
-tiles (TMA, up 128x128 with SwiGLU, down 128x256, 3 stages):
+tiles (TMA, up 128x128 with SwiGLU, down 128x256, 3 stages; before pregather and warp specialisation, run AC):
     DeepSeek-like (64 experts top-8, H2048, F1408)  4.363 ms = 520 TFLOP/s: 5.3x a per-expert loop (23.1 ms),
         1.87x torch._grouped_mm with torch routing/SwiGLU/combine (8.17 ms); pointer kernels 4.865 ms
     Mixtral-like (8 experts top-2, H4096, F14336)  18.81 ms = 614 TFLOP/s: 1.16x the loop (21.74 ms), 1.15x
@@ -143,11 +143,14 @@ def combine(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.
 
 def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                   top_k: int, scoring: str = "softmax", bias: torch.Tensor | None = None, routed_scale: float = 1.0,
-                  up_config=None, down_config=None, pregather: bool = False, **variant) -> torch.Tensor:
+                  up_config=None, down_config=None, pregather: bool | None = None, **variant) -> torch.Tensor:
     """The MoE layer's output [T, H] (see the module docstring); configs as seeds.moe.grouped_gemm, one BLOCK_M;
     variant: both grouped GEMMs' impl / warp_specialize / flatten.
     pregather: copy x's routed rows into sorted order first (one gather of T K H elements), so the gate/up GEMM
-    reads its A blocks as runs of rows (by TMA on a GPU) instead of gathering them by pointer loads."""
+    reads its A blocks as runs of rows (by TMA on a GPU) instead of gathering them by pointer loads.
+    Default on a GPU (through TMA): pregather and both GEMMs warp-specialised. H200, run AC (bench_moe.py --layers,
+    do_bench): DeepSeek-like 555.9 TFLOP/s against 530.5 without either, Mixtral-like 652.6 against 624.2 (pregather
+    alone 536.6 / 653.2; flattening the loop lost 10-25%)."""
     if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
         raise ValueError(f"moe_layer: expected x [T, H], w_gate_up [E, 2F, H], w_down [E, H, F], got "
                          f"{tuple(x.shape)}, {tuple(w_gate_up.shape)}, {tuple(w_down.shape)}")
@@ -164,6 +167,9 @@ def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor
     if up_config[0] != down_config[0]:
         raise ValueError("moe_layer: both grouped GEMMs walk one aligned layout, so they need one BLOCK_M")
     x = x.contiguous()
+    if x.device.type == "cuda" and variant.get("impl", "auto") != "ptr":
+        pregather = True if pregather is None else pregather
+        variant.setdefault("warp_specialize", True)
     weights, ids = route(logits, top_k, scoring, bias, routed_scale)
     layout = align_block_size(ids, experts, up_config[0])
     h = torch.empty((layout.sorted_ids.numel(), ffn), dtype=x.dtype, device=x.device)

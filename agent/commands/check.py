@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="cpu runs all but timing through Triton's interpreter; default cuda when available")
     p.add_argument("--no-timing", action="store_true", help="skip the GPU timing stage")
-    p.add_argument("--baselines", default="eager", help="timing-stage baselines: eager, compile, liger, vendor (comma-separated)")
+    p.add_argument("--baselines", default="eager",
+                   help="timing-stage baselines: eager, compile, liger, vendor (comma-separated)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="wall-clock limit per candidate")
     p.add_argument("--seed", type=int, default=None, help="fix the (otherwise hidden, random) seed")
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="CUDA device index")

@@ -54,8 +54,8 @@ def add_search_options(p: argparse.ArgumentParser, *,
     p.add_argument("--concurrency", type=int, default=4, help="LLM requests in flight (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the search and the tuner (default 0)")
     p.add_argument("--baselines", default="eager",
-                   help="what each candidate is timed against on the GPU: eager, compile, liger, vendor (default eager: "
-                        "torch.compile adds ~20 s to every check)")
+                   help="what each candidate is timed against on the GPU: eager, compile, liger, vendor (default "
+                        "eager: torch.compile adds ~20 s to every check)")
     p.add_argument("--final-baselines", default="eager,compile,liger,vendor",
                    help="what the run's best kernel is timed against in its final re-check (default "
                         "eager,compile,liger,vendor; liger where Liger Kernel has the op, vendor where the task "
