@@ -1,0 +1,101 @@
+"""The GEMM options of the linear + cross-entropy seed (seeds/linear_cross_entropy.py) through the Triton
+interpreter: the subtiled epilogue (Gemm.subtile: stores, stats and gradients in two column halves), the grouped
+tile order (group_m), and dx_in_dweight's reuse of the last workspace piece's gradient. The TMA kernels run here
+through the interpreter's tensor descriptors; warp specialisation and the shared-memory budgets the subtiled tiles
+are for exist only on the GPU (benchmarks/sweep_lce.py)."""
+import pytest
+import torch
+
+from seeds.linear_cross_entropy import Gemm, dx_tail_rows, linear_cross_entropy_fwd_bwd, matmul, vocab_chunks
+from tests.test_seed_linear_cross_entropy import _case, _check, launches  # noqa: F401 (a fixture)
+
+
+# (BT, H, V, workspace bytes, stored chunks). The interpreter's tiles are 64 wide (halves of 32): V 150 ends on a
+# tile of 22 columns whose second half holds none (its stats must not be written), 301 with a small workspace
+# gives tail, stored and workspace chunks, H 13 takes the pointer kernels.
+SUBTILE_CASES = [(33, 40, 150, None, 3), (33, 40, 301, 33 * 2 * 16, 1), (19, 13, 83, 19 * 2 * 5, 0),
+                 (7, 24, 37, None, 3)]
+
+
+@pytest.mark.parametrize("bt,h,v,workspace,stored", SUBTILE_CASES)
+@pytest.mark.parametrize("gemm", ["tma", "ptr"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_subtiled_epilogue(bt, h, v, workspace, stored, gemm, dtype, device):
+    """Stats per half tile, gradients and stores by halves: the reference's loss and gradients within the
+    tolerance, and in fp32 the undivided epilogue's to rounding (only the order of the lse's terms differs)."""
+    model, x, target = _case(bt, h, v, dtype, "outliers", 0.1, "mean", seed=7, device=device)
+    w = model.weight.detach()
+    kw = dict(workspace=workspace, store_chunks=stored, gemm=gemm)
+    got = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", epilogue_subtile=True, **kw)
+    _check(got, model, x, target)
+    if dtype == torch.float32:
+        whole = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", **kw)
+        for a, b in zip(got, whole):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("warp_specialize", [False, True])
+def test_subtiled_epilogue_with_dx_in_dweight(warp_specialize, device):
+    """Both options together, as the sweep runs them (warp specialisation is scheduling only: same bits)."""
+    assert 0 < dx_tail_rows(33, 40, 301, 2) < 301
+    model, x, target = _case(33, 40, 301, torch.bfloat16, "normal", 0.0, "sum", seed=8, device=device)
+    w = model.weight.detach()
+    kw = dict(workspace=33 * 2 * 16, dx_in_dweight=True, epilogue_subtile=True)
+    got = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.0, "sum", warp_specialize=warp_specialize, **kw)
+    _check(got, model, x, target)
+    if warp_specialize:
+        plain = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.0, "sum", **kw)
+        for a, b in zip(got, plain):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("m,n,k", [(70, 40, 96), (33, 24, 50), (9, 13, 21), (65, 72, 64)])
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_matmul_subtiled_store(m, n, k, layout, out_dtype, device):
+    """out (+)= a @ b with the store in two column halves, every layout the vocab form uses, into fp32 (dx's
+    accumulator) and bf16 (dweight) outputs; n 40 and 72 leave the last tile's second half partly or wholly
+    outside the output."""
+    g = torch.Generator().manual_seed(m * n + k)
+    a = torch.randn(k, m, generator=g).t() if layout[0] == "t" else torch.randn(m, k, generator=g)
+    b = torch.randn(n, k, generator=g).t() if layout[1] == "t" else torch.randn(k, n, generator=g)
+    a, b = a.to(device, torch.bfloat16), b.to(device, torch.bfloat16)
+    out = torch.randn(m, n, generator=g).to(device, out_dtype)
+    expect = out.double() + a.double() @ b.double()
+    matmul(a, b, out, accumulate=True, gemm=Gemm(programs=3, subtile=True))
+    tol = 1e-5 if out_dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(out.double(), expect, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("group_m", [1, 3])
+def test_group_order_changes_no_bit(group_m, device):
+    """Another grouping of the row tiles visits the same tiles in another order: the same bits."""
+    model, x, target = _case(200, 16, 150, torch.bfloat16, "normal", 0.1, "mean", seed=9, device=device)
+    w = model.weight.detach()
+    ref = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", workspace=200 * 2 * 64)
+    got = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", workspace=200 * 2 * 64, group_m=group_m)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+    _check(got, model, x, target)
+
+
+def test_dx_in_dweight_reuses_the_last_pieces_gradient(launches, device):  # noqa: F811 (the fixture)
+    """The tail's pieces: each gradient computed for its dx term, then recomputed for its dweight rows except the
+    last piece's, still in the workspace; the result stays the reference's. (Tail 33 rows in pieces of 8: the
+    last piece of one column takes the pointer kernels.)"""
+    bt, h, v, ws_cols = 16, 32, 129, 8
+    tail = dx_tail_rows(bt, h, v, 2)
+    pieces = -(-tail // ws_cols)
+    chunks, _ = vocab_chunks(bt, h, v - tail, ws_cols, 0)
+    assert pieces >= 2 and chunks
+    model, x, target = _case(bt, h, v, torch.bfloat16, "outliers", 0.1, "mean", seed=6, device=device)
+    w = model.weight.detach()
+    got = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", workspace=bt * 2 * ws_cols,
+                                       store_chunks=0, dx_in_dweight=True)
+    _check(got, model, x, target)
+    logits = [name for name in launches if name in ("_tma_logits_kernel", "_vocab_logits_kernel")]
+    # one stats pass, one gradient per main chunk, two per tail piece but the last
+    assert len(logits) == 1 + len(chunks) + 2 * pieces - 1, (len(logits), len(chunks), pieces)
+    plain = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", workspace=bt * 2 * ws_cols,
+                                         store_chunks=0)
+    torch.testing.assert_close(got[2].float(), plain[2].float(), rtol=2e-2, atol=2e-3)
