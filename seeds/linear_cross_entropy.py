@@ -104,8 +104,9 @@ class Gemm:
     (Hopper's warp specialisation needs flatten off). subtile: every epilogue (a product's store, the logits' stats
     or gradient) works on the tile's two [BM, BN/2] column halves in turn, as Triton's persistent-matmul tutorial
     does (EPILOGUE_SUBTILE): half the registers and half the shared memory for the store's layout change, so a
-    128 x 256 tile fits 4 stages of BK 64 beside a bf16 store and 3 beside an fp32 one (unmeasured). The stats
-    then come per half tile. group_m: row tiles per group of the grouped tile order (_swizzle)."""
+    128 x 256 tile fits 4 stages of BK 64 beside a bf16 store and 3 beside an fp32 one (unmeasured); the halves'
+    stats are merged into the tile's (stats kept per half would double their workspace). group_m: row tiles per
+    group of the grouped tile order (_swizzle)."""
     tma: bool = True
     warp_specialize: bool = False
     flatten: bool = True
@@ -288,13 +289,46 @@ def _sum_splits_kernel(P, OUT, n_elements, splits, RNE: tl.constexpr, BLOCK: tl.
 
 
 @triton.jit
-def _logits_epilogue(acc, rm, rn, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
+def _part_stats(acc, rm, rn, target, DL, stride_dl, M, N, v0, STORE: tl.constexpr):
+    """(row max, sum exp(l - max), sum l, the target's logit or 0) over the columns rn of rounded logits acc (a
+    part with no column inside N: max -inf, sums 0); with STORE, the logits into DL."""
+    n_ok = rn < N
+    logit = tl.where(n_ok[None, :], acc, float("-inf"))
+    mx = tl.max(logit, axis=1)
+    shift = tl.where(mx == float("-inf"), 0.0, mx)
+    sum_exp = tl.sum(tl.exp(logit - shift[:, None]), axis=1)
+    sum_l = tl.sum(tl.where(n_ok[None, :], acc, 0.0), axis=1)
+    hit = (v0 + rn)[None, :] == target[:, None]
+    tgt = tl.sum(tl.where(hit, acc, 0.0), axis=1)
+    if STORE:
+        tl.store(DL + rm[:, None].to(tl.int64) * stride_dl + rn[None, :], acc.to(DL.dtype.element_ty),
+                 mask=(rm < M)[:, None] & n_ok[None, :])
+    return mx, sum_exp, sum_l, tgt
+
+
+@triton.jit
+def _part_grad(acc, rm, rn, target, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V, smoothing, RNE: tl.constexpr):
+    """The gradient of rounded logits acc (columns rn) into DL."""
+    m_ok = rm < M
+    lse = tl.load(LSE + rm, mask=m_ok, other=0.0)
+    scale = tl.load(ROW_SCALE + rm, mask=m_ok, other=0.0)
+    hit = (v0 + rn)[None, :] == target[:, None]
+    grad = (tl.exp(acc - lse[:, None]) - smoothing / V - tl.where(hit, 1.0 - smoothing, 0.0)) * scale[:, None]
+    if RNE:
+        grad = round_bf16_rne(grad)
+    tl.store(DL + rm[:, None].to(tl.int64) * stride_dl + rn[None, :], grad.to(DL.dtype.element_ty),
+             mask=m_ok[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def _logits_epilogue(acc, rm, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
                      tile_base, n_tiles, smoothing, MODE: tl.constexpr, SMOOTH: tl.constexpr,
-                     STORE: tl.constexpr, RNE: tl.constexpr, BN: tl.constexpr):
-    """One [BM, BN] tile of logits l = x W[v0:v0+N]^T (columns rn of the launch): its stats (MODE_STATS: row max,
-    sum exp(l - max), sum l into column tile tile_base + pid_n of STATS [3, n_tiles, M]; the target's logit; with
-    STORE, l itself into DL) or its gradient into DL (MODE_GRAD). A tile with no column inside N (the second half of
-    a subtiled last tile) writes no stats."""
+                     STORE: tl.constexpr, RNE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     SUBTILE: tl.constexpr):
+    """One [BM, BN] tile of logits l = x W[v0:v0+N]^T (column tile pid_n of the launch): its stats (MODE_STATS: row
+    max, sum exp(l - max), sum l into column tile tile_base + pid_n of STATS [3, n_tiles, M]; the target's logit;
+    with STORE, l itself into DL) or its gradient into DL (MODE_GRAD). SUBTILE: the work in two [BM, BN/2] halves,
+    their stats merged into the tile's."""
     # Logits rounded to the input dtype, as F.linear returns them: the stats, the stored logits and the recomputed
     # ones then agree exactly (an fp32 lse with rounded stored logits is off by up to half a bf16 ulp of a large
     # logit inside exp), and the result has PyTorch's error, not more.
@@ -302,49 +336,34 @@ def _logits_epilogue(acc, rm, rn, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCAL
         acc = round_bf16_rne(acc)
     acc = acc.to(DL.dtype.element_ty).to(tl.float32)
     m_ok = rm < M
-    n_ok = rn < N
     target = tl.load(TARGET + rm, mask=m_ok, other=-1)
-    hit = (v0 + rn)[None, :] == target[:, None]
-    dl_ptrs = DL + rm[:, None].to(tl.int64) * stride_dl + rn[None, :]
+    rn = pid_n * BN + tl.arange(0, BN // 2 if SUBTILE else BN)
+    if SUBTILE:
+        lo, hi = _halves(acc, BM, BN)
     if MODE == MODE_STATS:
-        logit = tl.where(n_ok[None, :], acc, float("-inf"))
-        mx = tl.max(logit, axis=1)
+        if SUBTILE:
+            mx, sum_exp, sum_l, tgt = _part_stats(lo, rm, rn, target, DL, stride_dl, M, N, v0, STORE)
+            mx_hi, sum_exp_hi, sum_l_hi, tgt_hi = _part_stats(hi, rm, rn + BN // 2, target, DL, stride_dl, M, N,
+                                                              v0, STORE)
+            both = tl.maximum(mx, mx_hi)
+            sum_exp = sum_exp * tl.exp(mx - both) + sum_exp_hi * tl.exp(mx_hi - both)
+            mx, sum_l, tgt = both, sum_l + sum_l_hi, tgt + tgt_hi
+        else:
+            mx, sum_exp, sum_l, tgt = _part_stats(acc, rm, rn, target, DL, stride_dl, M, N, v0, STORE)
         stat = STATS + (tile_base + pid_n).to(tl.int64) * M + rm
-        live = m_ok & (rm * 0 + pid_n * BN < N)  # a block, not a scalar, for the interpreter's mask
-        tl.store(stat, mx, mask=live)
-        tl.store(stat + n_tiles * M, tl.sum(tl.exp(logit - mx[:, None]), axis=1), mask=live)
+        tl.store(stat, mx, mask=m_ok)
+        tl.store(stat + n_tiles * M, sum_exp, mask=m_ok)
         if SMOOTH:
-            tl.store(stat + 2 * n_tiles * M, tl.sum(tl.where(n_ok[None, :], acc, 0.0), axis=1), mask=live)
+            tl.store(stat + 2 * n_tiles * M, sum_l, mask=m_ok)
         tile_lo = v0 + pid_n * BN
         in_tile = (target >= tile_lo) & (target < tile_lo + BN) & (target < v0 + N)
-        tl.store(TGT_LOGIT + rm, tl.sum(tl.where(hit, acc, 0.0), axis=1), mask=m_ok & in_tile)
-        if STORE:
-            tl.store(dl_ptrs, acc.to(DL.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(TGT_LOGIT + rm, tgt, mask=m_ok & in_tile)
     else:
-        lse = tl.load(LSE + rm, mask=m_ok, other=0.0)
-        scale = tl.load(ROW_SCALE + rm, mask=m_ok, other=0.0)
-        grad = (tl.exp(acc - lse[:, None]) - smoothing / V - tl.where(hit, 1.0 - smoothing, 0.0)) * scale[:, None]
-        if RNE:
-            grad = round_bf16_rne(grad)
-        tl.store(dl_ptrs, grad.to(DL.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _logits_epilogues(acc, rm, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
-                      tile_base, n_tiles, smoothing, MODE: tl.constexpr, SMOOTH: tl.constexpr, STORE: tl.constexpr,
-                      RNE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUBTILE: tl.constexpr):
-    """_logits_epilogue of column tile pid_n, whole or (SUBTILE) as two [BM, BN/2] halves, each its own stats
-    tile (2 pid_n and 2 pid_n + 1 of BN/2 columns)."""
-    if SUBTILE:
-        rn = pid_n * BN + tl.arange(0, BN // 2)
-        lo, hi = _halves(acc, BM, BN)
-        _logits_epilogue(lo, rm, rn, 2 * pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0,
-                         V, tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BN // 2)
-        _logits_epilogue(hi, rm, rn + BN // 2, 2 * pid_n + 1, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL,
-                         stride_dl, M, N, v0, V, tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BN // 2)
-    else:
-        _logits_epilogue(acc, rm, pid_n * BN + tl.arange(0, BN), pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE,
-                         DL, stride_dl, M, N, v0, V, tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BN)
+        if SUBTILE:
+            _part_grad(lo, rm, rn, target, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V, smoothing, RNE)
+            _part_grad(hi, rm, rn + BN // 2, target, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V, smoothing, RNE)
+        else:
+            _part_grad(acc, rm, rn, target, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V, smoothing, RNE)
 
 
 @triton.jit
@@ -365,8 +384,8 @@ def _vocab_logits_kernel(
     rn = pid_n * BN + tl.arange(0, BN)
     # B[k, n] = W[n, k]
     acc = _tile_product(X, W, rm, rn, M, N, 0, K, stride_xm, 1, 1, stride_wv, IEEE, UPCAST, EVEN_K, BM, BN, BK)
-    _logits_epilogues(acc, rm, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
-                      tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BM, BN, SUBTILE)
+    _logits_epilogue(acc, rm, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
+                     tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BM, BN, SUBTILE)
 
 
 @triton.jit
@@ -386,8 +405,8 @@ def _tma_logits_kernel(
     for tile in tl.range(start, num_tiles, n_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         acc, tile_c, rm, _, pid_n = _persistent_tile(x_desc, w_desc, tile, tile_c, n_programs, M, N, K, False, True,
                                                      IEEE, UPCAST, BM, BN, BK, GROUP_M)
-        _logits_epilogues(acc, rm, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
-                          tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BM, BN, SUBTILE)
+        _logits_epilogue(acc, rm, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
+                         tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BM, BN, SUBTILE)
 
 
 @triton.jit
@@ -628,17 +647,35 @@ def _token_form(x, weight, target, ignore_index, label_smoothing, mean, chunk, s
     return sum_rows(loss_rows, n_valid, mean), dx, dw
 
 
-def dx_tail_rows(bt: int, h: int, v: int, elem_bytes: int) -> int:
+def dx_tail_rows(bt: int, h: int, v: int, elem_bytes: int, split: bool = False) -> int:
     """Vocab form with dx_in_dweight: the rows of dweight at its end whose storage holds the fp32 dx accumulator
-    until they are written last (the main vocabulary ending on a multiple of 8 rows keeps the accumulator 16-byte
-    aligned); 0 where the accumulator would not leave a row of vocabulary before it."""
-    need = triton.cdiv(bt * h * 4, h * elem_bytes)
+    (split: its second half of columns, the first being in dx's own storage) until they are written last (the main
+    vocabulary ending on a multiple of 8 rows keeps the accumulator 16-byte aligned); 0 where the accumulator would
+    not leave a row of vocabulary before it."""
+    need = triton.cdiv(bt * h * (2 if split else 4), h * elem_bytes)
     main = (v - need) // 8 * 8
     return v - main if main > 0 else 0
 
 
+def _round_split_dx(dx: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, scratch: torch.Tensor) -> None:
+    """dx = the fp32 sums lo (dx's columns [0, H/2), held in dx's own storage) and hi ([H/2, H)), rounded: row t of
+    dx is the same bytes as row t of lo, so each block of rows goes through `scratch` (any dtype, at least H/2 fp32)
+    before its rows are overwritten."""
+    bt, hh = lo.shape
+    rows = min(bt, scratch.numel() * scratch.element_size() // (4 * hh))
+    if rows:
+        buf = scratch[: rows * hh * 4 // scratch.element_size()].view(torch.float32).view(rows, hh)
+    else:  # a workspace smaller than a row (tiny token counts): one row apart
+        rows, buf = 1, torch.empty(1, hh, dtype=torch.float32, device=dx.device)
+    for r0 in range(0, bt, rows):
+        r1 = min(bt, r0 + rows)
+        buf[: r1 - r0].copy_(lo[r0:r1])
+        dx[r0:r1, hh:].copy_(hi[r0:r1])
+        dx[r0:r1, :hh].copy_(buf[: r1 - r0])
+
+
 def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
-                workspace, store_chunks, gemm, dx_fp32=True, dx_in_dweight=False):
+                workspace, store_chunks, gemm, dx_fp32=True, dx_in_dweight=False, dx_split=False):
     bt, h = x.shape
     v = weight.shape[0]
     dev = x.device
@@ -658,17 +695,19 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
     if ws_cols >= CHUNK_ALIGN:
         ws_cols = ws_cols // CHUNK_ALIGN * CHUNK_ALIGN
     # dx_in_dweight: the fp32 dx accumulator lives in dweight's last `tail` rows, which are written last (their
-    # gradient recomputed once more for it); the chunks then cover the vocabulary before them.
-    tail = dx_tail_rows(bt, h, v, dw.element_size()) if dx_in_dweight and dx_fp32 and dx.dtype != torch.float32 \
-        else 0
+    # gradient recomputed once more for it); the chunks then cover the vocabulary before them. dx_split (a 2-byte
+    # dtype, H even): the accumulator's columns [0, H/2) in dx's own storage (as many bytes), [H/2, H) in BT rows.
+    in_dw = dx_in_dweight and dx_fp32 and dx.dtype != torch.float32
+    split = in_dw and dx_split and dx.element_size() == 2 and h % 2 == 0
+    tail = dx_tail_rows(bt, h, v, dw.element_size(), split) if in_dw else 0
+    split = split and tail > 0
     v_main = v - tail
     chunks, n_stored = vocab_chunks(bt, h, v_main, ws_cols, store_chunks)
     # Pass 1 launches: one per stored chunk (its logits kept in its buffer), then the rest of the vocabulary.
     passes = [(v0, v1, start) for v0, v1, start in chunks[:n_stored]]
     if not passes or passes[-1][1] < v:
         passes.append((passes[-1][1] if passes else 0, v, -1))
-    stat_bn = bn // 2 if gemm.subtile else bn  # the columns of one stats tile
-    n_tiles = sum(triton.cdiv(v1 - v0, stat_bn) for v0, v1, _ in passes)
+    n_tiles = sum(triton.cdiv(v1 - v0, bn) for v0, v1, _ in passes)
     stats_words = (3 if smooth else 2) * n_tiles * bt
     ws_elems = max(ws_cols * bt, triton.cdiv(stats_words * 4, x.element_size()))
     ws = torch.empty(ws_elems, dtype=x.dtype, device=dev)
@@ -701,19 +740,29 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
     for v0, v1, start in passes:
         store = start >= 0
         logits(v0, v1, grad_buffer(v0, v1, start) if store else dx, MODE_STATS, tile_base, store)
-        tile_base += triton.cdiv(v1 - v0, stat_bn)
+        tile_base += triton.cdiv(v1 - v0, bn)
     _lse_kernel[(triton.cdiv(bt, 128),)](stats, tgt_logit, target, n_valid, lse, row_scale, loss_rows, bt, n_tiles,
                                          v, ignore_index, label_smoothing, SMOOTH=smooth, MEAN=mean, BLOCK=128,
                                          num_warps=4)
     # dx sums one product per chunk; rounded to bf16 after each (11 times at the task's shape) a few of its elements
     # cancelled to values the harness's elementwise bound rejects on outlier inputs (3 of 33.5M, run N): kept in
     # fp32 (128 MiB more) and rounded once.
-    if tail:
-        dx_acc = flat[v_main * h: v_main * h + bt * h * 4 // dw.element_size()].view(torch.float32).view(bt, h)
+    hh = h // 2
+    if split:  # (accumulator, its columns of dx)
+        acc_parts = [(dx.view(-1).view(torch.float32).view(bt, hh), slice(0, hh)),
+                     (flat[v_main * h: v_main * h + bt * h].view(torch.float32).view(bt, hh), slice(hh, h))]
+    elif tail:
+        acc_parts = [(flat[v_main * h: v_main * h + bt * h * 4 // dw.element_size()].view(torch.float32).view(bt, h),
+                      slice(0, h))]
     elif dx_fp32 and dx.dtype != torch.float32:
-        dx_acc = torch.empty(dx.shape, dtype=torch.float32, device=dev)
+        acc_parts = [(torch.empty(dx.shape, dtype=torch.float32, device=dev), slice(0, h))]
     else:
-        dx_acc = dx
+        acc_parts = [(dx, slice(0, h))]
+
+    def dx_terms(dl: torch.Tensor, c0: int, c1: int, accumulate: bool) -> None:
+        for acc, cols in acc_parts:
+            matmul(dl, weight[c0:c1, cols], acc, accumulate=accumulate, config=dx_config, gemm=gemm)
+
     for i, (v0, v1, start) in enumerate(chunks):
         n = v1 - v0
         dl = grad_buffer(v0, v1, start)
@@ -724,19 +773,25 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
         else:
             logits(v0, v1, dl, MODE_GRAD, 0, False)
         matmul(dl.t(), x, dw[v0:v1], config=dw_config, gemm=gemm)
-        matmul(dl, weight[v0:v1], dx_acc, accumulate=i > 0, config=dx_config, gemm=gemm)
+        dx_terms(dl, v0, v1, i > 0)
     pieces = [(c0, min(c0 + ws_cols, v)) for c0 in range(v_main, v, ws_cols)] if tail else []
     for i, (c0, c1) in enumerate(pieces):  # the tail's dx terms, while the accumulator holds its rows
         dl = grad_buffer(c0, c1, -1)
         logits(c0, c1, dl, MODE_GRAD, 0, False)
-        matmul(dl, weight[c0:c1], dx_acc, accumulate=bool(chunks) or i > 0, config=dx_config, gemm=gemm)
-    if dx_acc is not dx:
-        dx.copy_(dx_acc)
-    # then the tail's dweight rows, over the accumulator: the last piece's gradient is still in the workspace, the
-    # others are recomputed
+        dx_terms(dl, c0, c1, bool(chunks) or i > 0)
+    # The last piece's gradient stays in the workspace for its dweight rows, unless a split accumulator needs that
+    # room to be rounded into dx.
+    keep = bt * (pieces[-1][1] - pieces[-1][0]) if pieces else 0
+    if split:
+        if (ws.numel() - keep) // 2 < hh:
+            keep = 0
+        _round_split_dx(dx, acc_parts[0][0], acc_parts[1][0], ws[keep + keep % 2:])
+    elif acc_parts[0][0] is not dx:
+        dx.copy_(acc_parts[0][0])
+    # then the tail's dweight rows, over the accumulator (the kept gradient first, the others recomputed)
     for i, (c0, c1) in enumerate(reversed(pieces)):
         dl = grad_buffer(c0, c1, -1)
-        if i:
+        if i or not keep:
             logits(c0, c1, dl, MODE_GRAD, 0, False)
         matmul(dl.t(), x, dw[c0:c1], config=dw_config, gemm=gemm)
     return sum_rows(loss_rows, n_valid, mean), dx, dw
@@ -748,7 +803,7 @@ def linear_cross_entropy_fwd_bwd(
     split_k: int | None = None, logits_config=None, dx_config=None, dw_config=None, fused_ce: bool | None = None,
     workspace: int | None = None, store_chunks: int = 3, gemm: str = "tma", warp_specialize: bool = False,
     flatten: bool | None = None, programs: int = 0, dx_fp32: bool = True, dx_in_dweight: bool = False,
-    epilogue_subtile: bool = False, group_m: int = 8,
+    epilogue_subtile: bool = False, group_m: int = 8, dx_split: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dx, dweight) of cross_entropy(x @ weight^T, target) for an upstream gradient of 1.
     form "vocab": logits_config tiles the logits/gradient kernel, workspace (bytes) is the fixed scratch,
@@ -762,8 +817,11 @@ def linear_cross_entropy_fwd_bwd(
     the storage of dweight's last rows (dx_tail_rows: 2 BT of them for bf16), written last, instead of 128 MiB more
     at the task's shape; those rows' gradient is recomputed once more (2 BT H x 2 BT FLOPs: 1.1 TFLOP there) but
     for the last workspace piece's, still in the workspace (0.9 TFLOP with 3072-column pieces). Unmeasured on the
-    GPU. epilogue_subtile (Gemm.subtile) and group_m (the grouped tile order) are GEMM options of the vocab form,
-    unmeasured; subtile's own default tiles are _default_config's."""
+    GPU. dx_split (with dx_in_dweight, a 2-byte dtype, H even): the accumulator's first H/2 columns in dx's own
+    storage and only the rest in dweight's last BT rows, so half as many rows are recomputed (0.55 TFLOP less at
+    the task's shape; each dx product then two launches of H/2 columns); unmeasured. epilogue_subtile
+    (Gemm.subtile) and group_m (the grouped tile order) are GEMM options of the vocab form, unmeasured; subtile's
+    own default tiles are _default_config's."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_cross_entropy: expected x [BT, H] and weight [V, H], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -793,7 +851,7 @@ def linear_cross_entropy_fwd_bwd(
                   flatten=not warp_specialize if flatten is None else flatten, programs=programs,
                   subtile=epilogue_subtile, group_m=group_m)
     return _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
-                       workspace, store_chunks, engine, dx_fp32, dx_in_dweight)
+                       workspace, store_chunks, engine, dx_fp32, dx_in_dweight, dx_split)
 
 
 class ModelNew(torch.nn.Module):

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from seeds.linear_cross_entropy import Gemm, dx_tail_rows, linear_cross_entropy_fwd_bwd, matmul, vocab_chunks
+import seeds.linear_cross_entropy as lce
 from tests.test_seed_linear_cross_entropy import _case, _check, launches  # noqa: F401 (a fixture)
 
 
 # (BT, H, V, workspace bytes, stored chunks). The interpreter's tiles are 64 wide (halves of 32): V 150 ends on a
-# tile of 22 columns whose second half holds none (its stats must not be written), 301 with a small workspace
-# gives tail, stored and workspace chunks, H 13 takes the pointer kernels.
+# tile of 22 columns whose second half holds none (its max is -inf: merged, it must add nothing), 301 with a small
+# workspace gives tail, stored and workspace chunks, H 13 takes the pointer kernels.
 SUBTILE_CASES = [(33, 40, 150, None, 3), (33, 40, 301, 33 * 2 * 16, 1), (19, 13, 83, 19 * 2 * 5, 0),
                  (7, 24, 37, None, 3)]
 
@@ -21,7 +22,7 @@ SUBTILE_CASES = [(33, 40, 150, None, 3), (33, 40, 301, 33 * 2 * 16, 1), (19, 13,
 @pytest.mark.parametrize("gemm", ["tma", "ptr"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_subtiled_epilogue(bt, h, v, workspace, stored, gemm, dtype, device):
-    """Stats per half tile, gradients and stores by halves: the reference's loss and gradients within the
+    """Stats of each half merged, gradients and stores by halves: the reference's loss and gradients within the
     tolerance, and in fp32 the undivided epilogue's to rounding (only the order of the lse's terms differs)."""
     model, x, target = _case(bt, h, v, dtype, "outliers", 0.1, "mean", seed=7, device=device)
     w = model.weight.detach()
@@ -99,3 +100,46 @@ def test_dx_in_dweight_reuses_the_last_pieces_gradient(launches, device):  # noq
     plain = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", workspace=bt * 2 * ws_cols,
                                          store_chunks=0)
     torch.testing.assert_close(got[2].float(), plain[2].float(), rtol=2e-2, atol=2e-3)
+
+
+# (16, 32, 129, 17 columns): one tail piece filling the workspace, so rounding dx needs that room and the piece's
+# gradient is recomputed for its dweight rows.
+@pytest.mark.parametrize("bt,h,v,workspace,stored", [(16, 32, 129, 16 * 2 * 8, 0), (16, 32, 129, 16 * 2 * 17, 0),
+                                                     (33, 40, 301, 33 * 2 * 16, 1),
+                                                     (7, 24, 37, None, 3), (19, 14, 83, 19 * 2 * 5, 0),
+                                                     (19, 13, 83, 19 * 2 * 5, 0)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dx_split_between_dx_and_dweight(bt, h, v, workspace, stored, dtype, device):
+    """The fp32 dx sum with its first H/2 columns in dx's own storage and the rest in dweight's last BT rows (half
+    as many as the whole accumulator, so the chunks differ): the reference within the tolerance and the whole
+    accumulator's result to rounding; H 13 (odd) keeps the whole accumulator (the same bits)."""
+    model, x, target = _case(bt, h, v, dtype, "outliers", 0.1, "mean", seed=10, device=device)
+    w = model.weight.detach()
+    kw = dict(workspace=workspace, store_chunks=stored, dx_in_dweight=True)
+    got = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", dx_split=True, **kw)
+    _check(got, model, x, target)
+    whole = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.1, "mean", **kw)
+    for a, b in zip(got, whole):
+        if h % 2:
+            assert torch.equal(a, b)
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_dx_split_tail_rows():
+    """Half the accumulator in dweight: BT rows at the task's shape (8192; the whole one takes 16384)."""
+    assert dx_tail_rows(8192, 4096, 128256, 2, split=True) == 8192
+    assert dx_tail_rows(8192, 4096, 128256, 2) == 16384
+
+
+@pytest.mark.parametrize("scratch_floats", [0, 9, 40, 1000])
+def test_round_split_dx_in_place(scratch_floats):
+    """dx's rows overwrite the fp32 sums of its own first half: through scratch blocks of any size (none: one row
+    apart) the result is both halves rounded."""
+    bt, h = 11, 8
+    g = torch.Generator().manual_seed(11)
+    lo_vals, hi_vals = torch.randn(bt, h // 2, generator=g), torch.randn(bt, h // 2, generator=g)
+    dx = torch.empty(bt, h, dtype=torch.bfloat16)
+    lo = dx.view(-1).view(torch.float32).view(bt, h // 2)
+    lo.copy_(lo_vals)
+    lce._round_split_dx(dx, lo, hi_vals.clone(), torch.empty(scratch_floats, dtype=torch.float32))
+    assert torch.equal(dx, torch.cat([lo_vals, hi_vals], dim=1).to(torch.bfloat16))
