@@ -6,14 +6,15 @@ Shape: BT 8192, H 4096, V 128256 bf16 (issue 5: <= 45 ms at <= 1.1 GiB extra). b
 work: the float64 truth on input set 0, the check (a variant worse than max(1e-2, 4 x eager's relative L2) is WRONG,
 not compared), the extra memory (peak allocated during one call minus what was allocated before it), rotating
 medians over 3 input sets, the baselines (eager, Liger if importable, torch.compile last and only while 30 s of the
-budget remain) and the table. The options:
+budget remain) and the table. The options (each also with dx_in_dweight and dx_split: the fp32 dx sum in
+dweight's last rows, or half of it there and half in dx's own storage, recomputing half as many rows):
     subtile     epilogues by column halves (Gemm.subtile); its own tiles: 128x256x64, 4 stages for the bf16
                 outputs (logits, dweight), 3 for dx's fp32 accumulator (the default has 3 and 128x256x32 s3)
     ws          subtile plus warp_specialize on the tile loops (flatten off, as Hopper needs)
     s3          subtile with 3 stages everywhere (4 may not fit beside the stats epilogue)
     group 16    subtile with 16 row tiles per group (weight tiles reused by twice as many x rows)
 The single products at the first recomputed chunk's width n (8192 x n logits: x @ W_c^T; dx (+)= dl @ W_c into
-fp32 as the form sums it, cuBLAS writing bf16; dW_c = dl^T @ x) are checked against a float64 product (relative L2
+fp32 as the form sums it, cuBLAS writing bf16; dW_c = dl^T @ x; dx_split's half-width dx product) are checked against a float64 product (relative L2
 <= 1e-2) before they are timed.
 
     python3 benchmarks/sweep_lce.py [--budget SECONDS] [--no-compile]   (GPU, ~90 s with compiles)
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -48,15 +48,16 @@ ENGINES = [  # (label, keyword arguments of linear_cross_entropy_fwd_bwd, the Ge
 
 
 def variants(smoke: bool) -> list[tuple[str, dict]]:
-    """The default without and with dx_in_dweight first; then the options with dx_in_dweight (the form that fits
-    the 1.1 GiB budget), then without it, in the order they may be cut by the time budget."""
+    """The default, then with dx_in_dweight (1.09 GiB: the form inside the budget) and with dx_split as well; then
+    each option with dx_split, then without either, in the order the time budget may cut them."""
     s3 = None if smoke else (128, 256, 64, 8, 3)
-    on = [(f"{label}, dx in dW", dict(kw, dx_in_dweight=True)) for label, kw, _ in ENGINES]
-    off = [(label, dict(kw)) for label, kw, _ in ENGINES]
-    return [off[0], on[0], *on[1:],
-            ("subtile s3 logits/dW, dx in dW", dict(SUBTILE, dx_in_dweight=True, logits_config=s3, dw_config=s3)),
-            ("subtile group 16, dx in dW", dict(SUBTILE, dx_in_dweight=True, group_m=16)),
-            *off[1:]]
+    split = dict(dx_in_dweight=True, dx_split=True)
+    rows = [("default", {}), ("default, dx in dW", dict(dx_in_dweight=True)), ("default, dx split", split)]
+    rows += [(f"{label}, dx split", dict(kw, **split)) for label, kw, _ in ENGINES[1:]]
+    rows += [("subtile, dx in dW", dict(SUBTILE, dx_in_dweight=True)),
+             ("subtile s3 logits/dW, dx split", dict(SUBTILE, **split, logits_config=s3, dw_config=s3)),
+             ("subtile group 16, dx split", dict(SUBTILE, **split, group_m=16))]
+    return rows + [(label, dict(kw)) for label, kw, _ in ENGINES[1:]]
 
 
 def ws_cols(b: Bench) -> int:
@@ -66,12 +67,15 @@ def ws_cols(b: Bench) -> int:
 
 
 def executed_flops(b: Bench, kw: dict) -> float:
-    """bench_lce.exec_flops less the tail piece whose gradient dx_in_dweight no longer recomputes (the last)."""
-    flops = bench_lce.exec_flops(b, kw)
-    tail = dx_tail_rows(b.bt, b.h, b.v, 2) if kw.get("dx_in_dweight") else 0
-    if tail:
-        flops -= 2 * b.bt * b.h * ((tail - 1) % ws_cols(b) + 1)
-    return flops
+    """What the form executes: the three products, the logits outside the stored chunks once more, and with
+    dx_in_dweight the tail's once more again but for its last workspace piece (kept: true at the task's shape;
+    bench_lce.exec_flops counts the whole tail and knows no dx_split)."""
+    tail = dx_tail_rows(b.bt, b.h, b.v, 2, kw.get("dx_split", False)) if kw.get("dx_in_dweight") else 0
+    cols = ws_cols(b)
+    chunks, n_stored = vocab_chunks(b.bt, b.h, b.v - tail, cols, kw.get("store_chunks", 3))
+    stored = chunks[n_stored - 1][1] if n_stored else 0
+    kept = (tail - 1) % cols + 1 if tail else 0
+    return 2 * b.bt * b.h * (4 * b.v - stored + tail - kept)
 
 
 def chunk_width(b: Bench) -> int:
@@ -116,13 +120,16 @@ def gemms(b: Bench) -> None:
     dw = torch.empty(n, b.h, device=b.dev, dtype=torch.bfloat16)
     dx32 = torch.empty(b.bt, b.h, device=b.dev, dtype=torch.float32)
     dx16 = torch.empty(b.bt, b.h, device=b.dev, dtype=torch.bfloat16)
-    flops = 2 * b.bt * b.h * n
     products = [  # (name, a, b, seed's output, cuBLAS's output, accumulate)
         (f"logits {b.bt}x{n}x{b.h}", x, w.t(), logits, logits, False),
         (f"dx+= {b.bt}x{b.h}x{n}", dl, w, dx32, dx16, True),
         (f"dW {n}x{b.h}x{b.bt}", dl.t(), x, dw, dw, False),
+        # dx_split's: each half of dx's columns apart
+        (f"dx+= {b.bt}x{b.h // 2}x{n}", dl, w[:, : b.h // 2], dx32[:, : b.h // 2].contiguous(),
+         dx16[:, : b.h // 2].contiguous(), True),
     ]
     for name, a, bb, out, out_cublas, acc in products:
+        flops = 2 * a.shape[0] * a.shape[1] * bb.shape[1]
         truth = a.double() @ bb.double()
         gemm_row(b, f"{name} cuBLAS", lambda: torch.matmul(a, bb, out=out_cublas), out_cublas, truth, flops)
         for label, _, engine in ENGINES:
@@ -187,13 +194,14 @@ def main() -> int:
         log(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     b = Bench(args.smoke, args.budget)
     rows = variants(b.smoke)
-    for name, kw in rows[:2]:  # the default, without and with dx_in_dweight, before anything else
+    for name, kw in rows[:3]:  # the default, without and with dx_in_dweight and dx_split, before anything else
         b.run(name, seed_call(b, kw), VARIANTS_UNTIL, exec_flops=executed_flops(b, kw))
+    kernel_breakdown(b, *rows[2])
     bench_lce.baselines(b)
-    for name, kw in rows[2:]:
+    b.run(rows[3][0], seed_call(b, rows[3][1]), VARIANTS_UNTIL, exec_flops=executed_flops(b, rows[3][1]))
+    kernel_breakdown(b, *rows[3])  # subtile with dx_split
+    for name, kw in rows[4:]:
         b.run(name, seed_call(b, kw), VARIANTS_UNTIL, exec_flops=executed_flops(b, kw))
-    kernel_breakdown(b, rows[1][0], rows[1][1])
-    kernel_breakdown(b, rows[2][0], rows[2][1])
     gemms(b)
     if not args.no_compile and not b.smoke and not b.over("torch.compile fwd + autograd bwd",
                                                           b.budget - COMPILE_LEFT):
