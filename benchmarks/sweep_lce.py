@@ -14,8 +14,9 @@ dweight's last rows, or half of it there and half in dx's own storage, recomputi
     s3          subtile with 3 stages everywhere (4 may not fit beside the stats epilogue)
     group 16    subtile with 16 row tiles per group (weight tiles reused by twice as many x rows)
 The single products at the first recomputed chunk's width n (8192 x n logits: x @ W_c^T; dx (+)= dl @ W_c into
-fp32 as the form sums it, cuBLAS writing bf16; dW_c = dl^T @ x; dx_split's half-width dx product) are checked against a float64 product (relative L2
-<= 1e-2) before they are timed.
+fp32 as the form sums it, cuBLAS writing bf16; dW_c = dl^T @ x; dx_split's half-width dx product) are checked
+against a float64 product (relative L2 <= 1e-2) before they are timed. Before the table: torch.profiler's kernel
+times of one call (the default and subtile, both with dx_split) with the logits and matmul kernels' TFLOP/s.
 
     python3 benchmarks/sweep_lce.py [--budget SECONDS] [--no-compile]   (GPU, ~90 s with compiles)
     TRITON_INTERPRET=1 python3 benchmarks/sweep_lce.py --smoke          (CPU interpreter, tiny shapes)
@@ -173,10 +174,14 @@ def kernel_breakdown(b: Bench, name: str, kw: dict, top: int = 8) -> None:
     key = "self_device_time_total" if gpu else "self_cpu_time_total"
     times = sorted(((getattr(e, key, 0.0) / 1e3, e.count, e.key) for e in prof.key_averages()), reverse=True)
     total = sum(t for t, _, _ in times) or float("nan")
+    # the products' FLOPs: dx and dweight's, and the logits' (every pass: stats and recomputed gradients)
+    products = 2 * 2 * b.bt * b.h * b.v
+    flops = {"_tma_matmul_kernel": products, "_tma_logits_kernel": executed_flops(b, kw) - products}
     log(f"profile of one call, {name}: {total:.2f} ms of {'kernels' if gpu else 'CPU ops'}")
     for ms, count, kernel in times[:top]:
         if ms > 0:
-            log(f"    {ms:8.3f} ms {100 * ms / total:5.1f}% {count:4d}x {kernel[:90]}")
+            rate = f" {flops[kernel] / ms / 1e9:6.1f} TFLOP/s (if all its launches are TMA)" if kernel in flops else ""
+            log(f"    {ms:8.3f} ms {100 * ms / total:5.1f}% {count:4d}x {kernel[:60]}{rate}")
 
 
 def main() -> int:
