@@ -13,6 +13,8 @@ dweight's last rows, or half of it there and half in dx's own storage, recomputi
     ws          subtile plus warp_specialize on the tile loops (flatten off, as Hopper needs)
     s3          subtile with 3 stages everywhere (4 may not fit beside the stats epilogue)
     group 16    subtile with 16 row tiles per group (weight tiles reused by twice as many x rows)
+    ws dx s4    subtile+ws with 4 stages for dx too (warp specialisation needs no epilogue buffer: 192 KiB of
+                shared memory when compiled for sm_90 by Triton 3.9 here, tests/test_linear_cross_entropy_gemm.py)
 The single products at the first recomputed chunk's width n (8192 x n logits: x @ W_c^T; dx (+)= dl @ W_c into
 fp32 as the form sums it, cuBLAS writing bf16; dW_c = dl^T @ x; dx_split's half-width dx product) are checked
 against a float64 product (relative L2 <= 1e-2) before they are timed. Before the table: torch.profiler's kernel
@@ -51,13 +53,14 @@ ENGINES = [  # (label, keyword arguments of linear_cross_entropy_fwd_bwd, the Ge
 def variants(smoke: bool) -> list[tuple[str, dict]]:
     """The default, then with dx_in_dweight (1.09 GiB: the form inside the budget) and with dx_split as well; then
     each option with dx_split, then without either, in the order the time budget may cut them."""
-    s3 = None if smoke else (128, 256, 64, 8, 3)
+    s3, s4 = (None, None) if smoke else ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4))
     split = dict(dx_in_dweight=True, dx_split=True)
     rows = [("default", {}), ("default, dx in dW", dict(dx_in_dweight=True)), ("default, dx split", split)]
     rows += [(f"{label}, dx split", dict(kw, **split)) for label, kw, _ in ENGINES[1:]]
     rows += [("subtile, dx in dW", dict(SUBTILE, dx_in_dweight=True)),
              ("subtile s3 logits/dW, dx split", dict(SUBTILE, **split, logits_config=s3, dw_config=s3)),
-             ("subtile group 16, dx split", dict(SUBTILE, **split, group_m=16))]
+             ("subtile group 16, dx split", dict(SUBTILE, **split, group_m=16)),
+             ("subtile+ws dx s4, dx split", dict(ENGINES[2][1], **split, dx_config=s4))]
     return rows + [(label, dict(kw)) for label, kw, _ in ENGINES[1:]]
 
 

@@ -3,8 +3,14 @@ interpreter: the subtiled epilogue (Gemm.subtile: stores, stats and gradients in
 tile order (group_m), and dx_in_dweight's reuse of the last workspace piece's gradient. The TMA kernels run here
 through the interpreter's tensor descriptors; warp specialisation and the shared-memory budgets the subtiled tiles
 are for exist only on the GPU (benchmarks/sweep_lce.py)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+import triton
 
 from seeds.linear_cross_entropy import Gemm, dx_tail_rows, linear_cross_entropy_fwd_bwd, matmul, vocab_chunks
 import seeds.linear_cross_entropy as lce
@@ -143,3 +149,71 @@ def test_round_split_dx_in_place(scratch_floats):
     lo.copy_(lo_vals)
     lce._round_split_dx(dx, lo, hi_vals.clone(), torch.empty(scratch_floats, dtype=torch.float32))
     assert torch.equal(dx, torch.cat([lo_vals, hi_vals], dim=1).to(torch.bfloat16))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared memory on Hopper: the kernels compiled ahead of time for sm_90 (no GPU needed: Triton's own ptxas) in a
+# child without the interpreter. This is the Triton installed here (3.9), not the H200's 3.6: a check that the
+# tiles each option's defaults pick are not wildly over the 227 KiB, not a proof for 3.6.
+H200_SMEM = 232448
+TILES_S4, TILES_S3, TILES_DX = (128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 32, 8, 3)
+
+
+def _compile_sm90(kernel: str, tiles, subtile: bool, ws: bool, **kw) -> int:
+    """Shared memory (bytes) of one persistent TMA kernel compiled for sm_90: "logits" (MODE, STORE in kw) or
+    "matmul" (out "bf16" with A transposed: dweight's; "fp32" accumulated: dx's)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    bm, bn, bk, warps, stages = tiles
+    common = dict(IEEE=False, UPCAST=False, RNE=False, BM=bm, BN=bn, BK=bk, GROUP_M=8, FLATTEN=not ws,
+                  WARP_SPECIALIZE=ws, SUBTILE=subtile)
+    if kernel == "logits":
+        sig = {"x_desc": f"tensordesc<bf16[{bm},{bk}]>", "w_desc": f"tensordesc<bf16[{bn},{bk}]>",
+               "TARGET": "*i64", "STATS": "*fp32", "TGT_LOGIT": "*fp32", "LSE": "*fp32", "ROW_SCALE": "*fp32",
+               "DL": "*bf16", "stride_dl": "i32", "M": "i32", "N": "i32", "K": "i32", "v0": "i32", "V": "i32",
+               "tile_base": "i32", "n_tiles": "i32", "smoothing": "fp32", "n_programs": "i32"}
+        const = dict(common, MODE=kw["mode"], SMOOTH=True, STORE=kw["store"])
+        fn = lce._tma_logits_kernel
+    else:
+        a_t = kw["out"] == "bf16"
+        sig = {"a_desc": f"tensordesc<bf16[{bk},{bm}]>" if a_t else f"tensordesc<bf16[{bm},{bk}]>",
+               "b_desc": f"tensordesc<bf16[{bk},{bn}]>", "C": f"*{kw['out']}", "M": "i32", "N": "i32", "K": "i32",
+               "stride_cm": "i32", "stride_cn": "i32", "n_programs": "i32"}
+        const = dict(common, ACCUMULATE=not a_t, A_T=a_t, B_T=False)
+        fn = lce._tma_matmul_kernel
+    sig.update({k: "constexpr" for k in const})
+    compiled = triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=warps, num_stages=stages))
+    return compiled.metadata.shared
+
+
+def _smem_report() -> None:
+    """In the child: one line per (label, bytes) for the default's tiles and each option's."""
+    cases = [("default logits stats", "logits", TILES_S3, False, False, dict(mode=0, store=True)),
+             ("default dx", "matmul", TILES_DX, False, False, dict(out="fp32")),
+             ("subtile logits stats", "logits", TILES_S4, True, False, dict(mode=0, store=True)),
+             ("subtile logits grad", "logits", TILES_S4, True, False, dict(mode=1, store=False)),
+             ("subtile dweight", "matmul", TILES_S4, True, False, dict(out="bf16")),
+             ("subtile dx", "matmul", TILES_S3, True, False, dict(out="fp32")),
+             ("subtile+ws logits stats", "logits", TILES_S4, True, True, dict(mode=0, store=True)),
+             ("subtile+ws dx s4", "matmul", TILES_S4, True, True, dict(out="fp32"))]
+    for label, kernel, tiles, subtile, ws, kw in cases:
+        print(f"{label}\t{_compile_sm90(kernel, tiles, subtile, ws, **kw)}", flush=True)
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                                                    "ptxas")), reason="no ptxas in this Triton")
+def test_option_tiles_fit_hopper_shared_memory():
+    """Each option's default tiles compile for sm_90 within the H200's shared memory; the subtiled epilogue takes
+    a 4th stage of BK 64 for the bf16 outputs (the default's 3 stages leave 176 KiB) and BK 64 for dx."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", "import tests.test_linear_cross_entropy_gemm as t; t._smem_report()"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    smem = dict(line.split("\t") for line in out.stdout.strip().splitlines())
+    assert len(smem) == 8, smem
+    for label, size in smem.items():
+        assert 0 < int(size) <= H200_SMEM, (label, size)
+    assert int(smem["subtile logits stats"]) > int(smem["default logits stats"])  # the 4th stage is there
