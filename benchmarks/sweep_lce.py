@@ -59,9 +59,9 @@ def variants(smoke: bool) -> list[tuple[str, dict]]:
     rows += [(f"{label}, dx split", dict(kw, **split)) for label, kw, _ in ENGINES[1:]]
     rows += [("subtile, dx in dW", dict(SUBTILE, dx_in_dweight=True)),
              ("subtile s3 logits/dW, dx split", dict(SUBTILE, **split, logits_config=s3, dw_config=s3)),
-             ("subtile group 16, dx split", dict(SUBTILE, **split, group_m=16)),
              ("subtile+ws dx s4, dx split", dict(ENGINES[2][1], **split, dx_config=s4))]
-    return rows + [(label, dict(kw)) for label, kw, _ in ENGINES[1:]]
+    rows += [(label, dict(kw)) for label, kw, _ in ENGINES[1:]]
+    return rows + [("subtile group 16, dx split", dict(SUBTILE, **split, group_m=16))]
 
 
 def ws_cols(b: Bench) -> int:
