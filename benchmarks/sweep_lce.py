@@ -15,6 +15,7 @@ dweight's last rows, or half of it there and half in dx's own storage, recomputi
     group 16    subtile with 16 row tiles per group (weight tiles reused by twice as many x rows)
     ws dx s4    subtile+ws with 4 stages for dx too (warp specialisation needs no epilogue buffer: 192 KiB of
                 shared memory when compiled for sm_90 by Triton 3.9 here, tests/test_linear_cross_entropy_gemm.py)
+    tma store   subtile+ws with the dweight rows stored through a TMA descriptor (async bulk stores)
 The single products at the first recomputed chunk's width n (8192 x n logits: x @ W_c^T; dx (+)= dl @ W_c into
 fp32 as the form sums it, cuBLAS writing bf16; dW_c = dl^T @ x; dx_split's half-width dx product) are checked
 against a float64 product (relative L2 <= 1e-2) before they are timed. Before the table: torch.profiler's kernel
@@ -59,7 +60,8 @@ def variants(smoke: bool) -> list[tuple[str, dict]]:
     rows += [(f"{label}, dx split", dict(kw, **split)) for label, kw, _ in ENGINES[1:]]
     rows += [("subtile, dx in dW", dict(SUBTILE, dx_in_dweight=True)),
              ("subtile s3 logits/dW, dx split", dict(SUBTILE, **split, logits_config=s3, dw_config=s3)),
-             ("subtile+ws dx s4, dx split", dict(ENGINES[2][1], **split, dx_config=s4))]
+             ("subtile+ws dx s4, dx split", dict(ENGINES[2][1], **split, dx_config=s4)),
+             ("subtile+ws tma store, dx split", dict(ENGINES[2][1], **split, tma_store=True))]
     rows += [(label, dict(kw)) for label, kw, _ in ENGINES[1:]]
     return rows + [("subtile group 16, dx split", dict(SUBTILE, **split, group_m=16))]
 

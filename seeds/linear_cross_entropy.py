@@ -106,13 +106,16 @@ class Gemm:
     does (EPILOGUE_SUBTILE): half the registers and half the shared memory for the store's layout change, so a
     128 x 256 tile fits 4 stages of BK 64 beside a bf16 store and 3 beside an fp32 one (unmeasured); the halves'
     stats are merged into the tile's (stats kept per half would double their workspace). group_m: row tiles per
-    group of the grouped tile order (_swizzle)."""
+    group of the grouped tile order (_swizzle). tma_store: a product whose output has the operands' dtype (the
+    dweight rows) stores its tiles through a TMA descriptor where the output allows one (dx's fp32 accumulator and
+    the logits epilogues keep pointer stores)."""
     tma: bool = True
     warp_specialize: bool = False
     flatten: bool = True
     programs: int = 0
     subtile: bool = False
     group_m: int = 8
+    tma_store: bool = False
 
 
 PTR = Gemm(tma=False)
@@ -197,14 +200,14 @@ def _persistent_tile(a_desc, b_desc, tile, tile_c, n_programs, M, N, K, A_T: tl.
                      IEEE: tl.constexpr, UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      GROUP_M: tl.constexpr):
     """One step of a persistent TMA loop: (the product of tile `tile`, the epilogue's tile counter advanced, that
-    tile's rows, columns and column block). The epilogue's index is a second counter (tile_c), not the loop
+    tile's rows, row block and column block). The epilogue's index is a second counter (tile_c), not the loop
     variable, as Triton's persistent-matmul tutorial does, so a flattened or specialised loop keeps its loads and
     its epilogue independent."""
     pid_m, pid_n = _swizzle(tile, M, N, BM, BN, GROUP_M)
     acc = _tma_tile_product(a_desc, b_desc, pid_m * BM, pid_n * BN, K, A_T, B_T, IEEE, UPCAST, BM, BN, BK)
     tile_c += n_programs
     pid_m, pid_n = _swizzle(tile_c, M, N, BM, BN, GROUP_M)
-    return acc, tile_c, pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), pid_n
+    return acc, tile_c, pid_m * BM + tl.arange(0, BM), pid_m, pid_n
 
 
 @triton.jit
@@ -221,16 +224,34 @@ def _store_tile(C, acc, rm, rn, M, N, stride_cm, stride_cn, ACCUMULATE: tl.const
 
 
 @triton.jit
-def _store_tiles(C, acc, rm, pid_n, M, N, stride_cm, stride_cn, ACCUMULATE: tl.constexpr, RNE: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, SUBTILE: tl.constexpr):
-    """_store_tile of column tile pid_n, whole or (SUBTILE) as two [BM, BN/2] halves."""
-    rn = pid_n * BN + tl.arange(0, BN // 2 if SUBTILE else BN)
+def _store_part(C, c_desc, acc, rm, off_m, off_n, M, N, stride_cm, stride_cn, ACCUMULATE: tl.constexpr,
+                RNE: tl.constexpr, BN: tl.constexpr, TMA_STORE: tl.constexpr):
+    """C[off_m:, off_n:] (+)= acc ([BM, BN]) through pointers (_store_tile) or the TMA descriptor c_desc of C (its
+    block [BM, BN]; out-of-bounds rows and columns read as zeros and are not written)."""
+    if TMA_STORE:
+        if ACCUMULATE:
+            acc += c_desc.load([off_m, off_n]).to(tl.float32)
+        if RNE:
+            acc = round_bf16_rne(acc)
+        c_desc.store([off_m, off_n], acc.to(C.dtype.element_ty))
+    else:
+        _store_tile(C, acc, rm, off_n + tl.arange(0, BN), M, N, stride_cm, stride_cn, ACCUMULATE, RNE)
+
+
+@triton.jit
+def _store_tiles(C, c_desc, acc, rm, pid_m, pid_n, M, N, stride_cm, stride_cn, ACCUMULATE: tl.constexpr,
+                 RNE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUBTILE: tl.constexpr,
+                 TMA_STORE: tl.constexpr):
+    """Tile (pid_m, pid_n) of C (+)= acc, whole or (SUBTILE) as two [BM, BN/2] halves."""
     if SUBTILE:
         lo, hi = _halves(acc, BM, BN)
-        _store_tile(C, lo, rm, rn, M, N, stride_cm, stride_cn, ACCUMULATE, RNE)
-        _store_tile(C, hi, rm, rn + BN // 2, M, N, stride_cm, stride_cn, ACCUMULATE, RNE)
+        _store_part(C, c_desc, lo, rm, pid_m * BM, pid_n * BN, M, N, stride_cm, stride_cn, ACCUMULATE, RNE, BN // 2,
+                    TMA_STORE)
+        _store_part(C, c_desc, hi, rm, pid_m * BM, pid_n * BN + BN // 2, M, N, stride_cm, stride_cn, ACCUMULATE,
+                    RNE, BN // 2, TMA_STORE)
     else:
-        _store_tile(C, acc, rm, rn, M, N, stride_cm, stride_cn, ACCUMULATE, RNE)
+        _store_part(C, c_desc, acc, rm, pid_m * BM, pid_n * BN, M, N, stride_cm, stride_cn, ACCUMULATE, RNE, BN,
+                    TMA_STORE)
 
 
 @triton.jit
@@ -258,21 +279,23 @@ def _matmul_kernel(
 @triton.jit
 def _tma_matmul_kernel(
     a_desc, b_desc,  # TMA descriptors of A (or A^T when A_T) and B (or B^T when B_T)
-    C, M, N, K, stride_cm, stride_cn,
+    C, c_desc,       # C, and with TMA_STORE its descriptor (blocks of [BM, BN], or [BM, BN/2] with SUBTILE)
+    M, N, K, stride_cm, stride_cn,
     n_programs,      # the persistent grid: program p takes tiles p, p + n_programs, ...
     ACCUMULATE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, RNE: tl.constexpr,
     A_T: tl.constexpr, B_T: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SUBTILE: tl.constexpr,
+    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SUBTILE: tl.constexpr, TMA_STORE: tl.constexpr,
 ):
     """C (+)= A @ B, persistent (_persistent_tile)."""
     start = tl.program_id(0)
     num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     tile_c = start - n_programs
     for tile in tl.range(start, num_tiles, n_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        acc, tile_c, rm, _, pid_n = _persistent_tile(a_desc, b_desc, tile, tile_c, n_programs, M, N, K, A_T, B_T,
-                                                     IEEE, UPCAST, BM, BN, BK, GROUP_M)
-        _store_tiles(C, acc, rm, pid_n, M, N, stride_cm, stride_cn, ACCUMULATE, RNE, BM, BN, SUBTILE)
+        acc, tile_c, rm, pid_m, pid_n = _persistent_tile(a_desc, b_desc, tile, tile_c, n_programs, M, N, K, A_T,
+                                                         B_T, IEEE, UPCAST, BM, BN, BK, GROUP_M)
+        _store_tiles(C, c_desc, acc, rm, pid_m, pid_n, M, N, stride_cm, stride_cn, ACCUMULATE, RNE, BM, BN, SUBTILE,
+                     TMA_STORE)
 
 
 @triton.jit
@@ -531,9 +554,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool
             a_desc = TensorDescriptor.from_tensor(a_rows, [bk, bm] if a_t else [bm, bk])
             b_desc = TensorDescriptor.from_tensor(b_rows, [bn, bk] if b_t else [bk, bn])
             programs = _programs(gemm, a.device, triton.cdiv(M, bm) * triton.cdiv(N, bn))
-            _tma_matmul_kernel[(programs,)](a_desc, b_desc, out, M, N, K, out.stride(0), out.stride(1), programs,
-                                            ACCUMULATE=accumulate, RNE=needs_rne(out), A_T=a_t, B_T=b_t,
-                                            **_flags(a), **_persistent(gemm, config))
+            # TMA stores for outputs in the operands' dtype (dweight rows): the fp32 dx accumulator's TMA load and
+            # store buffers do not fit beside 3 stages of BK 64 (279 KiB compiled for sm_90 by Triton 3.9)
+            tma_store = gemm.tma_store and out.dtype == a.dtype and _tma_ready(out)
+            c_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2 if gemm.subtile else bn]) if tma_store else out
+            _tma_matmul_kernel[(programs,)](a_desc, b_desc, out, c_desc, M, N, K, out.stride(0), out.stride(1),
+                                            programs, ACCUMULATE=accumulate, RNE=needs_rne(out), A_T=a_t, B_T=b_t,
+                                            TMA_STORE=tma_store, **_flags(a), **_persistent(gemm, config))
             return
     k_per_split = triton.cdiv(triton.cdiv(K, split_k), bk) * bk if K else bk
     split_k = max(1, triton.cdiv(K, k_per_split)) if K else 1
@@ -803,7 +830,7 @@ def linear_cross_entropy_fwd_bwd(
     split_k: int | None = None, logits_config=None, dx_config=None, dw_config=None, fused_ce: bool | None = None,
     workspace: int | None = None, store_chunks: int = 3, gemm: str = "tma", warp_specialize: bool = False,
     flatten: bool | None = None, programs: int = 0, dx_fp32: bool = True, dx_in_dweight: bool = False,
-    epilogue_subtile: bool = False, group_m: int = 8, dx_split: bool = False,
+    epilogue_subtile: bool = False, group_m: int = 8, dx_split: bool = False, tma_store: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dx, dweight) of cross_entropy(x @ weight^T, target) for an upstream gradient of 1.
     form "vocab": logits_config tiles the logits/gradient kernel, workspace (bytes) is the fixed scratch,
@@ -820,8 +847,8 @@ def linear_cross_entropy_fwd_bwd(
     GPU. dx_split (with dx_in_dweight, a 2-byte dtype, H even): the accumulator's first H/2 columns in dx's own
     storage and only the rest in dweight's last BT rows, so half as many rows are recomputed (0.55 TFLOP less at
     the task's shape; each dx product then two launches of H/2 columns); unmeasured. epilogue_subtile
-    (Gemm.subtile) and group_m (the grouped tile order) are GEMM options of the vocab form, unmeasured; subtile's
-    own default tiles are _default_config's."""
+    (Gemm.subtile), group_m (the grouped tile order) and tma_store (Gemm.tma_store) are GEMM options of the vocab
+    form, unmeasured; subtile's own default tiles are _default_config's."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_cross_entropy: expected x [BT, H] and weight [V, H], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -849,7 +876,7 @@ def linear_cross_entropy_fwd_bwd(
                            dx_config, dw_config, fused_ce)
     engine = Gemm(tma=gemm == "tma", warp_specialize=warp_specialize,
                   flatten=not warp_specialize if flatten is None else flatten, programs=programs,
-                  subtile=epilogue_subtile, group_m=group_m)
+                  subtile=epilogue_subtile, group_m=group_m, tma_store=tma_store)
     return _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
                        workspace, store_chunks, engine, dx_fp32, dx_in_dweight, dx_split)
 

@@ -41,17 +41,23 @@ def test_subtiled_epilogue(bt, h, v, workspace, stored, gemm, dtype, device):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("warp_specialize", [False, True])
-def test_subtiled_epilogue_with_dx_in_dweight(warp_specialize, device):
-    """Both options together, as the sweep runs them (warp specialisation is scheduling only: same bits)."""
+@pytest.mark.parametrize("warp_specialize,tma_store", [(False, False), (True, False), (True, True)])
+def test_subtiled_epilogue_with_dx_in_dweight(warp_specialize, tma_store, device):
+    """The options together, as the sweep runs them (warp specialisation is scheduling only, and the TMA store
+    writes the same values: same bits)."""
     assert 0 < dx_tail_rows(33, 40, 301, 2) < 301
     model, x, target = _case(33, 40, 301, torch.bfloat16, "normal", 0.0, "sum", seed=8, device=device)
     w = model.weight.detach()
     kw = dict(workspace=33 * 2 * 16, dx_in_dweight=True, epilogue_subtile=True)
-    got = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.0, "sum", warp_specialize=warp_specialize, **kw)
+    got = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.0, "sum", warp_specialize=warp_specialize,
+                                       tma_store=tma_store, dx_split=tma_store, **kw)
     _check(got, model, x, target)
-    if warp_specialize:
+    if warp_specialize and not tma_store:
         plain = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.0, "sum", **kw)
+        for a, b in zip(got, plain):
+            assert torch.equal(a, b)
+    if tma_store:
+        plain = linear_cross_entropy_fwd_bwd(x, w, target, -100, 0.0, "sum", dx_split=True, **kw)
         for a, b in zip(got, plain):
             assert torch.equal(a, b)
 
@@ -59,8 +65,10 @@ def test_subtiled_epilogue_with_dx_in_dweight(warp_specialize, device):
 @pytest.mark.parametrize("m,n,k", [(70, 40, 96), (33, 24, 50), (9, 13, 21), (65, 72, 64)])
 @pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_matmul_subtiled_store(m, n, k, layout, out_dtype, device):
-    """out (+)= a @ b with the store in two column halves, every layout the vocab form uses, into fp32 (dx's
+@pytest.mark.parametrize("subtile,tma_store", [(True, False), (False, True), (True, True)])
+def test_matmul_subtiled_and_tma_stores(m, n, k, layout, out_dtype, subtile, tma_store, device):
+    """out (+)= a @ b with the store in two column halves and/or through a TMA descriptor of out (loaded, added,
+    stored: bf16 outputs only, n 13 falls back to pointers), every layout the vocab form uses, into fp32 (dx's
     accumulator) and bf16 (dweight) outputs; n 40 and 72 leave the last tile's second half partly or wholly
     outside the output."""
     g = torch.Generator().manual_seed(m * n + k)
@@ -69,7 +77,7 @@ def test_matmul_subtiled_store(m, n, k, layout, out_dtype, device):
     a, b = a.to(device, torch.bfloat16), b.to(device, torch.bfloat16)
     out = torch.randn(m, n, generator=g).to(device, out_dtype)
     expect = out.double() + a.double() @ b.double()
-    matmul(a, b, out, accumulate=True, gemm=Gemm(programs=3, subtile=True))
+    matmul(a, b, out, accumulate=True, gemm=Gemm(programs=3, subtile=subtile, tma_store=tma_store))
     tol = 1e-5 if out_dtype == torch.float32 else 8e-3
     torch.testing.assert_close(out.double(), expect, rtol=tol, atol=tol)
 
@@ -161,7 +169,7 @@ TILES_S4, TILES_S3, TILES_DX = (128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128,
 
 def _compile_sm90(kernel: str, tiles, subtile: bool, ws: bool, **kw) -> int:
     """Shared memory (bytes) of one persistent TMA kernel compiled for sm_90: "logits" (MODE, STORE in kw) or
-    "matmul" (out "bf16" with A transposed: dweight's; "fp32" accumulated: dx's)."""
+    "matmul" (out "bf16" with A transposed: dweight's; "fp32" accumulated: dx's; tma_store)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -176,11 +184,12 @@ def _compile_sm90(kernel: str, tiles, subtile: bool, ws: bool, **kw) -> int:
         const = dict(common, MODE=kw["mode"], SMOOTH=True, STORE=kw["store"])
         fn = lce._tma_logits_kernel
     else:
-        a_t = kw["out"] == "bf16"
+        a_t, out, tma_store = kw["out"] == "bf16", kw["out"], kw.get("tma_store", False)
         sig = {"a_desc": f"tensordesc<bf16[{bk},{bm}]>" if a_t else f"tensordesc<bf16[{bm},{bk}]>",
-               "b_desc": f"tensordesc<bf16[{bk},{bn}]>", "C": f"*{kw['out']}", "M": "i32", "N": "i32", "K": "i32",
-               "stride_cm": "i32", "stride_cn": "i32", "n_programs": "i32"}
-        const = dict(common, ACCUMULATE=not a_t, A_T=a_t, B_T=False)
+               "b_desc": f"tensordesc<bf16[{bk},{bn}]>", "C": f"*{out}",
+               "c_desc": f"tensordesc<{out}[{bm},{bn // 2 if subtile else bn}]>" if tma_store else f"*{out}",
+               "M": "i32", "N": "i32", "K": "i32", "stride_cm": "i32", "stride_cn": "i32", "n_programs": "i32"}
+        const = dict(common, ACCUMULATE=not a_t, A_T=a_t, B_T=False, TMA_STORE=tma_store)
         fn = lce._tma_matmul_kernel
     sig.update({k: "constexpr" for k in const})
     compiled = triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
@@ -197,7 +206,9 @@ def _smem_report() -> None:
              ("subtile dweight", "matmul", TILES_S4, True, False, dict(out="bf16")),
              ("subtile dx", "matmul", TILES_S3, True, False, dict(out="fp32")),
              ("subtile+ws logits stats", "logits", TILES_S4, True, True, dict(mode=0, store=True)),
-             ("subtile+ws dx s4", "matmul", TILES_S4, True, True, dict(out="fp32"))]
+             ("subtile+ws dx s4", "matmul", TILES_S4, True, True, dict(out="fp32")),
+             ("subtile tma_store dweight", "matmul", TILES_S4, True, False, dict(out="bf16", tma_store=True)),
+             ("subtile+ws tma_store dweight", "matmul", TILES_S4, True, True, dict(out="bf16", tma_store=True))]
     for label, kernel, tiles, subtile, ws, kw in cases:
         print(f"{label}\t{_compile_sm90(kernel, tiles, subtile, ws, **kw)}", flush=True)
 
@@ -213,7 +224,7 @@ def test_option_tiles_fit_hopper_shared_memory():
                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     smem = dict(line.split("\t") for line in out.stdout.strip().splitlines())
-    assert len(smem) == 8, smem
+    assert len(smem) == 10, smem
     for label, size in smem.items():
         assert 0 < int(size) <= H200_SMEM, (label, size)
     assert int(smem["subtile logits stats"]) > int(smem["default logits stats"])  # the 4th stage is there
