@@ -101,11 +101,21 @@ class Gemm:
     (0: one per SM) walking the tiles in grouped order; where a view breaks TMA's rules (16-byte aligned base and
     row stride, unit inner stride) that product takes the pointer path. tma False: pointer loads, one program per
     tile (the path measured at 54.3 ms). warp_specialize and flatten are tl.range's options on the tile loop
-    (Hopper's warp specialisation needs flatten off)."""
+    (Hopper's warp specialisation needs flatten off). subtile: every epilogue (a product's store, the logits' stats
+    or gradient) works on the tile's two [BM, BN/2] column halves in turn, as Triton's persistent-matmul tutorial
+    does (EPILOGUE_SUBTILE): half the registers and half the shared memory for the store's layout change, so a
+    128 x 256 tile fits 4 stages of BK 64 beside a bf16 store and 3 beside an fp32 one (unmeasured); the halves'
+    stats are merged into the tile's (stats kept per half would double their workspace). group_m: row tiles per
+    group of the grouped tile order (_swizzle). tma_store: a product whose output has the operands' dtype (the
+    dweight rows) stores its tiles through a TMA descriptor where the output allows one (dx's fp32 accumulator and
+    the logits epilogues keep pointer stores)."""
     tma: bool = True
     warp_specialize: bool = False
     flatten: bool = True
     programs: int = 0
+    subtile: bool = False
+    group_m: int = 8
+    tma_store: bool = False
 
 
 PTR = Gemm(tma=False)
@@ -116,6 +126,12 @@ def _swizzle(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexp
     """(row tile, column tile) of tile pid: groups of GROUP_M row tiles walk the column tiles together, so the
     column operand's tiles are reused from L2."""
     return grouped_tile(pid, tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+
+
+@triton.jit
+def _halves(acc, BM: tl.constexpr, BN: tl.constexpr):
+    """acc[:, :BN/2] and acc[:, BN/2:] of a [BM, BN] tile."""
+    return tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
 
 
 @triton.jit
@@ -184,14 +200,14 @@ def _persistent_tile(a_desc, b_desc, tile, tile_c, n_programs, M, N, K, A_T: tl.
                      IEEE: tl.constexpr, UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      GROUP_M: tl.constexpr):
     """One step of a persistent TMA loop: (the product of tile `tile`, the epilogue's tile counter advanced, that
-    tile's rows, columns and column block). The epilogue's index is a second counter (tile_c), not the loop
+    tile's rows, row block and column block). The epilogue's index is a second counter (tile_c), not the loop
     variable, as Triton's persistent-matmul tutorial does, so a flattened or specialised loop keeps its loads and
     its epilogue independent."""
     pid_m, pid_n = _swizzle(tile, M, N, BM, BN, GROUP_M)
     acc = _tma_tile_product(a_desc, b_desc, pid_m * BM, pid_n * BN, K, A_T, B_T, IEEE, UPCAST, BM, BN, BK)
     tile_c += n_programs
     pid_m, pid_n = _swizzle(tile_c, M, N, BM, BN, GROUP_M)
-    return acc, tile_c, pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), pid_n
+    return acc, tile_c, pid_m * BM + tl.arange(0, BM), pid_m, pid_n
 
 
 @triton.jit
@@ -205,6 +221,37 @@ def _store_tile(C, acc, rm, rn, M, N, stride_cm, stride_cn, ACCUMULATE: tl.const
     if RNE:
         acc = round_bf16_rne(acc)
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_part(C, c_desc, acc, rm, off_m, off_n, M, N, stride_cm, stride_cn, ACCUMULATE: tl.constexpr,
+                RNE: tl.constexpr, BN: tl.constexpr, TMA_STORE: tl.constexpr):
+    """C[off_m:, off_n:] (+)= acc ([BM, BN]) through pointers (_store_tile) or the TMA descriptor c_desc of C (its
+    block [BM, BN]; out-of-bounds rows and columns read as zeros and are not written)."""
+    if TMA_STORE:
+        if ACCUMULATE:
+            acc += c_desc.load([off_m, off_n]).to(tl.float32)
+        if RNE:
+            acc = round_bf16_rne(acc)
+        c_desc.store([off_m, off_n], acc.to(C.dtype.element_ty))
+    else:
+        _store_tile(C, acc, rm, off_n + tl.arange(0, BN), M, N, stride_cm, stride_cn, ACCUMULATE, RNE)
+
+
+@triton.jit
+def _store_tiles(C, c_desc, acc, rm, pid_m, pid_n, M, N, stride_cm, stride_cn, ACCUMULATE: tl.constexpr,
+                 RNE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUBTILE: tl.constexpr,
+                 TMA_STORE: tl.constexpr):
+    """Tile (pid_m, pid_n) of C (+)= acc, whole or (SUBTILE) as two [BM, BN/2] halves."""
+    if SUBTILE:
+        lo, hi = _halves(acc, BM, BN)
+        _store_part(C, c_desc, lo, rm, pid_m * BM, pid_n * BN, M, N, stride_cm, stride_cn, ACCUMULATE, RNE, BN // 2,
+                    TMA_STORE)
+        _store_part(C, c_desc, hi, rm, pid_m * BM, pid_n * BN + BN // 2, M, N, stride_cm, stride_cn, ACCUMULATE,
+                    RNE, BN // 2, TMA_STORE)
+    else:
+        _store_part(C, c_desc, acc, rm, pid_m * BM, pid_n * BN, M, N, stride_cm, stride_cn, ACCUMULATE, RNE, BN,
+                    TMA_STORE)
 
 
 @triton.jit
@@ -232,21 +279,23 @@ def _matmul_kernel(
 @triton.jit
 def _tma_matmul_kernel(
     a_desc, b_desc,  # TMA descriptors of A (or A^T when A_T) and B (or B^T when B_T)
-    C, M, N, K, stride_cm, stride_cn,
+    C, c_desc,       # C, and with TMA_STORE its descriptor (blocks of [BM, BN], or [BM, BN/2] with SUBTILE)
+    M, N, K, stride_cm, stride_cn,
     n_programs,      # the persistent grid: program p takes tiles p, p + n_programs, ...
     ACCUMULATE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, RNE: tl.constexpr,
     A_T: tl.constexpr, B_T: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SUBTILE: tl.constexpr, TMA_STORE: tl.constexpr,
 ):
     """C (+)= A @ B, persistent (_persistent_tile)."""
     start = tl.program_id(0)
     num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     tile_c = start - n_programs
     for tile in tl.range(start, num_tiles, n_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        acc, tile_c, rm, rn, _ = _persistent_tile(a_desc, b_desc, tile, tile_c, n_programs, M, N, K, A_T, B_T, IEEE,
-                                                  UPCAST, BM, BN, BK, GROUP_M)
-        _store_tile(C, acc, rm, rn, M, N, stride_cm, stride_cn, ACCUMULATE, RNE)
+        acc, tile_c, rm, pid_m, pid_n = _persistent_tile(a_desc, b_desc, tile, tile_c, n_programs, M, N, K, A_T,
+                                                         B_T, IEEE, UPCAST, BM, BN, BK, GROUP_M)
+        _store_tiles(C, c_desc, acc, rm, pid_m, pid_n, M, N, stride_cm, stride_cn, ACCUMULATE, RNE, BM, BN, SUBTILE,
+                     TMA_STORE)
 
 
 @triton.jit
@@ -263,12 +312,46 @@ def _sum_splits_kernel(P, OUT, n_elements, splits, RNE: tl.constexpr, BLOCK: tl.
 
 
 @triton.jit
-def _logits_epilogue(acc, rm, rn, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
+def _part_stats(acc, rm, rn, target, DL, stride_dl, M, N, v0, STORE: tl.constexpr):
+    """(row max, sum exp(l - max), sum l, the target's logit or 0) over the columns rn of rounded logits acc (a
+    part with no column inside N: max -inf, sums 0); with STORE, the logits into DL."""
+    n_ok = rn < N
+    logit = tl.where(n_ok[None, :], acc, float("-inf"))
+    mx = tl.max(logit, axis=1)
+    shift = tl.where(mx == float("-inf"), 0.0, mx)
+    sum_exp = tl.sum(tl.exp(logit - shift[:, None]), axis=1)
+    sum_l = tl.sum(tl.where(n_ok[None, :], acc, 0.0), axis=1)
+    hit = (v0 + rn)[None, :] == target[:, None]
+    tgt = tl.sum(tl.where(hit, acc, 0.0), axis=1)
+    if STORE:
+        tl.store(DL + rm[:, None].to(tl.int64) * stride_dl + rn[None, :], acc.to(DL.dtype.element_ty),
+                 mask=(rm < M)[:, None] & n_ok[None, :])
+    return mx, sum_exp, sum_l, tgt
+
+
+@triton.jit
+def _part_grad(acc, rm, rn, target, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V, smoothing, RNE: tl.constexpr):
+    """The gradient of rounded logits acc (columns rn) into DL."""
+    m_ok = rm < M
+    lse = tl.load(LSE + rm, mask=m_ok, other=0.0)
+    scale = tl.load(ROW_SCALE + rm, mask=m_ok, other=0.0)
+    hit = (v0 + rn)[None, :] == target[:, None]
+    grad = (tl.exp(acc - lse[:, None]) - smoothing / V - tl.where(hit, 1.0 - smoothing, 0.0)) * scale[:, None]
+    if RNE:
+        grad = round_bf16_rne(grad)
+    tl.store(DL + rm[:, None].to(tl.int64) * stride_dl + rn[None, :], grad.to(DL.dtype.element_ty),
+             mask=m_ok[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def _logits_epilogue(acc, rm, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
                      tile_base, n_tiles, smoothing, MODE: tl.constexpr, SMOOTH: tl.constexpr,
-                     STORE: tl.constexpr, RNE: tl.constexpr, BN: tl.constexpr):
-    """One [BM, BN] tile of logits l = x W[v0:v0+N]^T (columns rn of the launch): its stats (MODE_STATS: row max,
-    sum exp(l - max), sum l into column tile tile_base + pid_n of STATS [3, n_tiles, M]; the target's logit; with
-    STORE, l itself into DL) or its gradient into DL (MODE_GRAD)."""
+                     STORE: tl.constexpr, RNE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     SUBTILE: tl.constexpr):
+    """One [BM, BN] tile of logits l = x W[v0:v0+N]^T (column tile pid_n of the launch): its stats (MODE_STATS: row
+    max, sum exp(l - max), sum l into column tile tile_base + pid_n of STATS [3, n_tiles, M]; the target's logit;
+    with STORE, l itself into DL) or its gradient into DL (MODE_GRAD). SUBTILE: the work in two [BM, BN/2] halves,
+    their stats merged into the tile's."""
     # Logits rounded to the input dtype, as F.linear returns them: the stats, the stored logits and the recomputed
     # ones then agree exactly (an fp32 lse with rounded stored logits is off by up to half a bf16 ulp of a large
     # logit inside exp), and the result has PyTorch's error, not more.
@@ -276,30 +359,34 @@ def _logits_epilogue(acc, rm, rn, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCAL
         acc = round_bf16_rne(acc)
     acc = acc.to(DL.dtype.element_ty).to(tl.float32)
     m_ok = rm < M
-    n_ok = rn < N
     target = tl.load(TARGET + rm, mask=m_ok, other=-1)
-    hit = (v0 + rn)[None, :] == target[:, None]
-    dl_ptrs = DL + rm[:, None].to(tl.int64) * stride_dl + rn[None, :]
+    rn = pid_n * BN + tl.arange(0, BN // 2 if SUBTILE else BN)
+    if SUBTILE:
+        lo, hi = _halves(acc, BM, BN)
     if MODE == MODE_STATS:
-        logit = tl.where(n_ok[None, :], acc, float("-inf"))
-        mx = tl.max(logit, axis=1)
+        if SUBTILE:
+            mx, sum_exp, sum_l, tgt = _part_stats(lo, rm, rn, target, DL, stride_dl, M, N, v0, STORE)
+            mx_hi, sum_exp_hi, sum_l_hi, tgt_hi = _part_stats(hi, rm, rn + BN // 2, target, DL, stride_dl, M, N,
+                                                              v0, STORE)
+            both = tl.maximum(mx, mx_hi)
+            sum_exp = sum_exp * tl.exp(mx - both) + sum_exp_hi * tl.exp(mx_hi - both)
+            mx, sum_l, tgt = both, sum_l + sum_l_hi, tgt + tgt_hi
+        else:
+            mx, sum_exp, sum_l, tgt = _part_stats(acc, rm, rn, target, DL, stride_dl, M, N, v0, STORE)
         stat = STATS + (tile_base + pid_n).to(tl.int64) * M + rm
         tl.store(stat, mx, mask=m_ok)
-        tl.store(stat + n_tiles * M, tl.sum(tl.exp(logit - mx[:, None]), axis=1), mask=m_ok)
+        tl.store(stat + n_tiles * M, sum_exp, mask=m_ok)
         if SMOOTH:
-            tl.store(stat + 2 * n_tiles * M, tl.sum(tl.where(n_ok[None, :], acc, 0.0), axis=1), mask=m_ok)
+            tl.store(stat + 2 * n_tiles * M, sum_l, mask=m_ok)
         tile_lo = v0 + pid_n * BN
         in_tile = (target >= tile_lo) & (target < tile_lo + BN) & (target < v0 + N)
-        tl.store(TGT_LOGIT + rm, tl.sum(tl.where(hit, acc, 0.0), axis=1), mask=m_ok & in_tile)
-        if STORE:
-            tl.store(dl_ptrs, acc.to(DL.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(TGT_LOGIT + rm, tgt, mask=m_ok & in_tile)
     else:
-        lse = tl.load(LSE + rm, mask=m_ok, other=0.0)
-        scale = tl.load(ROW_SCALE + rm, mask=m_ok, other=0.0)
-        grad = (tl.exp(acc - lse[:, None]) - smoothing / V - tl.where(hit, 1.0 - smoothing, 0.0)) * scale[:, None]
-        if RNE:
-            grad = round_bf16_rne(grad)
-        tl.store(dl_ptrs, grad.to(DL.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        if SUBTILE:
+            _part_grad(lo, rm, rn, target, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V, smoothing, RNE)
+            _part_grad(hi, rm, rn + BN // 2, target, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V, smoothing, RNE)
+        else:
+            _part_grad(acc, rm, rn, target, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V, smoothing, RNE)
 
 
 @triton.jit
@@ -312,7 +399,7 @@ def _vocab_logits_kernel(
     M, N, K, v0, V, stride_xm, stride_wv, tile_base, n_tiles, smoothing,
     MODE: tl.constexpr, SMOOTH: tl.constexpr, STORE: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr, RNE: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
 ):
     """Logits tile by tile from pointer loads (one program a tile); the epilogue reduces or differentiates them."""
     pid_m, pid_n = _swizzle(tl.program_id(0), M, N, BM, BN, GROUP_M)
@@ -320,8 +407,8 @@ def _vocab_logits_kernel(
     rn = pid_n * BN + tl.arange(0, BN)
     # B[k, n] = W[n, k]
     acc = _tile_product(X, W, rm, rn, M, N, 0, K, stride_xm, 1, 1, stride_wv, IEEE, UPCAST, EVEN_K, BM, BN, BK)
-    _logits_epilogue(acc, rm, rn, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
-                     tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BN)
+    _logits_epilogue(acc, rm, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
+                     tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BM, BN, SUBTILE)
 
 
 @triton.jit
@@ -332,17 +419,17 @@ def _tma_logits_kernel(
     MODE: tl.constexpr, SMOOTH: tl.constexpr, STORE: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, RNE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SUBTILE: tl.constexpr,
 ):
     """_vocab_logits_kernel from TMA tiles on a persistent grid (tiles p, p + n_programs, ...)."""
     start = tl.program_id(0)
     num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     tile_c = start - n_programs
     for tile in tl.range(start, num_tiles, n_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        acc, tile_c, rm, rn, pid_n = _persistent_tile(x_desc, w_desc, tile, tile_c, n_programs, M, N, K, False, True,
-                                                      IEEE, UPCAST, BM, BN, BK, GROUP_M)
-        _logits_epilogue(acc, rm, rn, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
-                         tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BN)
+        acc, tile_c, rm, _, pid_n = _persistent_tile(x_desc, w_desc, tile, tile_c, n_programs, M, N, K, False, True,
+                                                     IEEE, UPCAST, BM, BN, BK, GROUP_M)
+        _logits_epilogue(acc, rm, pid_n, TARGET, STATS, TGT_LOGIT, LSE, ROW_SCALE, DL, stride_dl, M, N, v0, V,
+                         tile_base, n_tiles, smoothing, MODE, SMOOTH, STORE, RNE, BM, BN, SUBTILE)
 
 
 @triton.jit
@@ -396,18 +483,21 @@ def _logits_to_grad_kernel(DL, stride_dl, TARGET, LSE, ROW_SCALE, N, v0, V, smoo
 
 # ---------------------------------------------------------------------------------------------------------------
 def _default_config(device: torch.device, elem_bytes: int = 2, tma: bool = False,
-                    out_bytes: int = 2) -> tuple[int, int, int, int, int]:
+                    out_bytes: int = 2, subtile: bool = False) -> tuple[int, int, int, int, int]:
     """(BM, BN, BK, warps, stages): Hopper-sized tiles on a GPU (the H200's best, docs/bench-lce.md: 4 stages of
     48 KiB for the pointer-path products, 3 with TMA loads: 46.18 ms against 47.77 for the whole step), small ones
     on the interpreter. An fp32 output (dx summed over the chunks in fp32) needs 128 KiB of shared memory for its
     128 x 256 epilogue tile, so its products take BK 32 with 3 stages (3 stages of BK 64 asked for 272 KiB of the
     H200's 227 in run O; run P, the dx product alone: BK 32 s3 4.93 ms, BK 64 s2 5.27, 128 x 128 s4 5.18).
     fp32 inputs (not the task's dtype, not measured) get BK 32 and 128-column tiles, so their stages fit the
-    same memory."""
+    same memory. A subtiled epilogue (Gemm.subtile, TMA) stages half the output tile: BK 64 with 3 stages beside
+    an fp32 output, 4 beside a bf16 one (unmeasured)."""
     if device.type != "cuda":
         return (64, 64, 64, 4, 1)
     if elem_bytes > 2:
         return (128, 128, 32, 8, 3)
+    if tma and subtile:
+        return (128, 256, 64, 8, 3 if out_bytes > 2 else 4)
     if out_bytes > 2:
         return (128, 256, 32, 8, 3)
     return (128, 256, 64, 8, 3 if tma else 4)
@@ -432,13 +522,14 @@ def _programs(gemm: Gemm, device: torch.device, tiles: int) -> int:
     return max(1, min(tiles, gemm.programs or sm_count(device)))
 
 
-def _tiles(config: tuple[int, int, int, int, int]) -> dict:
+def _tiles(config: tuple[int, int, int, int, int], group_m: int = 8) -> dict:
     bm, bn, bk, warps, stages = config
-    return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+    return dict(BM=bm, BN=bn, BK=bk, GROUP_M=group_m, num_warps=warps, num_stages=stages)
 
 
 def _persistent(gemm: Gemm, config: tuple[int, int, int, int, int]) -> dict:
-    return dict(**_tiles(config), FLATTEN=gemm.flatten, WARP_SPECIALIZE=gemm.warp_specialize)
+    return dict(**_tiles(config, gemm.group_m), FLATTEN=gemm.flatten, WARP_SPECIALIZE=gemm.warp_specialize,
+                SUBTILE=gemm.subtile)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool = False, split_k: int = 1,
@@ -452,7 +543,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool
     N = b.shape[1]
     if M == 0 or N == 0:
         return
-    config = config or _default_config(a.device, a.element_size(), gemm.tma and split_k == 1, out.element_size())
+    config = config or _default_config(a.device, a.element_size(), gemm.tma and split_k == 1, out.element_size(),
+                                       gemm.subtile)
     bm, bn, bk = config[:3]
     if gemm.tma and split_k == 1:
         a_t = a.stride(1) != 1 and a.stride(0) == 1  # A is read as the rows of A^T [K, M]
@@ -462,9 +554,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool
             a_desc = TensorDescriptor.from_tensor(a_rows, [bk, bm] if a_t else [bm, bk])
             b_desc = TensorDescriptor.from_tensor(b_rows, [bn, bk] if b_t else [bk, bn])
             programs = _programs(gemm, a.device, triton.cdiv(M, bm) * triton.cdiv(N, bn))
-            _tma_matmul_kernel[(programs,)](a_desc, b_desc, out, M, N, K, out.stride(0), out.stride(1), programs,
-                                            ACCUMULATE=accumulate, RNE=needs_rne(out), A_T=a_t, B_T=b_t,
-                                            **_flags(a), **_persistent(gemm, config))
+            # TMA stores for outputs in the operands' dtype (dweight rows): the fp32 dx accumulator's TMA load and
+            # store buffers do not fit beside 3 stages of BK 64 (279 KiB compiled for sm_90 by Triton 3.9)
+            tma_store = gemm.tma_store and out.dtype == a.dtype and _tma_ready(out)
+            c_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2 if gemm.subtile else bn]) if tma_store else out
+            _tma_matmul_kernel[(programs,)](a_desc, b_desc, out, c_desc, M, N, K, out.stride(0), out.stride(1),
+                                            programs, ACCUMULATE=accumulate, RNE=needs_rne(out), A_T=a_t, B_T=b_t,
+                                            TMA_STORE=tma_store, **_flags(a), **_persistent(gemm, config))
             return
     k_per_split = triton.cdiv(triton.cdiv(K, split_k), bk) * bk if K else bk
     split_k = max(1, triton.cdiv(K, k_per_split)) if K else 1
@@ -578,17 +674,35 @@ def _token_form(x, weight, target, ignore_index, label_smoothing, mean, chunk, s
     return sum_rows(loss_rows, n_valid, mean), dx, dw
 
 
-def dx_tail_rows(bt: int, h: int, v: int, elem_bytes: int) -> int:
+def dx_tail_rows(bt: int, h: int, v: int, elem_bytes: int, split: bool = False) -> int:
     """Vocab form with dx_in_dweight: the rows of dweight at its end whose storage holds the fp32 dx accumulator
-    until they are written last (the main vocabulary ending on a multiple of 8 rows keeps the accumulator 16-byte
-    aligned); 0 where the accumulator would not leave a row of vocabulary before it."""
-    need = triton.cdiv(bt * h * 4, h * elem_bytes)
+    (split: its second half of columns, the first being in dx's own storage) until they are written last (the main
+    vocabulary ending on a multiple of 8 rows keeps the accumulator 16-byte aligned); 0 where the accumulator would
+    not leave a row of vocabulary before it."""
+    need = triton.cdiv(bt * h * (2 if split else 4), h * elem_bytes)
     main = (v - need) // 8 * 8
     return v - main if main > 0 else 0
 
 
+def _round_split_dx(dx: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, scratch: torch.Tensor) -> None:
+    """dx = the fp32 sums lo (dx's columns [0, H/2), held in dx's own storage) and hi ([H/2, H)), rounded: row t of
+    dx is the same bytes as row t of lo, so each block of rows goes through `scratch` (any dtype, at least H/2 fp32)
+    before its rows are overwritten."""
+    bt, hh = lo.shape
+    rows = min(bt, scratch.numel() * scratch.element_size() // (4 * hh))
+    if rows:
+        buf = scratch[: rows * hh * 4 // scratch.element_size()].view(torch.float32).view(rows, hh)
+    else:  # a workspace smaller than a row (tiny token counts): one row apart
+        rows, buf = 1, torch.empty(1, hh, dtype=torch.float32, device=dx.device)
+    for r0 in range(0, bt, rows):
+        r1 = min(bt, r0 + rows)
+        buf[: r1 - r0].copy_(lo[r0:r1])
+        dx[r0:r1, hh:].copy_(hi[r0:r1])
+        dx[r0:r1, :hh].copy_(buf[: r1 - r0])
+
+
 def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
-                workspace, store_chunks, gemm, dx_fp32=True, dx_in_dweight=False):
+                workspace, store_chunks, gemm, dx_fp32=True, dx_in_dweight=False, dx_split=False):
     bt, h = x.shape
     v = weight.shape[0]
     dev = x.device
@@ -600,7 +714,7 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
     if bt == 0:
         dw.zero_()
         return sum_rows(loss_rows, n_valid, mean), dx, dw
-    config = logits_config or _default_config(dev, x.element_size(), gemm.tma)
+    config = logits_config or _default_config(dev, x.element_size(), gemm.tma, subtile=gemm.subtile)
     bm, bn, bk = config[:3]
     smooth = label_smoothing != 0.0
     budget = VOCAB_WORKSPACE if workspace is None else workspace
@@ -608,9 +722,12 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
     if ws_cols >= CHUNK_ALIGN:
         ws_cols = ws_cols // CHUNK_ALIGN * CHUNK_ALIGN
     # dx_in_dweight: the fp32 dx accumulator lives in dweight's last `tail` rows, which are written last (their
-    # gradient recomputed once more for it); the chunks then cover the vocabulary before them.
-    tail = dx_tail_rows(bt, h, v, dw.element_size()) if dx_in_dweight and dx_fp32 and dx.dtype != torch.float32 \
-        else 0
+    # gradient recomputed once more for it); the chunks then cover the vocabulary before them. dx_split (a 2-byte
+    # dtype, H even): the accumulator's columns [0, H/2) in dx's own storage (as many bytes), [H/2, H) in BT rows.
+    in_dw = dx_in_dweight and dx_fp32 and dx.dtype != torch.float32
+    split = in_dw and dx_split and dx.element_size() == 2 and h % 2 == 0
+    tail = dx_tail_rows(bt, h, v, dw.element_size(), split) if in_dw else 0
+    split = split and tail > 0
     v_main = v - tail
     chunks, n_stored = vocab_chunks(bt, h, v_main, ws_cols, store_chunks)
     # Pass 1 launches: one per stored chunk (its logits kept in its buffer), then the rest of the vocabulary.
@@ -643,7 +760,8 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
         grid = (triton.cdiv(bt, bm) * triton.cdiv(n, bn),)
         _vocab_logits_kernel[grid](x, w, target, stats, tgt_logit, lse, row_scale, out, out.stride(0), bt, n, h, v0,
                                    v, x.stride(0), weight.stride(0), tile_base, n_tiles, label_smoothing, MODE=mode,
-                                   STORE=store, EVEN_K=h % bk == 0, **common, **_tiles(config))
+                                   STORE=store, EVEN_K=h % bk == 0, SUBTILE=gemm.subtile, **common,
+                                   **_tiles(config, gemm.group_m))
 
     tile_base = 0
     for v0, v1, start in passes:
@@ -656,12 +774,22 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
     # dx sums one product per chunk; rounded to bf16 after each (11 times at the task's shape) a few of its elements
     # cancelled to values the harness's elementwise bound rejects on outlier inputs (3 of 33.5M, run N): kept in
     # fp32 (128 MiB more) and rounded once.
-    if tail:
-        dx_acc = flat[v_main * h: v_main * h + bt * h * 4 // dw.element_size()].view(torch.float32).view(bt, h)
+    hh = h // 2
+    if split:  # (accumulator, its columns of dx)
+        acc_parts = [(dx.view(-1).view(torch.float32).view(bt, hh), slice(0, hh)),
+                     (flat[v_main * h: v_main * h + bt * h].view(torch.float32).view(bt, hh), slice(hh, h))]
+    elif tail:
+        acc_parts = [(flat[v_main * h: v_main * h + bt * h * 4 // dw.element_size()].view(torch.float32).view(bt, h),
+                      slice(0, h))]
     elif dx_fp32 and dx.dtype != torch.float32:
-        dx_acc = torch.empty(dx.shape, dtype=torch.float32, device=dev)
+        acc_parts = [(torch.empty(dx.shape, dtype=torch.float32, device=dev), slice(0, h))]
     else:
-        dx_acc = dx
+        acc_parts = [(dx, slice(0, h))]
+
+    def dx_terms(dl: torch.Tensor, c0: int, c1: int, accumulate: bool) -> None:
+        for acc, cols in acc_parts:
+            matmul(dl, weight[c0:c1, cols], acc, accumulate=accumulate, config=dx_config, gemm=gemm)
+
     for i, (v0, v1, start) in enumerate(chunks):
         n = v1 - v0
         dl = grad_buffer(v0, v1, start)
@@ -672,17 +800,26 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
         else:
             logits(v0, v1, dl, MODE_GRAD, 0, False)
         matmul(dl.t(), x, dw[v0:v1], config=dw_config, gemm=gemm)
-        matmul(dl, weight[v0:v1], dx_acc, accumulate=i > 0, config=dx_config, gemm=gemm)
+        dx_terms(dl, v0, v1, i > 0)
     pieces = [(c0, min(c0 + ws_cols, v)) for c0 in range(v_main, v, ws_cols)] if tail else []
     for i, (c0, c1) in enumerate(pieces):  # the tail's dx terms, while the accumulator holds its rows
         dl = grad_buffer(c0, c1, -1)
         logits(c0, c1, dl, MODE_GRAD, 0, False)
-        matmul(dl, weight[c0:c1], dx_acc, accumulate=bool(chunks) or i > 0, config=dx_config, gemm=gemm)
-    if dx_acc is not dx:
-        dx.copy_(dx_acc)
-    for c0, c1 in pieces:  # then the tail's dweight rows, over the accumulator (their gradient recomputed)
+        dx_terms(dl, c0, c1, bool(chunks) or i > 0)
+    # The last piece's gradient stays in the workspace for its dweight rows, unless a split accumulator needs that
+    # room to be rounded into dx.
+    keep = bt * (pieces[-1][1] - pieces[-1][0]) if pieces else 0
+    if split:
+        if (ws.numel() - keep) // 2 < hh:
+            keep = 0
+        _round_split_dx(dx, acc_parts[0][0], acc_parts[1][0], ws[keep + keep % 2:])
+    elif acc_parts[0][0] is not dx:
+        dx.copy_(acc_parts[0][0])
+    # then the tail's dweight rows, over the accumulator (the kept gradient first, the others recomputed)
+    for i, (c0, c1) in enumerate(reversed(pieces)):
         dl = grad_buffer(c0, c1, -1)
-        logits(c0, c1, dl, MODE_GRAD, 0, False)
+        if i or not keep:
+            logits(c0, c1, dl, MODE_GRAD, 0, False)
         matmul(dl.t(), x, dw[c0:c1], config=dw_config, gemm=gemm)
     return sum_rows(loss_rows, n_valid, mean), dx, dw
 
@@ -693,6 +830,7 @@ def linear_cross_entropy_fwd_bwd(
     split_k: int | None = None, logits_config=None, dx_config=None, dw_config=None, fused_ce: bool | None = None,
     workspace: int | None = None, store_chunks: int = 3, gemm: str = "tma", warp_specialize: bool = False,
     flatten: bool | None = None, programs: int = 0, dx_fp32: bool = True, dx_in_dweight: bool = False,
+    epilogue_subtile: bool = False, group_m: int = 8, dx_split: bool = False, tma_store: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dx, dweight) of cross_entropy(x @ weight^T, target) for an upstream gradient of 1.
     form "vocab": logits_config tiles the logits/gradient kernel, workspace (bytes) is the fixed scratch,
@@ -704,8 +842,13 @@ def linear_cross_entropy_fwd_bwd(
     dx_fp32 (vocab form): accumulate dx over the chunks in fp32 and round once (False: in dx's dtype, 128 MiB less
     at the task's shape, rounded once per chunk). dx_in_dweight (vocab form, dx_fp32, x not fp32): that fp32 sum in
     the storage of dweight's last rows (dx_tail_rows: 2 BT of them for bf16), written last, instead of 128 MiB more
-    at the task's shape; those rows' gradient is recomputed once more (2 BT H x 2 BT FLOPs: 1.1 TFLOP there).
-    Unmeasured on the GPU."""
+    at the task's shape; those rows' gradient is recomputed once more (2 BT H x 2 BT FLOPs: 1.1 TFLOP there) but
+    for the last workspace piece's, still in the workspace (0.9 TFLOP with 3072-column pieces). Unmeasured on the
+    GPU. dx_split (with dx_in_dweight, a 2-byte dtype, H even): the accumulator's first H/2 columns in dx's own
+    storage and only the rest in dweight's last BT rows, so half as many rows are recomputed (0.55 TFLOP less at
+    the task's shape; each dx product then two launches of H/2 columns); unmeasured. epilogue_subtile
+    (Gemm.subtile), group_m (the grouped tile order) and tma_store (Gemm.tma_store) are GEMM options of the vocab
+    form, unmeasured; subtile's own default tiles are _default_config's."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_cross_entropy: expected x [BT, H] and weight [V, H], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -721,6 +864,8 @@ def linear_cross_entropy_fwd_bwd(
         raise ValueError(f"linear_cross_entropy: form must be 'vocab' or 'token', got {form!r}")
     if gemm not in ("tma", "ptr"):
         raise ValueError(f"linear_cross_entropy: gemm must be 'tma' or 'ptr', got {gemm!r}")
+    if group_m < 1:
+        raise ValueError(f"linear_cross_entropy: group_m must be >= 1, got {group_m}")
     if store_chunks < 0 or programs < 0:
         raise ValueError(f"linear_cross_entropy: store_chunks and programs must be >= 0, got {store_chunks} and "
                          f"{programs}")
@@ -730,9 +875,10 @@ def linear_cross_entropy_fwd_bwd(
         return _token_form(x, weight, target, ignore_index, label_smoothing, mean, chunk, split_k, logits_config,
                            dx_config, dw_config, fused_ce)
     engine = Gemm(tma=gemm == "tma", warp_specialize=warp_specialize,
-                  flatten=not warp_specialize if flatten is None else flatten, programs=programs)
+                  flatten=not warp_specialize if flatten is None else flatten, programs=programs,
+                  subtile=epilogue_subtile, group_m=group_m, tma_store=tma_store)
     return _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_config, dx_config, dw_config,
-                       workspace, store_chunks, engine, dx_fp32, dx_in_dweight)
+                       workspace, store_chunks, engine, dx_fp32, dx_in_dweight, dx_split)
 
 
 class ModelNew(torch.nn.Module):
