@@ -71,6 +71,8 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     t_roof = time.monotonic()
     with torch.no_grad():
         roof = task_roofline(task, reference.model, base[0], get_ceilings(opts.gpu))
+    if run.device == "cuda":  # the float64 truth just computed for out_bytes stays in the allocator's cache
+        torch.cuda.empty_cache()  # otherwise: 102 GiB held here while the child timed causal attention (run AD)
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
            "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,
            "sample_every": max(1, REPS // 4)}

@@ -102,6 +102,35 @@ def _combine_kernel(
     tl.store(OUT + rows64[:, None] * stride_o + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _gather_rows_kernel(
+    X, SORTED_IDS, NUM_PADDED, XS,  # XS[p] = X[SORTED_IDS[p] // ROW_DIV] for each routed position p < NUM_PADDED
+    n_valid, H, stride_x, stride_xs,
+    ROW_DIV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    pos = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ids = tl.load(SORTED_IDS + pos, mask=pos < tl.load(NUM_PADDED), other=n_valid)
+    ok = ids < n_valid  # padding positions (the sentinel id) are left as they are: their rows are never stored
+    src = (ids // ROW_DIV).to(tl.int64)
+    dst = pos.to(tl.int64)
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        mask = ok[:, None] & (cols < H)[None, :]
+        row = tl.load(X + src[:, None] * stride_x + cols[None, :], mask=mask)
+        tl.store(XS + dst[:, None] * stride_xs + cols[None, :], row, mask=mask)
+
+
+def gather_rows(x: torch.Tensor, layout, top_k: int) -> torch.Tensor:
+    """x's routed rows in the layout's sorted order, [len(sorted_ids), H]: row p is x[sorted_ids[p] // top_k];
+    rows of padding positions are left unwritten (the GEMMs never store what they compute from them)."""
+    xs = torch.empty((layout.sorted_ids.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
+    block_h = min(256, max(16, triton.next_power_of_2(x.shape[1])))
+    _gather_rows_kernel[(triton.cdiv(xs.shape[0], 16),)](
+        x, layout.sorted_ids, layout.num_padded, xs, layout.n_valid, x.shape[1], x.stride(0), xs.stride(0),
+        ROW_DIV=top_k, BLOCK_R=16, BLOCK_H=block_h, num_warps=4)
+    return xs
+
+
 def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", bias: torch.Tensor | None = None,
           routed_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, K] fp32, expert ids [T, K] int32) of router logits [T, E]."""
@@ -148,7 +177,7 @@ def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor
     variant: both grouped GEMMs' impl / warp_specialize / flatten.
     pregather: copy x's routed rows into sorted order first (one gather of T K H elements), so the gate/up GEMM
     reads its A blocks as runs of rows (by TMA on a GPU) instead of gathering them by pointer loads.
-    Default on a GPU (through TMA): pregather and both GEMMs warp-specialised. H200, run AC (bench_moe.py --layers,
+    Default: pregather, and on a GPU (through TMA) both GEMMs warp-specialised. H200, run AC (bench_moe.py --layers,
     do_bench): DeepSeek-like 555.9 TFLOP/s against 530.5 without either, Mixtral-like 652.6 against 624.2 (pregather
     alone 536.6 / 653.2; flattening the loop lost 10-25%)."""
     if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
@@ -167,15 +196,14 @@ def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor
     if up_config[0] != down_config[0]:
         raise ValueError("moe_layer: both grouped GEMMs walk one aligned layout, so they need one BLOCK_M")
     x = x.contiguous()
+    pregather = True if pregather is None else pregather
     if x.device.type == "cuda" and variant.get("impl", "auto") != "ptr":
-        pregather = True if pregather is None else pregather
         variant.setdefault("warp_specialize", True)
     weights, ids = route(logits, top_k, scoring, bias, routed_scale)
     layout = align_block_size(ids, experts, up_config[0])
     h = torch.empty((layout.sorted_ids.numel(), ffn), dtype=x.dtype, device=x.device)
     if pregather:
-        # padding positions hold the sentinel id T K: they read token T - 1, and their rows of h are never stored
-        xs = x.index_select(0, torch.clamp(layout.sorted_ids // top_k, max=t - 1))
+        xs = gather_rows(x, layout, top_k)
         grouped_gemm(xs, w_gate_up, layout, h, gather_a=False, scatter_c=False, swiglu=True, config=up_config,
                      **variant)
     else:
