@@ -104,9 +104,10 @@ class Gemm:
     (Hopper's warp specialisation needs flatten off). subtile: every epilogue (a product's store, the logits' stats
     or gradient) works on the tile's two [BM, BN/2] column halves in turn, as Triton's persistent-matmul tutorial
     does (EPILOGUE_SUBTILE): half the registers and half the shared memory for the store's layout change, so a
-    128 x 256 tile fits 4 stages of BK 64 beside a bf16 store and 3 beside an fp32 one (unmeasured); the halves'
-    stats are merged into the tile's (stats kept per half would double their workspace). group_m: row tiles per
-    group of the grouped tile order (_swizzle). tma_store: a product whose output has the operands' dtype (the
+    128 x 256 tile fits 4 stages of BK 64 beside a bf16 store and 3 beside an fp32 one (run AD: the fp32 dx
+    product 681.5 TFLOP/s against 575.6 unsubtiled; whole step 47.88 ms, with 3 stages for logits/dW 47.41); the
+    halves' stats are merged into the tile's (stats kept per half would double their workspace). group_m: row
+    tiles per group of the grouped tile order (_swizzle). tma_store: a product whose output has the operands' dtype (the
     dweight rows) stores its tiles through a TMA descriptor where the output allows one (dx's fp32 accumulator and
     the logits epilogues keep pointer stores)."""
     tma: bool = True
@@ -491,7 +492,7 @@ def _default_config(device: torch.device, elem_bytes: int = 2, tma: bool = False
     H200's 227 in run O; run P, the dx product alone: BK 32 s3 4.93 ms, BK 64 s2 5.27, 128 x 128 s4 5.18).
     fp32 inputs (not the task's dtype, not measured) get BK 32 and 128-column tiles, so their stages fit the
     same memory. A subtiled epilogue (Gemm.subtile, TMA) stages half the output tile: BK 64 with 3 stages beside
-    an fp32 output, 4 beside a bf16 one (unmeasured)."""
+    an fp32 output, 4 beside a bf16 one (run AD: 3 for the bf16 outputs too was the faster whole step)."""
     if device.type != "cuda":
         return (64, 64, 64, 4, 1)
     if elem_bytes > 2:
@@ -843,12 +844,14 @@ def linear_cross_entropy_fwd_bwd(
     at the task's shape, rounded once per chunk). dx_in_dweight (vocab form, dx_fp32, x not fp32): that fp32 sum in
     the storage of dweight's last rows (dx_tail_rows: 2 BT of them for bf16), written last, instead of 128 MiB more
     at the task's shape; those rows' gradient is recomputed once more (2 BT H x 2 BT FLOPs: 1.1 TFLOP there) but
-    for the last workspace piece's, still in the workspace (0.9 TFLOP with 3072-column pieces). Unmeasured on the
-    GPU. dx_split (with dx_in_dweight, a 2-byte dtype, H even): the accumulator's first H/2 columns in dx's own
-    storage and only the rest in dweight's last BT rows, so half as many rows are recomputed (0.55 TFLOP less at
-    the task's shape; each dx product then two launches of H/2 columns); unmeasured. epilogue_subtile
-    (Gemm.subtile), group_m (the grouped tile order) and tma_store (Gemm.tma_store) are GEMM options of the vocab
-    form, unmeasured; subtile's own default tiles are _default_config's."""
+    for the last workspace piece's, still in the workspace (0.9 TFLOP with 3072-column pieces). dx_split (with
+    dx_in_dweight, a 2-byte dtype, H even): the accumulator's first H/2 columns in dx's own storage and only the
+    rest in dweight's last BT rows, so half as many rows are recomputed (0.55 TFLOP less at the task's shape; each
+    dx product then two launches of H/2 columns). epilogue_subtile (Gemm.subtile), group_m (the grouped tile
+    order) and tma_store (Gemm.tma_store) are GEMM options of the vocab form; subtile's own default tiles are
+    _default_config's. H200, run AD (sweep_lce.py, do_bench): 49.06 ms at 1.213 GiB with none of them, 52.19 with
+    dx_in_dweight, 47.41 with subtile + dx_in_dweight + dx_split and 3-stage logits/dW tiles (GPU_DEFAULT, 1.088
+    GiB); group_m and tma_store were past the sweep's budget (unmeasured)."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_cross_entropy: expected x [BT, H] and weight [V, H], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")

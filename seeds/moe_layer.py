@@ -22,6 +22,9 @@ tiles (TMA, up 128x128 with SwiGLU, down 128x256, 3 stages; before pregather and
         1.87x torch._grouped_mm with torch routing/SwiGLU/combine (8.17 ms); pointer kernels 4.865 ms
     Mixtral-like (8 experts top-2, H4096, F14336)  18.81 ms = 614 TFLOP/s: 1.16x the loop (21.74 ms), 1.15x
         grouped_mm + glue (21.57 ms); pointer kernels 21.48 ms
+With pregather and warp-specialised GEMMs (the default since run AC), `crucible bench` (run AE, sustained):
+    DeepSeek-like 4.254 ms = 533.0 TFLOP/s, 4.00x the loop, 1.91x torch._grouped_mm + PyTorch glue
+    Mixtral-like 17.96 ms = 642.9 TFLOP/s, 1.175x the loop, 1.18x torch._grouped_mm + glue (ANCHORS: >= 640, 1.15x)
 The issue's 3x over a per-expert loop holds for many small experts only: with 8 large experts the loop already
 runs at 531 TFLOP/s, and 3x would be twice the H200's bf16 peak.
 """
