@@ -1048,9 +1048,11 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     (dK/dV kernel) and K/V (dQ kernel) tiles of the unmasked blocks through TMA descriptors, as in attention_fwd.
     split_ds: dS enters the dK and dQ products as two operands, its bf16 rounding and the rest (one more product
     in each loop), instead of rounded once; "dq" or "dk": in that product only; "fp16": dS rounded to fp16 (3 more
-    bits than bf16) in one product with the other operand converted to fp16, in both products. dq_atomic (FlashAttention-2's
-    layout): the dK/dV kernel also computes dQ's share of each step, c dS K, and adds it into an fp32 accumulator
-    with atomics (order-dependent rounding: not bitwise repeatable), so the dQ kernel, which recomputes S and dP
+    bits than bf16) in one product with the other operand converted to fp16, in both products (run AC: 0.66 ms
+    faster non-causal, 0.2 ms slower causal; overflows past 65504). dq_atomic (FlashAttention-2's layout; run AC:
+    0.43x, the atomics cost more than the dQ kernel's recompute): the dK/dV kernel also computes dQ's share of
+    each step, c dS K, and adds it into an fp32 accumulator with atomics (order-dependent rounding: not bitwise
+    repeatable), so the dQ kernel, which recomputes S and dP
     (2 of the backward's 5 products, 2 of 7 with split_ds), is not launched; config's dQ tile is then unused."""
     _check_qkv(q, k, v, 4)
     if do.shape != q.shape or o.shape != q.shape or lse.shape != q.shape[:3]:
@@ -1074,8 +1076,8 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                          sm_scale: float | None = None, config=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed sequences: q [Tq, Hq, D], k/v [Tk, Hkv, D]; sequence b holds rows cu_seqlens[b]:cu_seqlens[b+1].
-    Returns (o [Tq, Hq, D], lse2 [Hq, Tq] fp32, base 2 as in attention_fwd). max_seqlen_* (host ints, as FlashAttention takes them) size the
-    grid; a sequence longer than max_seqlen_q would be left partly unwritten."""
+    Returns (o [Tq, Hq, D], lse2 [Hq, Tq] fp32, base 2 as in attention_fwd). max_seqlen_* (host ints, as
+    FlashAttention takes them) size the grid; a sequence longer than max_seqlen_q would be left partly unwritten."""
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
     varlen = (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k))
     return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, varlen)[:2]
