@@ -245,8 +245,10 @@ def table(b: Bench) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    ap = parser(__doc__.splitlines()[0], 110.0)
+def start(title: str, budget: float):
+    """(args, Bench) from the command line (--budget, --smoke, --no-compile), or the exit code 2 with one sentence
+    where the run cannot happen here; shared with sweep_lce.py."""
+    ap = parser(title, budget)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     args = ap.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
@@ -258,7 +260,14 @@ def main() -> int:
     if not args.smoke:
         import triton
         log(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    b = Bench(args.smoke, args.budget)
+    return args, Bench(args.smoke, args.budget)
+
+
+def main() -> int:
+    started = start(__doc__.splitlines()[0], 110.0)
+    if isinstance(started, int):
+        return started
+    args, b = started
     # The default and the measured pointer path first, then the baselines (compile included: the best one), the
     # other variants, the single GEMMs.
     first, rest = seed_variants(b)

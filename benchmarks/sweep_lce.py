@@ -26,7 +26,6 @@ times of one call (the default and subtile, both with dx_split) with the logits 
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_lce  # noqa: E402  (puts the repo root on sys.path)
-from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
+from _bench import rel_l2, rotating_median_ms  # noqa: E402
 from bench_lce import ROWS, SETS, Bench, first_line, log, seed_call  # noqa: E402
 from seeds.linear_cross_entropy import (CHUNK_ALIGN, VOCAB_WORKSPACE, Gemm, dx_tail_rows, matmul,  # noqa: E402
                                         vocab_chunks)
@@ -190,19 +189,10 @@ def kernel_breakdown(b: Bench, name: str, kw: dict, top: int = 8) -> None:
 
 
 def main() -> int:
-    ap = parser(__doc__.splitlines()[0], 85.0)
-    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    args = ap.parse_args()
-    if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
-        print("--smoke needs TRITON_INTERPRET=1 (the CPU interpreter)", file=sys.stderr)
-        return 2
-    if not args.smoke and not torch.cuda.is_available():
-        print("no CUDA GPU: run on the H200, or use --smoke with TRITON_INTERPRET=1", file=sys.stderr)
-        return 2
-    if not args.smoke:
-        import triton
-        log(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    b = Bench(args.smoke, args.budget)
+    started = bench_lce.start(__doc__.splitlines()[0], 85.0)
+    if isinstance(started, int):
+        return started
+    args, b = started
     rows = variants(b.smoke)
     for name, kw in rows[:3]:  # the default, without and with dx_in_dweight and dx_split, before anything else
         b.run(name, seed_call(b, kw), VARIANTS_UNTIL, exec_flops=executed_flops(b, kw))
