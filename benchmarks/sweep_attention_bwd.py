@@ -25,9 +25,9 @@ Check (the same criterion as benchmarks/sweep_attention_precise.py, i.e. the har
 dv) on two draws of the task's inputs per mode (MODES: cells the non-precise numerics fail) against the harness's
 Reference (SDPA in bf16, its float64 truth, SDPA's FlashAttention-2 backend as the alternate),
 sandbox.tolerance.compare per output; any element outside on either draw -> WRONG, not timed. A pass here is two
-draws, not `crucible check` (all distributions and the robustness shapes). Timing: triton.testing.do_bench medians over 3 rotating input sets (benchmarks/_bench.py) of fwd+bwd,
-the forward alone (o, lse, delta) and the backward alone (from that forward's outputs). TFLOP/s: 14 B H S^2 D for
-fwd+bwd (half when causal), 4 B H S^2 D for the forward, 10 for the backward (the convention of ANCHORS.md, not the
+draws, not `crucible check` (all distributions and the robustness shapes). Timing: triton.testing.do_bench
+medians over 3 rotating input sets (benchmarks/_bench.py) of fwd+bwd, the forward alone (o, lse, delta) and the
+backward alone (from that forward's outputs). TFLOP/s: 14 B H S^2 D for fwd+bwd (half when causal), 4 B H S^2 D for the forward, 10 for the backward (the convention of ANCHORS.md, not the
 precise path's extra products). One table last.
 
     python3 benchmarks/sweep_attention_bwd.py [--budget 75]                # the H200, about 90 s with compiles
@@ -214,8 +214,9 @@ def main() -> int:
 
 
 def print_table(rows: list[dict], smoke: bool) -> None:
-    print(f"\nattention fwd+bwd, {'SMOKE (CPU interpreter, tiny shape: not speed)' if smoke else 'B4 H32 S4096 D128 bf16'}"
-          "; TFLOP/s by the 14 / 4 / 10 B H S^2 D convention (half causal); speedup against SDPA cuDNN fwd+bwd")
+    shape = "SMOKE (CPU interpreter, tiny shape: not speed)" if smoke else "B4 H32 S4096 D128 bf16"
+    print(f"\nattention fwd+bwd, {shape}; TFLOP/s by the 14 / 4 / 10 B H S^2 D convention (half causal); "
+          "speedup against SDPA cuDNN fwd+bwd")
     print(f"{'mode':6s} {'variant':34s} {'fwd+bwd':>8s} {'TFLOP/s':>7s} {'vs cuDNN':>8s} {'fwd ms':>7s} {'TF/s':>5s}"
           f" {'bwd ms':>7s} {'TF/s':>5s}  status  check (elements outside the bound)")
     for causal in (False, True):
