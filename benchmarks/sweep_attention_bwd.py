@@ -27,8 +27,9 @@ Reference (SDPA in bf16, its float64 truth, SDPA's FlashAttention-2 backend as t
 sandbox.tolerance.compare per output; any element outside on either draw -> WRONG, not timed. A pass here is two
 draws, not `crucible check` (all distributions and the robustness shapes). Timing: triton.testing.do_bench
 medians over 3 rotating input sets (benchmarks/_bench.py) of fwd+bwd, the forward alone (o, lse, delta) and the
-backward alone (from that forward's outputs). TFLOP/s: 14 B H S^2 D for fwd+bwd (half when causal), 4 B H S^2 D for the forward, 10 for the backward (the convention of ANCHORS.md, not the
-precise path's extra products). One table last.
+backward alone (from that forward's outputs). TFLOP/s: 14 B H S^2 D for fwd+bwd (half when causal), 4 B H S^2 D
+for the forward, 10 for the backward (the convention of ANCHORS.md, not the precise path's extra products). One
+table last.
 
     python3 benchmarks/sweep_attention_bwd.py [--budget 75]                # the H200, about 90 s with compiles
     TRITON_INTERPRET=1 python3 benchmarks/sweep_attention_bwd.py --smoke   # the CPU interpreter, tiny shape
