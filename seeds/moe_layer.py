@@ -175,7 +175,7 @@ def combine(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.
 
 def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                   top_k: int, scoring: str = "softmax", bias: torch.Tensor | None = None, routed_scale: float = 1.0,
-                  up_config=None, down_config=None, pregather: bool | None = None, **variant) -> torch.Tensor:
+                  up_config=None, down_config=None, pregather: bool = True, **variant) -> torch.Tensor:
     """The MoE layer's output [T, H] (see the module docstring); configs as seeds.moe.grouped_gemm, one BLOCK_M;
     variant: both grouped GEMMs' impl / warp_specialize / flatten.
     pregather: copy x's routed rows into sorted order first (one gather of T K H elements), so the gate/up GEMM
@@ -199,7 +199,6 @@ def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor
     if up_config[0] != down_config[0]:
         raise ValueError("moe_layer: both grouped GEMMs walk one aligned layout, so they need one BLOCK_M")
     x = x.contiguous()
-    pregather = True if pregather is None else pregather
     if x.device.type == "cuda" and variant.get("impl", "auto") != "ptr":
         variant.setdefault("warp_specialize", True)
     weights, ids = route(logits, top_k, scoring, bias, routed_scale)
