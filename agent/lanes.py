@@ -10,7 +10,6 @@ the lanes `grace_s` to record their runs as interrupted, and is raised again.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -37,6 +36,12 @@ def run_lanes(items: Sequence[T], lanes: int, work: Callable[[T, int], R], *,
     lock = threading.Lock()
 
     def lane(k: int) -> None:
+        try:
+            take(k)
+        finally:
+            ended[k].set()
+
+    def take(k: int) -> None:
         while True:
             with lock:
                 i = next(queue, None)
@@ -54,25 +59,30 @@ def run_lanes(items: Sequence[T], lanes: int, work: Callable[[T, int], R], *,
                     results[i] = failed(item, exc)
             done[i] = True
 
-    if lanes == 1 or len(items) <= 1:
+    n_lanes = 1 if lanes == 1 or len(items) <= 1 else min(lanes, len(items))
+    ended = [threading.Event() for _ in range(n_lanes)]  # set as a lane returns
+    if n_lanes == 1:
         lane(0)
     else:
+        # The waiting is on each lane's own event, not Thread.join: on Python 3.11 a KeyboardInterrupt inside join
+        # can mark a running thread as stopped (its tstate lock released by the interrupted waiter), so a later
+        # join returned at once and the lanes lost their grace (tests/test_lanes.py failed about 1 run in 12).
         threads = [threading.Thread(target=lane, args=(k,), name=f"crucible-lane-{k}", daemon=True)
-                   for k in range(min(lanes, len(items)))]
-        started: list[threading.Thread] = []
+                   for k in range(n_lanes)]
+        started: list[int] = []
         try:
-            for t in threads:
-                started.append(t)  # before start(): an interrupt may land while start() waits for the thread
+            for k, t in enumerate(threads):
+                started.append(k)  # before start(): an interrupt may land while start() waits for the thread
                 t.start()
-            for t in started:
-                t.join()
+            for k in started:
+                ended[k].wait()
         except BaseException:
             if stop is not None:
                 stop.set()
             deadline = time.monotonic() + grace_s
-            for t in started:
-                with contextlib.suppress(RuntimeError):  # interrupted before this one could start
-                    t.join(max(0.0, deadline - time.monotonic()))
+            for k in started:
+                if threads[k].ident is not None:  # interrupted before this one could start: nothing to wait for
+                    ended[k].wait(max(0.0, deadline - time.monotonic()))
             raise
     missing = [items[i] for i, d in enumerate(done) if not d]
     if missing:  # a lane cannot end without finishing its item; this would be a bug here

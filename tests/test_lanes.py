@@ -90,12 +90,13 @@ def test_a_keyboard_interrupt_while_waiting_stops_the_lanes_and_lets_them_finish
     stop = threading.Event()
     both = threading.Barrier(2, timeout=60)  # generous: on a loaded 2-core machine a lane may start late
     finished = []
+    waiting = threading.get_ident()  # the thread that calls rows() and waits (pytest's main thread)
 
     def work(item, lane):
         if item in (0, 1):
             both.wait()
         if item == 0:
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C
+            signal.pthread_kill(waiting, signal.SIGINT)  # Ctrl-C
         if stop.wait(60):
             time.sleep(0.2)  # recording the interruption
         finished.append(item)
@@ -103,7 +104,7 @@ def test_a_keyboard_interrupt_while_waiting_stops_the_lanes_and_lets_them_finish
 
     with pytest.raises(KeyboardInterrupt):
         rows(list(range(6)), 2, work, stop=stop)
-    assert stop.is_set() and sorted(finished) == [0, 1]
+    assert stop.is_set() and sorted(finished) == [0, 1]  # both lanes had their grace (see run_lanes on join)
 
 
 def test_no_lane_is_refused():
