@@ -1,12 +1,16 @@
 """agent/lanes.run_lanes: items taken from one queue by several lanes, results in the items' order."""
 import logging
-import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from agent.lanes import run_lanes
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def rows(items, lanes, work, stop=None):
@@ -85,26 +89,40 @@ def test_an_exception_fails_its_item_only(caplog):
         assert rows([0, 1, 2], 1, work)[1][0] == "failed"  # one lane too
 
 
+CTRL_C = """
+import signal, threading, time
+from agent.lanes import run_lanes
+
+stop = threading.Event()
+both = threading.Barrier(2, timeout=60)
+finished = []
+waiting = threading.get_ident()
+
+def work(item, lane):
+    if item in (0, 1):
+        both.wait()
+    if item == 0:
+        signal.pthread_kill(waiting, signal.SIGINT)  # Ctrl-C
+    if stop.wait(60):
+        time.sleep(0.2)  # recording the interruption
+    finished.append(item)
+    return ("done", item)
+
+try:
+    run_lanes(list(range(6)), 2, work, stop=stop, not_started=lambda item: ("not started", item),
+              failed=lambda item, exc: ("failed", item))
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted", stop.is_set(), sorted(finished))
+"""
+
+
 def test_a_keyboard_interrupt_while_waiting_stops_the_lanes_and_lets_them_finish():
-    """A second Ctrl-C reaches the waiting thread: the stop is set and the lanes get to record their runs."""
-    stop = threading.Event()
-    both = threading.Barrier(2, timeout=60)  # generous: on a loaded 2-core machine a lane may start late
-    finished = []
-    waiting = threading.get_ident()  # the thread that calls rows() and waits (pytest's main thread)
-
-    def work(item, lane):
-        if item in (0, 1):
-            both.wait()
-        if item == 0:
-            signal.pthread_kill(waiting, signal.SIGINT)  # Ctrl-C
-        if stop.wait(60):
-            time.sleep(0.2)  # recording the interruption
-        finished.append(item)
-        return ("done", item)
-
-    with pytest.raises(KeyboardInterrupt):
-        rows(list(range(6)), 2, work, stop=stop)
-    assert stop.is_set() and sorted(finished) == [0, 1]  # both lanes had their grace (see run_lanes on join)
+    """A second Ctrl-C reaches the waiting thread: the stop is set and the lanes get to record their runs (both
+    lanes' items finished: the grace of run_lanes). In a fresh interpreter: in the full suite's long-lived process,
+    the SIGINT sent here did not raise (three full runs, not reproduced alone), a state earlier tests leave."""
+    proc = subprocess.run([sys.executable, "-c", CTRL_C], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.stdout.strip() == "interrupted True [0, 1]", proc.stdout + proc.stderr
 
 
 def test_no_lane_is_refused():
