@@ -18,6 +18,7 @@ from typing import Callable, Sequence, TypeVar
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
+WAIT_SLICE_S = 0.2  # the longest a Ctrl-C to the waiting thread can go unnoticed (see run_lanes)
 
 
 def run_lanes(items: Sequence[T], lanes: int, work: Callable[[T, int], R], *,
@@ -67,6 +68,9 @@ def run_lanes(items: Sequence[T], lanes: int, work: Callable[[T, int], R], *,
         # The waiting is on each lane's own event, not Thread.join: on Python 3.11 a KeyboardInterrupt inside join
         # can mark a running thread as stopped (its tstate lock released by the interrupted waiter), so a later
         # join returned at once and the lanes lost their grace (tests/test_lanes.py failed about 1 run in 12).
+        # And in slices of WAIT_SLICE_S, never one unbounded wait: a SIGINT that lands after the interpreter last
+        # checked for signals but before the lock's sem_wait starts does not interrupt that wait (its C handler
+        # has already run), so an unbounded wait would sleep through the Ctrl-C until the lanes ended.
         threads = [threading.Thread(target=lane, args=(k,), name=f"crucible-lane-{k}", daemon=True)
                    for k in range(n_lanes)]
         started: list[int] = []
@@ -75,7 +79,8 @@ def run_lanes(items: Sequence[T], lanes: int, work: Callable[[T, int], R], *,
                 started.append(k)  # before start(): an interrupt may land while start() waits for the thread
                 t.start()
             for k in started:
-                ended[k].wait()
+                while not ended[k].wait(WAIT_SLICE_S):
+                    pass  # back in the interpreter: a pending SIGINT raises here
         except BaseException:
             if stop is not None:
                 stop.set()
