@@ -52,16 +52,30 @@ COMPILE_RESERVE_S = 25.0  # torch.compile of the task Model, timed last
 T0 = time.time()
 
 
-def variants(sms: int, smoke: bool, near_default: bool = False) -> list[tuple[str, dict]]:
+def variants(sms: int, smoke: bool, near_default: bool = False, resident: bool = False) -> list[tuple[str, dict]]:
     """(name, cross_entropy_fwd_bwd keywords), most telling first (the time guard drops the tail). --smoke keeps
     the knobs at interpreter-sized blocks. near_default: the neighbours of sub = 2 (run W's winner, the default
-    since) instead of run W's list."""
+    since) instead of run W's list. resident: the resident form (each row read once from HBM, its shares held in
+    registers by `split` programs; registers of data a thread: row / split / threads / 2, twice that with the
+    prefetch), against the default."""
     def pers(b, w, p=sms, **kw):
         name = f"persistent P={p} BLOCK={b} w={w}" + "".join(f" {k}={v!r}" for k, v in kw.items())
         if smoke:
             b, w, p = 64, 4, min(p, 3)
         return name, dict(form="persistent", programs=p, block=b, num_warps=w, **kw)
 
+    def res(b, w, split, p=sms, prefetch=True):
+        name = f"resident split={split} P={p} BLOCK={b} w={w}" + ("" if prefetch else " no prefetch")
+        if smoke:
+            b, w, p = 64, 4, split * min(p // split, 3)
+        return name, dict(form="resident", programs=p, block=b, num_warps=w, split=split, prefetch=prefetch)
+
+    if resident:
+        return [
+            ("default", {}), res(8192, 16, 4), res(4096, 8, 8, p=2 * sms), res(8192, 16, 4, prefetch=False),
+            res(4096, 8, 8), res(2048, 4, 16, p=4 * sms), res(8192, 32, 2, prefetch=False),
+            res(4096, 8, 4, p=2 * sms, prefetch=False), res(8192, 16, 8),
+        ]
     staged_kw = dict(form="staged", programs=2 * sms, block=4096, num_warps=8, stages=4)
     if smoke:
         staged_kw.update(programs=3, block=64, num_warps=4)
@@ -91,6 +105,7 @@ def liger_version() -> str:
 def main() -> int:
     ap = parser(__doc__.splitlines()[0], 80.0)
     ap.add_argument("--near-default", action="store_true", help="the neighbours of the sub = 2 default (run Y)")
+    ap.add_argument("--resident", action="store_true", help="the resident form's variants (session 7)")
     args = ap.parse_args()
     smoke = args.smoke
     dev = "cpu" if smoke else "cuda"
@@ -134,15 +149,15 @@ def main() -> int:
 
     # --- seed variants ---------------------------------------------------------------------------------------------
     reserve = 0.0 if smoke else COMPILE_RESERVE_S + 8.0  # torch.compile, then the diagnostics
-    maths_checked: set[tuple[int, int]] = set()
-    for name, kw in variants(sms, smoke, args.near_default):
+    maths_checked: set[tuple[str, int, int]] = set()
+    for name, kw in variants(sms, smoke, args.near_default, args.resident):
         if left() < reserve:
             log(f"skipped {name}: {left():.0f} s left")
             continue
         le, de, ok = ref.errors(*cross_entropy_fwd_bwd(x, t, -100, 0.0, "mean", **kw), 0.0, "mean")
         log(f"check {name} eps=0 mean: loss {le:.3g} dlogits {de:.3g} {'ok' if ok else 'FAIL'}")
-        maths = (kw.get("sub", 1), kw.get("split", 1))
-        if maths not in maths_checked and kw.get("form", "persistent") == "persistent":
+        maths = (kw.get("form", "persistent"), kw.get("sub", 1), kw.get("split", 1))
+        if maths not in maths_checked and maths[0] in ("persistent", "resident"):
             maths_checked.add(maths)
             le2, de2, ok2 = ref.errors(*cross_entropy_fwd_bwd(x, t, -100, 0.1, "sum", **kw), 0.1, "sum")
             log(f"check {name} eps=0.1 sum: loss {le2:.3g} dlogits {de2:.3g} {'ok' if ok2 else 'FAIL'}")
@@ -171,7 +186,7 @@ def main() -> int:
     # --- diagnostics: the kernel when both reads hit L2; the copy floor --------------------------------------------
     if smoke or left() > 3:
         resident = x[:1].expand(n, v)  # every row the same: row stride 0
-        for name, kw in variants(sms, smoke, args.near_default)[:3]:  # the first three
+        for name, kw in variants(sms, smoke, args.near_default, args.resident)[:3]:  # the first three
             if name in failed:
                 continue
             add(f"{name} on L2-resident logits", "diag",

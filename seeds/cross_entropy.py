@@ -82,7 +82,7 @@ CRUCIBLE_SEED = {
     "ops": ["cross-entropy fwd+bwd (ignore_index, label smoothing, mean/sum)"],
 }
 
-FORMS = ("persistent", "staged", "two_pass", "rendezvous")
+FORMS = ("persistent", "staged", "two_pass", "rendezvous", "resident")
 DEFAULT_FORM = "persistent"
 STORE_CACHE = ("", ".cs", ".cg", ".wt")  # the gradient stores' cache modifiers (tl.store cache_modifier)
 
@@ -233,6 +233,37 @@ def _segment_stats(x_seg, L, cols, LANES: tl.constexpr, SMOOTH: tl.constexpr, SU
 
 
 @triton.jit
+def _publish(m_s, d_s, sx_s, stat, seg, COUNTER, row):
+    """Publish this segment's (max, sum of exp, sum of x) at stat[seg] and count in on the row (release): global
+    stores write through to L2, where the partners read (.cg)."""
+    tl.store(stat + seg * 3 + 0, m_s)
+    tl.store(stat + seg * 3 + 1, d_s)
+    tl.store(stat + seg * 3 + 2, sx_s)
+    tl.debug_barrier()  # every thread's stores before the release (the CTA barrier, then one gpu-scope release)
+    tl.atomic_add(COUNTER + row, 1, sem="release")
+
+
+@triton.jit
+def _wait_row(COUNTER, row, SPIN: tl.constexpr, SPLIT: tl.constexpr):
+    """The row's count after polling it (acquire) until all SPLIT segments are in or SPIN polls have passed."""
+    arrived = tl.atomic_add(COUNTER + row, 0, sem="acquire")
+    spins = arrived * 0  # an int32 scalar from the start (a loop-carried value)
+    while (arrived < SPLIT) & (spins < SPIN):
+        arrived = tl.atomic_add(COUNTER + row, 0, sem="acquire")
+        spins += 1
+    tl.debug_barrier()
+    return arrived
+
+
+@triton.jit
+def _published(stat, SPLIT: tl.constexpr):
+    """The SPLIT segments' published (max, sum of exp, sum of x), in segment order."""
+    segs = tl.arange(0, SPLIT)
+    return (tl.load(stat + segs * 3 + 0, cache_modifier=".cg"), tl.load(stat + segs * 3 + 1, cache_modifier=".cg"),
+            tl.load(stat + segs * 3 + 2, cache_modifier=".cg"))
+
+
+@triton.jit
 def _split_row_loss(m, d, sx, x_target, x_row, row, seg, STATS, COUNTER, V, smoothing, cols, SPIN: tl.constexpr,
                     LANES: tl.constexpr, SMOOTH: tl.constexpr, SUB: tl.constexpr, SPLIT: tl.constexpr,
                     BLOCK: tl.constexpr):
@@ -243,19 +274,10 @@ def _split_row_loss(m, d, sx, x_target, x_row, row, seg, STATS, COUNTER, V, smoo
     computes every segment's statistics from the logits itself, with pass 1's folding: the same values."""
     m_s, d_s = _fold_lanes(m, d, LANES)
     stat = STATS + row * (SPLIT * 3)  # N SPLIT 3 < 2**31
-    tl.store(stat + seg * 3 + 0, m_s)  # global stores write through to L2, where the partners read (.cg)
-    tl.store(stat + seg * 3 + 1, d_s)
-    tl.store(stat + seg * 3 + 2, tl.sum(sx, axis=0))
-    tl.debug_barrier()  # every thread's stores before the release (the CTA barrier, then one gpu-scope release)
-    tl.atomic_add(COUNTER + row, 1, sem="release")
-    arrived = tl.atomic_add(COUNTER + row, 0, sem="acquire")
-    spins = arrived * 0  # an int32 scalar from the start (a loop-carried value)
-    while (arrived < SPLIT) & (spins < SPIN):
-        arrived = tl.atomic_add(COUNTER + row, 0, sem="acquire")
-        spins += 1
-    tl.debug_barrier()
-    segs = tl.arange(0, SPLIT)
+    _publish(m_s, d_s, tl.sum(sx, axis=0), stat, seg, COUNTER, row)
+    arrived = _wait_row(COUNTER, row, SPIN, SPLIT)
     if arrived < SPLIT:
+        segs = tl.arange(0, SPLIT)
         seg_w = tl.cdiv(tl.cdiv(V, BLOCK * SUB), SPLIT) * (BLOCK * SUB)
         m_all = tl.full([SPLIT], -1e30, tl.float32)
         d_all = tl.zeros([SPLIT], dtype=tl.float32)
@@ -267,9 +289,7 @@ def _split_row_loss(m, d, sx, x_target, x_row, row, seg, STATS, COUNTER, V, smoo
             d_all = tl.where(segs == s, ds, d_all)
             sx_all = tl.where(segs == s, sxs, sx_all)
     else:
-        m_all = tl.load(stat + segs * 3 + 0, cache_modifier=".cg")
-        d_all = tl.load(stat + segs * 3 + 1, cache_modifier=".cg")
-        sx_all = tl.load(stat + segs * 3 + 2, cache_modifier=".cg")
+        m_all, d_all, sx_all = _published(stat, SPLIT)
     return _row_loss(m_all, d_all, sx_all, x_target, smoothing, V, True, SMOOTH)
 
 
@@ -368,6 +388,101 @@ def _ce_persistent_kernel(
             x_ahead = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
             _grad_tile(x, dx_row, cols, L, target - c0, lse2, scale, off_s, hit_s, DROP, RNE, STORE)
             x = x_ahead
+        x_row = x_nrow
+        dx_row += dx_step
+
+
+# ---- RESIDENT ---------------------------------------------------------------------------------------------------
+@triton.jit
+def _resident_stats(x, in_seg, SMOOTH: tl.constexpr):
+    """(max, sum of exp(x - max), sum of x) of a segment held whole in registers ([R, BLOCK], -inf past its end).
+    The max is kept finite (-1e30 for a segment with no column), so combining segments never forms -inf - -inf."""
+    xf = x.to(tl.float32)
+    m = tl.maximum(tl.max(tl.max(xf, axis=1), axis=0), -1e30)
+    d = tl.sum(tl.sum(tl.exp2((xf - m) * LOG2E), axis=1), axis=0)
+    if SMOOTH:
+        sx = tl.sum(tl.sum(tl.where(in_seg, xf, 0.0), axis=1), axis=0)
+    else:
+        sx = 0.0
+    return m, d, sx
+
+
+@triton.jit
+def _ce_resident_kernel(
+    X, stride_x, DX, stride_dx, TARGET, LOSS_ROWS, N_VALID, N, V, ignore_index, smoothing,
+    STATS, COUNTER,       # [N, SPLIT, 3] fp32 segment statistics; [N] int32 zeros, arrivals per row
+    MEAN: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr,
+    R: tl.constexpr,      # a segment is R x BLOCK columns, held in registers from its load to its gradient's store
+    SPLIT: tl.constexpr,  # programs per row (R BLOCK SPLIT >= V)
+    SPIN: tl.constexpr,   # polls of COUNTER before a program computes its partners' statistics itself
+    PREFETCH: tl.constexpr,  # load the next row's segment before waiting for this row's partners
+    DROP: tl.constexpr, RNE: tl.constexpr, STORE: tl.constexpr,
+):
+    """RESIDENT: each row read once. SPLIT programs share a row, each loading its R x BLOCK segment in one load
+    and keeping it in registers; they publish their segment's statistics, meet (_wait_row), and write the
+    gradient from the registers: 4.2 GB of traffic at 8192 x 128256 bf16, where PERSISTENT's second read of
+    each row (from L2 where it still is) moves up to 6.3. With PREFETCH the next row's segment is in flight
+    while the program waits for its partners (twice the registers). Programs pid, pid + 1, ... of a group of
+    SPLIT take the same rows; a program that finds its row incomplete after SPIN polls (the interpreter's
+    earlier programs; on a GPU a partner not resident) loads the other segments and computes their statistics
+    with the same code: the same values, so every program of a row agrees bitwise. Not in place."""
+    pid = tl.program_id(0)
+    seg = pid % SPLIT
+    first = pid // SPLIT
+    step = tl.num_programs(0) // SPLIT  # the launcher makes the grid a multiple of SPLIT, <= N SPLIT
+    SEG_W: tl.constexpr = R * BLOCK
+    cols = tl.arange(0, R)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    c0 = seg * SEG_W
+    in_seg = cols < V - c0  # nothing for a segment past the row's end
+    scale, off_s, hit_s = _grad_weights(N_VALID, smoothing, V, MEAN)
+    t_next = tl.load(TARGET + first)
+    x_row = X + first.to(tl.int64) * stride_x  # 64-bit row offsets, advanced by step rows each iteration
+    dx_row = DX + first.to(tl.int64) * stride_dx + c0
+    x_step = step.to(tl.int64) * stride_x
+    dx_step = step.to(tl.int64) * stride_dx
+    x = tl.load(x_row + c0 + cols, mask=cols < tl.where(t_next != ignore_index, V - c0, 0), other=float("-inf"))
+    for row in range(first, N, step):
+        target = t_next
+        nrow = row + step
+        t_next = tl.load(TARGET + nrow, mask=nrow < N, other=ignore_index)
+        x_nrow = x_row + x_step
+        next_mask = cols < tl.where(t_next != ignore_index, V - c0, 0)  # the next row's (none past N or ignored)
+        if target == ignore_index:
+            _store_tile(dx_row + cols, tl.zeros(cols.shape, dtype=DX.dtype.element_ty), in_seg, DROP, STORE)
+            if seg == 0:
+                tl.store(LOSS_ROWS + row, 0.0)
+            x = tl.load(x_nrow + c0 + cols, mask=next_mask, other=float("-inf"))
+        else:
+            in_row = (target >= 0) & (target < V)
+            x_target = tl.load(x_row + target, mask=in_row, other=0.0).to(tl.float32)
+            m_s, d_s, sx_s = _resident_stats(x, in_seg, SMOOTH)
+            stat = STATS + row * (SPLIT * 3)  # N SPLIT 3 < 2**31
+            _publish(m_s, d_s, sx_s, stat, seg, COUNTER, row)
+            if PREFETCH:
+                x_ahead = tl.load(x_nrow + c0 + cols, mask=next_mask, other=float("-inf"))
+            arrived = _wait_row(COUNTER, row, SPIN, SPLIT)
+            segs = tl.arange(0, SPLIT)
+            if arrived < SPLIT:
+                m_all = tl.full([SPLIT], -1e30, tl.float32)
+                d_all = tl.zeros([SPLIT], dtype=tl.float32)
+                sx_all = tl.zeros([SPLIT], dtype=tl.float32)
+                for s in tl.static_range(SPLIT):
+                    s_in = cols < V - s * SEG_W
+                    xs = tl.load(x_row + s * SEG_W + cols, mask=s_in, other=float("-inf"))
+                    ms, ds, sxs = _resident_stats(xs, s_in, SMOOTH)
+                    m_all = tl.where(segs == s, ms, m_all)
+                    d_all = tl.where(segs == s, ds, d_all)
+                    sx_all = tl.where(segs == s, sxs, sx_all)
+            else:
+                m_all, d_all, sx_all = _published(stat, SPLIT)
+            lse, loss = _row_loss(m_all, d_all, sx_all, x_target, smoothing, V, True, SMOOTH)
+            if seg == 0:
+                tl.store(LOSS_ROWS + row, loss)
+            _grad_tile(x, dx_row, cols, V - c0, target - c0, lse * LOG2E, scale, off_s, hit_s, DROP, RNE, STORE)
+            if PREFETCH:
+                x = x_ahead
+            else:
+                x = tl.load(x_nrow + c0 + cols, mask=next_mask, other=float("-inf"))
         x_row = x_nrow
         dx_row += dx_step
 
@@ -555,19 +670,20 @@ def ce_block(v: int, device: torch.device, form: str = DEFAULT_FORM) -> tuple[in
     cost time."""
     if device.type != "cuda":
         cap, warps = 2048, 4
-    elif form in ("persistent", "staged"):
+    elif form in ("persistent", "staged", "resident"):
         cap, warps = 8192, 16
     else:
         cap, warps = 8192, 8
     block = min(cap, max(16, triton.next_power_of_2(v)))
-    return block, max(4, min(warps, block // 256 if form in ("persistent", "staged") else block // 2048))
+    return block, max(4, min(warps, block // 256 if form in ("persistent", "staged", "resident") else block // 2048))
 
 
 def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, loss_rows: torch.Tensor,
             n_valid: torch.Tensor, ignore_index: int, label_smoothing: float, mean: bool,
             fused: bool | None = None, block: int | None = None, num_warps: int | None = None,
             form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True,
-            stages: int = 3, sub: int | None = None, store_cache: str = "", split: int = 1) -> None:
+            stages: int = 3, sub: int | None = None, store_cache: str = "", split: int | None = None,
+            prefetch: bool = True) -> None:
     """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
     form: "persistent" (default), "staged", "two_pass" or "rendezvous"; `fused` is the older switch (True:
     rendezvous, False: two_pass) and is read only when form is None, so fused=None gives the persistent form.
@@ -578,7 +694,10 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     benchmarks/sweep_ce.py at 8192 x 128256: 1.331 ms against 1.494 with 1, 1.335 at sub 4), tiles of sub x block
     columns folded into `block` lanes: sub times the bytes in flight per program (one tile is loaded ahead) for the same per-lane state; and,
     not in place, split (default 1): programs per row (a power of two), each on 1/split of the row's tiles, that
-    meet once per row to combine their statistics: the live rows take 1/split of the L2 for the same grid."""
+    meet once per row to combine their statistics: the live rows take 1/split of the L2 for the same grid.
+    Resident: split programs per row (default 4 on a GPU), each holding its share of the row in registers as
+    one tile of R x block columns (R the power of two that covers 1/split of the row); prefetch (default on)
+    loads the next row's share before waiting for the partners. Not in place."""
     n, v = logits.shape
     if n == 0:
         return
@@ -594,15 +713,29 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
         raise ValueError(f"cross_entropy: sub must be a power of two >= 1, got {sub}")
     if sub > 1 and (form != "persistent" or not lanes):
         raise ValueError("cross_entropy: sub > 1 needs the persistent form with lanes")
+    if split is None:
+        split = (4 if logits.is_cuda else 2) if form == "resident" else 1
     if split < 1 or split & (split - 1):
         raise ValueError(f"cross_entropy: split must be a power of two >= 1, got {split}")
-    if split > 1 and (form != "persistent" or not lanes):
-        raise ValueError("cross_entropy: split > 1 needs the persistent form with lanes")
-    if split > 1 and dlogits.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr():
-        raise ValueError("cross_entropy: split > 1 cannot write the gradient over the logits")
+    if split > 1 and (form not in ("persistent", "resident") or not lanes):
+        raise ValueError("cross_entropy: split > 1 needs the persistent or resident form with lanes")
+    shared = dlogits.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()
+    if (split > 1 or form == "resident") and shared:
+        raise ValueError("cross_entropy: split > 1 (and the resident form) cannot write the gradient over the logits")
     if store_cache not in STORE_CACHE:
         raise ValueError(f"cross_entropy: store_cache must be one of {STORE_CACHE}, got {store_cache!r}")
     rne = needs_rne(dlogits)
+    if form == "resident":
+        grid = (max(1, min(n * split, programs or sm_count(logits.device)) // split) * split,)
+        r = triton.next_power_of_2(triton.cdiv(triton.cdiv(v, split), blk))
+        stats = torch.empty((n, split, 3), dtype=torch.float32, device=logits.device)
+        counter = torch.zeros(n, dtype=torch.int32, device=logits.device)
+        _ce_resident_kernel[grid](
+            logits, logits.stride(0), dlogits, dlogits.stride(0), target, loss_rows, n_valid, n, v, ignore_index,
+            float(label_smoothing), stats, counter, MEAN=mean, SMOOTH=label_smoothing > 0, BLOCK=blk, R=r,
+            SPLIT=split, SPIN=1 << 14 if logits.is_cuda else 0, PREFETCH=prefetch,
+            DROP="evict_first" if hints else "", RNE=rne, STORE=store_cache, num_warps=warps)
+        return
     if form in ("persistent", "staged"):
         grid = (max(1, min(n * split, programs or sm_count(logits.device)) // split) * split,)
         args = (logits, logits.stride(0), dlogits, dlogits.stride(0), target, loss_rows, n_valid, n, v, ignore_index,
@@ -667,7 +800,8 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
                           block: int | None = None, num_warps: int | None = None, form: str | None = None,
                           programs: int | None = None, lanes: bool = True, hints: bool = True,
                           out: torch.Tensor | None = None, stages: int = 3, sub: int | None = None,
-                          store_cache: str = "", split: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                          store_cache: str = "", split: int | None = None,
+                          prefetch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
     out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller
     that owns the logits buffer. The other keywords choose the kernel (see ce_rows)."""
@@ -685,7 +819,7 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     loss_rows = torch.empty(n, dtype=torch.float32, device=logits.device)
     n_valid = count_valid(target, ignore_index)
     ce_rows(logits, target, out, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps,
-            form, programs, lanes, hints, stages, sub, store_cache, split)
+            form, programs, lanes, hints, stages, sub, store_cache, split, prefetch)
     return sum_rows(loss_rows, n_valid, mean), out
 
 

@@ -265,9 +265,45 @@ def test_cross_entropy_rejects_bad_inputs():
             cross_entropy_fwd_bwd(x, t, **kw)
     with pytest.raises(ValueError, match="store_cache"):
         cross_entropy_fwd_bwd(x, t, store_cache=".ca")
-    for kw in (dict(split=3), dict(split=2, lanes=False), dict(split=2, form="staged"), dict(split=2, out=x)):
+    for kw in (dict(split=3), dict(split=2, lanes=False), dict(split=2, form="staged"), dict(split=2, out=x),
+               dict(form="resident", split=1, out=x)):
         with pytest.raises(ValueError, match="split"):
             cross_entropy_fwd_bwd(x, t, **kw)
+
+
+
+RESIDENT_CASES = [  # (programs, block, split, prefetch): a row's share is one R x block tile in registers
+    (4, 128, 2, True), (8, 64, 4, False), (3, 256, 1, True), (1000, 16, 8, True), (None, 64, 2, False),
+    (6, 32, 2, True),  # R 8 (at V 515): many sub-rows of a tile, the last ones past the row
+]
+
+
+@pytest.mark.parametrize("programs,block,split,prefetch", RESIDENT_CASES)
+@pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum"), (0.3, "mean")])
+@pytest.mark.parametrize("shape", [(10, 1000), (7, 515), (4, 100), (5, 40)])
+def test_cross_entropy_resident(programs, block, split, prefetch, smoothing, reduction, shape, device):
+    """The resident form (each row read once, its shares held in registers by split programs that meet once per
+    row): segments with no column (split 8 at V 100 and 40), rows shorter than one tile, ignored rows first, last
+    and in a run (their zero gradient and the next row's prefetch both skip the handshake), bf16 logits with
+    outliers. On the interpreter the earlier programs of a group compute their partners' statistics themselves,
+    the later ones read them published: both paths are checked against the reference."""
+    _check_knobs(shape, smoothing, reduction, device, form="resident", programs=programs, block=block, num_warps=4,
+                 split=split, prefetch=prefetch)
+
+
+def test_cross_entropy_resident_bitwise_across_grids_and_prefetch(device):
+    """A row's result does not depend on the grid (which group of programs takes it, how many rows a group loops
+    over) or on the prefetch."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(9, 1500, generator=g) * 3).to(device=device, dtype=torch.bfloat16)
+    t = torch.randint(0, 1500, (9,), generator=g).to(device)
+    t[4] = -100
+    kw = dict(form="resident", block=64, split=4, label_smoothing=0.1)
+    a = cross_entropy_fwd_bwd(x, t, programs=4, **kw)
+    for programs, prefetch in ((8, True), (36, False), (100, True)):
+        b = cross_entropy_fwd_bwd(x, t, programs=programs, prefetch=prefetch, **kw)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), programs
 
 
 LCE_SHAPES = [(1, 16, 1), (5, 24, 37), (70, 32, 129), (33, 48, 300)]  # BT, H, V
