@@ -62,13 +62,26 @@ def _act_and_grad(a, ACT: tl.constexpr, NEED_GRAD: tl.constexpr):
 
 
 @triton.jit
-def _glu_fwd_kernel(A, B, Y, n_elements, ACT: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n_elements
-    a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+def _glu_fwd_kernel(A, B, Y, n_elements, ACT: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr = True,
+                    EVEN: tl.constexpr = False):
+    """I64: 64-bit offsets (else 32-bit: the launcher allows it below 2**31 elements, fewer address instructions);
+    EVEN: every program's block is whole (n_elements % BLOCK == 0), so no masks."""
+    if I64:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        a = tl.load(A + offs).to(tl.float32)
+        b = tl.load(B + offs).to(tl.float32)
+    else:
+        mask = offs < n_elements
+        a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
     act, _ = _act_and_grad(a, ACT, False)
-    tl.store(Y + offs, (act * b).to(Y.dtype.element_ty), mask=mask)
+    if EVEN:
+        tl.store(Y + offs, (act * b).to(Y.dtype.element_ty))
+    else:
+        tl.store(Y + offs, (act * b).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -109,8 +122,9 @@ def _check(op: str, act: str, *tensors: torch.Tensor) -> int:
 
 
 def glu_fwd(a: torch.Tensor, b: torch.Tensor, act: str = "silu", block: int | None = None,
-            num_warps: int | None = None) -> torch.Tensor:
-    """act(a) * b; `act` is "silu", "tanh" (GELU tanh form) or "none" (GELU erf form)."""
+            num_warps: int | None = None, lean: bool = False) -> torch.Tensor:
+    """act(a) * b; `act` is "silu", "tanh" (GELU tanh form) or "none" (GELU erf form). lean: 32-bit offsets below
+    2**31 elements and no masks when the blocks divide the tensor (benchmarks/sweep_glu.py times it)."""
     code = _check("glu_fwd", act, a, b)
     a, b = a.contiguous(), b.contiguous()
     y = torch.empty_like(a)
@@ -119,7 +133,8 @@ def glu_fwd(a: torch.Tensor, b: torch.Tensor, act: str = "silu", block: int | No
         return y
     blk, warps = _settings(n, a.element_size())
     blk, warps = block or blk, num_warps or warps
-    _glu_fwd_kernel[(triton.cdiv(n, blk),)](a, b, y, n, ACT=code, BLOCK=blk, num_warps=warps)
+    _glu_fwd_kernel[(triton.cdiv(n, blk),)](a, b, y, n, ACT=code, BLOCK=blk, I64=not (lean and n < 2**31),
+                                            EVEN=lean and n % blk == 0, num_warps=warps)
     return y
 
 

@@ -57,6 +57,18 @@ def test_glu_block_variants_agree(device):
         assert torch.equal(da, glu_bwd(a, b, dy, "tanh")[0]) and torch.equal(db, glu_bwd(a, b, dy, "tanh")[1])
 
 
+@pytest.mark.parametrize("act", ["silu", "tanh", "none"])
+def test_glu_lean_forward_agrees(act, device):
+    """lean (32-bit offsets, no masks where the blocks divide the tensor) gives the default's bits, on a tensor the
+    blocks divide (unmasked) and on one they do not (masked tail); bf16 so the rounding path is the task's."""
+    from seeds.swiglu import glu_fwd
+    for shape in ((8, 512), (5, 999)):
+        a, b = (torch.randn(*shape, device=device).to(torch.bfloat16) for _ in range(2))
+        y = glu_fwd(a, b, act)
+        for block, warps in ((256, 4), (1024, 4)):
+            assert torch.equal(glu_fwd(a, b, act, block, warps, lean=True), y), (shape, block)
+
+
 def test_glu_rejects_mismatched_inputs():
     from seeds.swiglu import glu_fwd
     with pytest.raises(ValueError, match="share shape"):
