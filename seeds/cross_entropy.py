@@ -48,6 +48,11 @@ read of each row missing L2 (6.3 GB moved instead of 4.2), not the kernel's issu
 TWO_PASS: rows split into SEGMENTS programs of BLOCK columns; a statistics launch (m_s, d_s, sum x, x[target] per
 segment), then a gradient launch that combines the row's statistics in segment order and reads the logits again
 (6.3 GB of HBM traffic).
+RESIDENT: each row read once: SPLIT programs share a row, each holding its share in registers (one R x BLOCK
+tile), meeting once per row to combine their statistics, writing the gradient from the registers (4.2 GB). On the
+H200 (run AF, sweep_ce.py --resident) every variant was slower than PERSISTENT: 1.88-3.04 ms against 1.332, and
+1.80 ms even on L2-resident logits: a program loads its share, waits for it, reduces, waits for its partners and
+stores, with nothing of its own to overlap. Kept as an option, not the default.
 RENDEZVOUS: the segments of a row meet in the middle of one launch (publish statistics, count in with a release
 atomic, wait for the row) and write the gradient from registers (4.2 GB); waiting programs hold SM slots. The
 interpreter cannot run it (it runs programs one after another).
