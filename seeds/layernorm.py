@@ -159,13 +159,14 @@ def layernorm_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
 
 def layernorm_bwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.Tensor, eps: float, *,
                   programs_per_sm: int | None = None, rows: int | None = None, num_warps: int | None = None,
-                  prefetch: bool = False, one_reduction: bool = False,
-                  fused_sum: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  prefetch: bool = False, one_reduction: bool = False, fused_sum: bool = False,
+                  maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db) of y = layernorm(x) * w + b for the upstream gradient dy; dx in x's dtype, dw/db in w's/b's.
     Options (off by default, issue 5, timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows
     before the current rows' arithmetic; `one_reduction` takes the three sums after the mean in one reduce;
     `fused_sum` adds the dw and db partials inside the kernel (the last program to finish, in a fixed order)
-    instead of a second launch."""
+    instead of a second launch; `maxnreg` caps the registers a thread (ptxas spills past it), to hold a number
+    of programs per SM."""
     _check(x, w, b)
     if dy.shape != x.shape or dy.device != x.device:
         raise ValueError(f"dy {tuple(dy.shape)} on {dy.device} does not match x {tuple(x.shape)} on {x.device}")
@@ -187,7 +188,7 @@ def layernorm_bwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.T
         x2, w, dy2, dx, dw_partial, db_partial, *scratch, dw, db, counters, m, n,
         x2.stride(0), dy2.stride(0), dx.stride(0), eps,
         ROWS=rows, BLOCK_N=row_block(n), PREFETCH=prefetch, ONE_REDUCTION=one_reduction, FUSED_SUM=fused_sum,
-        num_warps=warps, **tiling,
+        num_warps=warps, **tiling, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     if not fused_sum:
         sum_partials(dw_partial, dw, db_partial, db)

@@ -180,12 +180,13 @@ def rmsnorm_residual_fwd(x: torch.Tensor, residual: torch.Tensor, w: torch.Tenso
 
 def rmsnorm_bwd(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float, *,
                 programs_per_sm: int | None = None, rows: int | None = None, num_warps: int | None = None,
-                prefetch: bool = False, one_reduction: bool = False,
-                fused_sum: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                prefetch: bool = False, one_reduction: bool = False, fused_sum: bool = False,
+                maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of y = rmsnorm(x) * w for the upstream gradient dy; dx in x's dtype, dw in w's.
     Options (off by default, issue 5, timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows
     before the current rows' arithmetic; `one_reduction` takes both row sums in one reduce; `fused_sum` adds the dw
-    partials inside the kernel (the last program to finish, in a fixed order) instead of a second launch."""
+    partials inside the kernel (the last program to finish, in a fixed order) instead of a second launch;
+    `maxnreg` caps the registers a thread (ptxas spills past it), to hold a number of programs per SM."""
     _check(x, w)
     if dy.shape != x.shape or dy.device != x.device:
         raise ValueError(f"dy {tuple(dy.shape)} on {dy.device} does not match x {tuple(x.shape)} on {x.device}")
@@ -204,7 +205,7 @@ def rmsnorm_bwd(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float, 
     _rmsnorm_bwd_kernel[(grid,)](
         x2, w, dy2, dx, partial, scratch[0], dw, counters, m, n, x2.stride(0), dy2.stride(0), dx.stride(0), eps,
         ROWS=rows, BLOCK_N=row_block(n), PREFETCH=prefetch, ONE_REDUCTION=one_reduction, FUSED_SUM=fused_sum,
-        num_warps=warps, **tiling,
+        num_warps=warps, **tiling, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     if not fused_sum:
         sum_partials(partial, dw)
