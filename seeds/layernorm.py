@@ -8,6 +8,10 @@ held whole in registers, so the variance is the exact two-pass one at the cost o
 
 The backward recomputes mean and rstd from x (read anyway) on a persistent grid; each program keeps fp32 partial dw
 and db for its rows, and one more kernel (seeds/_common.py) adds the partials in a fixed order: bitwise reproducible.
+Options of `layernorm_bwd` (off by default, issue 5; benchmarks/sweep_norm_bwd.py times them, not yet run on the
+GPU): `prefetch` (the next row's loads in flight during this row's reductions; 127 registers on sm_90, still 2
+programs of 8 warps an SM), `one_reduction` (after the mean, sum((x - mean)^2), sum(g), sum(g * (x - mean)) in one
+reduce: two rounds of exchange a row, not four), `fused_sum` (no second launch), `maxnreg`.
 
 Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed alone:
   forward 16384x4096 (`crucible bench`, run I in docs/BENCHMARKS.md, no evict_first on the x load): 0.0706 ms =

@@ -10,6 +10,10 @@ write of y. Bytes at the task shape (bf16, M=16384, N=4096): forward 2·M·N·2 
 The backward recomputes rstd from x (x is read anyway, so this costs no bytes) and runs on a persistent grid: each
 program walks a strided set of rows, writes dx, and keeps its share of dw in fp32 registers; a second small kernel
 (seeds/_common.py) adds the per-program partial rows in a fixed order, so dw is bitwise reproducible.
+Options of `rmsnorm_bwd` (off by default, issue 5; benchmarks/sweep_norm_bwd.py times them, not yet run on the GPU):
+`prefetch` (the next row's loads in flight during this row's reductions: 2 rows a program, not 1; 122 registers on
+sm_90, still 2 programs of 8 warps an SM), `one_reduction` (sum(x^2) and sum(g * x) in one reduce), `fused_sum` (the
+last programs add the partials, seeds/_common.py finish_partials: no second launch), `maxnreg`.
 
 Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed alone:
   forward 16384x4096 (`crucible bench`, run F in docs/BENCHMARKS.md, after the x load lost its evict_first hint,
