@@ -6,7 +6,7 @@ defaults and their options (seeds/rmsnorm.py, seeds/layernorm.py) against eager 
     TRITON_INTERPRET=1 python3 benchmarks/sweep_norm_bwd.py --smoke        # CPU interpreter, tiny shapes
 
 Liger is timed when `liger_kernel` imports (on the device machine: pip install --no-deps --target /tmp/site
-.whl/liger_kernel-0.8.5-py3-none-any.whl and PYTHONPATH=/tmp/site). Estimated at 60-80 s on the H200: 13 Triton
+.whl/liger_kernel-0.8.5-py3-none-any.whl and PYTHONPATH=/tmp/site). Estimated at 60-80 s on the H200: 16 Triton
 compiles of the seeds, Liger's, and two torch.compile graphs (timed last: the slowest baseline, the first row the
 budget guard drops); no new row starts after --budget seconds (those rows say "skipped").
 
@@ -45,8 +45,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import parser, rel_l2, rotating_median_ms  # noqa: E402
-from seeds.layernorm import layernorm_bwd  # noqa: E402
-from seeds.rmsnorm import rmsnorm_bwd  # noqa: E402
+from seeds.layernorm import _layernorm_bwd_kernel, layernorm_bwd  # noqa: E402
+from seeds.rmsnorm import _rmsnorm_bwd_kernel, rmsnorm_bwd  # noqa: E402
 
 START = time.time()
 SETS = 3
@@ -71,6 +71,8 @@ LN_VARIANTS = [
     ("prefetch one_reduction", dict(prefetch=True, one_reduction=True)),
     ("1/SM w16 prefetch fused_sum", dict(programs_per_sm=1, num_warps=16, prefetch=True, fused_sum=True)),
     ("fused_sum (no prefetch)", dict(fused_sum=True)),
+    # Triton 3.9 gives the prefetch kernel 127 registers; should 3.6 give more, one program an SM: the cap keeps 2.
+    ("prefetch maxnreg128", dict(prefetch=True, maxnreg=128)),
 ]
 
 
@@ -104,9 +106,25 @@ class Op:
         return list(torch.autograd.grad(y, (x, *params), dy, retain_graph=True))
 
 
+def _compiled() -> dict[int, object]:
+    """The seeds' backward kernels compiled so far (Triton's per-device cache, an internal of Triton: empty on the
+    interpreter, or where its layout differs)."""
+    found = {}
+    try:
+        for fn in (_rmsnorm_bwd_kernel, _layernorm_bwd_kernel):
+            for entry in getattr(fn, "device_caches", {}).values():
+                cache = entry[0] if isinstance(entry, tuple) else entry
+                for kernel in getattr(cache, "values", lambda: [])():
+                    found[id(kernel)] = kernel
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        return {}
+    return found
+
+
 def measure(op: Op, impl: str, kind: str, build: Callable[[], Callable[[int], list]], budget: float, smoke: bool,
             repeat_check: bool = False) -> None:
-    """build() -> fn(i) giving the gradients of input set i. Check set 0 against float64, then time; never raises."""
+    """build() -> fn(i) giving the gradients of input set i. Check set 0 against float64, then time; never raises.
+    Seed rows (repeat_check) also note a second call's bits and the registers of a newly compiled kernel."""
     row = Row(op.name, impl, kind)
     ROWS.append(row)
     if time.time() - START > budget:
@@ -115,10 +133,12 @@ def measure(op: Op, impl: str, kind: str, build: Callable[[], Callable[[int], li
         return
     before = [t.clone() for t in op.sets[0]]
     try:
+        known = _compiled()
         fn = build()
         outs = fn(0)
         row.rel_l2 = max(rel_l2(o, t) for o, t in zip(outs, op.truth))
-        notes = []
+        notes = [f"{getattr(k, 'n_regs', '?')} regs, {getattr(k, 'n_spills', '?')} spills"
+                 for i, k in _compiled().items() if i not in known]
         if repeat_check:
             notes.append("bitwise repeatable" if all(torch.equal(a, b) for a, b in zip(outs, fn(0)))
                          else "NOT bitwise repeatable")
