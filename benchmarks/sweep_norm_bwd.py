@@ -2,7 +2,7 @@
 defaults and their options (seeds/rmsnorm.py, seeds/layernorm.py) against eager PyTorch, torch.compile and Liger
 (when importable), in one run.
 
-    python3 benchmarks/sweep_norm_bwd.py [--budget 75] [--out DIR]        # H200 (not yet run): table last
+    python3 benchmarks/sweep_norm_bwd.py [--budget 70] [--out DIR]        # H200 (not yet run): table last
     TRITON_INTERPRET=1 python3 benchmarks/sweep_norm_bwd.py --smoke        # CPU interpreter, tiny shapes
 
 Liger is timed when `liger_kernel` imports (on the device machine: pip install --no-deps --target /tmp/site
@@ -278,7 +278,7 @@ def table(copy_gbps: float) -> None:
 
 
 def main() -> int:
-    ap = parser(__doc__.splitlines()[0], budget_s=75.0)
+    ap = parser(__doc__.splitlines()[0], budget_s=70.0)
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for sweep_norm_bwd.json (default: $OUT)")
     args = ap.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
