@@ -9,10 +9,18 @@
   kernel leaves one fp32 partial row per program (P x N); this kernel adds the P rows in a fixed order, so repeated
   runs agree bitwise (no atomics), and writes the result in the parameter's dtype. Up to two pairs in one launch
   (LayerNorm's dW and dB).
+- `finish_partials` (+ `fused_sum_args`): the same sum inside the backward kernel, without the second launch. Each
+  program, after storing its partial row, takes a ticket on its group's counter; the last of a group adds the
+  group's rows (in program order) into a group row, then takes a ticket on the top counter; the last group adds the
+  group rows (in group order) into the result and sets the counters back to zero. Fixed orders, so bitwise
+  reproducible; nobody waits for anybody (no spin), so it is safe whatever runs alongside and on the interpreter.
+- `add_pair` / `add_triple`: combine functions for `tl.reduce` over a tuple, several row sums in one round of
+  shared-memory exchange (one set of barriers) instead of one round each.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -125,6 +133,106 @@ def sum_partials(partial: torch.Tensor, out: torch.Tensor, partial2: torch.Tenso
         partial, out, partial2 if two else partial, out2 if two else out, num_partials, n,
         TWO=two, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
     )
+
+
+# ---- the weight-gradient sum inside the backward kernel (no second launch) -------------------------------------
+
+@triton.jit
+def add_pair(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
+def add_triple(a0, b0, c0, a1, b1, c1):
+    return a0 + a1, b0 + b1, c0 + c1
+
+
+@triton.jit
+def _sum_rows(P1, O1, P2, O2, count, N, TWO: tl.constexpr, MAX_ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
+    # O1[:N] = sum of the fp32 rows P1[0 : count] (count <= MAX_ROWS), in row order (bitwise reproducible); the
+    # same for P2 -> O2 when TWO. One SM runs the last of these at the very end, so its bytes in flight set its
+    # speed: the row loop is unrolled and each thread adds its own columns (no cross-thread reduction, hence no
+    # barrier between the loads), so a chunk's rows of both inputs are all in flight at once (MAX_ROWS x BLOCK_C
+    # x 4 bytes each); the column loop is not unrolled, which bounds the registers this needs. The rows were
+    # written by other programs of this launch: loaded with .cg (from L2, never a stale L1 line).
+    for start in range(0, N, BLOCK_C):
+        cols = start + tl.arange(0, BLOCK_C)
+        acc1 = tl.zeros([BLOCK_C], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for r in tl.static_range(MAX_ROWS):
+            n_valid = tl.where(r < count, N, 0)  # rows past count read as zeros (a scalar mask, as a column bound)
+            acc1 += tl.load(P1 + r * N + cols, mask=cols < n_valid, other=0.0, cache_modifier=".cg")
+            if TWO:
+                acc2 += tl.load(P2 + r * N + cols, mask=cols < n_valid, other=0.0, cache_modifier=".cg")
+        tl.store(O1 + cols, acc1.to(O1.dtype.element_ty), mask=cols < N)
+        if TWO:
+            tl.store(O2 + cols, acc2.to(O2.dtype.element_ty), mask=cols < N)
+
+
+@triton.jit
+def finish_partials(
+    P1, S1, O1,  # P1: (num_programs, N) fp32 partial rows, this program's row stored; S1: (groups, N) fp32
+                 # scratch; O1: (N,) the result in the parameter's dtype
+    P2, S2, O2,  # a second triple of the same shapes, used only when TWO (LayerNorm's db)
+    COUNTERS,    # int32, groups + 1 of them, zero on entry; zero again when the last program is done
+    pid, num_programs, N,
+    GROUP: tl.constexpr,     # programs per group (about sqrt(num_programs): the last program reads ~2 sqrt rows)
+    TWO: tl.constexpr,
+    MAX_ROWS: tl.constexpr,  # at least GROUP and the number of groups
+    BLOCK_C: tl.constexpr,   # columns per chunk of the sums
+):
+    # A two-level tree over program ids: whichever program of a group arrives last sums the group, whichever group
+    # finishes last sums the groups. The barrier puts every thread's partial stores before the release of the
+    # ticket (taken by one thread); the acquire on the ticket orders the reads of the other programs' rows.
+    num_groups = tl.cdiv(num_programs, GROUP)
+    group = pid // GROUP
+    first = (group * GROUP).to(tl.int64) * N
+    size = tl.minimum(num_programs - group * GROUP, GROUP)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(COUNTERS + group, 1, sem="acq_rel", scope="gpu")
+    if ticket == size - 1:
+        mine = group.to(tl.int64) * N
+        _sum_rows(P1 + first, S1 + mine, P2 + first, S2 + mine, size, N, TWO, MAX_ROWS, BLOCK_C)
+        tl.debug_barrier()
+        top = tl.atomic_add(COUNTERS + num_groups, 1, sem="acq_rel", scope="gpu")
+        if top == num_groups - 1:
+            _sum_rows(S1, O1, S2, O2, num_groups, N, TWO, MAX_ROWS, BLOCK_C)
+            # Every program has taken both its tickets by now: the next launch on this stream finds zeros.
+            for i in range(0, num_groups + 1):
+                tl.store(COUNTERS + i, 0)
+
+
+_COUNTERS: dict = {}
+
+
+def _ticket_counters(device: torch.device, count: int) -> torch.Tensor:
+    """`count` zeroed int32 counters, one buffer per device and stream, reused by every launch on that stream
+    (launches on one stream run in order, and each leaves the counters at zero): no memset launch per call."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < count:
+        buf = torch.zeros(max(count, 64), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def fused_sum_args(enabled: bool, partials: list[torch.Tensor], num_warps: int) -> tuple[list, torch.Tensor, dict]:
+    """(fp32 scratch per partial, counters, constexprs) of `finish_partials` for partial buffers of shape (P, N).
+    Groups of ceil(sqrt(P)) programs: the last program reads about 2 sqrt(P) rows (33 at P = 264) instead of P,
+    in chunks of 2 fp32 columns a thread per row and input (512 columns at 8 warps: 17 rows x 2 KiB = 34 KiB a
+    chunk in flight, 68 KiB for LayerNorm's two).
+    Not enabled: placeholders that the kernel never touches."""
+    num_programs, n = partials[0].shape
+    device = partials[0].device
+    if not enabled:
+        return list(partials), partials[0], {"GROUP": 1, "MAX_ROWS": 1, "BLOCK_C": 1}
+    group = math.isqrt(num_programs - 1) + 1 if num_programs > 1 else 1
+    groups = triton.cdiv(num_programs, group)
+    block_c = max(16, min(triton.next_power_of_2(n), 64 * num_warps))
+    scratch = [torch.empty((groups, n), dtype=torch.float32, device=device) for _ in partials]
+    return scratch, _ticket_counters(device, groups + 1), {"GROUP": group, "MAX_ROWS": max(group, groups),
+                                                           "BLOCK_C": block_c}
 
 
 # ---- one-row-per-program kernels (the softmax backward, the fused residual RMSNorm) ----------------------------

@@ -8,6 +8,10 @@ held whole in registers, so the variance is the exact two-pass one at the cost o
 
 The backward recomputes mean and rstd from x (read anyway) on a persistent grid; each program keeps fp32 partial dw
 and db for its rows, and one more kernel (seeds/_common.py) adds the partials in a fixed order: bitwise reproducible.
+Options of `layernorm_bwd` (off by default, issue 5; benchmarks/sweep_norm_bwd.py times them, not yet run on the
+GPU): `prefetch` (the next row's loads in flight during this row's reductions; 127 registers on sm_90, still 2
+programs of 8 warps an SM), `one_reduction` (after the mean, sum((x - mean)^2), sum(g), sum(g * (x - mean)) in one
+reduce: two rounds of exchange a row, not four), `fused_sum` (no second launch), `maxnreg`.
 
 Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed alone:
   forward 16384x4096 (`crucible bench`, run I in docs/BENCHMARKS.md, no evict_first on the x load): 0.0706 ms =
@@ -21,7 +25,8 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from seeds._common import _load_pair, as_rows, row_block, row_warps, sm_count, sum_partials
+from seeds._common import (_load_pair, add_triple, as_rows, finish_partials, fused_sum_args, row_block,
+                           row_warps, sm_count, sum_partials)
 
 
 @triton.jit
@@ -53,16 +58,22 @@ def _layernorm_fwd_kernel(
 def _layernorm_bwd_kernel(
     X, W, DY, DX,
     DW_PARTIAL, DB_PARTIAL,  # (num_programs, N) fp32 each: this program's share of dw and db
+    DW_SCRATCH, DB_SCRATCH, DW, DB, COUNTERS,  # FUSED_SUM only: (groups, N) fp32 group sums, the results, tickets
     M, N,
     stride_x, stride_dy, stride_dx,
     eps,
     ROWS: tl.constexpr,  # rows per step of the persistent loop
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,  # issue the next step's loads before this step's arithmetic (twice the bytes in flight)
+    ONE_REDUCTION: tl.constexpr,  # the three sums after the mean in one tl.reduce: two rounds of exchange, not four
+    FUSED_SUM: tl.constexpr,  # the last program adds the partial rows (seeds/_common.py finish_partials)
+    GROUP: tl.constexpr, MAX_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,  # finish_partials' tiling
 ):
     # With xh = (x - mean) * rstd and g = dy * w, differentiating through mean and rstd:
     #   dx_i = rstd * (g_i - mean_j(g_j) - xh_i * mean_j(g_j * xh_j))
     #   dw_j = sum over rows of dy_j * xh_j,   db_j = sum over rows of dy_j
+    # With xc = x - mean, mean_j(g_j * xh_j) = rstd * mean_j(g_j * xc_j): after the mean (kept first for the exact
+    # two-pass variance), ONE_REDUCTION takes sum(xc^2), sum(g) and sum(g * xc) in one reduce.
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     num_steps = tl.cdiv(M, ROWS)
@@ -83,11 +94,18 @@ def _layernorm_bwd_kernel(
         dy = dy.to(tl.float32)
         mean = tl.sum(x, axis=1) / N
         xc = tl.where(col_ok[None, :], x - mean[:, None], 0.0)
-        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
-        xh = xc * rstd[:, None]
         g = dy * w[None, :]
-        c1 = tl.sum(g, axis=1) / N
-        c2 = tl.sum(g * xh, axis=1) / N
+        if ONE_REDUCTION:
+            sum_xcxc, sum_g, sum_gxc = tl.reduce((xc * xc, g, g * xc), 1, add_triple)
+            rstd = tl.rsqrt(sum_xcxc / N + eps)
+            xh = xc * rstd[:, None]
+            c1 = sum_g / N
+            c2 = sum_gxc * rstd / N
+        else:
+            rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+            xh = xc * rstd[:, None]
+            c1 = tl.sum(g, axis=1) / N
+            c2 = tl.sum(g * xh, axis=1) / N
         dx = (g - c1[:, None] - xh * c2[:, None]) * rstd[:, None]
         rows = step * ROWS + tl.arange(0, ROWS)
         mask = (rows[:, None] < M) & col_ok[None, :]
@@ -98,6 +116,9 @@ def _layernorm_bwd_kernel(
     offs = pid.to(tl.int64) * N + cols
     tl.store(DW_PARTIAL + offs, dw, mask=col_ok)
     tl.store(DB_PARTIAL + offs, db, mask=col_ok)
+    if FUSED_SUM:
+        finish_partials(DW_PARTIAL, DW_SCRATCH, DW, DB_PARTIAL, DB_SCRATCH, DB, COUNTERS, pid, num_programs, N,
+                        GROUP, True, MAX_ROWS, BLOCK_C)
 
 
 # ---- launchers ------------------------------------------------------------------------------------------------------
@@ -142,9 +163,14 @@ def layernorm_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
 
 def layernorm_bwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.Tensor, eps: float, *,
                   programs_per_sm: int | None = None, rows: int | None = None, num_warps: int | None = None,
-                  prefetch: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  prefetch: bool = False, one_reduction: bool = False, fused_sum: bool = False,
+                  maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db) of y = layernorm(x) * w + b for the upstream gradient dy; dx in x's dtype, dw/db in w's/b's.
-    `prefetch` (off: not yet measured on the GPU) loads the next rows before the current rows' arithmetic."""
+    Options (off by default, issue 5, timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows
+    before the current rows' arithmetic; `one_reduction` takes the three sums after the mean in one reduce;
+    `fused_sum` adds the dw and db partials inside the kernel (the last program to finish, in a fixed order)
+    instead of a second launch; `maxnreg` caps the registers a thread (ptxas spills past it), to hold a number
+    of programs per SM."""
     _check(x, w, b)
     if dy.shape != x.shape or dy.device != x.device:
         raise ValueError(f"dy {tuple(dy.shape)} on {dy.device} does not match x {tuple(x.shape)} on {x.device}")
@@ -157,14 +183,19 @@ def layernorm_bwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.T
         return dx.view(x.shape), dw.zero_(), db.zero_()
     d_per_sm, d_rows, d_warps = bwd_config(n, x.element_size())
     rows = rows or d_rows
+    warps = num_warps or d_warps
     grid = min(triton.cdiv(m, rows), sm_count(x.device) * (programs_per_sm or d_per_sm))
     dw_partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     db_partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+    scratch, counters, tiling = fused_sum_args(fused_sum, [dw_partial, db_partial], warps)
     _layernorm_bwd_kernel[(grid,)](
-        x2, w, dy2, dx, dw_partial, db_partial, m, n, x2.stride(0), dy2.stride(0), dx.stride(0), eps,
-        ROWS=rows, BLOCK_N=row_block(n), PREFETCH=prefetch, num_warps=num_warps or d_warps,
+        x2, w, dy2, dx, dw_partial, db_partial, *scratch, dw, db, counters, m, n,
+        x2.stride(0), dy2.stride(0), dx.stride(0), eps,
+        ROWS=rows, BLOCK_N=row_block(n), PREFETCH=prefetch, ONE_REDUCTION=one_reduction, FUSED_SUM=fused_sum,
+        num_warps=warps, **tiling, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
-    sum_partials(dw_partial, dw, db_partial, db)
+    if not fused_sum:
+        sum_partials(dw_partial, dw, db_partial, db)
     return dx.view(x.shape), dw, db
 
 

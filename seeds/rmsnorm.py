@@ -10,6 +10,10 @@ write of y. Bytes at the task shape (bf16, M=16384, N=4096): forward 2·M·N·2 
 The backward recomputes rstd from x (x is read anyway, so this costs no bytes) and runs on a persistent grid: each
 program walks a strided set of rows, writes dx, and keeps its share of dw in fp32 registers; a second small kernel
 (seeds/_common.py) adds the per-program partial rows in a fixed order, so dw is bitwise reproducible.
+Options of `rmsnorm_bwd` (off by default, issue 5; benchmarks/sweep_norm_bwd.py times them, not yet run on the GPU):
+`prefetch` (the next row's loads in flight during this row's reductions: 2 rows a program, not 1; 122 registers on
+sm_90, still 2 programs of 8 warps an SM), `one_reduction` (sum(x^2) and sum(g * x) in one reduce), `fused_sum` (the
+last programs add the partials, seeds/_common.py finish_partials: no second launch), `maxnreg`.
 
 Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed alone:
   forward 16384x4096 (`crucible bench`, run F in docs/BENCHMARKS.md, after the x load lost its evict_first hint,
@@ -25,7 +29,8 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from seeds._common import _load_pair, as_rows, row_block, row_warps, sm_count, sum_partials
+from seeds._common import (_load_pair, add_pair, as_rows, finish_partials, fused_sum_args, row_block, row_warps,
+                           sm_count, sum_partials)
 
 
 @triton.jit
@@ -60,16 +65,21 @@ def _rmsnorm_fwd_kernel(
 def _rmsnorm_bwd_kernel(
     X, W, DY, DX,
     DW_PARTIAL,  # (num_programs, N) fp32: this program's share of dw
+    DW_SCRATCH, DW, COUNTERS,  # FUSED_SUM only: (groups, N) fp32 group sums, the (N,) result, the tickets
     M, N,
     stride_x, stride_dy, stride_dx,
     eps,
     ROWS: tl.constexpr,  # rows per step of the persistent loop
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,  # issue the next step's loads before this step's arithmetic (twice the bytes in flight)
+    ONE_REDUCTION: tl.constexpr,  # both row sums in one tl.reduce: one round of shared-memory exchange, not two
+    FUSED_SUM: tl.constexpr,  # the last program adds the partial rows (seeds/_common.py finish_partials)
+    GROUP: tl.constexpr, MAX_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,  # finish_partials' tiling
 ):
     # With xh = x * rstd and g = dy * w, and d(rstd)/dx_i = -rstd^3 * x_i / N:
     #   dx_i = rstd * (g_i - xh_i * mean_j(g_j * xh_j))
     #   dw_j = sum over rows of dy_j * xh_j
+    # mean_j(g_j * xh_j) = rstd * mean_j(g_j * x_j), so with ONE_REDUCTION sum(x^2) and sum(g * x) are one reduce.
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     num_steps = tl.cdiv(M, ROWS)
@@ -87,10 +97,16 @@ def _rmsnorm_bwd_kernel(
             x, dy = _load_pair(X, DY, step, M, N, stride_x, stride_dy, ROWS, BLOCK_N)
         x = x.to(tl.float32)
         dy = dy.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        xh = x * rstd[:, None]
         g = dy * w[None, :]
-        c = tl.sum(g * xh, axis=1) / N
+        if ONE_REDUCTION:
+            sum_xx, sum_gx = tl.reduce((x * x, g * x), 1, add_pair)
+            rstd = tl.rsqrt(sum_xx / N + eps)
+            xh = x * rstd[:, None]
+            c = sum_gx * rstd / N
+        else:
+            rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+            xh = x * rstd[:, None]
+            c = tl.sum(g * xh, axis=1) / N
         dx = (g - xh * c[:, None]) * rstd[:, None]
         rows = step * ROWS + tl.arange(0, ROWS)
         mask = (rows[:, None] < M) & col_ok[None, :]
@@ -98,6 +114,9 @@ def _rmsnorm_bwd_kernel(
         tl.store(DX + rows * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         dw += tl.sum(dy * xh, axis=0)
     tl.store(DW_PARTIAL + pid.to(tl.int64) * N + cols, dw, mask=col_ok)
+    if FUSED_SUM:
+        finish_partials(DW_PARTIAL, DW_SCRATCH, DW, DW_PARTIAL, DW_SCRATCH, DW, COUNTERS, pid, num_programs, N,
+                        GROUP, False, MAX_ROWS, BLOCK_C)
 
 
 # ---- launchers ------------------------------------------------------------------------------------------------------
@@ -164,10 +183,14 @@ def rmsnorm_residual_fwd(x: torch.Tensor, residual: torch.Tensor, w: torch.Tenso
 
 
 def rmsnorm_bwd(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float, *,
-                programs_per_sm: int | None = None, rows: int | None = None,
-                num_warps: int | None = None, prefetch: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                programs_per_sm: int | None = None, rows: int | None = None, num_warps: int | None = None,
+                prefetch: bool = False, one_reduction: bool = False, fused_sum: bool = False,
+                maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of y = rmsnorm(x) * w for the upstream gradient dy; dx in x's dtype, dw in w's.
-    `prefetch` (off: not yet measured on the GPU) loads the next rows before the current rows' arithmetic."""
+    Options (off by default, issue 5, timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows
+    before the current rows' arithmetic; `one_reduction` takes both row sums in one reduce; `fused_sum` adds the dw
+    partials inside the kernel (the last program to finish, in a fixed order) instead of a second launch;
+    `maxnreg` caps the registers a thread (ptxas spills past it), to hold a number of programs per SM."""
     _check(x, w)
     if dy.shape != x.shape or dy.device != x.device:
         raise ValueError(f"dy {tuple(dy.shape)} on {dy.device} does not match x {tuple(x.shape)} on {x.device}")
@@ -179,13 +202,17 @@ def rmsnorm_bwd(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float, 
         return dx.view(x.shape), dw.zero_()
     d_per_sm, d_rows, d_warps = bwd_config(n, x.element_size())
     rows = rows or d_rows
+    warps = num_warps or d_warps
     grid = min(triton.cdiv(m, rows), sm_count(x.device) * (programs_per_sm or d_per_sm))
     partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+    scratch, counters, tiling = fused_sum_args(fused_sum, [partial], warps)
     _rmsnorm_bwd_kernel[(grid,)](
-        x2, w, dy2, dx, partial, m, n, x2.stride(0), dy2.stride(0), dx.stride(0), eps,
-        ROWS=rows, BLOCK_N=row_block(n), PREFETCH=prefetch, num_warps=num_warps or d_warps,
+        x2, w, dy2, dx, partial, scratch[0], dw, counters, m, n, x2.stride(0), dy2.stride(0), dx.stride(0), eps,
+        ROWS=rows, BLOCK_N=row_block(n), PREFETCH=prefetch, ONE_REDUCTION=one_reduction, FUSED_SUM=fused_sum,
+        num_warps=warps, **tiling, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
-    sum_partials(partial, dw)
+    if not fused_sum:
+        sum_partials(partial, dw)
     return dx.view(x.shape), dw
 
 
