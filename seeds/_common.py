@@ -217,6 +217,12 @@ def _ticket_counters(device: torch.device, count: int) -> torch.Tensor:
     return buf
 
 
+# The norm backwards' register cap with `prefetch` (their GPU default): two rows in flight need ~128 registers a
+# thread, and two programs of 8 warps an SM need <= 128. Triton 3.6 gave the LayerNorm kernel more without the cap
+# (one program an SM: 0.1639 ms against 0.1201 with it, 16384x4096 bf16, run AG).
+PREFETCH_MAXNREG = 128
+
+
 def fused_sum_args(enabled: bool, partials: list[torch.Tensor], num_warps: int) -> tuple[list, torch.Tensor, dict]:
     """(fp32 scratch per partial, counters, constexprs) of `finish_partials` for partial buffers of shape (P, N).
     Groups of ceil(sqrt(P)) programs: the last program reads about 2 sqrt(P) rows (33 at P = 264) instead of P,

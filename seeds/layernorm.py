@@ -8,9 +8,9 @@ held whole in registers, so the variance is the exact two-pass one at the cost o
 
 The backward recomputes mean and rstd from x (read anyway) on a persistent grid; each program keeps fp32 partial dw
 and db for its rows, and one more kernel (seeds/_common.py) adds the partials in a fixed order: bitwise reproducible.
-Options of `layernorm_bwd` (off by default, issue 5; benchmarks/sweep_norm_bwd.py times them, not yet run on the
-GPU): `prefetch` (the next row's loads in flight during this row's reductions; 127 registers on sm_90, still 2
-programs of 8 warps an SM), `one_reduction` (after the mean, sum((x - mean)^2), sum(g), sum(g * (x - mean)) in one
+Options of `layernorm_bwd` (issue 5; benchmarks/sweep_norm_bwd.py, run AG): `prefetch` (the GPU default: the next
+row's loads in flight during this row's reductions; capped at 128 registers, so still 2 programs of 8 warps an SM:
+without the cap Triton 3.6 took more and the kernel lost its gain, 0.1639 ms against 0.1201), `one_reduction` (after the mean, sum((x - mean)^2), sum(g), sum(g * (x - mean)) in one
 reduce: two rounds of exchange a row, not four), `fused_sum` (no second launch), `maxnreg`.
 
 Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed alone:
@@ -25,7 +25,7 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from seeds._common import (_load_pair, add_triple, as_rows, finish_partials, fused_sum_args, row_block,
+from seeds._common import (PREFETCH_MAXNREG, _load_pair, add_triple, as_rows, finish_partials, fused_sum_args, row_block,
                            row_warps, sm_count, sum_partials)
 
 
@@ -163,11 +163,12 @@ def layernorm_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
 
 def layernorm_bwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.Tensor, eps: float, *,
                   programs_per_sm: int | None = None, rows: int | None = None, num_warps: int | None = None,
-                  prefetch: bool = False, one_reduction: bool = False, fused_sum: bool = False,
+                  prefetch: bool | None = None, one_reduction: bool = False, fused_sum: bool = False,
                   maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db) of y = layernorm(x) * w + b for the upstream gradient dy; dx in x's dtype, dw/db in w's/b's.
-    Options (off by default, issue 5, timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows
-    before the current rows' arithmetic; `one_reduction` takes the three sums after the mean in one reduce;
+    Options (issue 5, timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows before the current
+    rows' arithmetic (the default on a GPU, with maxnreg PREFETCH_MAXNREG: run AG, 16384x4096 bf16, 0.1201 ms =
+    3,352 GB/s against 0.1651 without); `one_reduction` takes the three sums after the mean in one reduce;
     `fused_sum` adds the dw and db partials inside the kernel (the last program to finish, in a fixed order)
     instead of a second launch; `maxnreg` caps the registers a thread (ptxas spills past it), to hold a number
     of programs per SM."""
@@ -184,6 +185,10 @@ def layernorm_bwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.T
     d_per_sm, d_rows, d_warps = bwd_config(n, x.element_size())
     rows = rows or d_rows
     warps = num_warps or d_warps
+    if prefetch is None:  # the GPU default (run AG, sweep_norm_bwd.py)
+        prefetch = x.is_cuda
+    if maxnreg is None and prefetch and x.is_cuda:
+        maxnreg = PREFETCH_MAXNREG
     grid = min(triton.cdiv(m, rows), sm_count(x.device) * (programs_per_sm or d_per_sm))
     dw_partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     db_partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)

@@ -10,9 +10,9 @@ write of y. Bytes at the task shape (bf16, M=16384, N=4096): forward 2·M·N·2 
 The backward recomputes rstd from x (x is read anyway, so this costs no bytes) and runs on a persistent grid: each
 program walks a strided set of rows, writes dx, and keeps its share of dw in fp32 registers; a second small kernel
 (seeds/_common.py) adds the per-program partial rows in a fixed order, so dw is bitwise reproducible.
-Options of `rmsnorm_bwd` (off by default, issue 5; benchmarks/sweep_norm_bwd.py times them, not yet run on the GPU):
-`prefetch` (the next row's loads in flight during this row's reductions: 2 rows a program, not 1; 122 registers on
-sm_90, still 2 programs of 8 warps an SM), `one_reduction` (sum(x^2) and sum(g * x) in one reduce), `fused_sum` (the
+Options of `rmsnorm_bwd` (issue 5; benchmarks/sweep_norm_bwd.py, run AG): `prefetch` (the GPU default: the next
+row's loads in flight during this row's reductions, 2 rows a program, not 1; capped at 128 registers, so still 2
+programs of 8 warps an SM), `one_reduction` (sum(x^2) and sum(g * x) in one reduce), `fused_sum` (the
 last programs add the partials, seeds/_common.py finish_partials: no second launch), `maxnreg`.
 
 Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed alone:
@@ -20,7 +20,8 @@ Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed 
   which cost 2.7%): 0.0690 ms = 3,893 GB/s (93% of roofline), 1.20x F.rms_norm, 1.10x compile, 0.994x Liger
   [0.987, 1.002]: no significant difference;
   forward 16384x8192 (docs/bench-norms.md, with the hint): 0.1371 ms = 3,916 GB/s (92%), 1.02x Liger (3,853);
-  backward 16384x4096: 0.1535 ms = 2,624 GB/s (62%), 1.48x eager F.rms_norm (1,770), 1.67x Liger, 2.3x compile.
+  backward 16384x4096: 0.1535 ms = 2,624 GB/s (62%), 1.48x eager F.rms_norm (1,770), 1.67x Liger, 2.3x compile;
+  with prefetch (run AG, do_bench) 0.1193 ms = 3,376 GB/s (80%), 1.78x torch.compile's backward alone.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from seeds._common import (_load_pair, add_pair, as_rows, finish_partials, fused_sum_args, row_block, row_warps,
+from seeds._common import (PREFETCH_MAXNREG, _load_pair, add_pair, as_rows, finish_partials, fused_sum_args, row_block, row_warps,
                            sm_count, sum_partials)
 
 
@@ -184,11 +185,12 @@ def rmsnorm_residual_fwd(x: torch.Tensor, residual: torch.Tensor, w: torch.Tenso
 
 def rmsnorm_bwd(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float, *,
                 programs_per_sm: int | None = None, rows: int | None = None, num_warps: int | None = None,
-                prefetch: bool = False, one_reduction: bool = False, fused_sum: bool = False,
+                prefetch: bool | None = None, one_reduction: bool = False, fused_sum: bool = False,
                 maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of y = rmsnorm(x) * w for the upstream gradient dy; dx in x's dtype, dw in w's.
-    Options (off by default, issue 5, timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows
-    before the current rows' arithmetic; `one_reduction` takes both row sums in one reduce; `fused_sum` adds the dw
+    Options (issue 5, timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows before the current
+    rows' arithmetic (the default on a GPU, with maxnreg PREFETCH_MAXNREG: run AG, 16384x4096 bf16, 0.1193 ms =
+    3,376 GB/s against 0.1553 without); `one_reduction` takes both row sums in one reduce; `fused_sum` adds the dw
     partials inside the kernel (the last program to finish, in a fixed order) instead of a second launch;
     `maxnreg` caps the registers a thread (ptxas spills past it), to hold a number of programs per SM."""
     _check(x, w)
@@ -203,6 +205,10 @@ def rmsnorm_bwd(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float, 
     d_per_sm, d_rows, d_warps = bwd_config(n, x.element_size())
     rows = rows or d_rows
     warps = num_warps or d_warps
+    if prefetch is None:  # the GPU default (run AG, sweep_norm_bwd.py)
+        prefetch = x.is_cuda
+    if maxnreg is None and prefetch and x.is_cuda:
+        maxnreg = PREFETCH_MAXNREG
     grid = min(triton.cdiv(m, rows), sm_count(x.device) * (programs_per_sm or d_per_sm))
     partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     scratch, counters, tiling = fused_sum_args(fused_sum, [partial], warps)
