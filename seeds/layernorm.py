@@ -22,6 +22,8 @@ import triton
 import triton.language as tl
 
 from seeds._common import _load_pair, as_rows, row_block, row_warps, sm_count, sum_partials
+from seeds._common import RowVariant, load_cols, store_cols  # the forward row kernel (layernorm_fwd_rows)
+from seeds.rmsnorm import _load_x_row, _row_offset, needs_wide_offsets
 
 
 @triton.jit
@@ -47,6 +49,67 @@ def _layernorm_fwd_kernel(
     b = tl.load(B + cols, mask=col_ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
     y = xc * rstd[:, None] * w[None, :] + b[None, :]
     tl.store(Y + rows * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_pairs(a1, a2, b1, b2):
+    return a1 + b1, a2 + b2
+
+
+@triton.jit
+def _layernorm_fwd_row_kernel(
+    X, W, B, Y,
+    M, N,
+    stride_x, stride_y,  # elements between rows
+    eps,
+    BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr,       # N == BLOCK_N: no masks at all
+    WIDE: tl.constexpr,         # 64-bit row offsets (a tensor past 2^31 elements)
+    LOAD_POLICY: tl.constexpr,  # eviction policy of the x loads ("" or "evict_first")
+    STORE_CACHE: tl.constexpr,  # cache modifier of the y stores ("" or ".cs", streaming)
+    PREFETCH: tl.constexpr,     # persistent grids: the next row's load is issued before this row's arithmetic
+    ONE_PASS: tl.constexpr,     # both statistics from one reduction of shifted sums (below)
+):
+    # The 1-D row kernel of seeds/rmsnorm.py (`_rmsnorm_fwd_row_kernel`) with LayerNorm's statistics.
+    # Two-pass: mean first, then the mean of (x - mean)^2: two reductions, the second waiting on the first.
+    # One pass: with d = x - x0 for the row's first element x0, a single reduction of (sum d, sum d^2) gives
+    #   mean = x0 + sum(d)/N,   var = sum(d^2)/N - (sum(d)/N)^2.
+    # The shift keeps the cancellation small (x0 is one sample of the row, so |mean - x0| is of the order of the
+    # row's spread unless x0 is an outlier); a constant row gives d = 0 and var = 0 exactly.
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    w = load_cols(W + cols, cols, N, EVEN_N, "evict_last")
+    b = load_cols(B + cols, cols, N, EVEN_N, "evict_last")
+    if PREFETCH:
+        x_next = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
+    for row in range(pid, M, step):
+        if PREFETCH:
+            x = x_next
+            x_next = _load_x_row(X, row + step, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
+        else:
+            x = _load_x_row(X, row, stride_x, M, N, cols, EVEN_N, False, WIDE, LOAD_POLICY)
+        x = x.to(tl.float32)
+        if ONE_PASS:
+            x0 = tl.load(X + _row_offset(row, stride_x, WIDE)).to(tl.float32)
+            d = x - x0
+            if not EVEN_N:
+                d = tl.where(cols < N, d, 0.0)
+            s1, s2 = tl.reduce((d, d * d), 0, _add_pairs)
+            shift = s1 / N
+            mean = x0 + shift
+            var = tl.maximum(s2 / N - shift * shift, 0.0)
+            xc = x - mean
+        else:
+            mean = tl.sum(x, axis=0) / N
+            xc = x - mean
+            if not EVEN_N:
+                xc = tl.where(cols < N, xc, 0.0)
+            var = tl.sum(xc * xc, axis=0) / N
+        rstd = tl.rsqrt(var + eps)
+        y = xc * rstd * w.to(tl.float32) + b.to(tl.float32)
+        store_cols(Y + _row_offset(row, stride_y, WIDE) + cols, y.to(Y.dtype.element_ty), cols, N, EVEN_N,
+                   STORE_CACHE)
 
 
 @triton.jit
@@ -136,6 +199,30 @@ def layernorm_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
         _layernorm_fwd_kernel[(triton.cdiv(m, rows),)](
             x2, w, b, y, m, n, x2.stride(0), y.stride(0), eps,
             ROWS=rows, BLOCK_N=row_block(n), num_warps=num_warps or d_warps,
+        )
+    return y.view(x.shape)
+
+
+def layernorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
+                       variant: RowVariant = RowVariant(), *, one_pass: bool = False,
+                       wide: bool | None = None) -> torch.Tensor:
+    """layernorm_fwd's contract through the 1-D row kernel of this file, launched as `variant` says (warps, memory
+    hints, persistent grid, prefetch, register cap; `chunk` must be 0). `one_pass`: mean and variance from one
+    reduction of shifted sums; `wide`: 64-bit offsets (None: only when a tensor needs them). Options for the GPU
+    sweep (benchmarks/sweep_fwd_rows.py); layernorm_fwd stays the default."""
+    _check(x, w, b)
+    if variant.chunk:
+        raise ValueError("the LayerNorm row kernel keeps its row in registers: chunk must be 0")
+    x2 = as_rows(x)
+    m, n = x2.shape
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.numel():
+        block = row_block(n)
+        _layernorm_fwd_row_kernel[(variant.grid(m, x.device),)](
+            x2, w, b, y, m, n, x2.stride(0), y.stride(0), eps,
+            BLOCK_N=block, EVEN_N=n == block, WIDE=needs_wide_offsets(x2, y) if wide is None else wide,
+            LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache, PREFETCH=variant.prefetch,
+            ONE_PASS=one_pass, **variant.launch_options(block, x.element_size()),
         )
     return y.view(x.shape)
 

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from seeds._common import _load_pair, as_rows, row_block, row_warps, sm_count, sum_partials
+from seeds._common import RowVariant, load_cols, store_cols  # the forward row kernel (rmsnorm_fwd_rows)
 
 
 @triton.jit
@@ -54,6 +55,58 @@ def _rmsnorm_fwd_kernel(
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     y = x * rstd[:, None] * w[None, :]
     tl.store(Y + rows * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_offset(row, stride, WIDE: tl.constexpr):
+    # Element offset of a row: 64-bit only when the launcher says a tensor's last element is past 2^31 - 1 (the
+    # 32-bit product saves the 64-bit multiply and address arithmetic of every load and store).
+    if WIDE:
+        row = tl.cast(row, tl.int64)
+    return row * stride
+
+
+@triton.jit
+def _load_x_row(X, row, stride_x, M, N, cols, EVEN_N: tl.constexpr, CLAMP_ROW: tl.constexpr, WIDE: tl.constexpr,
+                POLICY: tl.constexpr):
+    # One row of x in its storage dtype; a clamped prefetch past the last row re-reads row M - 1 (no row mask).
+    if CLAMP_ROW:
+        row = tl.minimum(row, M - 1)
+    return load_cols(X + _row_offset(row, stride_x, WIDE) + cols, cols, N, EVEN_N, POLICY)
+
+
+@triton.jit
+def _rmsnorm_fwd_row_kernel(
+    X, W, Y,
+    M, N,
+    stride_x, stride_y,  # elements between rows
+    eps,
+    BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr,       # N == BLOCK_N: no masks at all
+    WIDE: tl.constexpr,         # 64-bit row offsets (a tensor past 2^31 elements)
+    LOAD_POLICY: tl.constexpr,  # eviction policy of the x loads ("" or "evict_first")
+    STORE_CACHE: tl.constexpr,  # cache modifier of the y stores ("" or ".cs", streaming)
+    PREFETCH: tl.constexpr,     # persistent grids: the next row's load is issued before this row's arithmetic
+):
+    # A 1-D block at a scalar row offset (Liger's shape), one row per program or a persistent grid walking rows
+    # pid, pid + programs, ...; w is loaded once per program, in its storage dtype, before the first row.
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    w = load_cols(W + cols, cols, N, EVEN_N, "evict_last")
+    if PREFETCH:
+        x_next = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
+    for row in range(pid, M, step):
+        if PREFETCH:
+            x = x_next
+            x_next = _load_x_row(X, row + step, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
+        else:
+            x = _load_x_row(X, row, stride_x, M, N, cols, EVEN_N, False, WIDE, LOAD_POLICY)
+        x = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        y = x * rstd * w.to(tl.float32)
+        store_cols(Y + _row_offset(row, stride_y, WIDE) + cols, y.to(Y.dtype.element_ty), cols, N, EVEN_N,
+                   STORE_CACHE)
 
 
 @triton.jit
@@ -144,6 +197,34 @@ def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float, *, rows: int | Non
     if x2.numel():
         d_rows, d_warps = fwd_config(x2.shape[1], x.element_size())
         _launch_fwd(x2, None, w, y, None, eps, rows or d_rows, num_warps or d_warps)
+    return y.view(x.shape)
+
+
+def needs_wide_offsets(*tensors: torch.Tensor) -> bool:
+    """True when some (M, N) tensor's last element lies past 2^31 - 1 elements from its start: the row kernels
+    must then compute offsets in 64 bits."""
+    return any(t.numel() and (t.shape[0] - 1) * t.stride(0) + t.shape[1] >= 2 ** 31 for t in tensors)
+
+
+def rmsnorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, eps: float, variant: RowVariant = RowVariant(), *,
+                     wide: bool | None = None) -> torch.Tensor:
+    """rmsnorm_fwd's contract through the 1-D row kernel of this file, launched as `variant` says (warps, memory
+    hints, persistent grid, prefetch, register cap; `chunk` must be 0). `wide`: 64-bit offsets (None: only when a
+    tensor needs them). Options for the GPU sweep (benchmarks/sweep_fwd_rows.py); rmsnorm_fwd stays the default."""
+    _check(x, w)
+    if variant.chunk:
+        raise ValueError("the RMSNorm row kernel keeps its row in registers: chunk must be 0")
+    x2 = as_rows(x)
+    m, n = x2.shape
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.numel():
+        block = row_block(n)
+        _rmsnorm_fwd_row_kernel[(variant.grid(m, x.device),)](
+            x2, w, y, m, n, x2.stride(0), y.stride(0), eps,
+            BLOCK_N=block, EVEN_N=n == block, WIDE=needs_wide_offsets(x2, y) if wide is None else wide,
+            LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache, PREFETCH=variant.prefetch,
+            **variant.launch_options(block, x.element_size()),
+        )
     return y.view(x.shape)
 
 
