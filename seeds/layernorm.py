@@ -208,8 +208,10 @@ def layernorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: f
                        wide: bool | None = None) -> torch.Tensor:
     """layernorm_fwd's contract through the 1-D row kernel of this file, launched as `variant` says (warps, memory
     hints, persistent grid, prefetch, register cap; `chunk` must be 0). `one_pass`: mean and variance from one
-    reduction of shifted sums; `wide`: 64-bit offsets (None: only when a tensor needs them). Options for the GPU
-    sweep (benchmarks/sweep_fwd_rows.py); layernorm_fwd stays the default."""
+    reduction of shifted sums, for 16-bit x only (fp32 x keeps the exact two-pass: where the shift is a row's
+    outlier, the one-pass variance loses ~1e-4 relative, invisible at 16-bit precision but not at fp32's); `wide`:
+    64-bit offsets (None: only when a tensor needs them). Options for the GPU sweep (benchmarks/sweep_fwd_rows.py);
+    layernorm_fwd stays the default."""
     _check(x, w, b)
     if variant.chunk:
         raise ValueError("the LayerNorm row kernel keeps its row in registers: chunk must be 0")
@@ -222,7 +224,7 @@ def layernorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: f
             x2, w, b, y, m, n, x2.stride(0), y.stride(0), eps,
             BLOCK_N=block, EVEN_N=n == block, WIDE=needs_wide_offsets(x2, y) if wide is None else wide,
             LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache, PREFETCH=variant.prefetch,
-            ONE_PASS=one_pass, **variant.launch_options(block, x.element_size()),
+            ONE_PASS=one_pass and x.element_size() < 4, **variant.launch_options(block, x.element_size()),
         )
     return y.view(x.shape)
 
