@@ -10,13 +10,14 @@ Liger is timed when `liger_kernel` imports (on the device machine: pip install -
 three torch.compile graphs and three Liger kernels, estimated at 60-85 s; each op gets a third of --budget (what one
 op leaves goes to the next), after which its remaining rows print "skipped".
 
-Why these variants (register counts from triton 3.9's ptxas for sm_90 on the CPU; the GPU run prints 3.6's): the
-seeds keep one 8 KB row in flight per program, and registers cap the programs per SM (RMSNorm's 8-warp kernel
-~58 registers: 4 programs, 32 KB in flight per SM; LayerNorm's ~80: 3 programs, 24 KB), at or under the 32-40 KB
-per SM that Little's law asks at this bandwidth. So: register caps (more programs, some spills), a persistent grid
-whose next row's load is issued before this row's arithmetic (two rows in flight per program), LayerNorm's two
-statistics from one reduction (a shorter program), a 1-D unmasked kernel with 32-bit offsets (fewer instructions),
-streaming stores; RoPE: unmasked 32-bit token blocks of 1-4 tokens per program.
+Why these variants (registers a thread from triton 3.9's ptxas for sm_90 on the CPU, with the launch's 16-byte
+alignment; the GPU run prints 3.6's in each row): the seeds keep one 8 KB row in flight per program, and registers
+cap the programs per SM (RMSNorm's and LayerNorm's 8-warp kernels 37-40 registers: 6 programs, 48 KB in flight per
+SM; 32 registers would allow 8, the thread limit). So: a 1-D unmasked row kernel with 32-bit offsets that compiles
+to 32 registers under maxnreg=32 without spilling (8 programs, 64 KB), persistent grids whose next row's load is
+issued before this row's arithmetic (two rows in flight per program), LayerNorm's two statistics from one reduction
+(one barrier round instead of two), streaming stores; RoPE: unmasked 32-bit blocks of 1-4 tokens per program (the
+seed runs 9 programs of 2 warps per SM; 2 tokens at 8 warps or 4 at 16 halve or quarter the programs).
 
 Every implementation is first checked against float64 at the full shape (relative L2 below 1e-2 on every output);
 a wrong one prints WRONG and is not timed. Times are do_bench medians (warmup 25 ms, rep 100 ms; do_bench clears
@@ -232,14 +233,15 @@ def copies(clock: Clock, op: str, flat_sets: list[torch.Tensor], width: int, smo
 
 # ---- RMSNorm --------------------------------------------------------------------------------------------------------
 
-RMS_VARIANTS = [  # (label, RowVariant, wide): in order of promise
-    ("row w8", RowVariant(num_warps=8), None),
-    ("row w8 maxnreg48", RowVariant(num_warps=8, maxnreg=48), None),
-    ("row w8 maxnreg40", RowVariant(num_warps=8, maxnreg=40), None),
-    ("persistent 4/SM w8 prefetch", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True), None),
-    ("row w8 maxnreg32", RowVariant(num_warps=8, maxnreg=32), None),
-    ("persistent 2/SM w16 prefetch", RowVariant(num_warps=16, programs_per_sm=2, prefetch=True), None),
-    ("row w8 maxnreg40 .cs", RowVariant(num_warps=8, maxnreg=40, store_cache=".cs"), None),
+RMS_VARIANTS = [  # (label, RowVariant, wide), in order of promise; registers from triton 3.9's ptxas (sm_90)
+    ("row w8 maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), None),  # 32 regs, no spills
+    ("row w8 (6 programs/SM, as the seed)", RowVariant(num_warps=8), None),  # 38 regs
+    ("persistent 4/SM w8 prefetch", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True), None),  # 52 regs
+    ("persistent 5/SM w8 prefetch maxnreg48", RowVariant(num_warps=8, programs_per_sm=5, prefetch=True, maxnreg=48),
+     None),  # 48 regs, no spills: 10 rows in flight per SM
+    ("persistent 8/SM w8 maxnreg32", RowVariant(num_warps=8, programs_per_sm=8, maxnreg=32), None),
+    ("row w4 (8 programs/SM)", RowVariant(num_warps=4), None),  # 62 regs
+    ("row w8 maxnreg32 .cs", RowVariant(num_warps=8, maxnreg=32, store_cache=".cs"), None),
     ("row w8 64-bit offsets", RowVariant(num_warps=8), True),
 ]
 
@@ -272,15 +274,15 @@ def sweep_rmsnorm(clock: Clock, m: int, n: int, device: str, smoke: bool) -> Non
 
 # ---- LayerNorm ------------------------------------------------------------------------------------------------------
 
-LN_VARIANTS = [  # (label, RowVariant, one_pass)
-    ("row w8 two-pass", RowVariant(num_warps=8), False),
-    ("row w8 one-pass", RowVariant(num_warps=8), True),
-    ("row w8 one-pass maxnreg48", RowVariant(num_warps=8, maxnreg=48), True),
-    ("row w8 one-pass maxnreg40", RowVariant(num_warps=8, maxnreg=40), True),
-    ("persistent 3/SM w8 prefetch one-pass", RowVariant(num_warps=8, programs_per_sm=3, prefetch=True), True),
-    ("row w16 two-pass", RowVariant(num_warps=16), False),
-    ("row w16 two-pass maxnreg32", RowVariant(num_warps=16, maxnreg=32), False),
-    ("row w8 two-pass maxnreg48", RowVariant(num_warps=8, maxnreg=48), False),
+LN_VARIANTS = [  # (label, RowVariant, one_pass); registers from triton 3.9's ptxas (sm_90)
+    ("row w8 one-pass maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), True),  # 2 spilled values
+    ("row w8 two-pass maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), False),
+    ("row w8 two-pass (6 programs/SM, as the seed)", RowVariant(num_warps=8), False),  # 39 regs
+    ("row w8 one-pass", RowVariant(num_warps=8), True),  # 40 regs
+    ("persistent 4/SM w8 prefetch one-pass", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True), True),
+    ("persistent 4/SM w8 prefetch two-pass", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True), False),
+    ("row w4 two-pass (8 programs/SM)", RowVariant(num_warps=4), False),  # 59 regs
+    ("row w8 one-pass maxnreg32 .cs", RowVariant(num_warps=8, maxnreg=32, store_cache=".cs"), True),
 ]
 
 
@@ -313,12 +315,13 @@ def sweep_layernorm(clock: Clock, m: int, n: int, device: str, smoke: bool) -> N
 
 # ---- RoPE -----------------------------------------------------------------------------------------------------------
 
-ROPE_VARIANTS = [  # (label, tokens per program, warps, store cache)
-    ("1 token/program w2, no masks, 32-bit", 1, 2, ""),
-    ("2 tokens/program w4", 2, 4, ""),
-    ("1 token/program w4", 1, 4, ""),
-    ("4 tokens/program w8", 4, 8, ""),
-    ("2 tokens/program w4 .cs", 2, 4, ".cs"),
+ROPE_VARIANTS = [  # (label, tokens per program, warps, store cache); regs from triton 3.9's ptxas (sm_90)
+    ("1 token/program w2, no masks, 32-bit", 1, 2, ""),  # 100 regs: 9 programs/SM, as the seed (103)
+    ("2 tokens/program w8", 2, 8, ""),  # 62 regs: 4 programs/SM of 20 KB
+    ("4 tokens/program w16", 4, 16, ""),  # 62 regs: 2 programs/SM of 40 KB
+    ("2 tokens/program w4", 2, 4, ""),  # 128 regs: 4 programs/SM
+    ("1 token/program w4", 1, 4, ""),  # 64 regs: 8 programs/SM
+    ("2 tokens/program w8 .cs", 2, 8, ".cs"),
 ]
 
 

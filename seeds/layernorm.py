@@ -57,6 +57,38 @@ def _add_pairs(a1, a2, b1, b2):
 
 
 @triton.jit
+def _layernorm_row(x, X, W, B, Y, row, stride_x, stride_y, N, eps, cols, EVEN_N: tl.constexpr, WIDE: tl.constexpr,
+                   STORE_CACHE: tl.constexpr, ONE_PASS: tl.constexpr):
+    # y = (x - mean) * rstd * w + b for one loaded row.
+    # Two-pass: mean first, then the mean of (x - mean)^2: two reductions, the second waiting on the first.
+    # One pass: with d = x - x0 for the row's first element x0, a single reduction of (sum d, sum d^2) gives
+    #   mean = x0 + sum(d)/N,   var = sum(d^2)/N - (sum(d)/N)^2.
+    # The shift keeps the cancellation small (x0 is one sample of the row, so |mean - x0| is of the order of the
+    # row's spread unless x0 is an outlier); a constant row gives d = 0 and var = 0 exactly.
+    x = x.to(tl.float32)
+    if ONE_PASS:
+        x0 = tl.load(X + _row_offset(row, stride_x, WIDE)).to(tl.float32)
+        d = x - x0
+        if not EVEN_N:
+            d = tl.where(cols < N, d, 0.0)
+        s1, s2 = tl.reduce((d, d * d), 0, _add_pairs)
+        shift = s1 / N
+        xc = x - (x0 + shift)
+        var = tl.maximum(s2 / N - shift * shift, 0.0)
+    else:
+        xc = x - tl.sum(x, axis=0) / N
+        if not EVEN_N:
+            xc = tl.where(cols < N, xc, 0.0)
+        var = tl.sum(xc * xc, axis=0) / N
+    rstd = tl.rsqrt(var + eps)
+    # w and b are re-read for every row (L1/L2 hits): held across a persistent loop they cost registers.
+    w = load_cols(W + cols, cols, N, EVEN_N, "evict_last").to(tl.float32)
+    b = load_cols(B + cols, cols, N, EVEN_N, "evict_last").to(tl.float32)
+    store_cols(Y + _row_offset(row, stride_y, WIDE) + cols, (xc * rstd * w + b).to(Y.dtype.element_ty), cols, N,
+               EVEN_N, STORE_CACHE)
+
+
+@triton.jit
 def _layernorm_fwd_row_kernel(
     X, W, B, Y,
     M, N,
@@ -67,49 +99,28 @@ def _layernorm_fwd_row_kernel(
     WIDE: tl.constexpr,         # 64-bit row offsets (a tensor past 2^31 elements)
     LOAD_POLICY: tl.constexpr,  # eviction policy of the x loads ("" or "evict_first")
     STORE_CACHE: tl.constexpr,  # cache modifier of the y stores ("" or ".cs", streaming)
-    PREFETCH: tl.constexpr,     # persistent grids: the next row's load is issued before this row's arithmetic
-    ONE_PASS: tl.constexpr,     # both statistics from one reduction of shifted sums (below)
+    PERSISTENT: tl.constexpr,   # programs walk rows pid, pid + programs, ...; else one row per program, no loop
+    PREFETCH: tl.constexpr,     # persistent: the next row's load is issued before this row's arithmetic
+    ONE_PASS: tl.constexpr,     # both statistics from one reduction of shifted sums (_layernorm_row)
 ):
-    # The 1-D row kernel of seeds/rmsnorm.py (`_rmsnorm_fwd_row_kernel`) with LayerNorm's statistics.
-    # Two-pass: mean first, then the mean of (x - mean)^2: two reductions, the second waiting on the first.
-    # One pass: with d = x - x0 for the row's first element x0, a single reduction of (sum d, sum d^2) gives
-    #   mean = x0 + sum(d)/N,   var = sum(d^2)/N - (sum(d)/N)^2.
-    # The shift keeps the cancellation small (x0 is one sample of the row, so |mean - x0| is of the order of the
-    # row's spread unless x0 is an outlier); a constant row gives d = 0 and var = 0 exactly.
+    # The row walk of seeds/rmsnorm.py's `_rmsnorm_fwd_row_kernel` with LayerNorm's row.
     pid = tl.program_id(0)
-    step = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
-    w = load_cols(W + cols, cols, N, EVEN_N, "evict_last")
-    b = load_cols(B + cols, cols, N, EVEN_N, "evict_last")
-    if PREFETCH:
-        x_next = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
-    for row in range(pid, M, step):
+    if not PERSISTENT:
+        x = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, False, WIDE, LOAD_POLICY)
+        _layernorm_row(x, X, W, B, Y, pid, stride_x, stride_y, N, eps, cols, EVEN_N, WIDE, STORE_CACHE, ONE_PASS)
+    else:
+        step = tl.num_programs(0)
         if PREFETCH:
-            x = x_next
-            x_next = _load_x_row(X, row + step, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
-        else:
-            x = _load_x_row(X, row, stride_x, M, N, cols, EVEN_N, False, WIDE, LOAD_POLICY)
-        x = x.to(tl.float32)
-        if ONE_PASS:
-            x0 = tl.load(X + _row_offset(row, stride_x, WIDE)).to(tl.float32)
-            d = x - x0
-            if not EVEN_N:
-                d = tl.where(cols < N, d, 0.0)
-            s1, s2 = tl.reduce((d, d * d), 0, _add_pairs)
-            shift = s1 / N
-            mean = x0 + shift
-            var = tl.maximum(s2 / N - shift * shift, 0.0)
-            xc = x - mean
-        else:
-            mean = tl.sum(x, axis=0) / N
-            xc = x - mean
-            if not EVEN_N:
-                xc = tl.where(cols < N, xc, 0.0)
-            var = tl.sum(xc * xc, axis=0) / N
-        rstd = tl.rsqrt(var + eps)
-        y = xc * rstd * w.to(tl.float32) + b.to(tl.float32)
-        store_cols(Y + _row_offset(row, stride_y, WIDE) + cols, y.to(Y.dtype.element_ty), cols, N, EVEN_N,
-                   STORE_CACHE)
+            x_next = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
+        for row in range(pid, M, step):
+            if PREFETCH:
+                x = x_next
+                x_next = _load_x_row(X, row + step, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
+            else:
+                x = _load_x_row(X, row, stride_x, M, N, cols, EVEN_N, False, WIDE, LOAD_POLICY)
+            _layernorm_row(x, X, W, B, Y, row, stride_x, stride_y, N, eps, cols, EVEN_N, WIDE, STORE_CACHE,
+                           ONE_PASS)
 
 
 @triton.jit
@@ -223,7 +234,8 @@ def layernorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: f
         _layernorm_fwd_row_kernel[(variant.grid(m, x.device),)](
             x2, w, b, y, m, n, x2.stride(0), y.stride(0), eps,
             BLOCK_N=block, EVEN_N=n == block, WIDE=needs_wide_offsets(x2, y) if wide is None else wide,
-            LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache, PREFETCH=variant.prefetch,
+            LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache,
+            PERSISTENT=variant.programs_per_sm > 0, PREFETCH=variant.prefetch,
             ONE_PASS=one_pass and x.element_size() < 4, **variant.launch_options(block, x.element_size()),
         )
     return y.view(x.shape)
