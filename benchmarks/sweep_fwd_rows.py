@@ -2,7 +2,7 @@
 Hq32 Hk8 D128, bf16): each seed's default and its launch variants against the tasks' Models (eager, torch.compile,
 Liger when importable) and two copies of the same bytes (the ceiling), in one run.
 
-    python3 benchmarks/sweep_fwd_rows.py [--budget 80] [--out DIR]      # H200 (not yet run): table last
+    python3 benchmarks/sweep_fwd_rows.py [--budget 75] [--out DIR]      # H200 (not yet run): table last
     TRITON_INTERPRET=1 python3 benchmarks/sweep_fwd_rows.py --smoke     # CPU interpreter, tiny shapes
 
 Liger is timed when `liger_kernel` imports (on the device machine: pip install --no-deps --target /tmp/site
@@ -233,16 +233,18 @@ def copies(clock: Clock, op: str, flat_sets: list[torch.Tensor], width: int, smo
 
 # ---- RMSNorm --------------------------------------------------------------------------------------------------------
 
-RMS_VARIANTS = [  # (label, RowVariant, wide), in order of promise; registers from triton 3.9's ptxas (sm_90)
-    ("row w8 maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), None),  # 32 regs, no spills
-    ("row w8 (6 programs/SM, as the seed)", RowVariant(num_warps=8), None),  # 38 regs
-    ("persistent 4/SM w8 prefetch", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True), None),  # 52 regs
-    ("persistent 5/SM w8 prefetch maxnreg48", RowVariant(num_warps=8, programs_per_sm=5, prefetch=True, maxnreg=48),
-     None),  # 48 regs, no spills: 10 rows in flight per SM
-    ("persistent 8/SM w8 maxnreg32", RowVariant(num_warps=8, programs_per_sm=8, maxnreg=32), None),
-    ("row w4 (8 programs/SM)", RowVariant(num_warps=4), None),  # 62 regs
-    ("row w8 maxnreg32 .cs", RowVariant(num_warps=8, maxnreg=32, store_cache=".cs"), None),
-    ("row w8 64-bit offsets", RowVariant(num_warps=8), True),
+RMS_VARIANTS = [  # (label, RowVariant, options), in order of promise; registers from triton 3.9's ptxas (sm_90).
+    # Persistent grids divide the 16384 rows evenly (512 or 1024 programs): 4 or 8 per SM would leave 16 or 32
+    # programs a last row of their own, a tail of one row's time at a few percent of the bandwidth.
+    ("row w8 maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), {}),  # 32 regs, no spills
+    ("row w8 (6 programs/SM, as the seed)", RowVariant(num_warps=8), {}),  # 38 regs
+    ("persistent 512 w8 prefetch", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True), {"programs": 512}),
+    ("persistent 1024 w8 maxnreg32", RowVariant(num_warps=8, maxnreg=32), {"programs": 1024}),
+    ("persistent 512 w8 prefetch maxnreg48", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True, maxnreg=48),
+     {"programs": 512}),  # 48 regs, no spills: room for 5 programs per SM, so all 512 start at once
+    ("row w4 (8 programs/SM)", RowVariant(num_warps=4), {}),  # 62 regs
+    ("row w8 maxnreg32 .cs", RowVariant(num_warps=8, maxnreg=32, store_cache=".cs"), {}),
+    ("row w8 64-bit offsets", RowVariant(num_warps=8), {"wide": True}),
 ]
 
 
@@ -267,22 +269,24 @@ def sweep_rmsnorm(clock: Clock, m: int, n: int, device: str, smoke: bool) -> Non
     measure(clock, op, "seed default (2-D block, 1 row, masks, 64-bit)", "seed", nbytes,
             ours(lambda x: rmsnorm.rmsnorm_fwd(x, w, eps)), smoke, seed_fns)
     row_fns = [rmsnorm._rmsnorm_fwd_row_kernel]
-    for label, v, wide in RMS_VARIANTS:
+    for label, v, options in RMS_VARIANTS:
         measure(clock, op, label, "variant", nbytes,
-                ours(lambda x, v=v, wide=wide: rmsnorm.rmsnorm_fwd_rows(x, w, eps, v, wide=wide)), smoke, row_fns)
+                ours(lambda x, v=v, o=options: rmsnorm.rmsnorm_fwd_rows(x, w, eps, v, **o)), smoke, row_fns)
 
 
 # ---- LayerNorm ------------------------------------------------------------------------------------------------------
 
-LN_VARIANTS = [  # (label, RowVariant, one_pass); registers from triton 3.9's ptxas (sm_90)
-    ("row w8 one-pass maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), True),  # 2 spilled values
-    ("row w8 two-pass maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), False),
-    ("row w8 two-pass (6 programs/SM, as the seed)", RowVariant(num_warps=8), False),  # 39 regs
-    ("row w8 one-pass", RowVariant(num_warps=8), True),  # 40 regs
-    ("persistent 4/SM w8 prefetch one-pass", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True), True),
-    ("persistent 4/SM w8 prefetch two-pass", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True), False),
-    ("row w4 two-pass (8 programs/SM)", RowVariant(num_warps=4), False),  # 59 regs
-    ("row w8 one-pass maxnreg32 .cs", RowVariant(num_warps=8, maxnreg=32, store_cache=".cs"), True),
+LN_VARIANTS = [  # (label, RowVariant, options); registers from triton 3.9's ptxas (sm_90)
+    ("row w8 one-pass maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), {"one_pass": True}),
+    ("row w8 two-pass maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), {}),  # 2 spilled values
+    ("row w8 two-pass (6 programs/SM, as the seed)", RowVariant(num_warps=8), {}),  # 39 regs
+    ("row w8 one-pass", RowVariant(num_warps=8), {"one_pass": True}),  # 40 regs
+    ("persistent 512 w8 prefetch one-pass", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True),
+     {"one_pass": True, "programs": 512}),  # 48 regs
+    ("persistent 1024 w8 maxnreg32 one-pass", RowVariant(num_warps=8, maxnreg=32),
+     {"one_pass": True, "programs": 1024}),
+    ("row w4 two-pass (8 programs/SM)", RowVariant(num_warps=4), {}),  # 59 regs
+    ("row w8 one-pass maxnreg32 .cs", RowVariant(num_warps=8, maxnreg=32, store_cache=".cs"), {"one_pass": True}),
 ]
 
 
@@ -307,10 +311,9 @@ def sweep_layernorm(clock: Clock, m: int, n: int, device: str, smoke: bool) -> N
     measure(clock, op, "seed default (2-D block, 1 row, two-pass)", "seed", nbytes,
             ours(lambda x: layernorm.layernorm_fwd(x, w, b, eps)), smoke, seed_fns)
     row_fns = [layernorm._layernorm_fwd_row_kernel]
-    for label, v, one_pass in LN_VARIANTS:
+    for label, v, options in LN_VARIANTS:
         measure(clock, op, label, "variant", nbytes,
-                ours(lambda x, v=v, p=one_pass: layernorm.layernorm_fwd_rows(x, w, b, eps, v, one_pass=p)), smoke,
-                row_fns)
+                ours(lambda x, v=v, o=options: layernorm.layernorm_fwd_rows(x, w, b, eps, v, **o)), smoke, row_fns)
 
 
 # ---- RoPE -----------------------------------------------------------------------------------------------------------
@@ -381,7 +384,7 @@ def table() -> None:
 
 
 def main() -> int:
-    ap = parser(__doc__.splitlines()[0], budget_s=80.0)
+    ap = parser(__doc__.splitlines()[0], budget_s=75.0)
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for sweep_fwd_rows.json (default: $OUT)")
     args = ap.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":

@@ -216,26 +216,28 @@ def layernorm_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
 
 def layernorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
                        variant: RowVariant = RowVariant(), *, one_pass: bool = False,
-                       wide: bool | None = None) -> torch.Tensor:
+                       programs: int | None = None, wide: bool | None = None) -> torch.Tensor:
     """layernorm_fwd's contract through the 1-D row kernel of this file, launched as `variant` says (warps, memory
     hints, persistent grid, prefetch, register cap; `chunk` must be 0). `one_pass`: mean and variance from one
     reduction of shifted sums, for 16-bit x only (fp32 x keeps the exact two-pass: where the shift is a row's
-    outlier, the one-pass variance loses ~1e-4 relative, invisible at 16-bit precision but not at fp32's); `wide`:
-    64-bit offsets (None: only when a tensor needs them). Options for the GPU sweep (benchmarks/sweep_fwd_rows.py);
-    layernorm_fwd stays the default."""
+    outlier, the one-pass variance loses ~1e-4 relative, invisible at 16-bit precision but not at fp32's);
+    `programs`, `wide`: as in seeds/rmsnorm.py's rmsnorm_fwd_rows. Options for the GPU sweep
+    (benchmarks/sweep_fwd_rows.py); layernorm_fwd stays the default."""
     _check(x, w, b)
     if variant.chunk:
         raise ValueError("the LayerNorm row kernel keeps its row in registers: chunk must be 0")
+    if programs is not None and programs < 1:
+        raise ValueError(f"programs must be a positive grid size, got {programs}")
     x2 = as_rows(x)
     m, n = x2.shape
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.numel():
         block = row_block(n)
-        _layernorm_fwd_row_kernel[(variant.grid(m, x.device),)](
+        _layernorm_fwd_row_kernel[(min(programs, m) if programs else variant.grid(m, x.device),)](
             x2, w, b, y, m, n, x2.stride(0), y.stride(0), eps,
             BLOCK_N=block, EVEN_N=n == block, WIDE=needs_wide_offsets(x2, y) if wide is None else wide,
             LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache,
-            PERSISTENT=variant.programs_per_sm > 0, PREFETCH=variant.prefetch,
+            PERSISTENT=bool(variant.programs_per_sm or programs), PREFETCH=variant.prefetch,
             ONE_PASS=one_pass and x.element_size() < 4, **variant.launch_options(block, x.element_size()),
         )
     return y.view(x.shape)

@@ -218,23 +218,27 @@ def needs_wide_offsets(*tensors: torch.Tensor) -> bool:
 
 
 def rmsnorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, eps: float, variant: RowVariant = RowVariant(), *,
-                     wide: bool | None = None) -> torch.Tensor:
+                     programs: int | None = None, wide: bool | None = None) -> torch.Tensor:
     """rmsnorm_fwd's contract through the 1-D row kernel of this file, launched as `variant` says (warps, memory
-    hints, persistent grid, prefetch, register cap; `chunk` must be 0). `wide`: 64-bit offsets (None: only when a
-    tensor needs them). Options for the GPU sweep (benchmarks/sweep_fwd_rows.py); rmsnorm_fwd stays the default."""
+    hints, persistent grid, prefetch, register cap; `chunk` must be 0). `programs`: a persistent grid of exactly
+    this many programs (a divisor of the rows gives every program the same count: no last-row tail), in place of
+    the variant's programs per SM. `wide`: 64-bit offsets (None: only when a tensor needs them). Options for the
+    GPU sweep (benchmarks/sweep_fwd_rows.py); rmsnorm_fwd stays the default."""
     _check(x, w)
     if variant.chunk:
         raise ValueError("the RMSNorm row kernel keeps its row in registers: chunk must be 0")
+    if programs is not None and programs < 1:
+        raise ValueError(f"programs must be a positive grid size, got {programs}")
     x2 = as_rows(x)
     m, n = x2.shape
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.numel():
         block = row_block(n)
-        _rmsnorm_fwd_row_kernel[(variant.grid(m, x.device),)](
+        _rmsnorm_fwd_row_kernel[(min(programs, m) if programs else variant.grid(m, x.device),)](
             x2, w, y, m, n, x2.stride(0), y.stride(0), eps,
             BLOCK_N=block, EVEN_N=n == block, WIDE=needs_wide_offsets(x2, y) if wide is None else wide,
             LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache,
-            PERSISTENT=variant.programs_per_sm > 0, PREFETCH=variant.prefetch,
+            PERSISTENT=bool(variant.programs_per_sm or programs), PREFETCH=variant.prefetch,
             **variant.launch_options(block, x.element_size()),
         )
     return y.view(x.shape)

@@ -12,6 +12,11 @@ cos/sin 2 MB: 80 us at the H200's copy bandwidth of 4,244 GB/s.
 Measured on the H200 (docs/bench-mix.md): forward 0.088 ms = 3,842 GB/s (90.5% of the measured copy; Liger in place
 0.095, torch.compile 0.149, eager 1.08), backward 0.089 ms = 3,800 GB/s (8.2x the best baseline, which recomputes
 the forward through autograd). Short of the 3,900 GB/s target by 1.5%.
+
+Variants (`rope(..., tokens=, store_cache=)`, not yet measured; benchmarks/sweep_fwd_rows.py times them): a kernel
+rotating TOKENS consecutive tokens per program as one [TOKENS, H, D/2] tile per half, unmasked when the head counts
+and D/2 are powers of two and TOKENS divides B*T, with 32-bit offsets when q and k fit. The default stays the
+one-token kernel until the H200 says otherwise.
 """
 from __future__ import annotations
 

@@ -49,6 +49,32 @@ def test_rmsnorm_row_kernel_wide_offsets_and_batched_input(device):
     assert torch.equal(narrow, wide), "the offset width and the grid changed the arithmetic"
 
 
+@pytest.mark.parametrize("programs", [3, 8, 100])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_explicit_persistent_grids(prefetch, programs, device):
+    # An explicit grid: 16 rows over 3 programs (uneven), 8 (even) or 100 (capped at one row each); the arithmetic
+    # is the one-row kernel's, so the results are bitwise equal to it.
+    torch.manual_seed(9)
+    x = torch.randn(16, 64, device=device, dtype=torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(64, device=device)).to(torch.bfloat16)
+    b = (0.1 * torch.randn(64, device=device)).to(torch.bfloat16)
+    v = RowVariant(programs_per_sm=1, prefetch=prefetch) if prefetch else RowVariant()
+    got = rmsnorm.rmsnorm_fwd_rows(x, w, 1e-6, v, programs=programs)
+    assert torch.equal(got, rmsnorm.rmsnorm_fwd_rows(x, w, 1e-6))
+    got = layernorm.layernorm_fwd_rows(x, w, b, 1e-5, v, one_pass=True, programs=programs)
+    assert torch.equal(got, layernorm.layernorm_fwd_rows(x, w, b, 1e-5, one_pass=True))
+    _check("y", got, layernorm.layernorm_fwd(x, w, b, 1e-5), F.layer_norm(x.double(), (64,), w.double(), b.double(),
+                                                                          1e-5))
+
+
+def test_row_launchers_refuse_empty_grids(device):
+    x, w = torch.randn(3, 32, device=device), torch.ones(32, device=device)
+    with pytest.raises(ValueError, match="positive grid size"):
+        rmsnorm.rmsnorm_fwd_rows(x, w, 1e-6, programs=0)
+    with pytest.raises(ValueError, match="positive grid size"):
+        layernorm.layernorm_fwd_rows(x, w, w, 1e-5, programs=0)
+
+
 def test_wide_offsets_only_past_2_to_the_31():
     assert not rmsnorm.needs_wide_offsets(torch.empty((4, 8), device="meta"))
     assert not rmsnorm.needs_wide_offsets(torch.empty((2, 2 ** 30 - 1), device="meta"))
