@@ -6,18 +6,21 @@ Liger when importable) and two copies of the same bytes (the ceiling), in one ru
     TRITON_INTERPRET=1 python3 benchmarks/sweep_fwd_rows.py --smoke     # CPU interpreter, tiny shapes
 
 Liger is timed when `liger_kernel` imports (on the device machine: pip install --no-deps --target /tmp/site
-.whl/liger_kernel-0.8.5-py3-none-any.whl and PYTHONPATH=/tmp/site). Not yet run on the GPU: about 24 Triton compiles,
-three torch.compile graphs and three Liger kernels, estimated at 60-85 s; each op gets a third of --budget (what one
-op leaves goes to the next), after which its remaining rows print "skipped".
+.whl/liger_kernel-0.8.5-py3-none-any.whl and PYTHONPATH=/tmp/site). Not yet run on the GPU: about 26 Triton compiles,
+three torch.compile graphs and three Liger kernels, estimated at 60-85 s. Each op may start rows until its share of
+--budget (38%, 69%, 100%, cumulative: what one op leaves goes to the next); later rows print "skipped".
 
 Why these variants (registers a thread from triton 3.9's ptxas for sm_90 on the CPU, with the launch's 16-byte
 alignment; the GPU run prints 3.6's in each row): the seeds keep one 8 KB row in flight per program, and registers
 cap the programs per SM (RMSNorm's and LayerNorm's 8-warp kernels 37-40 registers: 6 programs, 48 KB in flight per
 SM; 32 registers would allow 8, the thread limit). So: a 1-D unmasked row kernel with 32-bit offsets that compiles
-to 32 registers under maxnreg=32 without spilling (8 programs, 64 KB), persistent grids whose next row's load is
-issued before this row's arithmetic (two rows in flight per program), LayerNorm's two statistics from one reduction
-(one barrier round instead of two), streaming stores; RoPE: unmasked 32-bit blocks of 1-4 tokens per program (the
-seed runs 9 programs of 2 warps per SM; 2 tokens at 8 warps or 4 at 16 halve or quarter the programs).
+to 32 registers under maxnreg=32 without spilling (8 programs, 64 KB); persistent grids that load ahead, either
+through registers (prefetch: the next row's load before this row's arithmetic) or through shared memory
+(stages: tl.range(num_stages=) makes Triton's pipeliner issue cp.async loads stages - 1 rows ahead, so the bytes in
+flight no longer cost registers: 512 programs x 3 rows is ~12 rows, ~93 KB, per SM); LayerNorm's two statistics
+from one reduction (one barrier round instead of two); streaming stores; RoPE: unmasked 32-bit blocks of 1-4
+tokens per program (the seed runs 9 programs of 2 warps per SM; 2 tokens at 8 warps or 4 at 16 halve or quarter
+the programs).
 
 Every implementation is first checked against float64 at the full shape (relative L2 below 1e-2 on every output);
 a wrong one prints WRONG and is not timed. Times are do_bench medians (warmup 25 ms, rep 100 ms; do_bench clears
@@ -70,16 +73,19 @@ ROWS: list[Row] = []
 
 
 class Clock:
-    """Per-op deadlines: op i of n may start rows until START + budget * (i + 1) / n."""
+    """Per-op deadlines: op i may start rows until START + budget * SHARES[i] (cumulative; RMSNorm's share also pays
+    for the first torch.compile's start-up)."""
 
-    def __init__(self, budget: float, n_ops: int):
-        self.budget, self.n_ops, self.op = budget, n_ops, 0
+    SHARES = (0.38, 0.69, 1.0)
+
+    def __init__(self, budget: float):
+        self.budget, self.op = budget, -1
 
     def next_op(self) -> None:
         self.op += 1
 
     def over(self) -> bool:
-        return time.time() - START > self.budget * self.op / self.n_ops
+        return time.time() - START > self.budget * self.SHARES[min(self.op, len(self.SHARES) - 1)]
 
 
 # ---- which kernels a row compiled (registers, spills), best effort -------------------------------------------------
@@ -97,7 +103,8 @@ def _compiled(fns) -> list:
 
 
 def resources_note(fns) -> str:
-    """'regs R spills S' of each kernel of `fns` compiled since the last call (GPU only)."""
+    """'regs R spills S shared B' of each kernel of `fns` compiled since the last call (GPU only). Shared memory
+    near (stages - 1) x 8 KB per tensor says the pipeliner took the row loads; ~0 says it did not."""
     notes = []
     try:
         for k in _compiled(fns):
@@ -107,7 +114,8 @@ def resources_note(fns) -> str:
             if getattr(k, "n_regs", None) is None and hasattr(k, "_init_handles"):
                 k._init_handles()
             if getattr(k, "n_regs", None) is not None:
-                notes.append(f"regs {k.n_regs} spills {k.n_spills}")
+                shared = getattr(getattr(k, "metadata", None), "shared", None)
+                notes.append(f"regs {k.n_regs} spills {k.n_spills} shared {shared}")
     except Exception as exc:  # noqa: BLE001 - a report detail, never a reason to lose a row
         notes.append(f"(no register count: {type(exc).__name__})")
     return "; ".join(notes)
@@ -234,15 +242,15 @@ def copies(clock: Clock, op: str, flat_sets: list[torch.Tensor], width: int, smo
 # ---- RMSNorm --------------------------------------------------------------------------------------------------------
 
 RMS_VARIANTS = [  # (label, RowVariant, options), in order of promise; registers from triton 3.9's ptxas (sm_90).
-    # Persistent grids divide the 16384 rows evenly (512 or 1024 programs): 4 or 8 per SM would leave 16 or 32
-    # programs a last row of their own, a tail of one row's time at a few percent of the bandwidth.
+    # Persistent grids divide the 16384 rows evenly (512 or 1024 programs; 4 or 8 per SM would leave 16 or 32
+    # programs a last row of their own) and fit on the GPU at once (the note column has each kernel's registers
+    # and shared memory: stages pipeline through shared memory, 32 KB a program at 3 stages, w's loads included).
     ("row w8 maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), {}),  # 32 regs, no spills
+    ("persistent 512 w8 stages 3", RowVariant(num_warps=8), {"programs": 512, "stages": 3}),  # 40 regs
     ("row w8 (6 programs/SM, as the seed)", RowVariant(num_warps=8), {}),  # 38 regs
     ("persistent 512 w8 prefetch", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True), {"programs": 512}),
+    ("persistent 512 w8 stages 4", RowVariant(num_warps=8), {"programs": 512, "stages": 4}),  # 48 KB shared
     ("persistent 1024 w8 maxnreg32", RowVariant(num_warps=8, maxnreg=32), {"programs": 1024}),
-    ("persistent 512 w8 prefetch maxnreg48", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True, maxnreg=48),
-     {"programs": 512}),  # 48 regs, no spills: room for 5 programs per SM, so all 512 start at once
-    ("row w4 (8 programs/SM)", RowVariant(num_warps=4), {}),  # 62 regs
     ("row w8 maxnreg32 .cs", RowVariant(num_warps=8, maxnreg=32, store_cache=".cs"), {}),
     ("row w8 64-bit offsets", RowVariant(num_warps=8), {"wide": True}),
 ]
@@ -278,14 +286,14 @@ def sweep_rmsnorm(clock: Clock, m: int, n: int, device: str, smoke: bool) -> Non
 
 LN_VARIANTS = [  # (label, RowVariant, options); registers from triton 3.9's ptxas (sm_90)
     ("row w8 one-pass maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), {"one_pass": True}),
+    ("persistent 512 w8 stages 3 one-pass", RowVariant(num_warps=8), {"one_pass": True, "programs": 512,
+                                                                      "stages": 3}),  # 48 regs, 48 KB shared
     ("row w8 two-pass maxnreg32 (8 programs/SM)", RowVariant(num_warps=8, maxnreg=32), {}),  # 2 spilled values
     ("row w8 two-pass (6 programs/SM, as the seed)", RowVariant(num_warps=8), {}),  # 39 regs
     ("row w8 one-pass", RowVariant(num_warps=8), {"one_pass": True}),  # 40 regs
     ("persistent 512 w8 prefetch one-pass", RowVariant(num_warps=8, programs_per_sm=4, prefetch=True),
      {"one_pass": True, "programs": 512}),  # 48 regs
-    ("persistent 1024 w8 maxnreg32 one-pass", RowVariant(num_warps=8, maxnreg=32),
-     {"one_pass": True, "programs": 1024}),
-    ("row w4 two-pass (8 programs/SM)", RowVariant(num_warps=4), {}),  # 59 regs
+    ("persistent 512 w8 stages 3 two-pass", RowVariant(num_warps=8), {"programs": 512, "stages": 3}),
     ("row w8 one-pass maxnreg32 .cs", RowVariant(num_warps=8, maxnreg=32, store_cache=".cs"), {"one_pass": True}),
 ]
 
@@ -398,7 +406,7 @@ def main() -> int:
     env = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
            "torch": torch.__version__, "triton": triton.__version__, "liger": liger_available()}
     print(env, flush=True)
-    clock = Clock(args.budget, 3)
+    clock = Clock(args.budget)
     steps = [
         lambda: sweep_rmsnorm(clock, *((24, 128) if args.smoke else (16384, 4096)), device, args.smoke),
         lambda: sweep_layernorm(clock, *((24, 128) if args.smoke else (16384, 4096)), device, args.smoke),

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from seeds._common import _load_pair, as_rows, row_block, row_warps, sm_count, sum_partials
 from seeds._common import RowVariant, load_cols, store_cols  # the forward row kernel (layernorm_fwd_rows)
-from seeds.rmsnorm import _load_x_row, _row_offset, needs_wide_offsets
+from seeds.rmsnorm import _check_stages, _load_x_row, _row_offset, needs_wide_offsets
 
 
 @triton.jit
@@ -101,6 +101,8 @@ def _layernorm_fwd_row_kernel(
     STORE_CACHE: tl.constexpr,  # cache modifier of the y stores ("" or ".cs", streaming)
     PERSISTENT: tl.constexpr,   # programs walk rows pid, pid + programs, ...; else one row per program, no loop
     PREFETCH: tl.constexpr,     # persistent: the next row's load is issued before this row's arithmetic
+    STAGES: tl.constexpr,       # persistent: > 1 lets Triton's pipeliner keep STAGES - 1 rows in flight through
+                                # shared memory (cp.async), not registers
     ONE_PASS: tl.constexpr,     # both statistics from one reduction of shifted sums (_layernorm_row)
 ):
     # The row walk of seeds/rmsnorm.py's `_rmsnorm_fwd_row_kernel` with LayerNorm's row.
@@ -113,7 +115,7 @@ def _layernorm_fwd_row_kernel(
         step = tl.num_programs(0)
         if PREFETCH:
             x_next = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
-        for row in range(pid, M, step):
+        for row in tl.range(pid, M, step, num_stages=STAGES):
             if PREFETCH:
                 x = x_next
                 x_next = _load_x_row(X, row + step, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
@@ -216,18 +218,19 @@ def layernorm_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
 
 def layernorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
                        variant: RowVariant = RowVariant(), *, one_pass: bool = False,
-                       programs: int | None = None, wide: bool | None = None) -> torch.Tensor:
+                       programs: int | None = None, stages: int = 1, wide: bool | None = None) -> torch.Tensor:
     """layernorm_fwd's contract through the 1-D row kernel of this file, launched as `variant` says (warps, memory
     hints, persistent grid, prefetch, register cap; `chunk` must be 0). `one_pass`: mean and variance from one
     reduction of shifted sums, for 16-bit x only (fp32 x keeps the exact two-pass: where the shift is a row's
     outlier, the one-pass variance loses ~1e-4 relative, invisible at 16-bit precision but not at fp32's);
-    `programs`, `wide`: as in seeds/rmsnorm.py's rmsnorm_fwd_rows. Options for the GPU sweep
+    `programs`, `stages`, `wide`: as in seeds/rmsnorm.py's rmsnorm_fwd_rows. Options for the GPU sweep
     (benchmarks/sweep_fwd_rows.py); layernorm_fwd stays the default."""
     _check(x, w, b)
     if variant.chunk:
         raise ValueError("the LayerNorm row kernel keeps its row in registers: chunk must be 0")
     if programs is not None and programs < 1:
         raise ValueError(f"programs must be a positive grid size, got {programs}")
+    _check_stages(stages, variant, programs)
     x2 = as_rows(x)
     m, n = x2.shape
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
@@ -237,7 +240,7 @@ def layernorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: f
             x2, w, b, y, m, n, x2.stride(0), y.stride(0), eps,
             BLOCK_N=block, EVEN_N=n == block, WIDE=needs_wide_offsets(x2, y) if wide is None else wide,
             LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache,
-            PERSISTENT=bool(variant.programs_per_sm or programs), PREFETCH=variant.prefetch,
+            PERSISTENT=bool(variant.programs_per_sm or programs), PREFETCH=variant.prefetch, STAGES=stages,
             ONE_PASS=one_pass and x.element_size() < 4, **variant.launch_options(block, x.element_size()),
         )
     return y.view(x.shape)

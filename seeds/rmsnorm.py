@@ -100,6 +100,8 @@ def _rmsnorm_fwd_row_kernel(
     STORE_CACHE: tl.constexpr,  # cache modifier of the y stores ("" or ".cs", streaming)
     PERSISTENT: tl.constexpr,   # programs walk rows pid, pid + programs, ...; else one row per program, no loop
     PREFETCH: tl.constexpr,     # persistent: the next row's load is issued before this row's arithmetic
+    STAGES: tl.constexpr,       # persistent: > 1 lets Triton's pipeliner keep STAGES - 1 rows in flight through
+                                # shared memory (cp.async), not registers
 ):
     # A 1-D block at a scalar row offset (Liger's shape).
     pid = tl.program_id(0)
@@ -111,7 +113,7 @@ def _rmsnorm_fwd_row_kernel(
         step = tl.num_programs(0)
         if PREFETCH:
             x_next = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
-        for row in range(pid, M, step):
+        for row in tl.range(pid, M, step, num_stages=STAGES):
             if PREFETCH:
                 x = x_next
                 x_next = _load_x_row(X, row + step, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
@@ -217,18 +219,30 @@ def needs_wide_offsets(*tensors: torch.Tensor) -> bool:
     return any(t.numel() and (t.shape[0] - 1) * t.stride(0) + t.shape[1] >= 2 ** 31 for t in tensors)
 
 
+def _check_stages(stages: int, variant: RowVariant, programs: int | None) -> None:
+    if stages < 1:
+        raise ValueError(f"stages must be 1 (no pipelining) or more, got {stages}")
+    if stages > 1 and not (variant.programs_per_sm or programs):
+        raise ValueError("stages > 1 pipelines the row loop of a persistent grid: set programs or programs_per_sm")
+    if stages > 1 and variant.prefetch:
+        raise ValueError("prefetch (registers) and stages (shared memory) are two ways to load ahead: pick one")
+
+
 def rmsnorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, eps: float, variant: RowVariant = RowVariant(), *,
-                     programs: int | None = None, wide: bool | None = None) -> torch.Tensor:
+                     programs: int | None = None, stages: int = 1, wide: bool | None = None) -> torch.Tensor:
     """rmsnorm_fwd's contract through the 1-D row kernel of this file, launched as `variant` says (warps, memory
     hints, persistent grid, prefetch, register cap; `chunk` must be 0). `programs`: a persistent grid of exactly
     this many programs (a divisor of the rows gives every program the same count: no last-row tail), in place of
-    the variant's programs per SM. `wide`: 64-bit offsets (None: only when a tensor needs them). Options for the
-    GPU sweep (benchmarks/sweep_fwd_rows.py); rmsnorm_fwd stays the default."""
+    the variant's programs per SM. `stages` > 1 (persistent grids, without `prefetch`): the row loop runs under
+    tl.range(num_stages=stages), whose pipeliner issues each row's load stages - 1 rows ahead into shared memory.
+    `wide`: 64-bit offsets (None: only when a tensor needs them). Options for the GPU sweep
+    (benchmarks/sweep_fwd_rows.py); rmsnorm_fwd stays the default."""
     _check(x, w)
     if variant.chunk:
         raise ValueError("the RMSNorm row kernel keeps its row in registers: chunk must be 0")
     if programs is not None and programs < 1:
         raise ValueError(f"programs must be a positive grid size, got {programs}")
+    _check_stages(stages, variant, programs)
     x2 = as_rows(x)
     m, n = x2.shape
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
@@ -238,7 +252,7 @@ def rmsnorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, eps: float, variant: RowV
             x2, w, y, m, n, x2.stride(0), y.stride(0), eps,
             BLOCK_N=block, EVEN_N=n == block, WIDE=needs_wide_offsets(x2, y) if wide is None else wide,
             LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache,
-            PERSISTENT=bool(variant.programs_per_sm or programs), PREFETCH=variant.prefetch,
+            PERSISTENT=bool(variant.programs_per_sm or programs), PREFETCH=variant.prefetch, STAGES=stages,
             **variant.launch_options(block, x.element_size()),
         )
     return y.view(x.shape)
