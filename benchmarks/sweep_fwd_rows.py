@@ -20,7 +20,7 @@ through registers (prefetch: the next row's load before this row's arithmetic) o
 flight no longer cost registers: 512 programs x 3 rows is ~12 rows, ~93 KB, per SM); LayerNorm's two statistics
 from one reduction (one barrier round instead of two); streaming stores; RoPE: unmasked 32-bit blocks of 1-4
 tokens per program (the seed runs 9 programs of 2 warps per SM; 2 tokens at 8 warps or 4 at 16 halve or quarter
-the programs).
+the programs) and persistent grids over 1-token blocks pipelined through shared memory.
 
 Every implementation is first checked against float64 at the full shape (relative L2 below 1e-2 on every output);
 a wrong one prints WRONG and is not timed. Times are do_bench medians (warmup 25 ms, rep 100 ms; do_bench clears
@@ -326,13 +326,15 @@ def sweep_layernorm(clock: Clock, m: int, n: int, device: str, smoke: bool) -> N
 
 # ---- RoPE -----------------------------------------------------------------------------------------------------------
 
-ROPE_VARIANTS = [  # (label, tokens per program, warps, store cache); regs from triton 3.9's ptxas (sm_90)
-    ("1 token/program w2, no masks, 32-bit", 1, 2, ""),  # 100 regs: 9 programs/SM, as the seed (103)
-    ("2 tokens/program w8", 2, 8, ""),  # 62 regs: 4 programs/SM of 20 KB
-    ("4 tokens/program w16", 4, 16, ""),  # 62 regs: 2 programs/SM of 40 KB
-    ("2 tokens/program w4", 2, 4, ""),  # 128 regs: 4 programs/SM
-    ("1 token/program w4", 1, 4, ""),  # 64 regs: 8 programs/SM
-    ("2 tokens/program w8 .cs", 2, 8, ".cs"),
+ROPE_VARIANTS = [  # (label, rope() options); registers and shared memory from triton 3.9's ptxas (sm_90)
+    ("1 token/program w2, no masks, 32-bit", {"tokens": 1, "num_warps": 2}),  # 100 regs: 9/SM, as the seed (103)
+    ("persistent 512 x 1 token w4 stages 3", {"tokens": 1, "num_warps": 4, "programs": 512, "stages": 3}),
+    # ^ 72 regs, 22 KB shared: ~4 programs/SM, each with 2 tokens (20 KB) loading ahead through shared memory
+    ("2 tokens/program w8", {"tokens": 2, "num_warps": 8}),  # 62 regs: 4 programs/SM of 20 KB
+    ("1 token/program w4", {"tokens": 1, "num_warps": 4}),  # 64 regs: 8 programs/SM
+    ("persistent 512 x 1 token w8 stages 3", {"tokens": 1, "num_warps": 8, "programs": 512, "stages": 3}),
+    ("4 tokens/program w16", {"tokens": 4, "num_warps": 16}),  # 62 regs: 2 programs/SM of 40 KB
+    ("2 tokens/program w8 .cs", {"tokens": 2, "num_warps": 8, "store_cache": ".cs"}),
 ]
 
 
@@ -362,11 +364,9 @@ def sweep_rope(clock: Clock, b: int, t: int, hq: int, hk: int, d: int, device: s
     del flat
     measure(clock, op, "seed default (1 token/program, w2, masks)", "seed", nbytes,
             ours(lambda q, k, c, s: rope.rope(q, k, c, s)), smoke, [rope._rope_kernel])
-    for label, tokens, warps, cache in ROPE_VARIANTS:
+    for label, options in ROPE_VARIANTS:
         measure(clock, op, label, "variant", nbytes,
-                ours(lambda q, k, c, s, tk=tokens, nw=warps, sc=cache:
-                     rope.rope(q, k, c, s, num_warps=nw, tokens=tk, store_cache=sc)), smoke,
-                [rope._rope_tokens_kernel])
+                ours(lambda q, k, c, s, o=options: rope.rope(q, k, c, s, **o)), smoke, [rope._rope_tokens_kernel])
 
 
 # ---- table ----------------------------------------------------------------------------------------------------------

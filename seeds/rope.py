@@ -13,10 +13,12 @@ Measured on the H200 (docs/bench-mix.md): forward 0.088 ms = 3,842 GB/s (90.5% o
 0.095, torch.compile 0.149, eager 1.08), backward 0.089 ms = 3,800 GB/s (8.2x the best baseline, which recomputes
 the forward through autograd). Short of the 3,900 GB/s target by 1.5%.
 
-Variants (`rope(..., tokens=, store_cache=)`, not yet measured; benchmarks/sweep_fwd_rows.py times them): a kernel
-rotating TOKENS consecutive tokens per program as one [TOKENS, H, D/2] tile per half, unmasked when the head counts
-and D/2 are powers of two and TOKENS divides B*T, with 32-bit offsets when q and k fit. The default stays the
-one-token kernel until the H200 says otherwise.
+Variants (`rope(..., tokens=, store_cache=, programs=, stages=)`, not yet measured; benchmarks/sweep_fwd_rows.py
+times them): a kernel rotating blocks of TOKENS consecutive tokens as one [TOKENS, H, D/2] tile per half, unmasked
+when the head counts and D/2 are powers of two and TOKENS divides B*T, with 32-bit offsets when q and k fit; one
+block per program, or a persistent grid whose loop Triton's pipeliner can run `stages` - 1 blocks ahead through
+shared memory (cp.async in the sm_90 PTX of triton 3.9). The default stays the one-token kernel until the H200 says
+otherwise.
 """
 from __future__ import annotations
 
@@ -102,19 +104,11 @@ def _rotate_token_block(X, Y, tok0, n_tokens, n_heads, c1, c2, s1, s2, HALF, BWD
 
 
 @triton.jit
-def _rope_tokens_kernel(
-    Q, K, QO, KO, COS, SIN,
-    n_tokens, T, n_q_heads, n_k_heads, HALF,  # n_tokens = B * T; HALF = D / 2
-    BWD: tl.constexpr,  # apply the transposed rotation (backward)
-    TOKENS: tl.constexpr,  # tokens per program
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    EVEN: tl.constexpr,  # head counts and D / 2 are the blocks and TOKENS divides B * T: no masks
-    WIDE: tl.constexpr,  # 64-bit offsets (q or k past 2^31 elements)
-    STORE_CACHE: tl.constexpr,  # cache modifier of the rotated stores ("" or ".cs", streaming)
-):
-    # _rope_kernel's maths for TOKENS consecutive tokens per program: fewer, larger programs with
-    # TOKENS x (Hq + Hk) x D elements of loads in flight each.
-    tok0 = tl.program_id(0) * TOKENS
+def _rope_token_block(Q, K, QO, KO, COS, SIN, blk, n_tokens, T, n_q_heads, n_k_heads, HALF, BWD: tl.constexpr,
+                      TOKENS: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                      EVEN: tl.constexpr, WIDE: tl.constexpr, STORE_CACHE: tl.constexpr):
+    # Tokens [blk * TOKENS, blk * TOKENS + TOKENS): cos and sin of their positions, then q's and k's heads.
+    tok0 = blk * TOKENS
     toks = tok0 + tl.arange(0, TOKENS)[:, None, None]
     cols = tl.arange(0, BLOCK_HALF)[None, None, :]
     base = (toks % T) * 2 * HALF + cols
@@ -135,18 +129,49 @@ def _rope_tokens_kernel(
                         EVEN, WIDE, STORE_CACHE)
 
 
+@triton.jit
+def _rope_tokens_kernel(
+    Q, K, QO, KO, COS, SIN,
+    n_tokens, T, n_q_heads, n_k_heads, HALF,  # n_tokens = B * T; HALF = D / 2
+    BWD: tl.constexpr,  # apply the transposed rotation (backward)
+    TOKENS: tl.constexpr,  # tokens per block
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    EVEN: tl.constexpr,  # head counts and D / 2 are the blocks and TOKENS divides B * T: no masks
+    WIDE: tl.constexpr,  # 64-bit offsets (q or k past 2^31 elements)
+    STORE_CACHE: tl.constexpr,  # cache modifier of the rotated stores ("" or ".cs", streaming)
+    PERSISTENT: tl.constexpr,  # programs walk blocks pid, pid + programs, ...; else one block per program
+    STAGES: tl.constexpr,  # persistent: > 1 lets Triton's pipeliner load STAGES - 1 blocks ahead (shared memory)
+):
+    # _rope_kernel's maths for blocks of TOKENS consecutive tokens: fewer, larger programs with
+    # TOKENS x (Hq + Hk) x D elements of loads in flight each, or a persistent grid that loads ahead.
+    pid = tl.program_id(0)
+    if not PERSISTENT:
+        _rope_token_block(Q, K, QO, KO, COS, SIN, pid, n_tokens, T, n_q_heads, n_k_heads, HALF, BWD, TOKENS,
+                          BLOCK_HQ, BLOCK_HK, BLOCK_HALF, EVEN, WIDE, STORE_CACHE)
+    else:
+        for blk in tl.range(pid, tl.cdiv(n_tokens, TOKENS), tl.num_programs(0), num_stages=STAGES):
+            _rope_token_block(Q, K, QO, KO, COS, SIN, blk, n_tokens, T, n_q_heads, n_k_heads, HALF, BWD, TOKENS,
+                              BLOCK_HQ, BLOCK_HK, BLOCK_HALF, EVEN, WIDE, STORE_CACHE)
+
+
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool = False,
-         num_warps: int | None = None, *, tokens: int = 0, store_cache: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+         num_warps: int | None = None, *, tokens: int = 0, store_cache: str = "", programs: int | None = None,
+         stages: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated (q, k); with backward=True, the gradients of q and k for upstream gradients passed as q and k.
     `tokens` = 0 (the default) launches one program per token (_rope_kernel); a power of two launches
-    _rope_tokens_kernel with that many tokens per program, unmasked where the shapes allow, its stores with
-    `store_cache` ("" or ".cs"). Options for the GPU sweep (benchmarks/sweep_fwd_rows.py)."""
+    _rope_tokens_kernel on blocks of that many tokens, unmasked where the shapes allow, its stores with
+    `store_cache` ("" or ".cs"); `programs`: a persistent grid of that many programs walking the blocks, whose
+    loop `stages` > 1 pipelines through shared memory. Options for the GPU sweep (benchmarks/sweep_fwd_rows.py)."""
     if tokens < 0 or tokens & (tokens - 1):
         raise ValueError(f"rope: tokens per program must be 0 (one-token kernel) or a power of two, got {tokens}")
     if store_cache not in ("", ".cs"):
         raise ValueError(f"rope: store_cache must be '' or '.cs', got {store_cache!r}")
-    if store_cache and not tokens:
-        raise ValueError("rope: store_cache is an option of the token-block kernel (tokens > 0)")
+    if (store_cache or programs is not None) and not tokens:
+        raise ValueError("rope: store_cache and programs are options of the token-block kernel (tokens > 0)")
+    if programs is not None and programs < 1:
+        raise ValueError(f"rope: programs must be a positive grid size, got {programs}")
+    if stages < 1 or (stages > 1 and programs is None):
+        raise ValueError(f"rope: stages must be 1, or more with a persistent grid (programs), got {stages}")
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"rope: q and k must be [B, T, H, D], got {tuple(q.shape)} and {tuple(k.shape)}")
     B, T, n_q, D = q.shape
@@ -173,10 +198,11 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         n_tokens = B * T
         even = n_q == block_hq and n_k == block_hk and half == block_half and n_tokens % tokens == 0
         wide = max(q.numel(), k.numel()) >= 2 ** 31
-        _rope_tokens_kernel[(triton.cdiv(n_tokens, tokens),)](
+        blocks = triton.cdiv(n_tokens, tokens)
+        _rope_tokens_kernel[(min(programs, blocks) if programs else blocks,)](
             q, k, qo, ko, cos, sin, n_tokens, T, n_q, n_k, half, BWD=backward, TOKENS=tokens, BLOCK_HQ=block_hq,
             BLOCK_HK=block_hk, BLOCK_HALF=block_half, EVEN=even, WIDE=wide, STORE_CACHE=store_cache,
-            num_warps=num_warps)
+            PERSISTENT=programs is not None, STAGES=stages, num_warps=num_warps)
         return qo, ko
     _rope_kernel[(B * T,)](q, k, qo, ko, cos, sin, T, n_q, n_k, half, BWD=backward, BLOCK_HQ=block_hq,
                            BLOCK_HK=block_hk, BLOCK_HALF=block_half, num_warps=num_warps)

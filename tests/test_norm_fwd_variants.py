@@ -206,6 +206,19 @@ def test_rope_token_blocks_backward_matches_the_default(tokens, device):
         assert torch.equal(g, w)
 
 
+@pytest.mark.parametrize("programs,stages", [(3, 1), (4, 3), (64, 2)])
+def test_rope_persistent_token_blocks(programs, stages, device):
+    # B*T = 10 tokens in blocks of 2 over 3, 4 or (capped) 5 programs; equal to the one-token kernel bit for bit.
+    torch.manual_seed(11)
+    B, T, hq, hk, D = 2, 5, 3, 1, 6
+    q, k = torch.randn(B, T, hq, D, device=device), torch.randn(B, T, hk, D, device=device)
+    cos, sin = (c.to(device) for c in rope_tables(T, D, torch.float32))
+    want = rope.rope(q, k, cos, sin)
+    got = rope.rope(q, k, cos, sin, tokens=2, programs=programs, stages=stages)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_rope_rejects_bad_token_options(device):
     q, cos = torch.randn(1, 2, 2, 4, device=device), torch.randn(2, 4, device=device)
     with pytest.raises(ValueError, match="power of two"):
@@ -214,3 +227,9 @@ def test_rope_rejects_bad_token_options(device):
         rope.rope(q, q, cos, cos, store_cache=".cs")
     with pytest.raises(ValueError, match="store_cache must be"):
         rope.rope(q, q, cos, cos, tokens=2, store_cache=".cg")
+    with pytest.raises(ValueError, match="token-block kernel"):
+        rope.rope(q, q, cos, cos, programs=4)
+    with pytest.raises(ValueError, match="positive grid size"):
+        rope.rope(q, q, cos, cos, tokens=1, programs=0)
+    with pytest.raises(ValueError, match="persistent grid"):
+        rope.rope(q, q, cos, cos, tokens=1, stages=3)
