@@ -79,7 +79,7 @@ def _load_x_row(X, row, stride_x, M, N, cols, EVEN_N: tl.constexpr, CLAMP_ROW: t
 def _rmsnorm_row(x, W, Y, row, stride_y, N, eps, cols, EVEN_N: tl.constexpr, WIDE: tl.constexpr,
                  STORE_CACHE: tl.constexpr):
     # y = x * rstd * w for one loaded row. w is re-read for every row (from L1/L2): loaded once ahead of the row
-    # walk it held 48 registers a thread against 38 (triton 3.9's ptxas, sm_90, 8 warps): 5 programs per SM, not 6.
+    # loop it held 48 registers a thread against 44 (triton 3.9's ptxas, sm_90, 8 warps).
     x = x.to(tl.float32)
     w = load_cols(W + cols, cols, N, EVEN_N, "evict_last").to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
