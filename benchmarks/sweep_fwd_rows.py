@@ -2,7 +2,7 @@
 Hq32 Hk8 D128, bf16): each seed's default and its launch variants against the tasks' Models (eager, torch.compile,
 Liger when importable) and two copies of the same bytes (the ceiling), in one run.
 
-    python3 benchmarks/sweep_fwd_rows.py [--budget 75] [--out DIR]      # H200 (not yet run): table last
+    python3 benchmarks/sweep_fwd_rows.py [--budget 75] [--out DIR] [--ops rmsnorm,layernorm,rope]  # H200: table last
     TRITON_INTERPRET=1 python3 benchmarks/sweep_fwd_rows.py --smoke     # CPU interpreter, tiny shapes
 
 Liger is timed when `liger_kernel` imports (on the device machine: pip install --no-deps --target /tmp/site
@@ -73,19 +73,18 @@ ROWS: list[Row] = []
 
 
 class Clock:
-    """Per-op deadlines: op i may start rows until START + budget * SHARES[i] (cumulative; RMSNorm's share also pays
-    for the first torch.compile's start-up)."""
+    """Per-op deadlines: op i may start rows until START + budget * shares[i] (cumulative; with all three ops,
+    RMSNorm's share is the largest: it also pays for the first torch.compile's start-up)."""
 
-    SHARES = (0.38, 0.69, 1.0)
-
-    def __init__(self, budget: float):
+    def __init__(self, budget: float, n_ops: int):
         self.budget, self.op = budget, -1
+        self.shares = (0.38, 0.69, 1.0) if n_ops == 3 else tuple((i + 1) / n_ops for i in range(n_ops))
 
     def next_op(self) -> None:
         self.op += 1
 
     def over(self) -> bool:
-        return time.time() - START > self.budget * self.SHARES[min(self.op, len(self.SHARES) - 1)]
+        return time.time() - START > self.budget * self.shares[min(self.op, len(self.shares) - 1)]
 
 
 # ---- which kernels a row compiled (registers, spills), best effort -------------------------------------------------
@@ -396,7 +395,13 @@ def table() -> None:
 def main() -> int:
     ap = parser(__doc__.splitlines()[0], budget_s=75.0)
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for sweep_fwd_rows.json (default: $OUT)")
+    ap.add_argument("--ops", default="rmsnorm,layernorm,rope",
+                    help="comma-separated subset of rmsnorm, layernorm, rope (default: all three)")
     args = ap.parse_args()
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    if not ops or set(ops) - {"rmsnorm", "layernorm", "rope"}:
+        print(f"--ops takes a comma-separated subset of rmsnorm, layernorm, rope; got {args.ops!r}.")
+        return 2
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
         print("--smoke runs the kernels on the CPU interpreter: set TRITON_INTERPRET=1 before Python starts.")
         return 2
@@ -410,13 +415,15 @@ def main() -> int:
     env = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
            "torch": torch.__version__, "triton": triton.__version__, "liger": liger_available()}
     print(env, flush=True)
-    clock = Clock(args.budget)
-    steps = [
-        lambda: sweep_rmsnorm(clock, *((24, 128) if args.smoke else (16384, 4096)), device, args.smoke),
-        lambda: sweep_layernorm(clock, *((24, 128) if args.smoke else (16384, 4096)), device, args.smoke),
-        lambda: sweep_rope(clock, *((1, 8, 4, 2, 16) if args.smoke else (4, 4096, 32, 8, 128)), device, args.smoke),
-    ]
-    for step in steps:
+    clock = Clock(args.budget, len(ops))
+    steps = {
+        "rmsnorm": lambda: sweep_rmsnorm(clock, *((24, 128) if args.smoke else (16384, 4096)), device, args.smoke),
+        "layernorm": lambda: sweep_layernorm(clock, *((24, 128) if args.smoke else (16384, 4096)), device,
+                                             args.smoke),
+        "rope": lambda: sweep_rope(clock, *((1, 8, 4, 2, 16) if args.smoke else (4, 4096, 32, 8, 128)), device,
+                                   args.smoke),
+    }
+    for step in (steps[o] for o in ops):
         clock.next_op()
         step()
         if device == "cuda":
