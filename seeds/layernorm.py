@@ -25,8 +25,9 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from seeds._common import (PREFETCH_MAXNREG, _load_pair, add_triple, as_rows, finish_partials, fused_sum_args, row_block,
-                           row_warps, sm_count, sum_partials)
+from seeds._common import (PREFETCH_MAXNREG, RowVariant, _load_pair, add_triple, as_rows, finish_partials,
+                           fused_sum_args, load_cols, row_block, row_warps, sm_count, store_cols, sum_partials)
+from seeds.rmsnorm import _check_stages, _load_x_row, _row_offset, needs_wide_offsets
 
 
 @triton.jit
@@ -52,6 +53,80 @@ def _layernorm_fwd_kernel(
     b = tl.load(B + cols, mask=col_ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
     y = xc * rstd[:, None] * w[None, :] + b[None, :]
     tl.store(Y + rows * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_pairs(a1, a2, b1, b2):
+    return a1 + b1, a2 + b2
+
+
+@triton.jit
+def _layernorm_row(x, X, W, B, Y, row, stride_x, stride_y, N, eps, cols, EVEN_N: tl.constexpr, WIDE: tl.constexpr,
+                   STORE_CACHE: tl.constexpr, ONE_PASS: tl.constexpr):
+    # y = (x - mean) * rstd * w + b for one loaded row.
+    # Two-pass: mean first, then the mean of (x - mean)^2: two reductions, the second waiting on the first.
+    # One pass: with d = x - x0 for the row's first element x0, a single reduction of (sum d, sum d^2) gives
+    #   mean = x0 + sum(d)/N,   var = sum(d^2)/N - (sum(d)/N)^2.
+    # The shift keeps the cancellation small (x0 is one sample of the row, so |mean - x0| is of the order of the
+    # row's spread unless x0 is an outlier); a constant row gives d = 0 and var = 0 exactly.
+    x = x.to(tl.float32)
+    if ONE_PASS:
+        x0 = tl.load(X + _row_offset(row, stride_x, WIDE)).to(tl.float32)
+        d = x - x0
+        if not EVEN_N:
+            d = tl.where(cols < N, d, 0.0)
+        s1, s2 = tl.reduce((d, d * d), 0, _add_pairs)
+        shift = s1 / N
+        xc = x - (x0 + shift)
+        var = tl.maximum(s2 / N - shift * shift, 0.0)
+    else:
+        xc = x - tl.sum(x, axis=0) / N
+        if not EVEN_N:
+            xc = tl.where(cols < N, xc, 0.0)
+        var = tl.sum(xc * xc, axis=0) / N
+    rstd = tl.rsqrt(var + eps)
+    # w and b are re-read for every row (L1/L2 hits): held across a persistent loop they cost registers.
+    w = load_cols(W + cols, cols, N, EVEN_N, "evict_last").to(tl.float32)
+    b = load_cols(B + cols, cols, N, EVEN_N, "evict_last").to(tl.float32)
+    store_cols(Y + _row_offset(row, stride_y, WIDE) + cols, (xc * rstd * w + b).to(Y.dtype.element_ty), cols, N,
+               EVEN_N, STORE_CACHE)
+
+
+@triton.jit
+def _layernorm_fwd_row_kernel(
+    X, W, B, Y,
+    M, N,
+    stride_x, stride_y,  # elements between rows
+    eps,
+    BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr,       # N == BLOCK_N: no masks at all
+    WIDE: tl.constexpr,         # 64-bit row offsets (a tensor past 2^31 elements)
+    LOAD_POLICY: tl.constexpr,  # eviction policy of the x loads ("" or "evict_first")
+    STORE_CACHE: tl.constexpr,  # cache modifier of the y stores ("" or ".cs", streaming)
+    PERSISTENT: tl.constexpr,   # programs walk rows pid, pid + programs, ...; else one row per program, no loop
+    PREFETCH: tl.constexpr,     # persistent: the next row's load is issued before this row's arithmetic
+    STAGES: tl.constexpr,       # persistent: > 1 lets Triton's pipeliner keep STAGES - 1 rows in flight through
+                                # shared memory (cp.async), not registers
+    ONE_PASS: tl.constexpr,     # both statistics from one reduction of shifted sums (_layernorm_row)
+):
+    # The row walk of seeds/rmsnorm.py's `_rmsnorm_fwd_row_kernel` with LayerNorm's row.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    if not PERSISTENT:
+        x = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, False, WIDE, LOAD_POLICY)
+        _layernorm_row(x, X, W, B, Y, pid, stride_x, stride_y, N, eps, cols, EVEN_N, WIDE, STORE_CACHE, ONE_PASS)
+    else:
+        step = tl.num_programs(0)
+        if PREFETCH:
+            x_next = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
+        for row in tl.range(pid, M, step, num_stages=STAGES):
+            if PREFETCH:
+                x = x_next
+                x_next = _load_x_row(X, row + step, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
+            else:
+                x = _load_x_row(X, row, stride_x, M, N, cols, EVEN_N, False, WIDE, LOAD_POLICY)
+            _layernorm_row(x, X, W, B, Y, row, stride_x, stride_y, N, eps, cols, EVEN_N, WIDE, STORE_CACHE,
+                           ONE_PASS)
 
 
 @triton.jit
@@ -157,6 +232,36 @@ def layernorm_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
         _layernorm_fwd_kernel[(triton.cdiv(m, rows),)](
             x2, w, b, y, m, n, x2.stride(0), y.stride(0), eps,
             ROWS=rows, BLOCK_N=row_block(n), num_warps=num_warps or d_warps,
+        )
+    return y.view(x.shape)
+
+
+def layernorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
+                       variant: RowVariant = RowVariant(), *, one_pass: bool = False,
+                       programs: int | None = None, stages: int = 1, wide: bool | None = None) -> torch.Tensor:
+    """layernorm_fwd's contract through the 1-D row kernel of this file, launched as `variant` says (warps, memory
+    hints, persistent grid, prefetch, register cap; `chunk` must be 0). `one_pass`: mean and variance from one
+    reduction of shifted sums, for 16-bit x only (fp32 x keeps the exact two-pass: where the shift is a row's
+    outlier, the one-pass variance loses ~1e-4 relative, invisible at 16-bit precision but not at fp32's);
+    `programs`, `stages`, `wide`: as in seeds/rmsnorm.py's rmsnorm_fwd_rows. Options for the GPU sweep
+    (benchmarks/sweep_fwd_rows.py); layernorm_fwd stays the default."""
+    _check(x, w, b)
+    if variant.chunk:
+        raise ValueError("the LayerNorm row kernel keeps its row in registers: chunk must be 0")
+    if programs is not None and programs < 1:
+        raise ValueError(f"programs must be a positive grid size, got {programs}")
+    _check_stages(stages, variant, programs)
+    x2 = as_rows(x)
+    m, n = x2.shape
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.numel():
+        block = row_block(n)
+        _layernorm_fwd_row_kernel[(min(programs, m) if programs else variant.grid(m, x.device),)](
+            x2, w, b, y, m, n, x2.stride(0), y.stride(0), eps,
+            BLOCK_N=block, EVEN_N=n == block, WIDE=needs_wide_offsets(x2, y) if wide is None else wide,
+            LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache,
+            PERSISTENT=bool(variant.programs_per_sm or programs), PREFETCH=variant.prefetch, STAGES=stages,
+            ONE_PASS=one_pass and x.element_size() < 4, **variant.launch_options(block, x.element_size()),
         )
     return y.view(x.shape)
 

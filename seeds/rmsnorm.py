@@ -30,8 +30,8 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from seeds._common import (PREFETCH_MAXNREG, _load_pair, add_pair, as_rows, finish_partials, fused_sum_args, row_block, row_warps,
-                           sm_count, sum_partials)
+from seeds._common import (PREFETCH_MAXNREG, RowVariant, _load_pair, add_pair, as_rows, finish_partials,
+                           fused_sum_args, load_cols, row_block, row_warps, sm_count, store_cols, sum_partials)
 
 
 @triton.jit
@@ -60,6 +60,71 @@ def _rmsnorm_fwd_kernel(
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     y = x * rstd[:, None] * w[None, :]
     tl.store(Y + rows * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_offset(row, stride, WIDE: tl.constexpr):
+    # Element offset of a row: 64-bit only when the launcher says a tensor's last element is past 2^31 - 1 (the
+    # 32-bit product saves the 64-bit multiply and address arithmetic of every load and store).
+    if WIDE:
+        row = tl.cast(row, tl.int64)
+    return row * stride
+
+
+@triton.jit
+def _load_x_row(X, row, stride_x, M, N, cols, EVEN_N: tl.constexpr, CLAMP_ROW: tl.constexpr, WIDE: tl.constexpr,
+                POLICY: tl.constexpr):
+    # One row of x in its storage dtype; a clamped prefetch past the last row re-reads row M - 1 (no row mask).
+    if CLAMP_ROW:
+        row = tl.minimum(row, M - 1)
+    return load_cols(X + _row_offset(row, stride_x, WIDE) + cols, cols, N, EVEN_N, POLICY)
+
+
+@triton.jit
+def _rmsnorm_row(x, W, Y, row, stride_y, N, eps, cols, EVEN_N: tl.constexpr, WIDE: tl.constexpr,
+                 STORE_CACHE: tl.constexpr):
+    # y = x * rstd * w for one loaded row. w is re-read for every row (from L1/L2): loaded once ahead of the row
+    # loop it held 48 registers a thread against 44 (triton 3.9's ptxas, sm_90, 8 warps).
+    x = x.to(tl.float32)
+    w = load_cols(W + cols, cols, N, EVEN_N, "evict_last").to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    store_cols(Y + _row_offset(row, stride_y, WIDE) + cols, (x * rstd * w).to(Y.dtype.element_ty), cols, N, EVEN_N,
+               STORE_CACHE)
+
+
+@triton.jit
+def _rmsnorm_fwd_row_kernel(
+    X, W, Y,
+    M, N,
+    stride_x, stride_y,  # elements between rows
+    eps,
+    BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr,       # N == BLOCK_N: no masks at all
+    WIDE: tl.constexpr,         # 64-bit row offsets (a tensor past 2^31 elements)
+    LOAD_POLICY: tl.constexpr,  # eviction policy of the x loads ("" or "evict_first")
+    STORE_CACHE: tl.constexpr,  # cache modifier of the y stores ("" or ".cs", streaming)
+    PERSISTENT: tl.constexpr,   # programs walk rows pid, pid + programs, ...; else one row per program, no loop
+    PREFETCH: tl.constexpr,     # persistent: the next row's load is issued before this row's arithmetic
+    STAGES: tl.constexpr,       # persistent: > 1 lets Triton's pipeliner keep STAGES - 1 rows in flight through
+                                # shared memory (cp.async), not registers
+):
+    # A 1-D block at a scalar row offset (Liger's shape).
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    if not PERSISTENT:  # no loop: a one-trip loop still held 44 registers against 38 (same compile)
+        x = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, False, WIDE, LOAD_POLICY)
+        _rmsnorm_row(x, W, Y, pid, stride_y, N, eps, cols, EVEN_N, WIDE, STORE_CACHE)
+    else:
+        step = tl.num_programs(0)
+        if PREFETCH:
+            x_next = _load_x_row(X, pid, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
+        for row in tl.range(pid, M, step, num_stages=STAGES):
+            if PREFETCH:
+                x = x_next
+                x_next = _load_x_row(X, row + step, stride_x, M, N, cols, EVEN_N, True, WIDE, LOAD_POLICY)
+            else:
+                x = _load_x_row(X, row, stride_x, M, N, cols, EVEN_N, False, WIDE, LOAD_POLICY)
+            _rmsnorm_row(x, W, Y, row, stride_y, N, eps, cols, EVEN_N, WIDE, STORE_CACHE)
 
 
 @triton.jit
@@ -164,6 +229,51 @@ def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float, *, rows: int | Non
     if x2.numel():
         d_rows, d_warps = fwd_config(x2.shape[1], x.element_size())
         _launch_fwd(x2, None, w, y, None, eps, rows or d_rows, num_warps or d_warps)
+    return y.view(x.shape)
+
+
+def needs_wide_offsets(*tensors: torch.Tensor) -> bool:
+    """True when some (M, N) tensor's last element lies past 2^31 - 1 elements from its start: the row kernels
+    must then compute offsets in 64 bits."""
+    return any(t.numel() and (t.shape[0] - 1) * t.stride(0) + t.shape[1] >= 2 ** 31 for t in tensors)
+
+
+def _check_stages(stages: int, variant: RowVariant, programs: int | None) -> None:
+    if stages < 1:
+        raise ValueError(f"stages must be 1 (no pipelining) or more, got {stages}")
+    if stages > 1 and not (variant.programs_per_sm or programs):
+        raise ValueError("stages > 1 pipelines the row loop of a persistent grid: set programs or programs_per_sm")
+    if stages > 1 and variant.prefetch:
+        raise ValueError("prefetch (registers) and stages (shared memory) are two ways to load ahead: pick one")
+
+
+def rmsnorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, eps: float, variant: RowVariant = RowVariant(), *,
+                     programs: int | None = None, stages: int = 1, wide: bool | None = None) -> torch.Tensor:
+    """rmsnorm_fwd's contract through the 1-D row kernel of this file, launched as `variant` says (warps, memory
+    hints, persistent grid, prefetch, register cap; `chunk` must be 0). `programs`: a persistent grid of exactly
+    this many programs (a divisor of the rows gives every program the same count: no last-row tail), in place of
+    the variant's programs per SM. `stages` > 1 (persistent grids, without `prefetch`): the row loop runs under
+    tl.range(num_stages=stages), whose pipeliner issues each row's load stages - 1 rows ahead into shared memory.
+    `wide`: 64-bit offsets (None: only when a tensor needs them). Options for the GPU sweep
+    (benchmarks/sweep_fwd_rows.py); rmsnorm_fwd stays the default."""
+    _check(x, w)
+    if variant.chunk:
+        raise ValueError("the RMSNorm row kernel keeps its row in registers: chunk must be 0")
+    if programs is not None and programs < 1:
+        raise ValueError(f"programs must be a positive grid size, got {programs}")
+    _check_stages(stages, variant, programs)
+    x2 = as_rows(x)
+    m, n = x2.shape
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.numel():
+        block = row_block(n)
+        _rmsnorm_fwd_row_kernel[(min(programs, m) if programs else variant.grid(m, x.device),)](
+            x2, w, y, m, n, x2.stride(0), y.stride(0), eps,
+            BLOCK_N=block, EVEN_N=n == block, WIDE=needs_wide_offsets(x2, y) if wide is None else wide,
+            LOAD_POLICY=variant.load_policy, STORE_CACHE=variant.store_cache,
+            PERSISTENT=bool(variant.programs_per_sm or programs), PREFETCH=variant.prefetch, STAGES=stages,
+            **variant.launch_options(block, x.element_size()),
+        )
     return y.view(x.shape)
 
 

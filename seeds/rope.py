@@ -12,6 +12,13 @@ cos/sin 2 MB: 80 us at the H200's copy bandwidth of 4,244 GB/s.
 Measured on the H200 (docs/bench-mix.md): forward 0.088 ms = 3,842 GB/s (90.5% of the measured copy; Liger in place
 0.095, torch.compile 0.149, eager 1.08), backward 0.089 ms = 3,800 GB/s (8.2x the best baseline, which recomputes
 the forward through autograd). Short of the 3,900 GB/s target by 1.5%.
+
+Variants (`rope(..., tokens=, store_cache=, programs=, stages=)`, not yet measured; benchmarks/sweep_fwd_rows.py
+times them): a kernel rotating blocks of TOKENS consecutive tokens as one [TOKENS, H, D/2] tile per half, unmasked
+when the head counts and D/2 are powers of two and TOKENS divides B*T, with 32-bit offsets when q and k fit; one
+block per program, or a persistent grid whose loop Triton's pipeliner can run `stages` - 1 blocks ahead through
+shared memory (cp.async in the sm_90 PTX of triton 3.9). The default stays the one-token kernel until the H200 says
+otherwise.
 """
 from __future__ import annotations
 
@@ -62,9 +69,109 @@ def _rope_kernel(
     _rotate_heads(K, KO, row, n_k_heads, c1, c2, s1, s2, HALF, BWD, BLOCK_HK, BLOCK_HALF)
 
 
+@triton.jit
+def _rotate_token_block(X, Y, tok0, n_tokens, n_heads, c1, c2, s1, s2, HALF, BWD: tl.constexpr,
+                        TOKENS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                        EVEN: tl.constexpr, WIDE: tl.constexpr, STORE_CACHE: tl.constexpr):
+    """Rotate tokens [tok0, tok0 + TOKENS) of X (each n_heads x D, contiguous) into Y as one [TOKENS, H, HALF]
+    tile per half: every load of the block is issued before the first store. c*, s*: [TOKENS, 1, BLOCK_HALF]."""
+    toks = tl.arange(0, TOKENS)[:, None, None]
+    heads = tl.arange(0, BLOCK_H)[None, :, None]
+    cols = tl.arange(0, BLOCK_HALF)[None, None, :]
+    tok = tok0 + toks
+    if WIDE:  # 64-bit offsets only for a q or k past 2^31 elements
+        tok = tok.to(tl.int64)
+    offs = tok * n_heads * 2 * HALF + heads * 2 * HALF + cols
+    if EVEN:
+        x1 = tl.load(X + offs).to(tl.float32)
+        x2 = tl.load(X + offs + HALF).to(tl.float32)
+    else:
+        mask = (tok0 + toks < n_tokens) & (heads < n_heads) & (cols < HALF)
+        x1 = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(X + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+    if BWD:
+        y1 = x1 * c1 + x2 * s2
+        y2 = x2 * c2 - x1 * s1
+    else:
+        y1 = x1 * c1 - x2 * s1
+        y2 = x2 * c2 + x1 * s2
+    if EVEN:
+        tl.store(Y + offs, y1.to(Y.dtype.element_ty), cache_modifier=STORE_CACHE)
+        tl.store(Y + offs + HALF, y2.to(Y.dtype.element_ty), cache_modifier=STORE_CACHE)
+    else:
+        tl.store(Y + offs, y1.to(Y.dtype.element_ty), mask=mask, cache_modifier=STORE_CACHE)
+        tl.store(Y + offs + HALF, y2.to(Y.dtype.element_ty), mask=mask, cache_modifier=STORE_CACHE)
+
+
+@triton.jit
+def _rope_token_block(Q, K, QO, KO, COS, SIN, blk, n_tokens, T, n_q_heads, n_k_heads, HALF, BWD: tl.constexpr,
+                      TOKENS: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                      EVEN: tl.constexpr, WIDE: tl.constexpr, STORE_CACHE: tl.constexpr):
+    # Tokens [blk * TOKENS, blk * TOKENS + TOKENS): cos and sin of their positions, then q's and k's heads.
+    tok0 = blk * TOKENS
+    toks = tok0 + tl.arange(0, TOKENS)[:, None, None]
+    cols = tl.arange(0, BLOCK_HALF)[None, None, :]
+    base = (toks % T) * 2 * HALF + cols
+    if EVEN:
+        c1 = tl.load(COS + base).to(tl.float32)
+        c2 = tl.load(COS + base + HALF).to(tl.float32)
+        s1 = tl.load(SIN + base).to(tl.float32)
+        s2 = tl.load(SIN + base + HALF).to(tl.float32)
+    else:
+        cmask = (toks < n_tokens) & (cols < HALF)
+        c1 = tl.load(COS + base, mask=cmask, other=0.0).to(tl.float32)
+        c2 = tl.load(COS + base + HALF, mask=cmask, other=0.0).to(tl.float32)
+        s1 = tl.load(SIN + base, mask=cmask, other=0.0).to(tl.float32)
+        s2 = tl.load(SIN + base + HALF, mask=cmask, other=0.0).to(tl.float32)
+    _rotate_token_block(Q, QO, tok0, n_tokens, n_q_heads, c1, c2, s1, s2, HALF, BWD, TOKENS, BLOCK_HQ, BLOCK_HALF,
+                        EVEN, WIDE, STORE_CACHE)
+    _rotate_token_block(K, KO, tok0, n_tokens, n_k_heads, c1, c2, s1, s2, HALF, BWD, TOKENS, BLOCK_HK, BLOCK_HALF,
+                        EVEN, WIDE, STORE_CACHE)
+
+
+@triton.jit
+def _rope_tokens_kernel(
+    Q, K, QO, KO, COS, SIN,
+    n_tokens, T, n_q_heads, n_k_heads, HALF,  # n_tokens = B * T; HALF = D / 2
+    BWD: tl.constexpr,  # apply the transposed rotation (backward)
+    TOKENS: tl.constexpr,  # tokens per block
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    EVEN: tl.constexpr,  # head counts and D / 2 are the blocks and TOKENS divides B * T: no masks
+    WIDE: tl.constexpr,  # 64-bit offsets (q or k past 2^31 elements)
+    STORE_CACHE: tl.constexpr,  # cache modifier of the rotated stores ("" or ".cs", streaming)
+    PERSISTENT: tl.constexpr,  # programs walk blocks pid, pid + programs, ...; else one block per program
+    STAGES: tl.constexpr,  # persistent: > 1 lets Triton's pipeliner load STAGES - 1 blocks ahead (shared memory)
+):
+    # _rope_kernel's maths for blocks of TOKENS consecutive tokens: fewer, larger programs with
+    # TOKENS x (Hq + Hk) x D elements of loads in flight each, or a persistent grid that loads ahead.
+    pid = tl.program_id(0)
+    if not PERSISTENT:
+        _rope_token_block(Q, K, QO, KO, COS, SIN, pid, n_tokens, T, n_q_heads, n_k_heads, HALF, BWD, TOKENS,
+                          BLOCK_HQ, BLOCK_HK, BLOCK_HALF, EVEN, WIDE, STORE_CACHE)
+    else:
+        for blk in tl.range(pid, tl.cdiv(n_tokens, TOKENS), tl.num_programs(0), num_stages=STAGES):
+            _rope_token_block(Q, K, QO, KO, COS, SIN, blk, n_tokens, T, n_q_heads, n_k_heads, HALF, BWD, TOKENS,
+                              BLOCK_HQ, BLOCK_HK, BLOCK_HALF, EVEN, WIDE, STORE_CACHE)
+
+
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool = False,
-         num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated (q, k); with backward=True, the gradients of q and k for upstream gradients passed as q and k."""
+         num_warps: int | None = None, *, tokens: int = 0, store_cache: str = "", programs: int | None = None,
+         stages: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated (q, k); with backward=True, the gradients of q and k for upstream gradients passed as q and k.
+    `tokens` = 0 (the default) launches one program per token (_rope_kernel); a power of two launches
+    _rope_tokens_kernel on blocks of that many tokens, unmasked where the shapes allow, its stores with
+    `store_cache` ("" or ".cs"); `programs`: a persistent grid of that many programs walking the blocks, whose
+    loop `stages` > 1 pipelines through shared memory. Options for the GPU sweep (benchmarks/sweep_fwd_rows.py)."""
+    if tokens < 0 or tokens & (tokens - 1):
+        raise ValueError(f"rope: tokens per program must be 0 (one-token kernel) or a power of two, got {tokens}")
+    if store_cache not in ("", ".cs"):
+        raise ValueError(f"rope: store_cache must be '' or '.cs', got {store_cache!r}")
+    if (store_cache or programs is not None) and not tokens:
+        raise ValueError("rope: store_cache and programs are options of the token-block kernel (tokens > 0)")
+    if programs is not None and programs < 1:
+        raise ValueError(f"rope: programs must be a positive grid size, got {programs}")
+    if stages < 1 or (stages > 1 and programs is None):
+        raise ValueError(f"rope: stages must be 1, or more with a persistent grid (programs), got {stages}")
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"rope: q and k must be [B, T, H, D], got {tuple(q.shape)} and {tuple(k.shape)}")
     B, T, n_q, D = q.shape
@@ -85,7 +192,18 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     block_hq, block_hk = triton.next_power_of_2(max(n_q, 1)), triton.next_power_of_2(max(n_k, 1))
     block_half = triton.next_power_of_2(half)
     if num_warps is None:  # about 32 fp32 values of the larger tile per thread and half: 2 warps at Hq 32, D 128
-        num_warps = max(1, min(8, block_hq * block_half // 1024))  # H200: w=2 0.088 ms, w=4 0.090, w=8 0.096
+        # (H200, one token per program: w=2 0.088 ms, w=4 0.090, w=8 0.096); scaled by the tokens per program
+        num_warps = max(1, min(8, max(tokens, 1) * block_hq * block_half // 1024))
+    if tokens:
+        n_tokens = B * T
+        even = n_q == block_hq and n_k == block_hk and half == block_half and n_tokens % tokens == 0
+        wide = max(q.numel(), k.numel()) >= 2 ** 31
+        blocks = triton.cdiv(n_tokens, tokens)
+        _rope_tokens_kernel[(min(programs, blocks) if programs else blocks,)](
+            q, k, qo, ko, cos, sin, n_tokens, T, n_q, n_k, half, BWD=backward, TOKENS=tokens, BLOCK_HQ=block_hq,
+            BLOCK_HK=block_hk, BLOCK_HALF=block_half, EVEN=even, WIDE=wide, STORE_CACHE=store_cache,
+            PERSISTENT=programs is not None, STAGES=stages, num_warps=num_warps)
+        return qo, ko
     _rope_kernel[(B * T,)](q, k, qo, ko, cos, sin, T, n_q, n_k, half, BWD=backward, BLOCK_HQ=block_hq,
                            BLOCK_HK=block_hk, BLOCK_HALF=block_half, num_warps=num_warps)
     return qo, ko
