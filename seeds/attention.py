@@ -60,6 +60,16 @@ fused-attention tutorial (python/tutorials/06-fused-attention.py, 3.4-3.6), Flas
 - defer_rescale: the running max moves only when some row's grows by more than 8 (base 2), and the rescale of the
   accumulator is skipped until then (FA4); the decision is one max over the tile's rows (a cross-warp reduction per
   block on Hopper, where the rescale is 64 FMULs a thread), so it may cost more than it saves.
+- overlap (with warp_specialize): the warp-specialised loop rotated so that step j issues S_j = q K_j^T before
+  the previous block's P V, then takes S_j's softmax (FA3's intra-warp-group overlap); one step more than blocks
+  (P = 0 in the first, S dropped in the last). Compiled for sm_90 with triton 3.9 the consumers' wgmma are still
+  waited one by one (wait_group 0), so only the H200 (triton 3.6) can say whether anything overlaps.
+- pairs (with persistent, causal): programs run whole pairs of a head's query blocks NUM_M - 1 - j and j (the same
+  work per pair), head by head, so that the programs running at once share a few heads' K/V in L2 (the
+  longest-first persistent order spreads them over every head).
+Tried and dropped (compiled for sm_90, triton 3.9): the causal diagonal blocks outside the warp-specialised loop
+(unrolled before or after it) and the rotated loop with P carried in bf16 abort Triton's Hopper pass; BLOCK_M 256
+warp-specialised (FA3's two 128-row consumer tiles) spills 480 bytes under the pass's 232-register consumers.
 Already in the default: exp2 with the scale folded into one FMA per score (SCALE_POS) and the causal mask only on
 the diagonal blocks (the two-loop split). Not ported: FA3's ping-pong between two warp groups (named barriers) and
 the tutorial's Blackwell-only pieces (maxnreg 168/80 with warp specialisation, accumulator sub-tiling, f32x2 FMAs).
