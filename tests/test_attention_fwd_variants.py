@@ -98,6 +98,24 @@ def test_variants_match_float64(monkeypatch, name, kw, b, hq, hkv, s, d, causal,
     assert err <= 1e-4, f"{name}: lse off by {err}"
 
 
+@pytest.mark.parametrize("sq,sk", [(32, 64), (96, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_variants_with_unequal_lengths(sq, sk, causal):
+    """Fewer or more queries than keys (the causal mask top-left aligned, as SDPA's): the overlap loop's bounds and
+    the pairs schedule's query-block count come from Sq, the keys' from Sk."""
+    gen = torch.Generator().manual_seed(sq + sk)
+    q = torch.randn(1, 2, sq, 32, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(1, 2, sk, 32, generator=gen).to(torch.bfloat16) for _ in range(2))
+    o_true, lse_true = _truth(q, k, v, causal)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    for kw in (dict(warp_specialize=True, overlap=True, config=(32, 16, 4, 1)),
+               dict(warp_specialize=True, overlap=True, persistent=True, pairs=True, config=(16, 16, 4, 1))):
+        o, lse2 = A.attention_fwd(q, k, v, causal, tma=True, **kw)
+        mismatch = compare(f"o {kw}", o, ref, o_true)
+        assert mismatch is None, mismatch.describe()
+        assert float((lse2.double() * math.log(2.0) - lse_true).abs().max()) <= 1e-4, kw
+
+
 def test_pairs_visit_every_tile_once():
     """The pairs schedule's tile order, replayed on the host with the kernel's arithmetic, covers every (query
     block, head) once at several program counts, and each program's pairs cost the same (NUM_M + 1 blocks)."""
