@@ -965,7 +965,8 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
     num_m = triton.cdiv(grid_m, bm)
     persistent_code = 2 if persistent and pairs and causal and num_m % 2 == 0 else bool(persistent)
     if persistent:
-        programs = min(num_m * batch * hq // persistent_code, sm_count(q.device) * int(persistent))
+        work = num_m * batch * hq // (2 if persistent_code == 2 else 1)  # tiles, or pairs of tiles
+        programs = min(work, sm_count(q.device) * int(persistent))
         grid = (programs, 1)
     else:
         grid = (num_m, batch * hq)
