@@ -90,8 +90,8 @@ def log(t0: float, msg: str) -> None:
 
 def launch_kwargs(kw: dict, q: torch.Tensor, causal: bool, smoke: bool) -> dict:
     """attention_fwd keywords of a row: the seed's launch as ModelNew picks it (on the CPU: the H200's, which
-    hopper_fwd_variant gives only on a GPU); smoke: at interpreter-sized tiles (a quarter of each block, one stage;
-    16-row blocks on a 64-key smoke shape keep 4 query blocks, an even count for pairs), TMA descriptors on."""
+    hopper_fwd_variant gives only on a GPU); smoke: at interpreter-sized tiles (a quarter of each block, one stage:
+    2 query blocks of 32 rows on the 64-row smoke shape, an even count for pairs), TMA descriptors on."""
     if kw.get("SEED_LAUNCH"):
         kw = (dict(warp_specialize=True, persistent=not causal) if smoke else A.hopper_fwd_variant(q, causal))
     if not smoke:
