@@ -1,26 +1,36 @@
 """H200 sweep of the attention forward seed's Hopper variants (issue 6), B4 H32 S4096 D128 bf16, causal and not,
 in ONE call, against SDPA's cuDNN and FlashAttention-2 backends timed in the same run.
 
-Variants (seeds/attention.py, attention_fwd keywords; the seed's default first):
-- default: TMA K/V tiles, 128 x 128, 8 warps, 3 stages (run M: 498 / 431 TFLOP/s, 0.82x cuDNN);
-- a point of Triton's fused-attention tutorial config space that run M did not try (128 x 64 x 4 warps x 3 stages);
-- warp_specialize: the tutorial's Hopper structure (one key loop, Q/K/V descriptors made in the kernel,
-  tl.range(warp_specialize=True)), which Triton 3.6 compiles at 4 warps into a TMA producer warp group and two
-  consumer warp groups of BLOCK_M / 2 rows (FlashAttention-3's layout), at 128 x 128 x 2 stages, 128 x 64 x 3 / 4
-  stages, 256 x 64 x 3 stages (ptxas spills 72 bytes under the 168-register cap), and persistent;
-- subtiles=2: two query sub-tiles per program sharing each K/V tile (256 rows at 8 warps, 128 at 4), the second's
-  QK^T issued before the first's softmax;
-- persistent: one program per SM looping over the (query block, head) tiles, causal the longest first;
-- defer_rescale: the FlashAttention-4 rescale threshold (the max moves only when it grows by more than 8, base 2).
+Rows (seeds/attention.py, attention_fwd keywords), the seed's launch first (what ModelNew runs on sm_90 at D = 128:
+warp-specialised 128 x 128 x 4 warps x 2 stages, persistent when not causal; run V 560.8 / 467.6 TFLOP/s), then:
+- the two-loop TMA kernel (128 x 128, 8 warps, 3 stages: attention_fwd's own default; run V 492.4 / 439.7), and the
+  warp-specialised kernel in the other launch form (not persistent / persistent): the controls;
+- overlap (session 7): the warp-specialised key loop rotated so that each step issues the next block's QK^T before
+  the previous block's P V, FlashAttention-3's intra-warp-group overlap (the softmax of block j may run while the
+  tensor cores do P_{j-1} V_{j-1}), at one block's products more a query block. Compiled here for sm_90 with triton
+  3.9 the consumers' wgmma are all waited at once (wait_group 0), so the overlap may need Triton 3.6 to keep one in
+  flight: the H200 decides; non-causal persistent and causal;
+- pairs (session 7, causal): a persistent grid whose programs run whole pairs of a head's query blocks 31 - j and
+  j (33 key blocks a pair, equal work), heads in order so that the ~132 programs running at once share ~8 heads'
+  K/V in L2. Run V's persistent causal order (longest first across all 128 heads: 132 heads' K/V live at once,
+  more than L2) read 407.3 against 467.6 without persistence; pairs tests whether a balanced head-major persistent
+  grid wins the non-causal persistent gain (+4.7%) for causal too: warp-specialised, with overlap, and on the
+  two-loop kernel (whose unmasked main loop the warp-specialised path cannot have) at 128 x 64 x 8 warps x 3
+  stages: persistent at 128 x 128 x 8 warps it spills (264-288 bytes of stack at 2 or 3 stages, compiled for sm_90;
+  run V's persistent two-loop rows were those), at 128 x 64 it does not (255 registers, 132 KB).
+Not rows: BLOCK_M 256 warp-specialised (two 128-row consumer warp groups, FA3's tile) spills under the pass's 232
+registers at BLOCK_N 128 (480 bytes of stack, compiled for sm_90) and computed inf at BLOCK_N 64 (run V); 3 stages
+at 128 x 128 need 246 KB; the diagonal blocks split from an unmasked warp-specialised loop (products outside the
+loop, before or after it) and the rotated loop with a bf16 P carried across steps abort Triton's Hopper pass.
 
 Every variant's o and lse are checked against a float64 truth at the full shape (computed head-chunk by
 head-chunk) before it is timed: o's relative L2 error must be within max(1e-2, 4x SDPA cuDNN's own), lse's largest
 absolute error (natural log) within 1e-3; a wrong variant prints WRONG and is not timed, a failing one (compile
 error, out of resources) costs its row. Timing: triton.testing.do_bench medians (warmup 25, rep 100 ms) over 3
-rotating input sets (benchmarks/_bench.py), the seed with its lse stored (run M's rows did not store it: 2 MB beside
-2.3 ms). One table last: TFLOP/s = 4 B H S^2 D (half when causal) / time.
+rotating input sets (benchmarks/_bench.py), the seed with its lse stored (2 MB beside 2 ms). 11 compiles; --budget
+(default 90 s) stops starting rows. One table last: TFLOP/s = 4 B H S^2 D (half when causal) / time.
 
-    python3 benchmarks/sweep_attention_fwd.py            # the H200, about 90 s with compiles
+    python3 benchmarks/sweep_attention_fwd.py            # the H200, about 60-90 s with compiles
     TRITON_INTERPRET=1 python3 benchmarks/sweep_attention_fwd.py --smoke   # the CPU interpreter, tiny shape
 Rows also go to $OUT/sweep_attention_fwd.json when OUT is set.
 """
@@ -49,32 +59,44 @@ from seeds import attention as A  # noqa: E402
 
 LN2 = math.log(2.0)
 SETS = 3
-# (name, attention_fwd keywords). config = (BLOCK_M, BLOCK_N, warps, stages); None: the seed's own choice.
+# (name, attention_fwd keywords). config = (BLOCK_M, BLOCK_N, warps, stages). ONLY: the one mode a row runs in
+# (else both); the row of the seed's launch resolves as ModelNew does (launch_kwargs).
+WS = dict(warp_specialize=True, config=(128, 128, 4, 2))
 VARIANTS = [
-    ("default (TMA 128x128 w8 s3)", {}),
-    ("tutorial cfg 128x64 w4 s3", dict(config=(128, 64, 4, 3))),
-    ("ws 128x128 w4 s2", dict(warp_specialize=True, config=(128, 128, 4, 2))),
-    ("ws 128x64 w4 s3", dict(warp_specialize=True, config=(128, 64, 4, 3))),
-    ("ws 128x64 w4 s4", dict(warp_specialize=True, config=(128, 64, 4, 4))),
-    ("ws 256x64 w4 s3", dict(warp_specialize=True, config=(256, 64, 4, 3))),
-    ("ws 128x128 w4 s2 persistent", dict(warp_specialize=True, config=(128, 128, 4, 2), persistent=True)),
-    ("subtiles2 256x64 w8 s3", dict(subtiles=2, config=(256, 64, 8, 3))),
-    ("subtiles2 128x64 w4 s3", dict(subtiles=2, config=(128, 64, 4, 3))),
-    ("persistent 128x128 w8 s3", dict(persistent=True, config=(128, 128, 8, 3))),
-    ("persistent 128x128 w8 s2", dict(persistent=True, config=(128, 128, 8, 2))),
-    ("defer_rescale 128x128 w8 s3", dict(defer_rescale=True, config=(128, 128, 8, 3))),
-    ("defer_rescale subtiles2 256x64 w8 s3", dict(defer_rescale=True, subtiles=2, config=(256, 64, 8, 3))),
+    ("seed launch (ModelNew)", dict(SEED_LAUNCH=True)),
+    ("two-loop TMA 128x128 w8 s3", dict(config=(128, 128, 8, 3))),
+    ("ws 128x128 w4 s2", dict(WS)),
+    ("ws 128x128 w4 s2 persistent", dict(WS, persistent=True)),
+    ("ws overlap persistent", dict(WS, overlap=True, persistent=True)),
+    ("ws overlap", dict(WS, overlap=True)),
+    ("ws pairs (persistent)", dict(WS, persistent=True, pairs=True)),
+    ("ws overlap pairs (persistent)", dict(WS, overlap=True, persistent=True, pairs=True)),
+    ("two-loop pairs 128x64 w8 s3", dict(config=(128, 64, 8, 3), persistent=True, pairs=True)),
 ]
+# the seed's launch covers ws non-causal persistent and causal not: each mode gets the other form as a control
+ONLY = {"ws 128x128 w4 s2": False, "ws 128x128 w4 s2 persistent": True, "ws overlap persistent": False,
+        "ws overlap": True, "ws pairs (persistent)": True, "ws overlap pairs (persistent)": True,
+        "two-loop pairs 128x64 w8 s3": True}
+
+
+def rows_for(causal: bool) -> list[tuple[str, dict]]:
+    """The rows of one mode."""
+    return [(name, kw) for name, kw in VARIANTS if ONLY.get(name, causal) == causal]
 
 
 def log(t0: float, msg: str) -> None:
     print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
 
 
-def smoke_kwargs(kw: dict) -> dict:
-    """The same variant at interpreter-sized tiles (a quarter of each block, one stage), TMA descriptors on (as on
-    the H200; the interpreter's default is pointers)."""
-    bm, bn, warps, _ = kw.get("config", (128, 128, 8, 3))
+def launch_kwargs(kw: dict, q: torch.Tensor, causal: bool, smoke: bool) -> dict:
+    """attention_fwd keywords of a row: the seed's launch as ModelNew picks it (on the CPU: the H200's, which
+    hopper_fwd_variant gives only on a GPU); smoke: at interpreter-sized tiles (a quarter of each block, one stage:
+    2 query blocks of 32 rows on the 64-row smoke shape, an even count for pairs), TMA descriptors on."""
+    if kw.get("SEED_LAUNCH"):
+        kw = (dict(warp_specialize=True, persistent=not causal) if smoke else A.hopper_fwd_variant(q, causal))
+    if not smoke:
+        return kw
+    bm, bn, warps, _ = kw.get("config", A.fwd_config(128, torch.device("cuda"), False, kw.get("warp_specialize")))
     return dict(kw, config=(max(16, bm // 4), max(16, bn // 4), warps, 1), tma=True)
 
 
@@ -109,7 +131,7 @@ def sdpa(backend: str | None):
 
 
 def main() -> int:
-    ap = parser(__doc__.splitlines()[0], budget_s=140.0)
+    ap = parser(__doc__.splitlines()[0], budget_s=90.0)
     args = ap.parse_args()
     t0 = time.time()
     smoke = args.smoke
@@ -140,11 +162,11 @@ def main() -> int:
                              ms=ms, tflops=flops / ms / 1e9, o_err=err, lse_err=None, status="baseline"))
             log(t0, f"{tag} SDPA {name}: {ms:.4f} ms {flops / ms / 1e9:.1f} TFLOP/s, o rel L2 {err:.2e}")
         bound = max(1e-2, 4 * base_err) if base_err is not None else 1e-2
-        for name, kw in VARIANTS:
+        for name, kw in rows_for(causal):
             if time.time() - t0 > args.budget:
                 log(t0, f"{tag} {name}: skipped (budget of {args.budget:g} s spent)")
                 continue
-            kw = smoke_kwargs(kw) if smoke else kw
+            kw = launch_kwargs(kw, q, causal, smoke)
             row = dict(causal=causal, variant=name, ms=None, tflops=None, o_err=None, lse_err=None)
             try:
                 o, lse2 = A.attention_fwd(q, k, v, causal, **kw)

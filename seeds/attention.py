@@ -60,6 +60,16 @@ fused-attention tutorial (python/tutorials/06-fused-attention.py, 3.4-3.6), Flas
 - defer_rescale: the running max moves only when some row's grows by more than 8 (base 2), and the rescale of the
   accumulator is skipped until then (FA4); the decision is one max over the tile's rows (a cross-warp reduction per
   block on Hopper, where the rescale is 64 FMULs a thread), so it may cost more than it saves.
+- overlap (with warp_specialize): the warp-specialised loop rotated so that step j issues S_j = q K_j^T before
+  the previous block's P V, then takes S_j's softmax (FA3's intra-warp-group overlap); one step more than blocks
+  (P = 0 in the first, S dropped in the last). Compiled for sm_90 with triton 3.9 the consumers' wgmma are still
+  waited one by one (wait_group 0), so only the H200 (triton 3.6) can say whether anything overlaps.
+- pairs (with persistent, causal): programs run whole pairs of a head's query blocks NUM_M - 1 - j and j (the same
+  work per pair), head by head, so that the programs running at once share a few heads' K/V in L2 (the
+  longest-first persistent order spreads them over every head).
+Tried and dropped (compiled for sm_90, triton 3.9): the causal diagonal blocks outside the warp-specialised loop
+(unrolled before or after it) and the rotated loop with P carried in bf16 abort Triton's Hopper pass; BLOCK_M 256
+warp-specialised (FA3's two 128-row consumer tiles) spills 480 bytes under the pass's 232-register consumers.
 Already in the default: exp2 with the scale folded into one FMA per score (SCALE_POS) and the causal mask only on
 the diagonal blocks (the two-loop split). Not ported: FA3's ping-pong between two warp groups (named barriers) and
 the tutorial's Blackwell-only pieces (maxnreg 168/80 with warp specialisation, accumulator sub-tiling, f32x2 FMAs).
@@ -266,6 +276,38 @@ def _fwd_inner(acc, l_i, m_i, dsum, q, acc1, l1, m1, q1, do, k_base, v_base, str
 
 
 @triton.jit
+def _fwd_inner_overlap(acc, l_i, m_i, q, K_DESC, V_DESC, k_row, v_row, rows, hi, qk_scale, BLOCK_N: tl.constexpr,
+                       CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    # The warp-specialised key loop rotated for FlashAttention-3's intra-warp-group overlap: step j issues
+    # S_j = q K_j^T, then the previous block's acc * alpha + P_{j-1} V_{j-1}, and only then takes S_j's softmax,
+    # which may run while the tensor cores do P_{j-1} V_{j-1} (in the plain loop the softmax waits for S_j and the
+    # P V product for the softmax: nothing overlaps within a consumer warp group). hi / BLOCK_N + 1 steps: step 0
+    # multiplies P = 0 (nothing) into V_0; the last step's S (K clamped to the last block) is dropped (the max and
+    # the sum stay), so the loop costs one block's QK^T and P V more than the blocks it covers. A single loop with
+    # no product outside it: Triton's Hopper pass rejects a dot outside the loop (checked compiling for sm_90).
+    # The launcher checks qk_scale > 0 (the max is taken before scaling) and that the keys fill whole blocks.
+    n = hi // BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    p = tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32)  # carried in fp32: the pass asserts on a bf16 one
+    alpha = tl.full([q.shape[0]], 1.0, dtype=tl.float32)
+    for j in tl.range(0, n + 1, warp_specialize=True):
+        start_n = tl.minimum(j, n - 1) * BLOCK_N
+        k = K_DESC.load([k_row + start_n, 0])
+        s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST, IEEE)
+        v = V_DESC.load([v_row + tl.maximum(j - 1, 0) * BLOCK_N, 0])
+        acc = _mm(_operand(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST, IEEE)
+        if CAUSAL:  # qk_scale > 0: -inf stays -inf through the FMA below
+            s = tl.where(start_n + offs_n[None, :] <= rows[:, None], s, float("-inf"))
+        live = j < n
+        m_new = tl.where(live, tl.maximum(m_i, tl.max(s, axis=1) * qk_scale), m_i)
+        p = tl.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = tl.where(live, l_i * alpha + tl.sum(p, axis=1), l_i)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _online_softmax(s, m_i, cols, kv_ok, rows, qk_scale, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                     SCALE_POS: tl.constexpr, DIAG: tl.constexpr, DEFER: tl.constexpr):
     """(p, the new running max, alpha = exp2(old max - new), whether any row's max moved) for one block of raw
@@ -391,6 +433,10 @@ def _fwd_tile(
             hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M)
         else:
             hi = k_len
+    if WS == 2:
+        acc, l_i, m_i = _fwd_inner_overlap(acc, l_i, m_i, q, K_DESC, V_DESC, k_row, v_row, rows, hi, qk_scale,
+                                           BLOCK_N, CAUSAL, UPCAST, IEEE)
+    elif WS:
         acc, l_i, m_i, dsum, acc1, l1, m1 = _fwd_inner(
             acc, l_i, m_i, dsum, q, acc1, l1, m1, q1, do_in, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC,
             k_row, v_row, rows, rows1, 0, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, True, True,
@@ -441,15 +487,33 @@ def _attn_fwd_kernel(
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, WITH_DELTA: tl.constexpr,
     PRECISE: tl.constexpr,    # WITH_DELTA only: delta = sum_j P_ij dP_ij (one more product a key block)
     TMA: tl.constexpr,        # K/V tiles of the unmasked key blocks through K_DESC/V_DESC (the Hopper TMA unit)
-    WS: tl.constexpr,         # the warp-specialised single key loop over device-made descriptors (see _fwd_tile)
+    WS: tl.constexpr,         # the warp-specialised single key loop over device-made descriptors (see _fwd_tile);
+                              # 2: that loop rotated for the intra-warp-group overlap (_fwd_inner_overlap)
     SCALE_POS: tl.constexpr,  # qk_scale > 0: the row max is taken before scaling (one FMA per score)
     REVERSE: tl.constexpr,    # the last query block first (causal: the longest programs start first)
     SUBTILES: tl.constexpr,   # 1, or 2 query sub-tiles of BLOCK_M / 2 rows sharing each K/V tile
-    PERSISTENT: tl.constexpr,  # a grid of about one program per SM looping over the (query block, head) tiles
+    PERSISTENT: tl.constexpr,  # a grid of about one program per SM looping over the (query block, head) tiles;
+                               # 2 (causal, NUM_M even): over pairs of a heavy and a light query block, head by head
     DEFER: tl.constexpr,      # rescale the accumulator only when a row's max grows by more than 8 (base 2)
     UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
 ):
-    if PERSISTENT:
+    if PERSISTENT == 2:
+        # Pairs (causal, NUM_M even): pair j of head bh is its query blocks NUM_M - 1 - j and j, NUM_M + 1 key
+        # blocks together, the same work for every pair; a program runs whole pairs, the heavy block first, and
+        # pairs are numbered head by head so that the programs running at once share a few heads' K/V in L2.
+        half = NUM_M // 2
+        pid = tl.program_id(0)
+        for it in tl.range(0, 2 * tl.cdiv(half * NUM_BH - pid, tl.num_programs(0))):
+            pair = pid + (it // 2) * tl.num_programs(0)
+            bh = pair // half
+            start_m = tl.where(it % 2 == 0, NUM_M - 1 - pair % half, pair % half)
+            _fwd_tile(start_m, bh, Q, K, V, O, LSE, DO, DELTA, CU_Q, CU_K, K_DESC, V_DESC, K_RB, K_RH, V_RB, V_RH,
+                      Q_RB, Q_RH, Q_ROWS, K_ROWS, V_ROWS, qk_scale, stride_qb, stride_qh, stride_qs, stride_kb,
+                      stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
+                      stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, S_Q, S_K, HQ, GROUP, HEAD_DIM,
+                      BLOCK_M, BLOCK_N, CAUSAL, VARLEN, STORE_LSE, WITH_DELTA, PRECISE, TMA, WS, SCALE_POS, SUBTILES,
+                      DEFER, UPCAST, IEEE, RNE)
+    elif PERSISTENT:
         # Tile t of NUM_M * NUM_BH. Causal: the last query blocks of every head first (the longest tiles start
         # first and the short ones fill the tail); else a head's query blocks in a row (its K/V stay in L2).
         for tile in tl.range(tl.program_id(0), NUM_M * NUM_BH, tl.num_programs(0)):
@@ -845,9 +909,10 @@ def _modes(x: torch.Tensor) -> dict:
 
 
 def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma=None, warp_specialize=False,
-         reverse=None, precise=False, subtiles=1, persistent=False, defer_rescale=False):
+         reverse=None, precise=False, subtiles=1, persistent=False, defer_rescale=False, overlap=False,
+         pairs=False):
     # q, k, v: [B, H, S, D] (varlen None) or [T, H, D] with varlen = (cu_q, cu_k, max_q, max_k). tma, warp_specialize,
-    # reverse, subtiles, persistent, defer_rescale: see attention_fwd.
+    # reverse, subtiles, persistent, defer_rescale, overlap, pairs: see attention_fwd.
     d = q.shape[-1]
     hq, hkv = q.shape[1], k.shape[1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
@@ -856,6 +921,11 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
         raise ValueError(f"attention: subtiles must be 1 or 2 (1 with precise=True), not {subtiles!r}")
     if persistent and varlen is not None:
         raise ValueError("attention: persistent scheduling is for dense [B, H, S, D] inputs, not packed sequences")
+    if overlap and (not warp_specialize or precise or defer_rescale):
+        raise ValueError("attention: overlap is an option of the warp-specialised path without precise or "
+                         "defer_rescale: pass warp_specialize=True")
+    if pairs and not persistent:
+        raise ValueError("attention: pairs is a persistent schedule: pass persistent=True")
     bm, bn, warps, stages = config or fwd_config(d, q.device, precise, bool(warp_specialize))
     if warp_specialize and q.is_cuda and bn != 128:
         raise ValueError(f"attention: warp_specialize computed wrong results with {bn}-row key blocks on the H200 "
@@ -893,8 +963,10 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
     q_rows = views[0][:2] if use_ws else (0, 0)
     rows = [view[2] for view in views] if use_ws else [0, 0, 0]
     num_m = triton.cdiv(grid_m, bm)
+    persistent_code = 2 if persistent and pairs and causal and num_m % 2 == 0 else bool(persistent)
     if persistent:
-        programs = min(num_m * batch * hq, sm_count(q.device) * int(persistent))
+        work = num_m * batch * hq // (2 if persistent_code == 2 else 1)  # tiles, or pairs of tiles
+        programs = min(work, sm_count(q.device) * int(persistent))
         grid = (programs, 1)
     else:
         grid = (num_m, batch * hq)
@@ -903,9 +975,10 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
         *q_rows, *rows, scale * 1.4426950408889634, *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(o),
         *_bhs(do if do is not None else q), *l_strides, s_q, s_k, hq, num_m, batch * hq,
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), VARLEN=varlen is not None,
-        STORE_LSE=store_lse, WITH_DELTA=do is not None, PRECISE=precise, TMA=use_tma, WS=use_ws,
+        STORE_LSE=store_lse, WITH_DELTA=do is not None, PRECISE=precise, TMA=use_tma,
+        WS=2 if use_ws and overlap else use_ws,
         SCALE_POS=scale > 0, REVERSE=bool(causal) if reverse is None else bool(reverse), SUBTILES=subtiles,
-        PERSISTENT=bool(persistent), DEFER=bool(defer_rescale),
+        PERSISTENT=persistent_code, DEFER=bool(defer_rescale),
         num_warps=warps, num_stages=stages, **_modes(q),
     )
     return o, lse, delta
@@ -994,7 +1067,8 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   sm_scale: float | None = None, config: tuple[int, int, int, int] | None = None,
                   store_lse: bool = True, tma: bool | None = None, warp_specialize: bool = False,
                   reverse: bool | None = None, subtiles: int = 1, persistent: bool | int = False,
-                  defer_rescale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  defer_rescale: bool = False, overlap: bool = False,
+                  pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [B, Hq, Sq, D], lse2 [B, Hq, Sq] fp32) of softmax(q k^T * scale) v; scale defaults to 1/sqrt(D).
     lse2 is the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for the natural one).
     Variants (the same softmax; the defaults are the measured best): config (BLOCK_M, BLOCK_N, warps, stages);
@@ -1008,12 +1082,18 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     of BLOCK_M / 2 rows share each K/V tile, the second's QK^T issued before the first's softmax (meant for
     BLOCK_M 256 at 8 warps or 128 at 4); persistent: about `persistent` programs per SM (True: 1) looping over the
     (query block, head) tiles, causal the longest first; defer_rescale: the running max moves only when a row's
-    grows by more than 8 (base 2), and the accumulator's rescale is skipped until then (FlashAttention-4)."""
+    grows by more than 8 (base 2), and the accumulator's rescale is skipped until then (FlashAttention-4);
+    overlap (with warp_specialize): the key loop rotated so that each step issues the next block's QK^T before
+    the previous block's softmax output meets V (FlashAttention-3's intra-warp-group overlap; one block's products
+    more a query block); pairs (with persistent, causal, an even number of query blocks): each program runs whole
+    pairs of a head's query blocks NUM_M - 1 - j and j (equal work per pair), head by head (else the
+    longest-first order); both off by default (benchmarks/sweep_attention_fwd.py measures them)."""
     _check_qkv(q, k, v, 4)
     if q.shape[0] != k.shape[0]:
         raise ValueError(f"attention: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
     return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, store_lse, None, tma,
-                warp_specialize, reverse, subtiles=subtiles, persistent=persistent, defer_rescale=defer_rescale)[:2]
+                warp_specialize, reverse, subtiles=subtiles, persistent=persistent, defer_rescale=defer_rescale,
+                overlap=overlap, pairs=pairs)[:2]
 
 
 def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
