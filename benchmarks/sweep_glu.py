@@ -30,13 +30,14 @@ TOL = 1e-2
 T0 = time.time()
 
 VARIANTS = [  # (name, glu_fwd keywords)
-    ("default (2048, 4 warps)", {}),
-    ("lean 2048 w4", dict(lean=True)),
+    ("default (lean 1024 w4 since run AG)", {}),
+    ("2048 w4, not lean (the default before run AG)", dict(block=2048, num_warps=4, lean=False)),
+    ("lean 2048 w4", dict(block=2048, num_warps=4, lean=True)),
     ("lean 1024 w4", dict(block=1024, num_warps=4, lean=True)),
     ("lean 4096 w4", dict(block=4096, num_warps=4, lean=True)),
     ("lean 4096 w8", dict(block=4096, num_warps=8, lean=True)),
     ("lean 1024 w2", dict(block=1024, num_warps=2, lean=True)),
-    ("1024 w4", dict(block=1024, num_warps=4)),
+    ("1024 w4", dict(block=1024, num_warps=4, lean=False)),
     ("lean 8192 w8", dict(block=8192, num_warps=8, lean=True)),
 ]
 

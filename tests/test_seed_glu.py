@@ -64,7 +64,8 @@ def test_glu_lean_forward_agrees(act, device):
     from seeds.swiglu import glu_fwd
     for shape in ((8, 512), (5, 999)):
         a, b = (torch.randn(*shape, device=device).to(torch.bfloat16) for _ in range(2))
-        y = glu_fwd(a, b, act)
+        y = glu_fwd(a, b, act, lean=False)
+        assert torch.equal(glu_fwd(a, b, act), y), shape  # lean is the default
         for block, warps in ((256, 4), (1024, 4)):
             assert torch.equal(glu_fwd(a, b, act, block, warps, lean=True), y), (shape, block)
 
