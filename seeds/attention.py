@@ -63,9 +63,11 @@ fused-attention tutorial (python/tutorials/06-fused-attention.py, 3.4-3.6), Flas
 - overlap (with warp_specialize): the warp-specialised loop rotated so that step j issues S_j = q K_j^T before
   the previous block's P V, then takes S_j's softmax (FA3's intra-warp-group overlap); one step more than blocks
   (P = 0 in the first, S dropped in the last). Compiled for sm_90 with triton 3.9 the consumers' wgmma are still
-  waited one by one (wait_group 0), so only the H200 (triton 3.6) can say whether anything overlaps.
+  waited one by one (wait_group 0); on the H200 (run AH) it gained nothing: 536.1 TFLOP/s persistent against
+  554.6, causal 413.7.
 - pairs (with persistent, causal): programs run whole pairs of a head's query blocks NUM_M - 1 - j and j (the same
-  work per pair), head by head, so that the programs running at once share a few heads' K/V in L2 (the
+  work per pair), head by head, so that the programs running at once share a few heads' K/V in L2 (run AH:
+  525.5 TFLOP/s causal against 450.1 not persistent and 406.7 persistent longest first; the causal default; the
   longest-first persistent order spreads them over every head).
 Tried and dropped (compiled for sm_90, triton 3.9): the causal diagonal blocks outside the warp-specialised loop
 (unrolled before or after it) and the rotated loop with P carried in bf16 abort Triton's Hopper pass; BLOCK_M 256
@@ -75,7 +77,7 @@ the diagonal blocks (the two-loop split). Not ported: FA3's ping-pong between tw
 the tutorial's Blackwell-only pieces (maxnreg 168/80 with warp specialisation, accumulator sub-tiling, f32x2 FMAs).
 
 Backward variants (attention_bwd keywords, off by default; benchmarks/sweep_attention_bwd.py checks them against the
-harness's bound and times them, unmeasured so far): dq_atomic, FlashAttention-2's layout: the dK/dV kernel also
+harness's bound and times them; run AC: dq_atomic 0.43x, split_ds="fp16" 5% faster non-causal, slower causal): dq_atomic, FlashAttention-2's layout: the dK/dV kernel also
 adds each step's c dS K into an fp32 dQ (red.global.add, not bitwise repeatable) and the dQ kernel, which recomputes
 S and dP, is not launched; split_ds="fp16": dS in one fp16 product (3 more bits than bf16) instead of the split's
 two. Not done: tl.range(warp_specialize=True) in the backward's loops, on which Triton's Hopper pass asserts as the

@@ -255,7 +255,8 @@ def rmsnorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, eps: float, variant: RowV
     the variant's programs per SM. `stages` > 1 (persistent grids, without `prefetch`): the row loop runs under
     tl.range(num_stages=stages), whose pipeliner issues each row's load stages - 1 rows ahead into shared memory.
     `wide`: 64-bit offsets (None: only when a tensor needs them). Options for the GPU sweep
-    (benchmarks/sweep_fwd_rows.py); rmsnorm_fwd stays the default."""
+    (benchmarks/sweep_fwd_rows.py); rmsnorm_fwd stays the default: on the H200 (run AH) no variant beat its
+    3,820 GB/s (97.8% of a copy of the same bytes; persistent grids 3,283-3,540)."""
     _check(x, w)
     if variant.chunk:
         raise ValueError("the RMSNorm row kernel keeps its row in registers: chunk must be 0")
