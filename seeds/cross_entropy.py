@@ -94,6 +94,9 @@ STORE_CACHE = ("", ".cs", ".cg", ".wt")  # the gradient stores' cache modifiers 
 # _ce_segments_kernel modes (constexpr globals: a kernel may read no other globals)
 MODE_STATS, MODE_GRAD, MODE_FUSED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 LOG2E = tl.constexpr(1.4426950408889634)
+# pass 2's order of the re-read tiles in the persistent form (_reread_tile)
+ORDERS = ("reverse", "forward", "oldest_first")
+ORDER_REVERSE, ORDER_FORWARD, ORDER_OLDEST_FIRST = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
@@ -218,6 +221,21 @@ def _grad_tile(x, dx_ptrs, cols, limit, tgt, lse2, scale, off_s, hit_s, DROP: tl
 
 
 @triton.jit
+def _reread_tile(i, lo, hi, ORDER: tl.constexpr):
+    """The tile pass 2 reads at its step i (0 .. hi - lo) among tiles lo .. hi (tile hi + 1, the row's last, is
+    still in registers). ORDER_REVERSE (the default): hi .. lo, the most recently loaded first; ORDER_FORWARD:
+    lo .. hi (every tile re-read the same number of tile loads after its first read); ORDER_OLDEST_FIRST: lo,
+    then hi .. lo + 1 (the oldest tile, the likeliest to have left L2 under LRU, before it ages further)."""
+    if ORDER == ORDER_FORWARD:
+        tile = lo + i
+    elif ORDER == ORDER_OLDEST_FIRST:
+        tile = tl.where(i == 0, lo, hi + 1 - i)
+    else:
+        tile = hi - i
+    return tile
+
+
+@triton.jit
 def _segment_stats(x_seg, L, cols, LANES: tl.constexpr, SMOOTH: tl.constexpr, SUB: tl.constexpr,
                    BLOCK: tl.constexpr):
     """(max, sum of exp(x - max), sum of x) of the L columns from x_seg, as pass 1 folds them (the same tiles in
@@ -314,6 +332,10 @@ def _ce_persistent_kernel(
     SPLIT: tl.constexpr,  # programs per row (a power of two), each on its own run of whole tiles
     STATS, COUNTER,       # SPLIT > 1: [N, SPLIT, 3] fp32 segment statistics; [N] int32 zeros, arrivals per row
     SPIN: tl.constexpr,   # SPLIT > 1: polls of COUNTER before a program computes the other segments itself
+    ORDER: tl.constexpr = 0,  # pass 2's order of the re-read tiles (_reread_tile: ORDER_REVERSE, ...)
+    HEAD: tl.constexpr = 0,   # 1: tile 0 stays in registers from pass 1 to pass 2 (its gradient written last)
+    TAIL_DROP: tl.constexpr = 0,  # 1: pass 1 loads the row's last tile (kept in registers) with DROP, not KEEP
+    CARVEOUT: tl.constexpr = -1,  # read by the launcher only (cuFuncSetAttribute): a separate compiled kernel
 ):
     pid = tl.program_id(0)
     cols = _tile_offsets(BLOCK, SUB)
@@ -331,6 +353,11 @@ def _ce_persistent_kernel(
         L = tl.minimum(V - c0, seg_w)  # >= 1: the launcher sees to it
     n_tiles = tl.cdiv(L, TILE)
     scale, off_s, hit_s = _grad_weights(N_VALID, smoothing, V, MEAN)
+    # tile 0's hint: with HEAD it is never read again from L2 (it stays in registers)
+    if HEAD:
+        FIRST: tl.constexpr = DROP
+    else:
+        FIRST: tl.constexpr = KEEP
 
     # The first row's first tile; afterwards each row's last load fetches the next row's first tile.
     t_next = tl.load(TARGET + first)
@@ -339,7 +366,7 @@ def _ce_persistent_kernel(
     x_step = step.to(tl.int64) * stride_x
     dx_step = step.to(tl.int64) * stride_dx
     x = tl.load(x_row + cols, mask=cols < tl.where(t_next != ignore_index, L, 0), other=float("-inf"),
-                eviction_policy=KEEP)
+                eviction_policy=FIRST)
     for row in range(first, N, step):
         target = t_next
         nrow = row + step
@@ -352,7 +379,7 @@ def _ce_persistent_kernel(
                             DROP, STORE)
             if c0 == 0:
                 tl.store(LOSS_ROWS + row, 0.0)
-            x = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
+            x = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=FIRST)
         else:
             in_row = (target >= 0) & (target < V)
             # Read before any store of this row (in place, the target's column is overwritten in pass 2); the
@@ -366,13 +393,22 @@ def _ce_persistent_kernel(
                 m = float("-inf")
                 d = 0.0
             sx = tl.zeros([BLOCK], dtype=tl.float32)
-            # pass 1: tiles 0 .. n-1 in order; tile t + 1 is in flight while tile t is reduced
-            for t in range(0, n_tiles - 1):
+            x_head = x  # tile 0, read by pass 2 only without HEAD (then the compiler drops it)
+            # pass 1: tiles 0 .. n-1 in order; tile t + 1 is in flight while tile t is reduced. With TAIL_DROP
+            # the last tile's load (the last step, peeled) takes DROP: pass 2 reads it from registers.
+            for t in range(0, n_tiles - 1 - TAIL_DROP):
                 start = (t + 1) * TILE
                 x_ahead = tl.load(x_row + start + cols, mask=start + cols < L, other=float("-inf"),
                                   eviction_policy=KEEP)
                 m, d, sx = _stats_tile(m, d, sx, x, cols, L - t * TILE, LANES, SMOOTH, SUB)
                 x = x_ahead
+            if TAIL_DROP:
+                if n_tiles > 1:
+                    start = (n_tiles - 1) * TILE
+                    x_ahead = tl.load(x_row + start + cols, mask=start + cols < L, other=float("-inf"),
+                                      eviction_policy=DROP)
+                    m, d, sx = _stats_tile(m, d, sx, x, cols, L - start + TILE, LANES, SMOOTH, SUB)
+                    x = x_ahead
             last = (n_tiles - 1) * TILE
             m, d, sx = _stats_tile(m, d, sx, x, cols, L - last, LANES, SMOOTH, SUB)
             if SPLIT == 1:
@@ -383,15 +419,26 @@ def _ce_persistent_kernel(
             if c0 == 0:
                 tl.store(LOSS_ROWS + row, loss)
             lse2 = lse * LOG2E
-            # pass 2: tiles n-1 .. 0; x holds tile n-1 already, tile t - 1 is in flight while tile t is written
-            for i in range(0, n_tiles - 1):
-                start = (n_tiles - 1 - i) * TILE
-                x_ahead = tl.load(x_row + start - TILE + cols, eviction_policy=DROP)  # a whole tile
+            # pass 2: x holds tile n-1 already; then the tiles lo .. n-2 again in ORDER (by default n-2 .. 0), the
+            # next one in flight while one is written; the last load fetches the next row's first tile. With HEAD
+            # (and more than one tile) tile 0 is still in registers: lo = 1, and its gradient is written last.
+            lo = tl.maximum(tl.minimum(HEAD, n_tiles - 1), 0)  # n_tiles is 0 for a segment with no column
+            cur = tl.maximum(n_tiles - 1, 0)
+            for i in range(0, n_tiles - 1 - lo):
+                nxt = _reread_tile(i, lo, n_tiles - 2, ORDER)
+                x_ahead = tl.load(x_row + nxt * TILE + cols, eviction_policy=DROP)  # a whole tile (not the last)
+                start = cur * TILE
                 _grad_tile(x, dx_row + start, cols, L - start, target - c0 - start, lse2, scale, off_s, hit_s, DROP,
                            RNE, STORE)
                 x = x_ahead
-            x_ahead = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
-            _grad_tile(x, dx_row, cols, L, target - c0, lse2, scale, off_s, hit_s, DROP, RNE, STORE)
+                cur = nxt
+            x_ahead = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=FIRST)
+            start = cur * TILE
+            _grad_tile(x, dx_row + start, cols, L - start, target - c0 - start, lse2, scale, off_s, hit_s, DROP,
+                       RNE, STORE)
+            if HEAD:  # tile 0 from registers; nothing to write where it was the only tile (lo = 0: written above)
+                _grad_tile(x_head, dx_row, cols, tl.where(lo > 0, L, 0), target - c0, lse2, scale, off_s, hit_s,
+                           DROP, RNE, STORE)
             x = x_ahead
         x_row = x_nrow
         dx_row += dx_step
@@ -688,7 +735,8 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             fused: bool | None = None, block: int | None = None, num_warps: int | None = None,
             form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True,
             stages: int = 3, sub: int | None = None, store_cache: str = "", split: int | None = None,
-            prefetch: bool = True) -> None:
+            prefetch: bool = True, order: str = "reverse", head: bool = False, tail_drop: bool = False,
+            carveout: int | None = None) -> None:
     """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
     form: "persistent" (default), "staged", "two_pass" or "rendezvous"; `fused` is the older switch (True:
     rendezvous, False: two_pass) and is read only when form is None, so fused=None gives the persistent form.
@@ -702,7 +750,17 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     meet once per row to combine their statistics: the live rows take 1/split of the L2 for the same grid.
     Resident: split programs per row (default 4 on a GPU), each holding its share of the row in registers as
     one tile of R x block columns (R the power of two that covers 1/split of the row); prefetch (default on)
-    loads the next row's share before waiting for the partners. Not in place."""
+    loads the next row's share before waiting for the partners. Not in place.
+    Persistent only, pass 2's re-reads (benchmarks/sweep_ce.py --tail): order, the order of the re-read tiles
+    ("reverse", the default: the most recent first; "forward"; "oldest_first": tile 0, then the rest in
+    reverse); head (default off): tile 0 stays in registers from pass 1 to the end of pass 2 (one more tile of
+    registers), so the tile read longest ago, the likeliest to have left L2, is not re-read; tail_drop (default
+    off): pass 1 loads the row's last tile, which pass 2 takes from registers, with evict_first instead of
+    evict_last (with head, tile 0 is loaded so too), so no L2 line is held back for a tile nobody re-reads;
+    carveout (default None: the driver's choice): the kernel's preferred shared-memory carveout in percent
+    (cuFuncSetAttribute, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT), 0 asking for the largest L1 (up to
+    256 KB a multiprocessor, less the 64 bytes of shared memory the kernel uses: most of a 250 KB row), where
+    pass 1's loads (ld.global.L1::evict_last) can stay until pass 2 reads them again. A CUDA launch only."""
     n, v = logits.shape
     if n == 0:
         return
@@ -729,6 +787,12 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
         raise ValueError("cross_entropy: split > 1 (and the resident form) cannot write the gradient over the logits")
     if store_cache not in STORE_CACHE:
         raise ValueError(f"cross_entropy: store_cache must be one of {STORE_CACHE}, got {store_cache!r}")
+    if order not in ORDERS:
+        raise ValueError(f"cross_entropy: order must be one of {', '.join(ORDERS)}, got {order!r}")
+    if (order != "reverse" or head or tail_drop or carveout is not None) and form != "persistent":
+        raise ValueError("cross_entropy: order, head, tail_drop and carveout are options of the persistent form")
+    if carveout is not None and not 0 <= carveout <= 100:
+        raise ValueError(f"cross_entropy: carveout is a percentage (0 to 100), got {carveout}")
     rne = needs_rne(dlogits)
     if form == "resident":
         grid = (max(1, min(n * split, programs or sm_count(logits.device)) // split) * split,)
@@ -755,8 +819,12 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             else:
                 stats, counter = loss_rows, n_valid  # not read
             spin = 1 << 14 if logits.device.type == "cuda" else 0
-            _ce_persistent_kernel[grid](*args, SUB=sub, SPLIT=split, STATS=stats, COUNTER=counter, SPIN=spin,
-                                        **common)
+            kernel = _ce_persistent_kernel[grid](*args, SUB=sub, SPLIT=split, STATS=stats, COUNTER=counter,
+                                                 SPIN=spin, ORDER=ORDERS.index(order), HEAD=int(head),
+                                                 TAIL_DROP=int(tail_drop), CARVEOUT=-1 if carveout is None else carveout,
+                                                 **common)
+            if carveout is not None and logits.is_cuda:
+                prefer_carveout(kernel, carveout)
         else:
             _ce_staged_kernel[grid](*args, STAGES=stages, **common)
         return
@@ -773,6 +841,23 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     else:
         _ce_segments_kernel[grid](*args, MODE=MODE_STATS.value, **common)
         _ce_segments_kernel[grid](*args, MODE=MODE_GRAD.value, **common)
+
+
+_CARVEOUT_SET: set[int] = set()  # CUfunction handles whose carveout preference is set
+
+
+def prefer_carveout(kernel, percent: int) -> None:
+    """Sets a compiled kernel's preferred shared-memory carveout (percent of the unified L1 / shared memory given to
+    shared memory) through the driver API, once per function: it applies from the next launch on. The kernel is
+    compiled apart from the default (CARVEOUT is a constexpr), so the default's function is never changed."""
+    handle = getattr(kernel, "function", None)
+    if handle is None or handle in _CARVEOUT_SET:
+        return
+    import ctypes
+    rc = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(handle), 9, ctypes.c_int(percent))
+    if rc != 0:  # 9: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        raise RuntimeError(f"cross_entropy: cuFuncSetAttribute(carveout {percent}) failed with CUresult {rc}")
+    _CARVEOUT_SET.add(handle)
 
 
 def needs_rne(out: torch.Tensor) -> bool:
@@ -805,8 +890,9 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
                           block: int | None = None, num_warps: int | None = None, form: str | None = None,
                           programs: int | None = None, lanes: bool = True, hints: bool = True,
                           out: torch.Tensor | None = None, stages: int = 3, sub: int | None = None,
-                          store_cache: str = "", split: int | None = None,
-                          prefetch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                          store_cache: str = "", split: int | None = None, prefetch: bool = True,
+                          order: str = "reverse", head: bool = False, tail_drop: bool = False,
+                          carveout: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
     out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller
     that owns the logits buffer. The other keywords choose the kernel (see ce_rows)."""
@@ -824,7 +910,8 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     loss_rows = torch.empty(n, dtype=torch.float32, device=logits.device)
     n_valid = count_valid(target, ignore_index)
     ce_rows(logits, target, out, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps,
-            form, programs, lanes, hints, stages, sub, store_cache, split, prefetch)
+            form, programs, lanes, hints, stages, sub, store_cache, split, prefetch, order, head, tail_drop,
+            carveout)
     return sum_rows(loss_rows, n_valid, mean), out
 
 

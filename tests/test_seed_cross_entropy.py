@@ -334,3 +334,58 @@ def test_linear_cross_entropy_chunks(chunk, split_k, smoothing, reduction, devic
     got = linear_cross_entropy_fwd_bwd(x, model.weight.detach(), target, -100, smoothing, reduction, chunk=chunk,
                                        split_k=split_k)
     _compare_all(got, model(x, target), _truth(model, [x, target]))
+
+
+TAIL_CASES = [  # (programs, block, sub, split, order, head, tail_drop): pass 2's order and which tiles stay in registers
+    (3, 64, 2, 1, "forward", False, False), (3, 64, 2, 1, "oldest_first", False, False),
+    (2, 64, 1, 1, "reverse", True, False), (4, 32, 2, 1, "oldest_first", True, True),
+    (None, 64, 2, 1, "reverse", False, True), (1000, 128, 1, 1, "forward", True, True),
+    (4, 64, 1, 2, "oldest_first", True, True),  # rows split over two programs: each segment has its own tile 0
+]
+
+
+@pytest.mark.parametrize("programs,block,sub,split,order,head,tail_drop", TAIL_CASES)
+@pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum")])
+@pytest.mark.parametrize("shape", [(10, 1000), (7, 515), (4, 100), (5, 40)])
+def test_cross_entropy_tail_options(programs, block, sub, split, order, head, tail_drop, smoothing, reduction, shape,
+                                    device):
+    """Pass 2's order of the re-read tiles, tile 0 kept in registers (head) and the last tile loaded to be dropped
+    (tail_drop), benchmarks/sweep_ce.py --tail: rows of one tile (tile 0 is the last: head has nothing to keep), two
+    (nothing re-read), three and more (every order differs), a partial last tile, ignored rows first, last and in a
+    run, bf16 logits with outliers."""
+    _check_knobs(shape, smoothing, reduction, device, programs=programs, block=block, num_warps=4, sub=sub,
+                 split=split, order=order, head=head, tail_drop=tail_drop)
+
+
+@pytest.mark.parametrize("v", [700, 257, 100])
+def test_cross_entropy_tail_options_change_no_bit(v, device):
+    """The order of pass 2, head, tail_drop and carveout move loads, stores and hints, not arithmetic: every
+    variant gives the default's loss and gradient bitwise, also writing the gradient over the logits (head holds
+    tile 0 until the end of pass 2, after later tiles' stores; every re-read tile is loaded before its store)."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(9, v, generator=g) * 4).to(device=device, dtype=torch.bfloat16)
+    t = torch.randint(0, v, (9,), generator=g).to(device)
+    t[3] = -100
+    kw = dict(block=32, sub=2, label_smoothing=0.1, programs=4)
+    a = cross_entropy_fwd_bwd(x, t, **kw)
+    variants = [dict(order="forward"), dict(order="oldest_first", head=True), dict(head=True, tail_drop=True),
+                dict(order="oldest_first", tail_drop=True, carveout=0)]
+    for var in variants:
+        b = cross_entropy_fwd_bwd(x, t, **kw, **var)
+        buf = x.clone()
+        c = cross_entropy_fwd_bwd(buf, t, out=buf, **kw, **var)
+        for other in (b, c):
+            assert torch.equal(a[0], other[0]) and torch.equal(a[1], other[1]), var
+
+
+def test_cross_entropy_tail_options_rejected_outside_persistent():
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    x, t = torch.randn(2, 5), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="order must"):
+        cross_entropy_fwd_bwd(x, t, order="sideways")
+    for kw in (dict(order="forward"), dict(head=True), dict(tail_drop=True), dict(carveout=0)):
+        with pytest.raises(ValueError, match="persistent form"):
+            cross_entropy_fwd_bwd(x, t, form="staged", **kw)
+    with pytest.raises(ValueError, match="carveout"):
+        cross_entropy_fwd_bwd(x, t, carveout=101)
