@@ -32,8 +32,12 @@ the caches. The variants ask where that read can come from:
     first, or every tile in order (each re-read the same distance after its first read), against reverse;
   - head (sub=1: 8192-column tiles, 98 registers, no spill; at 16384-column tiles it spills 172-340 bytes):
     tile 0 stays in registers, so the oldest tile is never re-read;
-  - P=100 / 116 programs: fewer live rows in L2 (25 / 29 MB against 33 at 132), fewer bytes in flight; with
-    carveout=0 too; sub=4 at 4096 columns (no spill, 128 registers) with carveout=0.
+  - P=100 programs: fewer live rows in L2 (25 MB against 33 at 132), fewer bytes in flight; with carveout=0
+    too; sub=4 at 4096 columns (no spill, 128 registers) with carveout=0;
+  - form="smem" (Gluon): the row's first `kept` tiles held in shared memory (6 x 32 KB at 8192 x 2, 13 x 16 KB
+    at 4096 x 2: 192 / 208 KB), the last in registers: pass 2 re-reads one tile of the row from global memory
+    (the most recent one), so the logits cross HBM about once. Not runnable on the interpreter (skipped in
+    --smoke); checked against float64 here like every variant.
 (sub=4 at 32 warps, suggested for fewer programs with more bytes each, spills: 360 bytes at 8192 columns, 224
 at 4096, sm_90 ptxas; so no variant.)
 Every variant is first checked at the full shape against float64 truth (the task's Model on float64 logits):
@@ -88,14 +92,19 @@ def variants(sms: int, smoke: bool, near_default: bool = False, resident: bool =
             b, w, p = 64, 4, split * min(p // split, 3)
         return name, dict(form="resident", programs=p, block=b, num_warps=w, split=split, prefetch=prefetch)
 
+    def smem(b, w, sub, kept=None):
+        name = f"smem (Gluon) P={sms} BLOCK={b} w={w} sub={sub} kept={kept or 'all that fit'}"
+        return name, dict(form="smem", programs=sms, block=b, num_warps=w, sub=sub, kept=kept)
+
     if tail:
         return [
-            ("default", {}), pers(8192, 16, sub=2, carveout=0), pers(8192, 16, sub=2, carveout=100),
-            pers(8192, 16, sub=2, tail_drop=True), pers(8192, 16, sub=2, order="oldest_first"),
-            pers(8192, 16, sub=2, order="forward"), pers(8192, 16, p=100, sub=2), pers(8192, 16, p=116, sub=2),
+            ("default", {}), smem(8192, 16, 2), pers(8192, 16, sub=2, carveout=0),
+            pers(8192, 16, sub=2, carveout=100), smem(4096, 16, 2), pers(8192, 16, sub=2, tail_drop=True),
+            pers(8192, 16, sub=2, order="oldest_first"), pers(8192, 16, p=100, sub=2),
             pers(8192, 16, sub=2, carveout=0, order="oldest_first", tail_drop=True),
-            pers(8192, 16, sub=1, head=True, tail_drop=True), pers(8192, 16, sub=1, head=True, carveout=0),
-            pers(8192, 16, p=100, sub=2, carveout=0), pers(4096, 16, sub=4, carveout=0),
+            pers(8192, 16, sub=1, head=True, tail_drop=True), smem(4096, 16, 4),
+            pers(8192, 16, sub=2, order="forward"), pers(8192, 16, p=100, sub=2, carveout=0),
+            pers(4096, 16, sub=4, carveout=0),
         ]
     if resident:
         return [
@@ -183,11 +192,14 @@ def main() -> int:
         if left() < reserve:
             log(f"skipped {name}: {left():.0f} s left")
             continue
+        if smoke and kw.get("form") == "smem":
+            log(f"skipped {name}: Gluon does not run on the interpreter")
+            continue
         le, de, ok = ref.errors(*cross_entropy_fwd_bwd(x, t, -100, 0.0, "mean", **kw), 0.0, "mean")
         log(f"check {name} eps=0 mean: loss {le:.3g} dlogits {de:.3g} {'ok' if ok else 'FAIL'}")
         maths = (kw.get("form", "persistent"), kw.get("sub", 1), kw.get("split", 1), kw.get("order"), kw.get("head"),
                  kw.get("tail_drop"))  # each code path also at eps 0.1 / sum
-        if maths not in maths_checked and maths[0] in ("persistent", "resident"):
+        if maths not in maths_checked and maths[0] in ("persistent", "resident", "smem"):
             maths_checked.add(maths)
             le2, de2, ok2 = ref.errors(*cross_entropy_fwd_bwd(x, t, -100, 0.1, "sum", **kw), 0.1, "sum")
             log(f"check {name} eps=0.1 sum: loss {le2:.3g} dlogits {de2:.3g} {'ok' if ok2 else 'FAIL'}")
@@ -217,7 +229,7 @@ def main() -> int:
     if smoke or left() > 3:
         resident = x[:1].expand(n, v)  # every row the same: row stride 0
         for name, kw in variants(sms, smoke, args.near_default, args.resident, args.tail)[:3]:  # the first three
-            if name in failed:
+            if name in failed or (smoke and kw.get("form") == "smem"):
                 continue
             add(f"{name} on L2-resident logits", "diag",
                 rotating_median_ms(lambda i, kw=kw: cross_entropy_fwd_bwd(resident, sets[i][1], **kw), SETS, smoke),

@@ -78,6 +78,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 from seeds._common import sm_count
 
@@ -87,7 +89,7 @@ CRUCIBLE_SEED = {
     "ops": ["cross-entropy fwd+bwd (ignore_index, label smoothing, mean/sum)"],
 }
 
-FORMS = ("persistent", "staged", "two_pass", "rendezvous", "resident")
+FORMS = ("persistent", "staged", "two_pass", "rendezvous", "resident", "smem")
 DEFAULT_FORM = "persistent"
 STORE_CACHE = ("", ".cs", ".cg", ".wt")  # the gradient stores' cache modifiers (tl.store cache_modifier)
 
@@ -444,6 +446,126 @@ def _ce_persistent_kernel(
         dx_row += dx_step
 
 
+# ---- SMEM (Gluon: explicit shared memory) ---------------------------------------------------------------------
+@gluon.jit
+def _smem_grad_tile(x, cols, dx_ptrs, limit, tgt, lse2, scale, off_s, hit_s, DROP: gl.constexpr):
+    """_grad_tile of the persistent form: dx = scale (exp(x - lse) - eps / V) - scale (1 - eps) [col == target]."""
+    dx = gl.exp2(x.to(gl.float32) * LOG2E - lse2) * scale - off_s
+    dx = gl.where(cols == tgt, dx - hit_s, dx)
+    gl.store(dx_ptrs + cols, dx.to(dx_ptrs.dtype.element_ty), mask=cols < limit, eviction_policy=DROP)
+
+
+@gluon.jit
+def _smem_fold(m, d, sx, x, cols, limit, SMOOTH: gl.constexpr):
+    """_stats_tile of the persistent form with SUB > 1: a lane's max of its SUB values, one exponential each and
+    one rescale; the sum of the logits with label smoothing."""
+    xf = x.to(gl.float32)
+    m_new = gl.maximum(m, gl.max(xf, axis=0))
+    d = d * gl.exp2((m - m_new) * LOG2E) + gl.sum(gl.exp2((xf - gl.expand_dims(m_new, 0)) * LOG2E), axis=0)
+    if SMOOTH:
+        sx += gl.sum(gl.where(cols < limit, xf, 0.0), axis=0)
+    return m_new, d, sx
+
+
+@gluon.jit
+def _ce_smem_kernel(
+    X, stride_x, DX, stride_dx, TARGET, LOSS_ROWS, N_VALID, N, V, ignore_index, smoothing,
+    MEAN: gl.constexpr, SMOOTH: gl.constexpr, BLOCK: gl.constexpr, SUB: gl.constexpr,
+    KEPT: gl.constexpr,   # tiles 0 .. KEPT - 1 of a row stay in shared memory from pass 1 to pass 2
+    WARPS: gl.constexpr,  # the launch's num_warps (the layout is explicit)
+    KEEP: gl.constexpr, DROP: gl.constexpr,
+):
+    """SMEM: the persistent form's rows and per-lane statistics (one program per multiprocessor, SUB x BLOCK tiles
+    folded into BLOCK lanes, tile t + 1 in flight while tile t is reduced), written in Gluon so that the row's
+    first KEPT tiles can be held in shared memory (KEPT x SUB x BLOCK x 2 bytes: 192 KB at 6 x 16384 bf16 columns,
+    of the 227 KB a block may use) and its last tile in registers: pass 2 reads again from global memory only the
+    tiles between (one at 8192 x 128256, the most recently loaded, the likeliest still in L2), so the logits cross
+    HBM about once (4.2 GB) where the persistent form's re-reads miss L2 (run AF: 1.332 ms, 0.996 with both reads
+    in L2). Each thread reads back from shared memory exactly the elements it stored (one layout for both), so
+    no barrier orders them. Not in place; the interpreter cannot run Gluon (a CUDA launch only)."""
+    layout: gl.constexpr = gl.BlockedLayout([SUB, 8], [1, 32], [1, WARPS], [1, 0])
+    lanes_l: gl.constexpr = gl.SliceLayout(0, layout)
+    TILE: gl.constexpr = SUB * BLOCK
+    cols = gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BLOCK \
+        + gl.expand_dims(gl.arange(0, BLOCK, layout=lanes_l), 0)
+    kept = gl.allocate_shared_memory(X.dtype.element_ty, [KEPT, SUB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    pid = gl.program_id(0)
+    step = gl.num_programs(0)
+    if MEAN:
+        scale = 1.0 / gl.load(N_VALID)
+    else:
+        scale = 1.0
+    off_s = scale * smoothing / V
+    hit_s = scale * (1.0 - smoothing)
+    n_tiles = gl.cdiv(V, TILE)
+    in_smem = gl.minimum(n_tiles - 1, KEPT)  # tiles 0 .. in_smem - 1 in shared memory; the last in registers
+
+    t_next = gl.load(TARGET + pid)
+    x_row = X + pid.to(gl.int64) * stride_x
+    dx_row = DX + pid.to(gl.int64) * stride_dx
+    x_step = step.to(gl.int64) * stride_x
+    dx_step = step.to(gl.int64) * stride_dx
+    x = gl.load(x_row + cols, mask=cols < gl.where(t_next != ignore_index, V, 0), other=float("-inf"),
+                eviction_policy=KEEP)
+    for row in range(pid, N, step):
+        target = t_next
+        nrow = row + step
+        t_next = gl.load(TARGET + nrow, mask=nrow < N, other=ignore_index)
+        next_len = gl.where(t_next != ignore_index, V, 0)
+        x_nrow = x_row + x_step
+        if target == ignore_index:
+            for start in range(0, V, TILE):
+                gl.store(dx_row + start + cols, gl.zeros([SUB, BLOCK], DX.dtype.element_ty, layout),
+                         mask=start + cols < V, eviction_policy=DROP)
+            gl.store(LOSS_ROWS + row, 0.0)
+            x = gl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
+        else:
+            in_row = (target >= 0) & (target < V)
+            x_target = gl.load(x_row + target, mask=in_row, other=0.0).to(gl.float32)
+            m = gl.full([BLOCK], -1e30, gl.float32, lanes_l)
+            d = gl.zeros([BLOCK], gl.float32, lanes_l)
+            sx = gl.zeros([BLOCK], gl.float32, lanes_l)
+            # pass 1: tile t + 1 in flight while tile t is folded into the lanes (and kept, t < in_smem)
+            for t in range(0, n_tiles - 1):
+                start = (t + 1) * TILE
+                x_ahead = gl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf"),
+                                  eviction_policy=KEEP)
+                if t < in_smem:
+                    kept.index(t).store(x)
+                m, d, sx = _smem_fold(m, d, sx, x, cols, V - t * TILE, SMOOTH)
+                x = x_ahead
+            m, d, sx = _smem_fold(m, d, sx, x, cols, V - (n_tiles - 1) * TILE, SMOOTH)  # x: the last tile
+            m_row = gl.max(m, axis=0)
+            d_row = gl.sum(d * gl.exp2((m - m_row) * LOG2E), axis=0)
+            lse = m_row + gl.log(d_row)
+            loss = lse - x_target
+            if SMOOTH:
+                loss = (1.0 - smoothing) * loss + smoothing * (lse - gl.sum(sx, axis=0) / V)
+            gl.store(LOSS_ROWS + row, loss)
+            lse2 = lse * LOG2E
+            tgt = target
+            # pass 2: the last tile (registers), tiles n-2 .. in_smem from global memory (in reverse, one in flight),
+            # then tiles in_smem - 1 .. 0 from shared memory; the next row's first tile is loaded before them
+            cur = n_tiles - 1
+            for i in range(0, n_tiles - 1 - in_smem):
+                nxt = n_tiles - 2 - i
+                x_ahead = gl.load(x_row + nxt * TILE + cols, eviction_policy=DROP)  # a whole tile
+                _smem_grad_tile(x, cols, dx_row + cur * TILE, V - cur * TILE, tgt - cur * TILE, lse2, scale, off_s,
+                                hit_s, DROP)
+                x = x_ahead
+                cur = nxt
+            x_ahead = gl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
+            _smem_grad_tile(x, cols, dx_row + cur * TILE, V - cur * TILE, tgt - cur * TILE, lse2, scale, off_s,
+                            hit_s, DROP)
+            for i in range(0, in_smem):
+                t = in_smem - 1 - i
+                _smem_grad_tile(kept.index(t).load(layout), cols, dx_row + t * TILE, V - t * TILE, tgt - t * TILE,
+                                lse2, scale, off_s, hit_s, DROP)
+            x = x_ahead
+        x_row = x_nrow
+        dx_row += dx_step
+
+
 # ---- RESIDENT ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _resident_stats(x, in_seg, SMOOTH: tl.constexpr):
@@ -722,12 +844,13 @@ def ce_block(v: int, device: torch.device, form: str = DEFAULT_FORM) -> tuple[in
     cost time."""
     if device.type != "cuda":
         cap, warps = 2048, 4
-    elif form in ("persistent", "staged", "resident"):
+    elif form in ("persistent", "staged", "resident", "smem"):
         cap, warps = 8192, 16
     else:
         cap, warps = 8192, 8
     block = min(cap, max(16, triton.next_power_of_2(v)))
-    return block, max(4, min(warps, block // 256 if form in ("persistent", "staged", "resident") else block // 2048))
+    return block, max(4, min(warps, block // 256 if form in ("persistent", "staged", "resident", "smem")
+                             else block // 2048))
 
 
 def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, loss_rows: torch.Tensor,
@@ -736,7 +859,7 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True,
             stages: int = 3, sub: int | None = None, store_cache: str = "", split: int | None = None,
             prefetch: bool = True, order: str = "reverse", head: bool = False, tail_drop: bool = False,
-            carveout: int | None = None) -> None:
+            carveout: int | None = None, kept: int | None = None) -> None:
     """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
     form: "persistent" (default), "staged", "two_pass" or "rendezvous"; `fused` is the older switch (True:
     rendezvous, False: two_pass) and is read only when form is None, so fused=None gives the persistent form.
@@ -760,7 +883,11 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     carveout (default None: the driver's choice): the kernel's preferred shared-memory carveout in percent
     (cuFuncSetAttribute, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT), 0 asking for the largest L1 (up to
     256 KB a multiprocessor, less the 64 bytes of shared memory the kernel uses: most of a 250 KB row), where
-    pass 1's loads (ld.global.L1::evict_last) can stay until pass 2 reads them again. A CUDA launch only."""
+    pass 1's loads (ld.global.L1::evict_last) can stay until pass 2 reads them again. A CUDA launch only.
+    Smem (Gluon, a CUDA launch only, not in place): the persistent form's rows with the first `kept` tiles of
+    each row held in shared memory (default: as many as fit the device's per-block limit, less 4 KB, and at
+    most all but the last tile), so pass 2 re-reads from global memory only the tiles between them and the
+    last; block, num_warps, sub (default 2) and hints as for the persistent form."""
     n, v = logits.shape
     if n == 0:
         return
@@ -771,11 +898,11 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     blk, warps = ce_block(v, logits.device, form)
     blk, warps = block or blk, num_warps or warps
     if sub is None:
-        sub = 2 if logits.is_cuda and form == "persistent" and lanes and v >= 2 * blk else 1
+        sub = 2 if logits.is_cuda and form in ("persistent", "smem") and lanes and v >= 2 * blk else 1
     if sub < 1 or sub & (sub - 1):
         raise ValueError(f"cross_entropy: sub must be a power of two >= 1, got {sub}")
-    if sub > 1 and (form != "persistent" or not lanes):
-        raise ValueError("cross_entropy: sub > 1 needs the persistent form with lanes")
+    if sub > 1 and (form not in ("persistent", "smem") or not lanes):
+        raise ValueError("cross_entropy: sub > 1 needs the persistent (or smem) form with lanes")
     if split is None:
         split = (4 if logits.is_cuda else 2) if form == "resident" else 1
     if split < 1 or split & (split - 1):
@@ -794,6 +921,28 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     if carveout is not None and not 0 <= carveout <= 100:
         raise ValueError(f"cross_entropy: carveout is a percentage (0 to 100), got {carveout}")
     rne = needs_rne(dlogits)
+    if kept is not None and form != "smem":
+        raise ValueError("cross_entropy: kept is an option of the smem form")
+    if form == "smem":
+        if store_cache or not lanes:
+            raise ValueError("cross_entropy: the smem form has per-lane statistics and hinted stores only")
+        if not logits.is_cuda:
+            raise ValueError("cross_entropy: the smem form is written in Gluon, which only a CUDA device runs")
+        if shared:
+            raise ValueError("cross_entropy: the smem form cannot write the gradient over the logits")
+        tile = sub * blk
+        n_tiles = triton.cdiv(v, tile)
+        if kept is None:
+            props = torch.cuda.get_device_properties(logits.device)
+            room = getattr(props, "shared_memory_per_block_optin", 232448) - 4096  # 227 KB on sm_90
+            kept = room // (tile * logits.element_size())
+        kept = max(1, min(kept, n_tiles - 1))
+        grid = (max(1, min(n, programs or sm_count(logits.device))),)
+        _ce_smem_kernel[grid](
+            logits, logits.stride(0), dlogits, dlogits.stride(0), target, loss_rows, n_valid, n, v, ignore_index,
+            float(label_smoothing), MEAN=mean, SMOOTH=label_smoothing > 0, BLOCK=blk, SUB=sub, KEPT=kept, WARPS=warps,
+            KEEP="evict_last" if hints else "", DROP="evict_first" if hints else "", num_warps=warps)
+        return
     if form == "resident":
         grid = (max(1, min(n * split, programs or sm_count(logits.device)) // split) * split,)
         r = triton.next_power_of_2(triton.cdiv(triton.cdiv(v, split), blk))
@@ -892,7 +1041,7 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
                           out: torch.Tensor | None = None, stages: int = 3, sub: int | None = None,
                           store_cache: str = "", split: int | None = None, prefetch: bool = True,
                           order: str = "reverse", head: bool = False, tail_drop: bool = False,
-                          carveout: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          carveout: int | None = None, kept: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
     out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller
     that owns the logits buffer. The other keywords choose the kernel (see ce_rows)."""
@@ -911,7 +1060,7 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     n_valid = count_valid(target, ignore_index)
     ce_rows(logits, target, out, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps,
             form, programs, lanes, hints, stages, sub, store_cache, split, prefetch, order, head, tail_drop,
-            carveout)
+            carveout, kept)
     return sum_rows(loss_rows, n_valid, mean), out
 
 

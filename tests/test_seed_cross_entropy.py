@@ -2,6 +2,8 @@
 cross-entropy seed against the task references, through the Triton interpreter."""
 import copy
 import importlib
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 from sandbox.task import load_task
 from sandbox.tolerance import compare
+from tests.sm90 import compiled_in_child, nvidia_backend_available
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
 
@@ -389,3 +392,68 @@ def test_cross_entropy_tail_options_rejected_outside_persistent():
             cross_entropy_fwd_bwd(x, t, form="staged", **kw)
     with pytest.raises(ValueError, match="carveout"):
         cross_entropy_fwd_bwd(x, t, carveout=101)
+
+
+def test_cross_entropy_smem_form_rejected_off_cuda():
+    """The smem form is Gluon, which the interpreter cannot run: on the CPU it is refused in one sentence, as are
+    options it does not have."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    x, t = torch.randn(2, 5), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="CUDA"):
+        cross_entropy_fwd_bwd(x, t, form="smem")
+    with pytest.raises(ValueError, match="kept"):
+        cross_entropy_fwd_bwd(x, t, kept=3)
+    with pytest.raises(ValueError, match="hinted stores"):
+        cross_entropy_fwd_bwd(x, t, form="smem", store_cache=".cs")
+
+
+def _compile_smem_forms() -> dict:
+    """sm_90 facts of the smem form's kernel at the H200 task's specialisation (child process, no interpreter)."""
+    import re
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from seeds.cross_entropy import _ce_smem_kernel as kernel
+    facts = {}
+    for block, sub, kept, warps in ((8192, 2, 6, 16), (4096, 2, 13, 16)):
+        values = dict(X="*bf16", stride_x=128256, DX="*bf16", stride_dx=128256, TARGET="*i64", LOSS_ROWS="*fp32",
+                      N_VALID="*fp32", N=8192, V=128256, ignore_index=-100, smoothing=0.0, MEAN=True, SMOOTH=False,
+                      BLOCK=block, SUB=sub, KEPT=kept, WARPS=warps, KEEP="evict_last", DROP="evict_first")
+        constexprs = {p.name for p in kernel.params if p.is_constexpr}
+        sig, const, attrs = {}, {}, {}
+        for i, name in enumerate(kernel.arg_names):
+            value = values[name]
+            if name in constexprs:
+                sig[name], const[name] = "constexpr", value
+            elif isinstance(value, str):
+                sig[name], attrs[(i,)] = value, [["tt.divisibility", 16]]
+            elif isinstance(value, float):
+                sig[name] = "fp32"
+            else:
+                sig[name] = "i32"
+                if value % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        compiled = triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs),
+                                  target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+        ptx = compiled.asm["ptx"]
+        facts[f"{block}x{sub} kept {kept}"] = {
+            "shared": compiled.metadata.shared, "st_shared_v4": len(re.findall(r"st\.shared\.v4", ptx)),
+            "ld_shared_v4": len(re.findall(r"ld\.shared\.v4", ptx)),
+            "hinted_loads": len(re.findall(r"ld\.global\.L1::evict_(?:last|first)\.L2::cache_hint\.v4", ptx))}
+    return facts
+
+
+@pytest.mark.skipif(not nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
+def test_cross_entropy_smem_form_compiles_for_sm90():
+    """The smem form (not runnable on the interpreter) compiles for the H200: its kept tiles take the shared memory
+    asked for (kept x sub x block x 2 bytes, with a little for the reductions) within the 227 KB a block may opt
+    into, stored and read back in 16-byte vectors, and its global loads carry the L2 hints."""
+    facts = compiled_in_child(__file__)
+    for name, kept_bytes in (("8192x2 kept 6", 6 * 16384 * 2), ("4096x2 kept 13", 13 * 8192 * 2)):
+        f = facts[name]
+        assert kept_bytes <= f["shared"] <= min(kept_bytes + 4096, 232448), (name, f)
+        assert f["st_shared_v4"] > 0 and f["ld_shared_v4"] > 0 and f["hinted_loads"] > 0, (name, f)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--compile-sm90"]:
+    print(json.dumps(_compile_smem_forms()))
