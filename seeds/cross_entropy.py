@@ -35,6 +35,25 @@ Options of PERSISTENT (defaults off; benchmarks/sweep_ce.py times them, H200 num
       (the grid is at most one program per SM). Not in place: a partner may still be reading the logits.
   STORE (store_cache=".cs", ".cg"): the gradient's stores streaming / L2-only, in place of the evict_first hint
       (PTX allows no eviction hint beside them).
+  Pass 2's re-reads (session 7, benchmarks/sweep_ce.py --tail; H200 numbers not measured yet): ORDER (order=
+      "oldest_first": tile 0, read longest ago and the likeliest to have left L2, first, then n-2 .. 1;
+      "forward"); HEAD (head=True): tile 0 kept in registers to the end of pass 2 (+40 registers at 8192-column
+      tiles / 16 warps, so sub=1 there: 98 registers; at 16384-column tiles it spills 172-340 bytes);
+      TAIL_DROP: the last tile, which pass 2 takes from registers, loaded evict_first rather than evict_last;
+      carveout (a launch attribute, a separate compiled kernel): the preferred shared-memory carveout, 0 asking
+      for the largest L1 (the kernel uses 64 bytes of shared memory; its loads are ld.global.L1::evict_last).
+      None of these changes a bit of the results.
+SMEM (Gluon, triton.experimental.gluon; CUDA only, not in place): PERSISTENT's rows and maths (SUB x BLOCK tiles
+folded into BLOCK lanes, the same expressions; not claimed bitwise: the layouts may differ) with the row's first KEPT tiles held in shared
+memory between the passes (6 x 32 KB at 8192 x 2: 192 KB of the 227 KB a block may take) and the last in
+registers, so pass 2 re-reads from global memory only the tiles between (one at 128256 columns, the most
+recently loaded): the logits cross HBM about once. Plain Triton has no shared-memory tensors, hence Gluon; the
+interpreter cannot run it (tests compile it for sm_90 only; the sweep checks it against float64 on the GPU).
+Not tried, and why (session 7): thread-block clusters holding a row across CTAs (QuACK's form): Triton 3.6
+(the H200's) fails to compile any reduction across a num_ctas > 1 cluster (TritonGPUPlanCTAPass: "parent layout
+must have at least rank >= 2" or "Result has an invalid layout"); Triton 3.9 compiles it (mapa,
+shared::cluster). TMA tile loads: Triton 3.6's tensor-descriptor load takes no eviction hint (the hints are worth
+7%, run Y) and lands in shared memory, overlapping only under the software pipeliner, i.e. STAGED's structure.
 STAGED: the same rows and maths as PERSISTENT (bitwise the same results), each pass a plain tile loop under
 tl.range(num_stages=STAGES): on sm_90 Triton turns the tile loads into cp.async copies into shared memory,
 STAGES - 1 tiles in flight (PERSISTENT holds one, in registers: 16 KB per SM at 8192 columns, under what Little's
