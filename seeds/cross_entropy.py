@@ -44,9 +44,9 @@ Options of PERSISTENT (defaults off; benchmarks/sweep_ce.py times them, H200 num
       for the largest L1 (the kernel uses 64 bytes of shared memory; its loads are ld.global.L1::evict_last).
       None of these changes a bit of the results.
 SMEM (Gluon, triton.experimental.gluon; CUDA only, not in place): PERSISTENT's rows and maths (SUB x BLOCK tiles
-folded into BLOCK lanes, the same expressions; not claimed bitwise: the layouts may differ) with the row's first KEPT tiles held in shared
-memory between the passes (6 x 32 KB at 8192 x 2: 192 KB of the 227 KB a block may take) and the last in
-registers, so pass 2 re-reads from global memory only the tiles between (one at 128256 columns, the most
+folded into BLOCK lanes, the same expressions, not necessarily bitwise: the layouts may differ) with the row's
+first KEPT tiles held in shared memory between the passes (6 x 32 KB at 8192 x 2: 192 KB of the 227 KB a block
+may take) and the last in registers, so pass 2 re-reads from global memory only the tiles between (one at 128256 columns, the most
 recently loaded): the logits cross HBM about once. Plain Triton has no shared-memory tensors, hence Gluon; the
 interpreter cannot run it (tests compile it for sm_90 only; the sweep checks it against float64 on the GPU).
 Not tried, and why (session 7): thread-block clusters holding a row across CTAs (QuACK's form): Triton 3.6
