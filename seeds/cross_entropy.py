@@ -46,9 +46,10 @@ Options of PERSISTENT (defaults off; benchmarks/sweep_ce.py times them, H200 num
 SMEM (Gluon, triton.experimental.gluon; CUDA only, not in place): PERSISTENT's rows and maths (SUB x BLOCK tiles
 folded into BLOCK lanes, the same expressions, not necessarily bitwise: the layouts may differ) with the row's
 first KEPT tiles held in shared memory between the passes (6 x 32 KB at 8192 x 2: 192 KB of the 227 KB a block
-may take) and the last in registers, so pass 2 re-reads from global memory only the tiles between (one at 128256 columns, the most
-recently loaded): the logits cross HBM about once. Plain Triton has no shared-memory tensors, hence Gluon; the
-interpreter cannot run it (tests compile it for sm_90 only; the sweep checks it against float64 on the GPU).
+may take) and the last in registers, so pass 2 re-reads from global memory only the tiles between (one at 128256
+columns, the most recently loaded): the logits cross HBM about once. Plain Triton has no shared-memory tensors,
+hence Gluon; the interpreter cannot run it (tests compile it for sm_90 only; the sweep checks it against float64
+on the GPU).
 Not tried, and why (session 7): thread-block clusters holding a row across CTAs (QuACK's form): Triton 3.6
 (the H200's) fails to compile any reduction across a num_ctas > 1 cluster (TritonGPUPlanCTAPass: "parent layout
 must have at least rank >= 2" or "Result has an invalid layout"); Triton 3.9 compiles it (mapa,
@@ -989,8 +990,8 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             spin = 1 << 14 if logits.device.type == "cuda" else 0
             kernel = _ce_persistent_kernel[grid](*args, SUB=sub, SPLIT=split, STATS=stats, COUNTER=counter,
                                                  SPIN=spin, ORDER=ORDERS.index(order), HEAD=int(head),
-                                                 TAIL_DROP=int(tail_drop), CARVEOUT=-1 if carveout is None else carveout,
-                                                 **common)
+                                                 TAIL_DROP=int(tail_drop),
+                                                 CARVEOUT=-1 if carveout is None else carveout, **common)
             if carveout is not None and logits.is_cuda:
                 prefer_carveout(kernel, carveout)
         else:

@@ -339,7 +339,7 @@ def test_linear_cross_entropy_chunks(chunk, split_k, smoothing, reduction, devic
     _compare_all(got, model(x, target), _truth(model, [x, target]))
 
 
-TAIL_CASES = [  # (programs, block, sub, split, order, head, tail_drop): pass 2's order and which tiles stay in registers
+TAIL_CASES = [  # (programs, block, sub, split, order, head, tail_drop): pass 2's order, tiles kept in registers
     (3, 64, 2, 1, "forward", False, False), (3, 64, 2, 1, "oldest_first", False, False),
     (2, 64, 1, 1, "reverse", True, False), (4, 32, 2, 1, "oldest_first", True, True),
     (None, 64, 2, 1, "reverse", False, True), (1000, 128, 1, 1, "forward", True, True),
