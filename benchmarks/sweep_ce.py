@@ -36,8 +36,11 @@ the caches. The variants ask where that read can come from:
     too; sub=4 at 4096 columns (no spill, 128 registers) with carveout=0;
   - form="smem" (Gluon): the row's first `kept` tiles held in shared memory (6 x 32 KB at 8192 x 2, 13 x 16 KB
     at 4096 x 2: 192 / 208 KB), the last in registers: pass 2 re-reads one tile of the row from global memory
-    (the most recent one), so the logits cross HBM about once. Not runnable on the interpreter (skipped in
-    --smoke); checked against float64 here like every variant.
+    (the most recent one), so the logits cross HBM about once; with cp.async the kept tiles go global ->
+    shared directly, all of a row's in flight at once, issued while the previous row is written (pass 1
+    then holds 192 KB in flight per multiprocessor instead of 32). Not runnable on the interpreter (skipped
+    in --smoke); checked against float64 here like every variant.
+Diagnostics for --tail: the default and both smem forms on L2-resident logits.
 (sub=4 at 32 warps, suggested for fewer programs with more bytes each, spills: 360 bytes at 8192 columns, 224
 at 4096, sm_90 ptxas; so no variant.)
 Every variant is first checked at the full shape against float64 truth (the task's Model on float64 logits):
@@ -92,17 +95,18 @@ def variants(sms: int, smoke: bool, near_default: bool = False, resident: bool =
             b, w, p = 64, 4, split * min(p // split, 3)
         return name, dict(form="resident", programs=p, block=b, num_warps=w, split=split, prefetch=prefetch)
 
-    def smem(b, w, sub, kept=None):
-        name = f"smem (Gluon) P={sms} BLOCK={b} w={w} sub={sub} kept={kept or 'all that fit'}"
-        return name, dict(form="smem", programs=sms, block=b, num_warps=w, sub=sub, kept=kept)
+    def smem(b, w, sub, async_kept=False):
+        name = f"smem (Gluon) P={sms} BLOCK={b} w={w} sub={sub}" + (" cp.async" if async_kept else "")
+        return name, dict(form="smem", programs=sms, block=b, num_warps=w, sub=sub, async_kept=async_kept)
 
     if tail:
         return [
-            ("default", {}), smem(8192, 16, 2), pers(8192, 16, sub=2, carveout=0),
-            pers(8192, 16, sub=2, carveout=100), smem(4096, 16, 2), pers(8192, 16, sub=2, tail_drop=True),
+            ("default", {}), smem(8192, 16, 2, async_kept=True), smem(8192, 16, 2),
+            pers(8192, 16, sub=2, carveout=0), pers(8192, 16, sub=2, carveout=100),
+            smem(4096, 16, 2, async_kept=True), pers(8192, 16, sub=2, tail_drop=True),
             pers(8192, 16, sub=2, order="oldest_first"), pers(8192, 16, p=100, sub=2),
             pers(8192, 16, sub=2, carveout=0, order="oldest_first", tail_drop=True),
-            pers(8192, 16, sub=1, head=True, tail_drop=True), smem(4096, 16, 4),
+            pers(8192, 16, sub=1, head=True, tail_drop=True), smem(4096, 16, 2),
             pers(8192, 16, sub=2, order="forward"), pers(8192, 16, p=100, sub=2, carveout=0),
             pers(4096, 16, sub=4, carveout=0),
         ]

@@ -100,6 +100,7 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from seeds._common import sm_count
 
@@ -467,6 +468,11 @@ def _ce_persistent_kernel(
 
 
 # ---- SMEM (Gluon: explicit shared memory) ---------------------------------------------------------------------
+# cp.async global -> shared: async_copy_global_to_shared in Triton 3.6 (the H200's), renamed async_load later
+# (3.9 here, where the old name raises)
+cp_async_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+
 @gluon.jit
 def _smem_grad_tile(x, cols, dx_ptrs, limit, tgt, lse2, scale, off_s, hit_s, DROP: gl.constexpr):
     """_grad_tile of the persistent form: dx = scale (exp(x - lse) - eps / V) - scale (1 - eps) [col == target]."""
@@ -488,12 +494,23 @@ def _smem_fold(m, d, sx, x, cols, limit, SMOOTH: gl.constexpr):
 
 
 @gluon.jit
+def _smem_issue_kept(kept, x_row, cols, row_len, n_kept, TILE: gl.constexpr, DROP: gl.constexpr):
+    """ASYNC: cp.async copies of a row's tiles 0 .. n_kept - 1 straight into shared memory (no registers), one
+    commit group; row_len 0 (an ignored row, or none) copies nothing (the slots get zeros, never read)."""
+    for t in range(0, n_kept):
+        cp_async_to_shared(kept.index(t), x_row + t * TILE + cols, mask=cols < row_len - t * TILE,
+                           eviction_policy=DROP)
+    async_copy.commit_group()
+
+
+@gluon.jit
 def _ce_smem_kernel(
     X, stride_x, DX, stride_dx, TARGET, LOSS_ROWS, N_VALID, N, V, ignore_index, smoothing,
     MEAN: gl.constexpr, SMOOTH: gl.constexpr, BLOCK: gl.constexpr, SUB: gl.constexpr,
     KEPT: gl.constexpr,   # tiles 0 .. KEPT - 1 of a row stay in shared memory from pass 1 to pass 2
     WARPS: gl.constexpr,  # the launch's num_warps (the layout is explicit)
     KEEP: gl.constexpr, DROP: gl.constexpr,
+    ASYNC: gl.constexpr = False,  # the kept tiles arrive by cp.async, issued during the previous row's pass 2
 ):
     """SMEM: the persistent form's rows and per-lane statistics (one program per multiprocessor, SUB x BLOCK tiles
     folded into BLOCK lanes, tile t + 1 in flight while tile t is reduced), written in Gluon so that the row's
@@ -502,7 +519,11 @@ def _ce_smem_kernel(
     tiles between (one at 8192 x 128256, the most recently loaded, the likeliest still in L2), so the logits cross
     HBM about once (4.2 GB) where the persistent form's re-reads miss L2 (run AF: 1.332 ms, 0.996 with both reads
     in L2). Each thread reads back from shared memory exactly the elements it stored (one layout for both), so
-    no barrier orders them. Not in place; the interpreter cannot run Gluon (a CUDA launch only)."""
+    no barrier orders them. Without ASYNC the kept tiles pass through registers in pass 1 (32 KB in flight per
+    program, as PERSISTENT); with ASYNC they are copied global -> shared by cp.async (KEPT tiles in flight at
+    once): pass 2 issues the next row's copy of tile t as soon as it has read tile t, and the next row's pass 1
+    waits for them all (cp.async.wait_group 0) before folding them from shared memory; the tiles from KEPT on
+    come through registers as before. Not in place; the interpreter cannot run Gluon (a CUDA launch only)."""
     layout: gl.constexpr = gl.BlockedLayout([SUB, 8], [1, 32], [1, WARPS], [1, 0])
     lanes_l: gl.constexpr = gl.SliceLayout(0, layout)
     TILE: gl.constexpr = SUB * BLOCK
@@ -519,13 +540,20 @@ def _ce_smem_kernel(
     hit_s = scale * (1.0 - smoothing)
     n_tiles = gl.cdiv(V, TILE)
     in_smem = gl.minimum(n_tiles - 1, KEPT)  # tiles 0 .. in_smem - 1 in shared memory; the last in registers
+    if ASYNC:
+        first_reg = in_smem  # the first tile that comes through registers
+    else:
+        first_reg = 0
 
     t_next = gl.load(TARGET + pid)
     x_row = X + pid.to(gl.int64) * stride_x
     dx_row = DX + pid.to(gl.int64) * stride_dx
     x_step = step.to(gl.int64) * stride_x
     dx_step = step.to(gl.int64) * stride_dx
-    x = gl.load(x_row + cols, mask=cols < gl.where(t_next != ignore_index, V, 0), other=float("-inf"),
+    first_len = gl.where(t_next != ignore_index, V, 0)
+    if ASYNC:
+        _smem_issue_kept(kept, x_row, cols, first_len, in_smem, TILE, DROP)
+    x = gl.load(x_row + first_reg * TILE + cols, mask=cols < first_len - first_reg * TILE, other=float("-inf"),
                 eviction_policy=KEEP)
     for row in range(pid, N, step):
         target = t_next
@@ -538,20 +566,29 @@ def _ce_smem_kernel(
                 gl.store(dx_row + start + cols, gl.zeros([SUB, BLOCK], DX.dtype.element_ty, layout),
                          mask=start + cols < V, eviction_policy=DROP)
             gl.store(LOSS_ROWS + row, 0.0)
-            x = gl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
+            if ASYNC:
+                async_copy.wait_group(0)  # this row's (empty) copies land before the next row's take the slots
+                _smem_issue_kept(kept, x_nrow, cols, next_len, in_smem, TILE, DROP)
+            x = gl.load(x_nrow + first_reg * TILE + cols, mask=cols < next_len - first_reg * TILE,
+                        other=float("-inf"), eviction_policy=KEEP)
         else:
             in_row = (target >= 0) & (target < V)
             x_target = gl.load(x_row + target, mask=in_row, other=0.0).to(gl.float32)
             m = gl.full([BLOCK], -1e30, gl.float32, lanes_l)
             d = gl.zeros([BLOCK], gl.float32, lanes_l)
             sx = gl.zeros([BLOCK], gl.float32, lanes_l)
+            if ASYNC:  # the kept tiles, copied while the previous row was written; x (tile in_smem) in flight
+                async_copy.wait_group(0)
+                for t in range(0, in_smem):
+                    m, d, sx = _smem_fold(m, d, sx, kept.index(t).load(layout), cols, V - t * TILE, SMOOTH)
             # pass 1: tile t + 1 in flight while tile t is folded into the lanes (and kept, t < in_smem)
-            for t in range(0, n_tiles - 1):
+            for t in range(first_reg, n_tiles - 1):
                 start = (t + 1) * TILE
                 x_ahead = gl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf"),
                                   eviction_policy=KEEP)
-                if t < in_smem:
-                    kept.index(t).store(x)
+                if not ASYNC:
+                    if t < in_smem:
+                        kept.index(t).store(x)
                 m, d, sx = _smem_fold(m, d, sx, x, cols, V - t * TILE, SMOOTH)
                 x = x_ahead
             m, d, sx = _smem_fold(m, d, sx, x, cols, V - (n_tiles - 1) * TILE, SMOOTH)  # x: the last tile
@@ -565,7 +602,8 @@ def _ce_smem_kernel(
             lse2 = lse * LOG2E
             tgt = target
             # pass 2: the last tile (registers), tiles n-2 .. in_smem from global memory (in reverse, one in flight),
-            # then tiles in_smem - 1 .. 0 from shared memory; the next row's first tile is loaded before them
+            # then tiles in_smem - 1 .. 0 from shared memory (ASYNC: each slot refilled with the next row's tile
+            # once read); the next row's first register tile is loaded before them
             cur = n_tiles - 1
             for i in range(0, n_tiles - 1 - in_smem):
                 nxt = n_tiles - 2 - i
@@ -574,16 +612,24 @@ def _ce_smem_kernel(
                                 hit_s, DROP)
                 x = x_ahead
                 cur = nxt
-            x_ahead = gl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
+            x_ahead = gl.load(x_nrow + first_reg * TILE + cols, mask=cols < next_len - first_reg * TILE,
+                              other=float("-inf"), eviction_policy=KEEP)
             _smem_grad_tile(x, cols, dx_row + cur * TILE, V - cur * TILE, tgt - cur * TILE, lse2, scale, off_s,
                             hit_s, DROP)
             for i in range(0, in_smem):
                 t = in_smem - 1 - i
                 _smem_grad_tile(kept.index(t).load(layout), cols, dx_row + t * TILE, V - t * TILE, tgt - t * TILE,
                                 lse2, scale, off_s, hit_s, DROP)
+                if ASYNC:
+                    cp_async_to_shared(kept.index(t), x_nrow + t * TILE + cols, mask=cols < next_len - t * TILE,
+                                       eviction_policy=DROP)
+            if ASYNC:
+                async_copy.commit_group()
             x = x_ahead
         x_row = x_nrow
         dx_row += dx_step
+    if ASYNC:
+        async_copy.wait_group(0)  # the last copies (of no row: masked) land before the program ends
 
 
 # ---- RESIDENT ---------------------------------------------------------------------------------------------------
@@ -879,7 +925,7 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True,
             stages: int = 3, sub: int | None = None, store_cache: str = "", split: int | None = None,
             prefetch: bool = True, order: str = "reverse", head: bool = False, tail_drop: bool = False,
-            carveout: int | None = None, kept: int | None = None) -> None:
+            carveout: int | None = None, kept: int | None = None, async_kept: bool = False) -> None:
     """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
     form: "persistent" (default), "staged", "two_pass" or "rendezvous"; `fused` is the older switch (True:
     rendezvous, False: two_pass) and is read only when form is None, so fused=None gives the persistent form.
@@ -907,7 +953,8 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     Smem (Gluon, a CUDA launch only, not in place): the persistent form's rows with the first `kept` tiles of
     each row held in shared memory (default: as many as fit the device's per-block limit, less 4 KB, and at
     most all but the last tile), so pass 2 re-reads from global memory only the tiles between them and the
-    last; block, num_warps, sub (default 2) and hints as for the persistent form."""
+    last; block, num_warps, sub (default 2) and hints as for the persistent form; async_kept (default off): the
+    kept tiles are copied global -> shared by cp.async, issued during the previous row's pass 2."""
     n, v = logits.shape
     if n == 0:
         return
@@ -941,8 +988,8 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     if carveout is not None and not 0 <= carveout <= 100:
         raise ValueError(f"cross_entropy: carveout is a percentage (0 to 100), got {carveout}")
     rne = needs_rne(dlogits)
-    if kept is not None and form != "smem":
-        raise ValueError("cross_entropy: kept is an option of the smem form")
+    if (kept is not None or async_kept) and form != "smem":
+        raise ValueError("cross_entropy: kept and async_kept are options of the smem form")
     if form == "smem":
         if store_cache or not lanes:
             raise ValueError("cross_entropy: the smem form has per-lane statistics and hinted stores only")
@@ -961,7 +1008,7 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
         _ce_smem_kernel[grid](
             logits, logits.stride(0), dlogits, dlogits.stride(0), target, loss_rows, n_valid, n, v, ignore_index,
             float(label_smoothing), MEAN=mean, SMOOTH=label_smoothing > 0, BLOCK=blk, SUB=sub, KEPT=kept, WARPS=warps,
-            KEEP="evict_last" if hints else "", DROP="evict_first" if hints else "", num_warps=warps)
+            KEEP="evict_last" if hints else "", DROP="evict_first" if hints else "", ASYNC=async_kept, num_warps=warps)
         return
     if form == "resident":
         grid = (max(1, min(n * split, programs or sm_count(logits.device)) // split) * split,)
@@ -1061,7 +1108,8 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
                           out: torch.Tensor | None = None, stages: int = 3, sub: int | None = None,
                           store_cache: str = "", split: int | None = None, prefetch: bool = True,
                           order: str = "reverse", head: bool = False, tail_drop: bool = False,
-                          carveout: int | None = None, kept: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          carveout: int | None = None, kept: int | None = None,
+                          async_kept: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
     out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller
     that owns the logits buffer. The other keywords choose the kernel (see ce_rows)."""
@@ -1080,7 +1128,7 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     n_valid = count_valid(target, ignore_index)
     ce_rows(logits, target, out, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps,
             form, programs, lanes, hints, stages, sub, store_cache, split, prefetch, order, head, tail_drop,
-            carveout, kept)
+            carveout, kept, async_kept)
     return sum_rows(loss_rows, n_valid, mean), out
 
 

@@ -403,6 +403,8 @@ def test_cross_entropy_smem_form_rejected_off_cuda():
         cross_entropy_fwd_bwd(x, t, form="smem")
     with pytest.raises(ValueError, match="kept"):
         cross_entropy_fwd_bwd(x, t, kept=3)
+    with pytest.raises(ValueError, match="async_kept"):
+        cross_entropy_fwd_bwd(x, t, async_kept=True)
     with pytest.raises(ValueError, match="hinted stores"):
         cross_entropy_fwd_bwd(x, t, form="smem", store_cache=".cs")
 
@@ -415,10 +417,12 @@ def _compile_smem_forms() -> dict:
     from triton.experimental.gluon._runtime import GluonASTSource
     from seeds.cross_entropy import _ce_smem_kernel as kernel
     facts = {}
-    for block, sub, kept, warps in ((8192, 2, 6, 16), (4096, 2, 13, 16)):
+    for block, sub, kept, warps, async_kept in ((8192, 2, 6, 16, False), (4096, 2, 13, 16, False),
+                                                (8192, 2, 6, 16, True)):
         values = dict(X="*bf16", stride_x=128256, DX="*bf16", stride_dx=128256, TARGET="*i64", LOSS_ROWS="*fp32",
                       N_VALID="*fp32", N=8192, V=128256, ignore_index=-100, smoothing=0.0, MEAN=True, SMOOTH=False,
-                      BLOCK=block, SUB=sub, KEPT=kept, WARPS=warps, KEEP="evict_last", DROP="evict_first")
+                      BLOCK=block, SUB=sub, KEPT=kept, WARPS=warps, KEEP="evict_last", DROP="evict_first",
+                      ASYNC=async_kept)
         constexprs = {p.name for p in kernel.params if p.is_constexpr}
         sig, const, attrs = {}, {}, {}
         for i, name in enumerate(kernel.arg_names):
@@ -436,10 +440,12 @@ def _compile_smem_forms() -> dict:
         compiled = triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs),
                                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
         ptx = compiled.asm["ptx"]
-        facts[f"{block}x{sub} kept {kept}"] = {
+        facts[f"{block}x{sub} kept {kept}" + (" async" if async_kept else "")] = {
             "shared": compiled.metadata.shared, "st_shared_v4": len(re.findall(r"st\.shared\.v4", ptx)),
             "ld_shared_v4": len(re.findall(r"ld\.shared\.v4", ptx)),
-            "hinted_loads": len(re.findall(r"ld\.global\.L1::evict_(?:last|first)\.L2::cache_hint\.v4", ptx))}
+            "hinted_loads": len(re.findall(r"ld\.global\.L1::evict_(?:last|first)\.L2::cache_hint\.v4", ptx)),
+            "cp_async_16B": len(re.findall(r"cp\.async\.cg\.shared\.global[^;]*\], (?:16|0x10)\b", ptx)),
+            "wait_group": ptx.count("cp.async.wait_group")}
     return facts
 
 
@@ -449,10 +455,15 @@ def test_cross_entropy_smem_form_compiles_for_sm90():
     asked for (kept x sub x block x 2 bytes, with a little for the reductions) within the 227 KB a block may opt
     into, stored and read back in 16-byte vectors, and its global loads carry the L2 hints."""
     facts = compiled_in_child(__file__)
-    for name, kept_bytes in (("8192x2 kept 6", 6 * 16384 * 2), ("4096x2 kept 13", 13 * 8192 * 2)):
+    for name, kept_bytes in (("8192x2 kept 6", 6 * 16384 * 2), ("4096x2 kept 13", 13 * 8192 * 2),
+                             ("8192x2 kept 6 async", 6 * 16384 * 2)):
         f = facts[name]
         assert kept_bytes <= f["shared"] <= min(kept_bytes + 4096, 232448), (name, f)
-        assert f["st_shared_v4"] > 0 and f["ld_shared_v4"] > 0 and f["hinted_loads"] > 0, (name, f)
+        assert f["ld_shared_v4"] > 0 and f["hinted_loads"] > 0, (name, f)
+        if name.endswith("async"):  # the kept tiles go global -> shared in 16-byte copies, never through registers
+            assert f["cp_async_16B"] > 0 and f["wait_group"] > 0 and f["st_shared_v4"] == 0, (name, f)
+        else:
+            assert f["st_shared_v4"] > 0 and f["cp_async_16B"] == 0, (name, f)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--compile-sm90"]:
