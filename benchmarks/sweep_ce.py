@@ -19,12 +19,36 @@ latency (each program has one tile in flight, loaded while the previous one is r
 Diagnostics (no check, not results): the default, sub=2 and split=2 on L2-resident logits (every row the same:
 both reads hit L2, so what is left is the kernel's own cost), and copy_ of the logits (the floor).
 
+TAIL (--tail, session 7): the default is 1.332 ms (run AF) against 0.996 on L2-resident logits and 0.983 for a
+copy: what is left is pass 2's second read of each row (tiles 0 .. n-2; tile n-1 stays in registers) missing
+the caches. The variants ask where that read can come from:
+  - carveout=0 / 100: the kernel's preferred shared-memory carveout (cuFuncSetAttribute). The kernel uses 64
+    bytes of shared memory and its loads are ld.global.L1::evict_last, so with the largest L1 (up to 256 KB a
+    multiprocessor, against a 250 KB row) pass 2's reverse re-reads could hit L1, never reaching L2; 100 (the
+    smallest L1) shows how much L1 gives today under the driver's own choice;
+  - tail_drop: the last tile, which pass 2 takes from registers, is loaded evict_first, not evict_last (1/8
+    of the rows' evict_last lines are never read again);
+  - order="oldest_first" / "forward": pass 2 re-reads tile 0 (read longest ago, the likeliest miss under LRU)
+    first, or every tile in order (each re-read the same distance after its first read), against reverse;
+  - head (sub=1: 8192-column tiles, 98 registers, no spill; at 16384-column tiles it spills 172-340 bytes):
+    tile 0 stays in registers, so the oldest tile is never re-read;
+  - P=100 programs: fewer live rows in L2 (25 MB against 33 at 132), fewer bytes in flight; with carveout=0
+    too; sub=4 at 4096 columns (no spill, 128 registers) with carveout=0;
+  - form="smem" (Gluon): the row's first `kept` tiles held in shared memory (6 x 32 KB at 8192 x 2, 13 x 16 KB
+    at 4096 x 2: 192 / 208 KB), the last in registers: pass 2 re-reads one tile of the row from global memory
+    (the most recent one), so the logits cross HBM about once; with cp.async the kept tiles go global ->
+    shared directly, all of a row's in flight at once, issued while the previous row is written (pass 1
+    then holds 192 KB in flight per multiprocessor instead of 32). Not runnable on the interpreter (skipped
+    in --smoke); checked against float64 here like every variant.
+Diagnostics for --tail: the default and both smem forms on L2-resident logits.
+(sub=4 at 32 warps, suggested for fewer programs with more bytes each, spills: 360 bytes at 8192 columns, 224
+at 4096, sm_90 ptxas; so no variant.)
 Every variant is first checked at the full shape against float64 truth (the task's Model on float64 logits):
 loss rel err <= max(1e-5, 4x eager's) and dlogits rel L2 <= max(1e-2, 4x eager's), at eps 0 / mean (the timed
 setting); the default and each new (sub, split) pair also at eps 0.1 / sum. A wrong variant prints WRONG, is not timed,
 and the script exits 1. Timed with benchmarks/_bench.py's rotating_median_ms over 3 input sets (5% ignored rows).
 
-    PYTHONPATH=$PWD python3 benchmarks/sweep_ce.py [--budget 80]      # H200; writes $OUT/sweep_ce.json if OUT is set
+    PYTHONPATH=$PWD python3 benchmarks/sweep_ce.py [--budget 80] [--tail]   # H200; $OUT/sweep_ce.json if OUT is set
     TRITON_INTERPRET=1 python3 benchmarks/sweep_ce.py --smoke         # CPU interpreter, tiny shape: the script only
 
 The table comes last.
@@ -52,12 +76,13 @@ COMPILE_RESERVE_S = 25.0  # torch.compile of the task Model, timed last
 T0 = time.time()
 
 
-def variants(sms: int, smoke: bool, near_default: bool = False, resident: bool = False) -> list[tuple[str, dict]]:
+def variants(sms: int, smoke: bool, near_default: bool = False, resident: bool = False,
+             tail: bool = False) -> list[tuple[str, dict]]:
     """(name, cross_entropy_fwd_bwd keywords), most telling first (the time guard drops the tail). --smoke keeps
     the knobs at interpreter-sized blocks. near_default: the neighbours of sub = 2 (run W's winner, the default
     since) instead of run W's list. resident: the resident form (each row read once from HBM, its shares held in
     registers by `split` programs; registers of data a thread: row / split / threads / 2, twice that with the
-    prefetch), against the default."""
+    prefetch), against the default. tail: where pass 2's second read of a row comes from (TAIL below)."""
     def pers(b, w, p=sms, **kw):
         name = f"persistent P={p} BLOCK={b} w={w}" + "".join(f" {k}={v!r}" for k, v in kw.items())
         if smoke:
@@ -70,6 +95,21 @@ def variants(sms: int, smoke: bool, near_default: bool = False, resident: bool =
             b, w, p = 64, 4, split * min(p // split, 3)
         return name, dict(form="resident", programs=p, block=b, num_warps=w, split=split, prefetch=prefetch)
 
+    def smem(b, w, sub, async_kept=False):
+        name = f"smem (Gluon) P={sms} BLOCK={b} w={w} sub={sub}" + (" cp.async" if async_kept else "")
+        return name, dict(form="smem", programs=sms, block=b, num_warps=w, sub=sub, async_kept=async_kept)
+
+    if tail:
+        return [
+            ("default", {}), smem(8192, 16, 2, async_kept=True), smem(8192, 16, 2),
+            pers(8192, 16, sub=2, carveout=0), pers(8192, 16, sub=2, carveout=100),
+            smem(4096, 16, 2, async_kept=True), pers(8192, 16, sub=2, tail_drop=True),
+            pers(8192, 16, sub=2, order="oldest_first"), pers(8192, 16, p=100, sub=2),
+            pers(8192, 16, sub=2, carveout=0, order="oldest_first", tail_drop=True),
+            pers(8192, 16, sub=1, head=True, tail_drop=True), smem(4096, 16, 2),
+            pers(8192, 16, sub=2, order="forward"), pers(8192, 16, p=100, sub=2, carveout=0),
+            pers(4096, 16, sub=4, carveout=0),
+        ]
     if resident:
         return [
             ("default", {}), res(8192, 16, 4), res(4096, 8, 8, p=2 * sms), res(8192, 16, 4, prefetch=False),
@@ -106,6 +146,8 @@ def main() -> int:
     ap = parser(__doc__.splitlines()[0], 80.0)
     ap.add_argument("--near-default", action="store_true", help="the neighbours of the sub = 2 default (run Y)")
     ap.add_argument("--resident", action="store_true", help="the resident form's variants (session 7)")
+    ap.add_argument("--tail", action="store_true", help="where pass 2's second read comes from: L1 carveout, "
+                    "tile order, tiles kept in registers, hints, fewer live rows (session 7)")
     args = ap.parse_args()
     smoke = args.smoke
     dev = "cpu" if smoke else "cuda"
@@ -150,14 +192,18 @@ def main() -> int:
     # --- seed variants ---------------------------------------------------------------------------------------------
     reserve = 0.0 if smoke else COMPILE_RESERVE_S + 8.0  # torch.compile, then the diagnostics
     maths_checked: set[tuple[str, int, int]] = set()
-    for name, kw in variants(sms, smoke, args.near_default, args.resident):
+    for name, kw in variants(sms, smoke, args.near_default, args.resident, args.tail):
         if left() < reserve:
             log(f"skipped {name}: {left():.0f} s left")
             continue
+        if smoke and kw.get("form") == "smem":
+            log(f"skipped {name}: Gluon does not run on the interpreter")
+            continue
         le, de, ok = ref.errors(*cross_entropy_fwd_bwd(x, t, -100, 0.0, "mean", **kw), 0.0, "mean")
         log(f"check {name} eps=0 mean: loss {le:.3g} dlogits {de:.3g} {'ok' if ok else 'FAIL'}")
-        maths = (kw.get("form", "persistent"), kw.get("sub", 1), kw.get("split", 1))
-        if maths not in maths_checked and maths[0] in ("persistent", "resident"):
+        maths = (kw.get("form", "persistent"), kw.get("sub", 1), kw.get("split", 1), kw.get("order"), kw.get("head"),
+                 kw.get("tail_drop"))  # each code path also at eps 0.1 / sum
+        if maths not in maths_checked and maths[0] in ("persistent", "resident", "smem"):
             maths_checked.add(maths)
             le2, de2, ok2 = ref.errors(*cross_entropy_fwd_bwd(x, t, -100, 0.1, "sum", **kw), 0.1, "sum")
             log(f"check {name} eps=0.1 sum: loss {le2:.3g} dlogits {de2:.3g} {'ok' if ok2 else 'FAIL'}")
@@ -186,8 +232,8 @@ def main() -> int:
     # --- diagnostics: the kernel when both reads hit L2; the copy floor --------------------------------------------
     if smoke or left() > 3:
         resident = x[:1].expand(n, v)  # every row the same: row stride 0
-        for name, kw in variants(sms, smoke, args.near_default, args.resident)[:3]:  # the first three
-            if name in failed:
+        for name, kw in variants(sms, smoke, args.near_default, args.resident, args.tail)[:3]:  # the first three
+            if name in failed or (smoke and kw.get("form") == "smem"):
                 continue
             add(f"{name} on L2-resident logits", "diag",
                 rotating_median_ms(lambda i, kw=kw: cross_entropy_fwd_bwd(resident, sets[i][1], **kw), SETS, smoke),

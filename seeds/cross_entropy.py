@@ -35,6 +35,26 @@ Options of PERSISTENT (defaults off; benchmarks/sweep_ce.py times them, H200 num
       (the grid is at most one program per SM). Not in place: a partner may still be reading the logits.
   STORE (store_cache=".cs", ".cg"): the gradient's stores streaming / L2-only, in place of the evict_first hint
       (PTX allows no eviction hint beside them).
+  Pass 2's re-reads (session 7, benchmarks/sweep_ce.py --tail; H200 numbers not measured yet): ORDER (order=
+      "oldest_first": tile 0, read longest ago and the likeliest to have left L2, first, then n-2 .. 1;
+      "forward"); HEAD (head=True): tile 0 kept in registers to the end of pass 2 (+40 registers at 8192-column
+      tiles / 16 warps, so sub=1 there: 98 registers; at 16384-column tiles it spills 172-340 bytes);
+      TAIL_DROP: the last tile, which pass 2 takes from registers, loaded evict_first rather than evict_last;
+      carveout (a launch attribute, a separate compiled kernel): the preferred shared-memory carveout, 0 asking
+      for the largest L1 (the kernel uses 64 bytes of shared memory; its loads are ld.global.L1::evict_last).
+      None of these changes a bit of the results.
+SMEM (Gluon, triton.experimental.gluon; CUDA only, not in place): PERSISTENT's rows and maths (SUB x BLOCK tiles
+folded into BLOCK lanes, the same expressions, not necessarily bitwise: the layouts may differ) with the row's
+first KEPT tiles held in shared memory between the passes (6 x 32 KB at 8192 x 2: 192 KB of the 227 KB a block
+may take) and the last in registers, so pass 2 re-reads from global memory only the tiles between (one at 128256
+columns, the most recently loaded): the logits cross HBM about once. Plain Triton has no shared-memory tensors,
+hence Gluon; the interpreter cannot run it (tests compile it for sm_90 only; the sweep checks it against float64
+on the GPU).
+Not tried, and why (session 7): thread-block clusters holding a row across CTAs (QuACK's form): Triton 3.6
+(the H200's) fails to compile any reduction across a num_ctas > 1 cluster (TritonGPUPlanCTAPass: "parent layout
+must have at least rank >= 2" or "Result has an invalid layout"); Triton 3.9 compiles it (mapa,
+shared::cluster). TMA tile loads: Triton 3.6's tensor-descriptor load takes no eviction hint (the hints are worth
+7%, run Y) and lands in shared memory, overlapping only under the software pipeliner, i.e. STAGED's structure.
 STAGED: the same rows and maths as PERSISTENT (bitwise the same results), each pass a plain tile loop under
 tl.range(num_stages=STAGES): on sm_90 Triton turns the tile loads into cp.async copies into shared memory,
 STAGES - 1 tiles in flight (PERSISTENT holds one, in registers: 16 KB per SM at 8192 columns, under what Little's
@@ -78,6 +98,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from seeds._common import sm_count
 
@@ -87,13 +110,16 @@ CRUCIBLE_SEED = {
     "ops": ["cross-entropy fwd+bwd (ignore_index, label smoothing, mean/sum)"],
 }
 
-FORMS = ("persistent", "staged", "two_pass", "rendezvous", "resident")
+FORMS = ("persistent", "staged", "two_pass", "rendezvous", "resident", "smem")
 DEFAULT_FORM = "persistent"
 STORE_CACHE = ("", ".cs", ".cg", ".wt")  # the gradient stores' cache modifiers (tl.store cache_modifier)
 
 # _ce_segments_kernel modes (constexpr globals: a kernel may read no other globals)
 MODE_STATS, MODE_GRAD, MODE_FUSED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 LOG2E = tl.constexpr(1.4426950408889634)
+# pass 2's order of the re-read tiles in the persistent form (_reread_tile)
+ORDERS = ("reverse", "forward", "oldest_first")
+ORDER_REVERSE, ORDER_FORWARD, ORDER_OLDEST_FIRST = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
@@ -218,6 +244,21 @@ def _grad_tile(x, dx_ptrs, cols, limit, tgt, lse2, scale, off_s, hit_s, DROP: tl
 
 
 @triton.jit
+def _reread_tile(i, lo, hi, ORDER: tl.constexpr):
+    """The tile pass 2 reads at its step i (0 .. hi - lo) among tiles lo .. hi (tile hi + 1, the row's last, is
+    still in registers). ORDER_REVERSE (the default): hi .. lo, the most recently loaded first; ORDER_FORWARD:
+    lo .. hi (every tile re-read the same number of tile loads after its first read); ORDER_OLDEST_FIRST: lo,
+    then hi .. lo + 1 (the oldest tile, the likeliest to have left L2 under LRU, before it ages further)."""
+    if ORDER == ORDER_FORWARD:
+        tile = lo + i
+    elif ORDER == ORDER_OLDEST_FIRST:
+        tile = tl.where(i == 0, lo, hi + 1 - i)
+    else:
+        tile = hi - i
+    return tile
+
+
+@triton.jit
 def _segment_stats(x_seg, L, cols, LANES: tl.constexpr, SMOOTH: tl.constexpr, SUB: tl.constexpr,
                    BLOCK: tl.constexpr):
     """(max, sum of exp(x - max), sum of x) of the L columns from x_seg, as pass 1 folds them (the same tiles in
@@ -314,6 +355,10 @@ def _ce_persistent_kernel(
     SPLIT: tl.constexpr,  # programs per row (a power of two), each on its own run of whole tiles
     STATS, COUNTER,       # SPLIT > 1: [N, SPLIT, 3] fp32 segment statistics; [N] int32 zeros, arrivals per row
     SPIN: tl.constexpr,   # SPLIT > 1: polls of COUNTER before a program computes the other segments itself
+    ORDER: tl.constexpr = 0,  # pass 2's order of the re-read tiles (_reread_tile: ORDER_REVERSE, ...)
+    HEAD: tl.constexpr = 0,   # 1: tile 0 stays in registers from pass 1 to pass 2 (its gradient written last)
+    TAIL_DROP: tl.constexpr = 0,  # 1: pass 1 loads the row's last tile (kept in registers) with DROP, not KEEP
+    CARVEOUT: tl.constexpr = -1,  # read by the launcher only (cuFuncSetAttribute): a separate compiled kernel
 ):
     pid = tl.program_id(0)
     cols = _tile_offsets(BLOCK, SUB)
@@ -331,6 +376,11 @@ def _ce_persistent_kernel(
         L = tl.minimum(V - c0, seg_w)  # >= 1: the launcher sees to it
     n_tiles = tl.cdiv(L, TILE)
     scale, off_s, hit_s = _grad_weights(N_VALID, smoothing, V, MEAN)
+    # tile 0's hint: with HEAD it is never read again from L2 (it stays in registers)
+    if HEAD:
+        FIRST: tl.constexpr = DROP
+    else:
+        FIRST: tl.constexpr = KEEP
 
     # The first row's first tile; afterwards each row's last load fetches the next row's first tile.
     t_next = tl.load(TARGET + first)
@@ -339,7 +389,7 @@ def _ce_persistent_kernel(
     x_step = step.to(tl.int64) * stride_x
     dx_step = step.to(tl.int64) * stride_dx
     x = tl.load(x_row + cols, mask=cols < tl.where(t_next != ignore_index, L, 0), other=float("-inf"),
-                eviction_policy=KEEP)
+                eviction_policy=FIRST)
     for row in range(first, N, step):
         target = t_next
         nrow = row + step
@@ -352,7 +402,7 @@ def _ce_persistent_kernel(
                             DROP, STORE)
             if c0 == 0:
                 tl.store(LOSS_ROWS + row, 0.0)
-            x = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
+            x = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=FIRST)
         else:
             in_row = (target >= 0) & (target < V)
             # Read before any store of this row (in place, the target's column is overwritten in pass 2); the
@@ -366,13 +416,22 @@ def _ce_persistent_kernel(
                 m = float("-inf")
                 d = 0.0
             sx = tl.zeros([BLOCK], dtype=tl.float32)
-            # pass 1: tiles 0 .. n-1 in order; tile t + 1 is in flight while tile t is reduced
-            for t in range(0, n_tiles - 1):
+            x_head = x  # tile 0, read by pass 2 only without HEAD (then the compiler drops it)
+            # pass 1: tiles 0 .. n-1 in order; tile t + 1 is in flight while tile t is reduced. With TAIL_DROP
+            # the last tile's load (the last step, peeled) takes DROP: pass 2 reads it from registers.
+            for t in range(0, n_tiles - 1 - TAIL_DROP):
                 start = (t + 1) * TILE
                 x_ahead = tl.load(x_row + start + cols, mask=start + cols < L, other=float("-inf"),
                                   eviction_policy=KEEP)
                 m, d, sx = _stats_tile(m, d, sx, x, cols, L - t * TILE, LANES, SMOOTH, SUB)
                 x = x_ahead
+            if TAIL_DROP:
+                if n_tiles > 1:
+                    start = (n_tiles - 1) * TILE
+                    x_ahead = tl.load(x_row + start + cols, mask=start + cols < L, other=float("-inf"),
+                                      eviction_policy=DROP)
+                    m, d, sx = _stats_tile(m, d, sx, x, cols, L - start + TILE, LANES, SMOOTH, SUB)
+                    x = x_ahead
             last = (n_tiles - 1) * TILE
             m, d, sx = _stats_tile(m, d, sx, x, cols, L - last, LANES, SMOOTH, SUB)
             if SPLIT == 1:
@@ -383,18 +442,194 @@ def _ce_persistent_kernel(
             if c0 == 0:
                 tl.store(LOSS_ROWS + row, loss)
             lse2 = lse * LOG2E
-            # pass 2: tiles n-1 .. 0; x holds tile n-1 already, tile t - 1 is in flight while tile t is written
-            for i in range(0, n_tiles - 1):
-                start = (n_tiles - 1 - i) * TILE
-                x_ahead = tl.load(x_row + start - TILE + cols, eviction_policy=DROP)  # a whole tile
+            # pass 2: x holds tile n-1 already; then the tiles lo .. n-2 again in ORDER (by default n-2 .. 0), the
+            # next one in flight while one is written; the last load fetches the next row's first tile. With HEAD
+            # (and more than one tile) tile 0 is still in registers: lo = 1, and its gradient is written last.
+            lo = tl.maximum(tl.minimum(HEAD, n_tiles - 1), 0)  # n_tiles is 0 for a segment with no column
+            cur = tl.maximum(n_tiles - 1, 0)
+            for i in range(0, n_tiles - 1 - lo):
+                nxt = _reread_tile(i, lo, n_tiles - 2, ORDER)
+                x_ahead = tl.load(x_row + nxt * TILE + cols, eviction_policy=DROP)  # a whole tile (not the last)
+                start = cur * TILE
                 _grad_tile(x, dx_row + start, cols, L - start, target - c0 - start, lse2, scale, off_s, hit_s, DROP,
                            RNE, STORE)
                 x = x_ahead
-            x_ahead = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=KEEP)
-            _grad_tile(x, dx_row, cols, L, target - c0, lse2, scale, off_s, hit_s, DROP, RNE, STORE)
+                cur = nxt
+            x_ahead = tl.load(x_nrow + cols, mask=cols < next_len, other=float("-inf"), eviction_policy=FIRST)
+            start = cur * TILE
+            _grad_tile(x, dx_row + start, cols, L - start, target - c0 - start, lse2, scale, off_s, hit_s, DROP,
+                       RNE, STORE)
+            if HEAD:  # tile 0 from registers; nothing to write where it was the only tile (lo = 0: written above)
+                _grad_tile(x_head, dx_row, cols, tl.where(lo > 0, L, 0), target - c0, lse2, scale, off_s, hit_s,
+                           DROP, RNE, STORE)
             x = x_ahead
         x_row = x_nrow
         dx_row += dx_step
+
+
+# ---- SMEM (Gluon: explicit shared memory) ---------------------------------------------------------------------
+# cp.async global -> shared: async_copy_global_to_shared in Triton 3.6 (the H200's), renamed async_load later
+# (3.9 here, where the old name raises)
+cp_async_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+
+@gluon.jit
+def _smem_grad_tile(x, cols, dx_ptrs, limit, tgt, lse2, scale, off_s, hit_s, DROP: gl.constexpr):
+    """_grad_tile of the persistent form: dx = scale (exp(x - lse) - eps / V) - scale (1 - eps) [col == target]."""
+    dx = gl.exp2(x.to(gl.float32) * LOG2E - lse2) * scale - off_s
+    dx = gl.where(cols == tgt, dx - hit_s, dx)
+    gl.store(dx_ptrs + cols, dx.to(dx_ptrs.dtype.element_ty), mask=cols < limit, eviction_policy=DROP)
+
+
+@gluon.jit
+def _smem_fold(m, d, sx, x, cols, limit, SMOOTH: gl.constexpr):
+    """_stats_tile of the persistent form with SUB > 1: a lane's max of its SUB values, one exponential each and
+    one rescale; the sum of the logits with label smoothing."""
+    xf = x.to(gl.float32)
+    m_new = gl.maximum(m, gl.max(xf, axis=0))
+    d = d * gl.exp2((m - m_new) * LOG2E) + gl.sum(gl.exp2((xf - gl.expand_dims(m_new, 0)) * LOG2E), axis=0)
+    if SMOOTH:
+        sx += gl.sum(gl.where(cols < limit, xf, 0.0), axis=0)
+    return m_new, d, sx
+
+
+@gluon.jit
+def _smem_issue_kept(kept, x_row, cols, row_len, n_kept, TILE: gl.constexpr, DROP: gl.constexpr):
+    """ASYNC: cp.async copies of a row's tiles 0 .. n_kept - 1 straight into shared memory (no registers), one
+    commit group; row_len 0 (an ignored row, or none) copies nothing (the slots get zeros, never read)."""
+    for t in range(0, n_kept):
+        cp_async_to_shared(kept.index(t), x_row + t * TILE + cols, mask=cols < row_len - t * TILE,
+                           eviction_policy=DROP)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _ce_smem_kernel(
+    X, stride_x, DX, stride_dx, TARGET, LOSS_ROWS, N_VALID, N, V, ignore_index, smoothing,
+    MEAN: gl.constexpr, SMOOTH: gl.constexpr, BLOCK: gl.constexpr, SUB: gl.constexpr,
+    KEPT: gl.constexpr,   # tiles 0 .. KEPT - 1 of a row stay in shared memory from pass 1 to pass 2
+    WARPS: gl.constexpr,  # the launch's num_warps (the layout is explicit)
+    KEEP: gl.constexpr, DROP: gl.constexpr,
+    ASYNC: gl.constexpr = False,  # the kept tiles arrive by cp.async, issued during the previous row's pass 2
+):
+    """SMEM: the persistent form's rows and per-lane statistics (one program per multiprocessor, SUB x BLOCK tiles
+    folded into BLOCK lanes, tile t + 1 in flight while tile t is reduced), written in Gluon so that the row's
+    first KEPT tiles can be held in shared memory (KEPT x SUB x BLOCK x 2 bytes: 192 KB at 6 x 16384 bf16 columns,
+    of the 227 KB a block may use) and its last tile in registers: pass 2 reads again from global memory only the
+    tiles between (one at 8192 x 128256, the most recently loaded, the likeliest still in L2), so the logits cross
+    HBM about once (4.2 GB) where the persistent form's re-reads miss L2 (run AF: 1.332 ms, 0.996 with both reads
+    in L2). Each thread reads back from shared memory exactly the elements it stored (one layout for both), so
+    no barrier orders them. Without ASYNC the kept tiles pass through registers in pass 1 (32 KB in flight per
+    program, as PERSISTENT); with ASYNC they are copied global -> shared by cp.async (KEPT tiles in flight at
+    once): pass 2 issues the next row's copy of tile t as soon as it has read tile t, and the next row's pass 1
+    waits for them all (cp.async.wait_group 0) before folding them from shared memory; the tiles from KEPT on
+    come through registers as before. Not in place; the interpreter cannot run Gluon (a CUDA launch only)."""
+    layout: gl.constexpr = gl.BlockedLayout([SUB, 8], [1, 32], [1, WARPS], [1, 0])
+    lanes_l: gl.constexpr = gl.SliceLayout(0, layout)
+    TILE: gl.constexpr = SUB * BLOCK
+    cols = gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BLOCK \
+        + gl.expand_dims(gl.arange(0, BLOCK, layout=lanes_l), 0)
+    kept = gl.allocate_shared_memory(X.dtype.element_ty, [KEPT, SUB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    pid = gl.program_id(0)
+    step = gl.num_programs(0)
+    if MEAN:
+        scale = 1.0 / gl.load(N_VALID)
+    else:
+        scale = 1.0
+    off_s = scale * smoothing / V
+    hit_s = scale * (1.0 - smoothing)
+    n_tiles = gl.cdiv(V, TILE)
+    in_smem = gl.minimum(n_tiles - 1, KEPT)  # tiles 0 .. in_smem - 1 in shared memory; the last in registers
+    if ASYNC:
+        first_reg = in_smem  # the first tile that comes through registers
+    else:
+        first_reg = 0
+
+    t_next = gl.load(TARGET + pid)
+    x_row = X + pid.to(gl.int64) * stride_x
+    dx_row = DX + pid.to(gl.int64) * stride_dx
+    x_step = step.to(gl.int64) * stride_x
+    dx_step = step.to(gl.int64) * stride_dx
+    first_len = gl.where(t_next != ignore_index, V, 0)
+    if ASYNC:
+        _smem_issue_kept(kept, x_row, cols, first_len, in_smem, TILE, DROP)
+    x = gl.load(x_row + first_reg * TILE + cols, mask=cols < first_len - first_reg * TILE, other=float("-inf"),
+                eviction_policy=KEEP)
+    for row in range(pid, N, step):
+        target = t_next
+        nrow = row + step
+        t_next = gl.load(TARGET + nrow, mask=nrow < N, other=ignore_index)
+        next_len = gl.where(t_next != ignore_index, V, 0)
+        x_nrow = x_row + x_step
+        if target == ignore_index:
+            for start in range(0, V, TILE):
+                gl.store(dx_row + start + cols, gl.zeros([SUB, BLOCK], DX.dtype.element_ty, layout),
+                         mask=start + cols < V, eviction_policy=DROP)
+            gl.store(LOSS_ROWS + row, 0.0)
+            if ASYNC:
+                async_copy.wait_group(0)  # this row's (empty) copies land before the next row's take the slots
+                _smem_issue_kept(kept, x_nrow, cols, next_len, in_smem, TILE, DROP)
+            x = gl.load(x_nrow + first_reg * TILE + cols, mask=cols < next_len - first_reg * TILE,
+                        other=float("-inf"), eviction_policy=KEEP)
+        else:
+            in_row = (target >= 0) & (target < V)
+            x_target = gl.load(x_row + target, mask=in_row, other=0.0).to(gl.float32)
+            m = gl.full([BLOCK], -1e30, gl.float32, lanes_l)
+            d = gl.zeros([BLOCK], gl.float32, lanes_l)
+            sx = gl.zeros([BLOCK], gl.float32, lanes_l)
+            if ASYNC:  # the kept tiles, copied while the previous row was written; x (tile in_smem) in flight
+                async_copy.wait_group(0)
+                for t in range(0, in_smem):
+                    m, d, sx = _smem_fold(m, d, sx, kept.index(t).load(layout), cols, V - t * TILE, SMOOTH)
+            # pass 1: tile t + 1 in flight while tile t is folded into the lanes (and kept, t < in_smem)
+            for t in range(first_reg, n_tiles - 1):
+                start = (t + 1) * TILE
+                x_ahead = gl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf"),
+                                  eviction_policy=KEEP)
+                if not ASYNC:
+                    if t < in_smem:
+                        kept.index(t).store(x)
+                m, d, sx = _smem_fold(m, d, sx, x, cols, V - t * TILE, SMOOTH)
+                x = x_ahead
+            m, d, sx = _smem_fold(m, d, sx, x, cols, V - (n_tiles - 1) * TILE, SMOOTH)  # x: the last tile
+            m_row = gl.max(m, axis=0)
+            d_row = gl.sum(d * gl.exp2((m - m_row) * LOG2E), axis=0)
+            lse = m_row + gl.log(d_row)
+            loss = lse - x_target
+            if SMOOTH:
+                loss = (1.0 - smoothing) * loss + smoothing * (lse - gl.sum(sx, axis=0) / V)
+            gl.store(LOSS_ROWS + row, loss)
+            lse2 = lse * LOG2E
+            tgt = target
+            # pass 2: the last tile (registers), tiles n-2 .. in_smem from global memory (in reverse, one in flight),
+            # then tiles in_smem - 1 .. 0 from shared memory (ASYNC: each slot refilled with the next row's tile
+            # once read); the next row's first register tile is loaded before them
+            cur = n_tiles - 1
+            for i in range(0, n_tiles - 1 - in_smem):
+                nxt = n_tiles - 2 - i
+                x_ahead = gl.load(x_row + nxt * TILE + cols, eviction_policy=DROP)  # a whole tile
+                _smem_grad_tile(x, cols, dx_row + cur * TILE, V - cur * TILE, tgt - cur * TILE, lse2, scale, off_s,
+                                hit_s, DROP)
+                x = x_ahead
+                cur = nxt
+            x_ahead = gl.load(x_nrow + first_reg * TILE + cols, mask=cols < next_len - first_reg * TILE,
+                              other=float("-inf"), eviction_policy=KEEP)
+            _smem_grad_tile(x, cols, dx_row + cur * TILE, V - cur * TILE, tgt - cur * TILE, lse2, scale, off_s,
+                            hit_s, DROP)
+            for i in range(0, in_smem):
+                t = in_smem - 1 - i
+                _smem_grad_tile(kept.index(t).load(layout), cols, dx_row + t * TILE, V - t * TILE, tgt - t * TILE,
+                                lse2, scale, off_s, hit_s, DROP)
+                if ASYNC:
+                    cp_async_to_shared(kept.index(t), x_nrow + t * TILE + cols, mask=cols < next_len - t * TILE,
+                                       eviction_policy=DROP)
+            if ASYNC:
+                async_copy.commit_group()
+            x = x_ahead
+        x_row = x_nrow
+        dx_row += dx_step
+    if ASYNC:
+        async_copy.wait_group(0)  # the last copies (of no row: masked) land before the program ends
 
 
 # ---- RESIDENT ---------------------------------------------------------------------------------------------------
@@ -675,12 +910,13 @@ def ce_block(v: int, device: torch.device, form: str = DEFAULT_FORM) -> tuple[in
     cost time."""
     if device.type != "cuda":
         cap, warps = 2048, 4
-    elif form in ("persistent", "staged", "resident"):
+    elif form in ("persistent", "staged", "resident", "smem"):
         cap, warps = 8192, 16
     else:
         cap, warps = 8192, 8
     block = min(cap, max(16, triton.next_power_of_2(v)))
-    return block, max(4, min(warps, block // 256 if form in ("persistent", "staged", "resident") else block // 2048))
+    return block, max(4, min(warps, block // 256 if form in ("persistent", "staged", "resident", "smem")
+                             else block // 2048))
 
 
 def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, loss_rows: torch.Tensor,
@@ -688,7 +924,8 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             fused: bool | None = None, block: int | None = None, num_warps: int | None = None,
             form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True,
             stages: int = 3, sub: int | None = None, store_cache: str = "", split: int | None = None,
-            prefetch: bool = True) -> None:
+            prefetch: bool = True, order: str = "reverse", head: bool = False, tail_drop: bool = False,
+            carveout: int | None = None, kept: int | None = None, async_kept: bool = False) -> None:
     """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
     form: "persistent" (default), "staged", "two_pass" or "rendezvous"; `fused` is the older switch (True:
     rendezvous, False: two_pass) and is read only when form is None, so fused=None gives the persistent form.
@@ -702,7 +939,22 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     meet once per row to combine their statistics: the live rows take 1/split of the L2 for the same grid.
     Resident: split programs per row (default 4 on a GPU), each holding its share of the row in registers as
     one tile of R x block columns (R the power of two that covers 1/split of the row); prefetch (default on)
-    loads the next row's share before waiting for the partners. Not in place."""
+    loads the next row's share before waiting for the partners. Not in place.
+    Persistent only, pass 2's re-reads (benchmarks/sweep_ce.py --tail): order, the order of the re-read tiles
+    ("reverse", the default: the most recent first; "forward"; "oldest_first": tile 0, then the rest in
+    reverse); head (default off): tile 0 stays in registers from pass 1 to the end of pass 2 (one more tile of
+    registers), so the tile read longest ago, the likeliest to have left L2, is not re-read; tail_drop (default
+    off): pass 1 loads the row's last tile, which pass 2 takes from registers, with evict_first instead of
+    evict_last (with head, tile 0 is loaded so too), so no L2 line is held back for a tile nobody re-reads;
+    carveout (default None: the driver's choice): the kernel's preferred shared-memory carveout in percent
+    (cuFuncSetAttribute, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT), 0 asking for the largest L1 (up to
+    256 KB a multiprocessor, less the 64 bytes of shared memory the kernel uses: most of a 250 KB row), where
+    pass 1's loads (ld.global.L1::evict_last) can stay until pass 2 reads them again. A CUDA launch only.
+    Smem (Gluon, a CUDA launch only, not in place): the persistent form's rows with the first `kept` tiles of
+    each row held in shared memory (default: as many as fit the device's per-block limit, less 4 KB, and at
+    most all but the last tile), so pass 2 re-reads from global memory only the tiles between them and the
+    last; block, num_warps, sub (default 2) and hints as for the persistent form; async_kept (default off): the
+    kept tiles are copied global -> shared by cp.async, issued during the previous row's pass 2."""
     n, v = logits.shape
     if n == 0:
         return
@@ -713,11 +965,11 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     blk, warps = ce_block(v, logits.device, form)
     blk, warps = block or blk, num_warps or warps
     if sub is None:
-        sub = 2 if logits.is_cuda and form == "persistent" and lanes and v >= 2 * blk else 1
+        sub = 2 if logits.is_cuda and form in ("persistent", "smem") and lanes and v >= 2 * blk else 1
     if sub < 1 or sub & (sub - 1):
         raise ValueError(f"cross_entropy: sub must be a power of two >= 1, got {sub}")
-    if sub > 1 and (form != "persistent" or not lanes):
-        raise ValueError("cross_entropy: sub > 1 needs the persistent form with lanes")
+    if sub > 1 and (form not in ("persistent", "smem") or not lanes):
+        raise ValueError("cross_entropy: sub > 1 needs the persistent (or smem) form with lanes")
     if split is None:
         split = (4 if logits.is_cuda else 2) if form == "resident" else 1
     if split < 1 or split & (split - 1):
@@ -729,7 +981,35 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
         raise ValueError("cross_entropy: split > 1 (and the resident form) cannot write the gradient over the logits")
     if store_cache not in STORE_CACHE:
         raise ValueError(f"cross_entropy: store_cache must be one of {STORE_CACHE}, got {store_cache!r}")
+    if order not in ORDERS:
+        raise ValueError(f"cross_entropy: order must be one of {', '.join(ORDERS)}, got {order!r}")
+    if (order != "reverse" or head or tail_drop or carveout is not None) and form != "persistent":
+        raise ValueError("cross_entropy: order, head, tail_drop and carveout are options of the persistent form")
+    if carveout is not None and not 0 <= carveout <= 100:
+        raise ValueError(f"cross_entropy: carveout is a percentage (0 to 100), got {carveout}")
     rne = needs_rne(dlogits)
+    if (kept is not None or async_kept) and form != "smem":
+        raise ValueError("cross_entropy: kept and async_kept are options of the smem form")
+    if form == "smem":
+        if store_cache or not lanes:
+            raise ValueError("cross_entropy: the smem form has per-lane statistics and hinted stores only")
+        if not logits.is_cuda:
+            raise ValueError("cross_entropy: the smem form is written in Gluon, which only a CUDA device runs")
+        if shared:
+            raise ValueError("cross_entropy: the smem form cannot write the gradient over the logits")
+        tile = sub * blk
+        n_tiles = triton.cdiv(v, tile)
+        if kept is None:
+            props = torch.cuda.get_device_properties(logits.device)
+            room = getattr(props, "shared_memory_per_block_optin", 232448) - 4096  # 227 KB on sm_90
+            kept = room // (tile * logits.element_size())
+        kept = max(1, min(kept, n_tiles - 1))
+        grid = (max(1, min(n, programs or sm_count(logits.device))),)
+        _ce_smem_kernel[grid](
+            logits, logits.stride(0), dlogits, dlogits.stride(0), target, loss_rows, n_valid, n, v, ignore_index,
+            float(label_smoothing), MEAN=mean, SMOOTH=label_smoothing > 0, BLOCK=blk, SUB=sub, KEPT=kept, WARPS=warps,
+            KEEP="evict_last" if hints else "", DROP="evict_first" if hints else "", ASYNC=async_kept, num_warps=warps)
+        return
     if form == "resident":
         grid = (max(1, min(n * split, programs or sm_count(logits.device)) // split) * split,)
         r = triton.next_power_of_2(triton.cdiv(triton.cdiv(v, split), blk))
@@ -755,8 +1035,12 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             else:
                 stats, counter = loss_rows, n_valid  # not read
             spin = 1 << 14 if logits.device.type == "cuda" else 0
-            _ce_persistent_kernel[grid](*args, SUB=sub, SPLIT=split, STATS=stats, COUNTER=counter, SPIN=spin,
-                                        **common)
+            kernel = _ce_persistent_kernel[grid](*args, SUB=sub, SPLIT=split, STATS=stats, COUNTER=counter,
+                                                 SPIN=spin, ORDER=ORDERS.index(order), HEAD=int(head),
+                                                 TAIL_DROP=int(tail_drop),
+                                                 CARVEOUT=-1 if carveout is None else carveout, **common)
+            if carveout is not None and logits.is_cuda:
+                prefer_carveout(kernel, carveout)
         else:
             _ce_staged_kernel[grid](*args, STAGES=stages, **common)
         return
@@ -773,6 +1057,23 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     else:
         _ce_segments_kernel[grid](*args, MODE=MODE_STATS.value, **common)
         _ce_segments_kernel[grid](*args, MODE=MODE_GRAD.value, **common)
+
+
+_CARVEOUT_SET: set[int] = set()  # CUfunction handles whose carveout preference is set
+
+
+def prefer_carveout(kernel, percent: int) -> None:
+    """Sets a compiled kernel's preferred shared-memory carveout (percent of the unified L1 / shared memory given to
+    shared memory) through the driver API, once per function: it applies from the next launch on. The kernel is
+    compiled apart from the default (CARVEOUT is a constexpr), so the default's function is never changed."""
+    handle = getattr(kernel, "function", None)
+    if handle is None or handle in _CARVEOUT_SET:
+        return
+    import ctypes
+    rc = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(handle), 9, ctypes.c_int(percent))
+    if rc != 0:  # 9: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        raise RuntimeError(f"cross_entropy: cuFuncSetAttribute(carveout {percent}) failed with CUresult {rc}")
+    _CARVEOUT_SET.add(handle)
 
 
 def needs_rne(out: torch.Tensor) -> bool:
@@ -805,8 +1106,10 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
                           block: int | None = None, num_warps: int | None = None, form: str | None = None,
                           programs: int | None = None, lanes: bool = True, hints: bool = True,
                           out: torch.Tensor | None = None, stages: int = 3, sub: int | None = None,
-                          store_cache: str = "", split: int | None = None,
-                          prefetch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                          store_cache: str = "", split: int | None = None, prefetch: bool = True,
+                          order: str = "reverse", head: bool = False, tail_drop: bool = False,
+                          carveout: int | None = None, kept: int | None = None,
+                          async_kept: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
     out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller
     that owns the logits buffer. The other keywords choose the kernel (see ce_rows)."""
@@ -824,7 +1127,8 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     loss_rows = torch.empty(n, dtype=torch.float32, device=logits.device)
     n_valid = count_valid(target, ignore_index)
     ce_rows(logits, target, out, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps,
-            form, programs, lanes, hints, stages, sub, store_cache, split, prefetch)
+            form, programs, lanes, hints, stages, sub, store_cache, split, prefetch, order, head, tail_drop,
+            carveout, kept, async_kept)
     return sum_rows(loss_rows, n_valid, mean), out
 
 

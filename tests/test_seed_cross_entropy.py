@@ -2,6 +2,8 @@
 cross-entropy seed against the task references, through the Triton interpreter."""
 import copy
 import importlib
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 from sandbox.task import load_task
 from sandbox.tolerance import compare
+from tests.sm90 import compiled_in_child, nvidia_backend_available
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
 
@@ -334,3 +337,134 @@ def test_linear_cross_entropy_chunks(chunk, split_k, smoothing, reduction, devic
     got = linear_cross_entropy_fwd_bwd(x, model.weight.detach(), target, -100, smoothing, reduction, chunk=chunk,
                                        split_k=split_k)
     _compare_all(got, model(x, target), _truth(model, [x, target]))
+
+
+TAIL_CASES = [  # (programs, block, sub, split, order, head, tail_drop): pass 2's order, tiles kept in registers
+    (3, 64, 2, 1, "forward", False, False), (3, 64, 2, 1, "oldest_first", False, False),
+    (2, 64, 1, 1, "reverse", True, False), (4, 32, 2, 1, "oldest_first", True, True),
+    (None, 64, 2, 1, "reverse", False, True), (1000, 128, 1, 1, "forward", True, True),
+    (4, 64, 1, 2, "oldest_first", True, True),  # rows split over two programs: each segment has its own tile 0
+]
+
+
+@pytest.mark.parametrize("programs,block,sub,split,order,head,tail_drop", TAIL_CASES)
+@pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum")])
+@pytest.mark.parametrize("shape", [(10, 1000), (7, 515), (4, 100), (5, 40)])
+def test_cross_entropy_tail_options(programs, block, sub, split, order, head, tail_drop, smoothing, reduction, shape,
+                                    device):
+    """Pass 2's order of the re-read tiles, tile 0 kept in registers (head) and the last tile loaded to be dropped
+    (tail_drop), benchmarks/sweep_ce.py --tail: rows of one tile (tile 0 is the last: head has nothing to keep), two
+    (nothing re-read), three and more (every order differs), a partial last tile, ignored rows first, last and in a
+    run, bf16 logits with outliers."""
+    _check_knobs(shape, smoothing, reduction, device, programs=programs, block=block, num_warps=4, sub=sub,
+                 split=split, order=order, head=head, tail_drop=tail_drop)
+
+
+@pytest.mark.parametrize("v", [700, 257, 100])
+def test_cross_entropy_tail_options_change_no_bit(v, device):
+    """The order of pass 2, head, tail_drop and carveout move loads, stores and hints, not arithmetic: every
+    variant gives the default's loss and gradient bitwise, also writing the gradient over the logits (head holds
+    tile 0 until the end of pass 2, after later tiles' stores; every re-read tile is loaded before its store)."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(9, v, generator=g) * 4).to(device=device, dtype=torch.bfloat16)
+    t = torch.randint(0, v, (9,), generator=g).to(device)
+    t[3] = -100
+    kw = dict(block=32, sub=2, label_smoothing=0.1, programs=4)
+    a = cross_entropy_fwd_bwd(x, t, **kw)
+    variants = [dict(order="forward"), dict(order="oldest_first", head=True), dict(head=True, tail_drop=True),
+                dict(order="oldest_first", tail_drop=True, carveout=0)]
+    for var in variants:
+        b = cross_entropy_fwd_bwd(x, t, **kw, **var)
+        buf = x.clone()
+        c = cross_entropy_fwd_bwd(buf, t, out=buf, **kw, **var)
+        for other in (b, c):
+            assert torch.equal(a[0], other[0]) and torch.equal(a[1], other[1]), var
+
+
+def test_cross_entropy_tail_options_rejected_outside_persistent():
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    x, t = torch.randn(2, 5), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="order must"):
+        cross_entropy_fwd_bwd(x, t, order="sideways")
+    for kw in (dict(order="forward"), dict(head=True), dict(tail_drop=True), dict(carveout=0)):
+        with pytest.raises(ValueError, match="persistent form"):
+            cross_entropy_fwd_bwd(x, t, form="staged", **kw)
+    with pytest.raises(ValueError, match="carveout"):
+        cross_entropy_fwd_bwd(x, t, carveout=101)
+
+
+def test_cross_entropy_smem_form_rejected_off_cuda():
+    """The smem form is Gluon, which the interpreter cannot run: on the CPU it is refused in one sentence, as are
+    options it does not have."""
+    from seeds.cross_entropy import cross_entropy_fwd_bwd
+    x, t = torch.randn(2, 5), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="CUDA"):
+        cross_entropy_fwd_bwd(x, t, form="smem")
+    with pytest.raises(ValueError, match="kept"):
+        cross_entropy_fwd_bwd(x, t, kept=3)
+    with pytest.raises(ValueError, match="async_kept"):
+        cross_entropy_fwd_bwd(x, t, async_kept=True)
+    with pytest.raises(ValueError, match="hinted stores"):
+        cross_entropy_fwd_bwd(x, t, form="smem", store_cache=".cs")
+
+
+def _compile_smem_forms() -> dict:
+    """sm_90 facts of the smem form's kernel at the H200 task's specialisation (child process, no interpreter)."""
+    import re
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from seeds.cross_entropy import _ce_smem_kernel as kernel
+    facts = {}
+    for block, sub, kept, warps, async_kept in ((8192, 2, 6, 16, False), (4096, 2, 13, 16, False),
+                                                (8192, 2, 6, 16, True)):
+        values = dict(X="*bf16", stride_x=128256, DX="*bf16", stride_dx=128256, TARGET="*i64", LOSS_ROWS="*fp32",
+                      N_VALID="*fp32", N=8192, V=128256, ignore_index=-100, smoothing=0.0, MEAN=True, SMOOTH=False,
+                      BLOCK=block, SUB=sub, KEPT=kept, WARPS=warps, KEEP="evict_last", DROP="evict_first",
+                      ASYNC=async_kept)
+        constexprs = {p.name for p in kernel.params if p.is_constexpr}
+        sig, const, attrs = {}, {}, {}
+        for i, name in enumerate(kernel.arg_names):
+            value = values[name]
+            if name in constexprs:
+                sig[name], const[name] = "constexpr", value
+            elif isinstance(value, str):
+                sig[name], attrs[(i,)] = value, [["tt.divisibility", 16]]
+            elif isinstance(value, float):
+                sig[name] = "fp32"
+            else:
+                sig[name] = "i32"
+                if value % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        compiled = triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs),
+                                  target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+        ptx = compiled.asm["ptx"]
+        facts[f"{block}x{sub} kept {kept}" + (" async" if async_kept else "")] = {
+            "shared": compiled.metadata.shared, "st_shared_v4": len(re.findall(r"st\.shared\.v4", ptx)),
+            "ld_shared_v4": len(re.findall(r"ld\.shared\.v4", ptx)),
+            "hinted_loads": len(re.findall(r"ld\.global\.L1::evict_(?:last|first)\.L2::cache_hint\.v4", ptx)),
+            "cp_async_16B": len(re.findall(r"cp\.async\.cg\.shared\.global[^;]*\], (?:16|0x10)\b", ptx)),
+            "wait_group": ptx.count("cp.async.wait_group")}
+    return facts
+
+
+@pytest.mark.skipif(not nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
+def test_cross_entropy_smem_form_compiles_for_sm90():
+    """The smem form (not runnable on the interpreter) compiles for the H200: its kept tiles take the shared memory
+    asked for (kept x sub x block x 2 bytes, with a little for the reductions) within the 227 KB a block may opt
+    into, stored and read back in 16-byte vectors, and its global loads carry the L2 hints."""
+    facts = compiled_in_child(__file__)
+    for name, kept_bytes in (("8192x2 kept 6", 6 * 16384 * 2), ("4096x2 kept 13", 13 * 8192 * 2),
+                             ("8192x2 kept 6 async", 6 * 16384 * 2)):
+        f = facts[name]
+        assert kept_bytes <= f["shared"] <= min(kept_bytes + 4096, 232448), (name, f)
+        assert f["ld_shared_v4"] > 0 and f["hinted_loads"] > 0, (name, f)
+        if name.endswith("async"):  # the kept tiles go global -> shared in 16-byte copies, never through registers
+            assert f["cp_async_16B"] > 0 and f["wait_group"] > 0 and f["st_shared_v4"] == 0, (name, f)
+        else:
+            assert f["st_shared_v4"] > 0 and f["cp_async_16B"] == 0, (name, f)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--compile-sm90"]:
+    print(json.dumps(_compile_smem_forms()))
