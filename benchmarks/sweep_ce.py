@@ -22,18 +22,14 @@ both reads hit L2, so what is left is the kernel's own cost), and copy_ of the l
 TAIL (--tail, session 7): the default is 1.332 ms (run AF) against 0.996 on L2-resident logits and 0.983 for a
 copy: what is left is pass 2's second read of each row (tiles 0 .. n-2; tile n-1 stays in registers) missing
 the caches. The variants ask where that read can come from:
-  - carveout=0 / 100: the kernel's preferred shared-memory carveout (cuFuncSetAttribute). The kernel uses 64
-    bytes of shared memory and its loads are ld.global.L1::evict_last, so with the largest L1 (up to 256 KB a
-    multiprocessor, against a 250 KB row) pass 2's reverse re-reads could hit L1, never reaching L2; 100 (the
-    smallest L1) shows how much L1 gives today under the driver's own choice;
   - tail_drop: the last tile, which pass 2 takes from registers, is loaded evict_first, not evict_last (1/8
     of the rows' evict_last lines are never read again);
   - order="oldest_first" / "forward": pass 2 re-reads tile 0 (read longest ago, the likeliest miss under LRU)
     first, or every tile in order (each re-read the same distance after its first read), against reverse;
   - head (sub=1: 8192-column tiles, 98 registers, no spill; at 16384-column tiles it spills 172-340 bytes):
     tile 0 stays in registers, so the oldest tile is never re-read;
-  - P=100 programs: fewer live rows in L2 (25 MB against 33 at 132), fewer bytes in flight; with carveout=0
-    too; sub=4 at 4096 columns (no spill, 128 registers) with carveout=0;
+  - P=100 programs: fewer live rows in L2 (25 MB against 33 at 132), fewer bytes in flight; sub=4 at 4096
+    columns (no spill, 128 registers);
   - form="smem" (Gluon): the row's first `kept` tiles held in shared memory (6 x 32 KB at 8192 x 2, 13 x 16 KB
     at 4096 x 2: 192 / 208 KB), the last in registers: pass 2 re-reads one tile of the row from global memory
     (the most recent one), so the logits cross HBM about once; with cp.async the kept tiles go global ->
@@ -102,13 +98,11 @@ def variants(sms: int, smoke: bool, near_default: bool = False, resident: bool =
     if tail:
         return [
             ("default", {}), smem(8192, 16, 2, async_kept=True), smem(8192, 16, 2),
-            pers(8192, 16, sub=2, carveout=0), pers(8192, 16, sub=2, carveout=100),
             smem(4096, 16, 2, async_kept=True), pers(8192, 16, sub=2, tail_drop=True),
             pers(8192, 16, sub=2, order="oldest_first"), pers(8192, 16, p=100, sub=2),
-            pers(8192, 16, sub=2, carveout=0, order="oldest_first", tail_drop=True),
+            pers(8192, 16, sub=2, order="oldest_first", tail_drop=True),
             pers(8192, 16, sub=1, head=True, tail_drop=True), smem(4096, 16, 2),
-            pers(8192, 16, sub=2, order="forward"), pers(8192, 16, p=100, sub=2, carveout=0),
-            pers(4096, 16, sub=4, carveout=0),
+            pers(8192, 16, sub=2, order="forward"), pers(4096, 16, sub=4),
         ]
     if resident:
         return [
@@ -146,7 +140,7 @@ def main() -> int:
     ap = parser(__doc__.splitlines()[0], 80.0)
     ap.add_argument("--near-default", action="store_true", help="the neighbours of the sub = 2 default (run Y)")
     ap.add_argument("--resident", action="store_true", help="the resident form's variants (session 7)")
-    ap.add_argument("--tail", action="store_true", help="where pass 2's second read comes from: L1 carveout, "
+    ap.add_argument("--tail", action="store_true", help="where pass 2's second read comes from: "
                     "tile order, tiles kept in registers, hints, fewer live rows (session 7)")
     args = ap.parse_args()
     smoke = args.smoke

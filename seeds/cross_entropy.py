@@ -39,10 +39,9 @@ Options of PERSISTENT (defaults off; benchmarks/sweep_ce.py times them, H200 num
       "oldest_first": tile 0, read longest ago and the likeliest to have left L2, first, then n-2 .. 1;
       "forward"); HEAD (head=True): tile 0 kept in registers to the end of pass 2 (+40 registers at 8192-column
       tiles / 16 warps, so sub=1 there: 98 registers; at 16384-column tiles it spills 172-340 bytes);
-      TAIL_DROP: the last tile, which pass 2 takes from registers, loaded evict_first rather than evict_last;
-      carveout (a launch attribute, a separate compiled kernel): the preferred shared-memory carveout, 0 asking
-      for the largest L1 (the kernel uses 64 bytes of shared memory; its loads are ld.global.L1::evict_last).
-      None of these changes a bit of the results.
+      TAIL_DROP: the last tile, which pass 2 takes from registers, loaded evict_first rather than evict_last.
+      None of these changes a bit of the results. (The L1 carveout, a driver attribute set through ctypes, is not
+      an option: the harness refuses ctypes in a candidate, and a seed is one.)
 SMEM (Gluon, triton.experimental.gluon; CUDA only, not in place): PERSISTENT's rows and maths (SUB x BLOCK tiles
 folded into BLOCK lanes, the same expressions, not necessarily bitwise: the layouts may differ) with the row's
 first KEPT tiles held in shared memory between the passes (6 x 32 KB at 8192 x 2: 192 KB of the 227 KB a block
@@ -358,7 +357,6 @@ def _ce_persistent_kernel(
     ORDER: tl.constexpr = 0,  # pass 2's order of the re-read tiles (_reread_tile: ORDER_REVERSE, ...)
     HEAD: tl.constexpr = 0,   # 1: tile 0 stays in registers from pass 1 to pass 2 (its gradient written last)
     TAIL_DROP: tl.constexpr = 0,  # 1: pass 1 loads the row's last tile (kept in registers) with DROP, not KEEP
-    CARVEOUT: tl.constexpr = -1,  # read by the launcher only (cuFuncSetAttribute): a separate compiled kernel
 ):
     pid = tl.program_id(0)
     cols = _tile_offsets(BLOCK, SUB)
@@ -470,7 +468,10 @@ def _ce_persistent_kernel(
 # ---- SMEM (Gluon: explicit shared memory) ---------------------------------------------------------------------
 # cp.async global -> shared: async_copy_global_to_shared in Triton 3.6 (the H200's), renamed async_load later
 # (3.9 here, where the old name raises)
-cp_async_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+if "async_load" in dir(async_copy):
+    cp_async_to_shared = async_copy.async_load
+else:  # Triton 3.6
+    cp_async_to_shared = async_copy.async_copy_global_to_shared
 
 
 @gluon.jit
@@ -925,7 +926,7 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             form: str | None = None, programs: int | None = None, lanes: bool = True, hints: bool = True,
             stages: int = 3, sub: int | None = None, store_cache: str = "", split: int | None = None,
             prefetch: bool = True, order: str = "reverse", head: bool = False, tail_drop: bool = False,
-            carveout: int | None = None, kept: int | None = None, async_kept: bool = False) -> None:
+            kept: int | None = None, async_kept: bool = False) -> None:
     """Per-row losses into `loss_rows` and the gradient into `dlogits` (which may be `logits` itself).
     form: "persistent" (default), "staged", "two_pass" or "rendezvous"; `fused` is the older switch (True:
     rendezvous, False: two_pass) and is read only when form is None, so fused=None gives the persistent form.
@@ -945,11 +946,7 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     reverse); head (default off): tile 0 stays in registers from pass 1 to the end of pass 2 (one more tile of
     registers), so the tile read longest ago, the likeliest to have left L2, is not re-read; tail_drop (default
     off): pass 1 loads the row's last tile, which pass 2 takes from registers, with evict_first instead of
-    evict_last (with head, tile 0 is loaded so too), so no L2 line is held back for a tile nobody re-reads;
-    carveout (default None: the driver's choice): the kernel's preferred shared-memory carveout in percent
-    (cuFuncSetAttribute, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT), 0 asking for the largest L1 (up to
-    256 KB a multiprocessor, less the 64 bytes of shared memory the kernel uses: most of a 250 KB row), where
-    pass 1's loads (ld.global.L1::evict_last) can stay until pass 2 reads them again. A CUDA launch only.
+    evict_last (with head, tile 0 is loaded so too), so no L2 line is held back for a tile nobody re-reads.
     Smem (Gluon, a CUDA launch only, not in place): the persistent form's rows with the first `kept` tiles of
     each row held in shared memory (default: as many as fit the device's per-block limit, less 4 KB, and at
     most all but the last tile), so pass 2 re-reads from global memory only the tiles between them and the
@@ -983,10 +980,8 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
         raise ValueError(f"cross_entropy: store_cache must be one of {STORE_CACHE}, got {store_cache!r}")
     if order not in ORDERS:
         raise ValueError(f"cross_entropy: order must be one of {', '.join(ORDERS)}, got {order!r}")
-    if (order != "reverse" or head or tail_drop or carveout is not None) and form != "persistent":
-        raise ValueError("cross_entropy: order, head, tail_drop and carveout are options of the persistent form")
-    if carveout is not None and not 0 <= carveout <= 100:
-        raise ValueError(f"cross_entropy: carveout is a percentage (0 to 100), got {carveout}")
+    if (order != "reverse" or head or tail_drop) and form != "persistent":
+        raise ValueError("cross_entropy: order, head and tail_drop are options of the persistent form")
     rne = needs_rne(dlogits)
     if (kept is not None or async_kept) and form != "smem":
         raise ValueError("cross_entropy: kept and async_kept are options of the smem form")
@@ -1001,7 +996,7 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
         n_tiles = triton.cdiv(v, tile)
         if kept is None:
             props = torch.cuda.get_device_properties(logits.device)
-            room = getattr(props, "shared_memory_per_block_optin", 232448) - 4096  # 227 KB on sm_90
+            room = props.shared_memory_per_block_optin - 4096  # 227 KB on sm_90
             kept = room // (tile * logits.element_size())
         kept = max(1, min(kept, n_tiles - 1))
         grid = (max(1, min(n, programs or sm_count(logits.device))),)
@@ -1035,12 +1030,8 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
             else:
                 stats, counter = loss_rows, n_valid  # not read
             spin = 1 << 14 if logits.device.type == "cuda" else 0
-            kernel = _ce_persistent_kernel[grid](*args, SUB=sub, SPLIT=split, STATS=stats, COUNTER=counter,
-                                                 SPIN=spin, ORDER=ORDERS.index(order), HEAD=int(head),
-                                                 TAIL_DROP=int(tail_drop),
-                                                 CARVEOUT=-1 if carveout is None else carveout, **common)
-            if carveout is not None and logits.is_cuda:
-                prefer_carveout(kernel, carveout)
+            _ce_persistent_kernel[grid](*args, SUB=sub, SPLIT=split, STATS=stats, COUNTER=counter, SPIN=spin,
+                                        ORDER=ORDERS.index(order), HEAD=int(head), TAIL_DROP=int(tail_drop), **common)
         else:
             _ce_staged_kernel[grid](*args, STAGES=stages, **common)
         return
@@ -1057,23 +1048,6 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     else:
         _ce_segments_kernel[grid](*args, MODE=MODE_STATS.value, **common)
         _ce_segments_kernel[grid](*args, MODE=MODE_GRAD.value, **common)
-
-
-_CARVEOUT_SET: set[int] = set()  # CUfunction handles whose carveout preference is set
-
-
-def prefer_carveout(kernel, percent: int) -> None:
-    """Sets a compiled kernel's preferred shared-memory carveout (percent of the unified L1 / shared memory given to
-    shared memory) through the driver API, once per function: it applies from the next launch on. The kernel is
-    compiled apart from the default (CARVEOUT is a constexpr), so the default's function is never changed."""
-    handle = getattr(kernel, "function", None)
-    if handle is None or handle in _CARVEOUT_SET:
-        return
-    import ctypes
-    rc = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(handle), 9, ctypes.c_int(percent))
-    if rc != 0:  # 9: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-        raise RuntimeError(f"cross_entropy: cuFuncSetAttribute(carveout {percent}) failed with CUresult {rc}")
-    _CARVEOUT_SET.add(handle)
 
 
 def needs_rne(out: torch.Tensor) -> bool:
@@ -1108,8 +1082,7 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
                           out: torch.Tensor | None = None, stages: int = 3, sub: int | None = None,
                           store_cache: str = "", split: int | None = None, prefetch: bool = True,
                           order: str = "reverse", head: bool = False, tail_drop: bool = False,
-                          carveout: int | None = None, kept: int | None = None,
-                          async_kept: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                          kept: int | None = None, async_kept: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, dlogits) of F.cross_entropy(logits.float(), target, ...) for an upstream gradient of 1.
     out: where dlogits goes (default: a new tensor); `logits` itself writes the gradient in place, for a caller
     that owns the logits buffer. The other keywords choose the kernel (see ce_rows)."""
@@ -1128,7 +1101,7 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     n_valid = count_valid(target, ignore_index)
     ce_rows(logits, target, out, loss_rows, n_valid, ignore_index, label_smoothing, mean, fused, block, num_warps,
             form, programs, lanes, hints, stages, sub, store_cache, split, prefetch, order, head, tail_drop,
-            carveout, kept, async_kept)
+            kept, async_kept)
     return sum_rows(loss_rows, n_valid, mean), out
 
 

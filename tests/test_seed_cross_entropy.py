@@ -362,7 +362,7 @@ def test_cross_entropy_tail_options(programs, block, sub, split, order, head, ta
 
 @pytest.mark.parametrize("v", [700, 257, 100])
 def test_cross_entropy_tail_options_change_no_bit(v, device):
-    """The order of pass 2, head, tail_drop and carveout move loads, stores and hints, not arithmetic: every
+    """The order of pass 2, head and tail_drop move loads, stores and hints, not arithmetic: every
     variant gives the default's loss and gradient bitwise, also writing the gradient over the logits (head holds
     tile 0 until the end of pass 2, after later tiles' stores; every re-read tile is loaded before its store)."""
     from seeds.cross_entropy import cross_entropy_fwd_bwd
@@ -373,7 +373,7 @@ def test_cross_entropy_tail_options_change_no_bit(v, device):
     kw = dict(block=32, sub=2, label_smoothing=0.1, programs=4)
     a = cross_entropy_fwd_bwd(x, t, **kw)
     variants = [dict(order="forward"), dict(order="oldest_first", head=True), dict(head=True, tail_drop=True),
-                dict(order="oldest_first", tail_drop=True, carveout=0)]
+                dict(order="oldest_first", tail_drop=True)]
     for var in variants:
         b = cross_entropy_fwd_bwd(x, t, **kw, **var)
         buf = x.clone()
@@ -387,11 +387,9 @@ def test_cross_entropy_tail_options_rejected_outside_persistent():
     x, t = torch.randn(2, 5), torch.zeros(2, dtype=torch.long)
     with pytest.raises(ValueError, match="order must"):
         cross_entropy_fwd_bwd(x, t, order="sideways")
-    for kw in (dict(order="forward"), dict(head=True), dict(tail_drop=True), dict(carveout=0)):
+    for kw in (dict(order="forward"), dict(head=True), dict(tail_drop=True)):
         with pytest.raises(ValueError, match="persistent form"):
             cross_entropy_fwd_bwd(x, t, form="staged", **kw)
-    with pytest.raises(ValueError, match="carveout"):
-        cross_entropy_fwd_bwd(x, t, carveout=101)
 
 
 def test_cross_entropy_smem_form_rejected_off_cuda():
