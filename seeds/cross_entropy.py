@@ -48,7 +48,11 @@ first KEPT tiles held in shared memory between the passes (6 x 32 KB at 8192 x 2
 may take) and the last in registers, so pass 2 re-reads from global memory only the tiles between (one at 128256
 columns, the most recently loaded): the logits cross HBM about once. Plain Triton has no shared-memory tensors,
 hence Gluon; the interpreter cannot run it (tests compile it for sm_90 only; the sweep checks it against float64
-on the GPU).
+on the GPU). H200 (run AK, sweep_ce.py --tail): with the kept tiles copied by cp.async during the previous row's
+pass 2 (async_kept) **1.274 ms** at 8192 x 2 / 16 warps (1.285 at 4096 x 2), 1.001 on L2-resident logits; without
+cp.async 1.427; the persistent default 1.333 in the same run. ModelNew takes it on sm_90 (gpu_variant). In the
+same run the persistent form's pass-2 options: order="forward" 1.316, oldest_first + tail_drop 1.324,
+oldest_first 1.339, tail_drop 1.360, P = 100 1.529, head 1.540, sub 4 at 4096 columns 1.350.
 Not tried, and why (session 7): thread-block clusters holding a row across CTAs (QuACK's form): Triton 3.6
 (the H200's) fails to compile any reduction across a num_ctas > 1 cluster (TritonGPUPlanCTAPass: "parent layout
 must have at least rank >= 2" or "Result has an invalid layout"); Triton 3.9 compiles it (mapa,
@@ -1105,6 +1109,18 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     return sum_rows(loss_rows, n_valid, mean), out
 
 
+def gpu_variant(logits: torch.Tensor) -> dict:
+    """The launch measured best on the H200 (run AK, benchmarks/sweep_ce.py --tail, 8192 x 128256 bf16, every row
+    checked against float64 first): the smem form with cp.async, tiles of 2 x 8192 columns at 16 warps, 1.274 ms,
+    against 1.333 for the persistent form (a copy of the logits: 0.988). Used on sm_90 for 16-bit logits of at
+    least two such tiles a row (one kept in shared memory, the last in registers); elsewhere {}: the persistent
+    form, which the interpreter runs too."""
+    if (not logits.is_cuda or logits.element_size() != 2 or logits.shape[-1] < 2 * 2 * 8192
+            or torch.cuda.get_device_capability(logits.device)[0] != 9):
+        return {}
+    return {"form": "smem", "block": 8192, "num_warps": 16, "sub": 2, "async_kept": True}
+
+
 class ModelNew(torch.nn.Module):
     """tasks/cross_entropy.py and tasks/cross_entropy_smooth_sum.py: (loss, dlogits)."""
 
@@ -1113,4 +1129,5 @@ class ModelNew(torch.nn.Module):
         self.ignore_index, self.label_smoothing, self.reduction = ignore_index, label_smoothing, reduction
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return cross_entropy_fwd_bwd(logits, target, self.ignore_index, self.label_smoothing, self.reduction)
+        return cross_entropy_fwd_bwd(logits, target, self.ignore_index, self.label_smoothing, self.reduction,
+                                     **gpu_variant(logits))
