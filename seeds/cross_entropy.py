@@ -1113,9 +1113,12 @@ def gpu_variant(logits: torch.Tensor) -> dict:
     """The launch measured best on the H200 (run AK, benchmarks/sweep_ce.py --tail, 8192 x 128256 bf16, every row
     checked against float64 first): the smem form with cp.async, tiles of 2 x 8192 columns at 16 warps, 1.274 ms,
     against 1.333 for the persistent form (a copy of the logits: 0.988). Used on sm_90 for 16-bit logits of at
-    least two such tiles a row (one kept in shared memory, the last in registers); elsewhere {}: the persistent
-    form, which the interpreter runs too."""
+    least two such tiles a row (one kept in shared memory, the last in registers) whose rows start 16-byte
+    aligned (cp.async copies 16-byte pieces: where Triton cannot prove the alignment, an odd row length or
+    offset, the copy does not compile: `crucible bench` run AL); elsewhere {}: the persistent form, which the
+    interpreter runs too."""
     if (not logits.is_cuda or logits.element_size() != 2 or logits.shape[-1] < 2 * 2 * 8192
+            or logits.stride(-1) != 1 or logits.stride(0) % 16 or logits.data_ptr() % 16
             or torch.cuda.get_device_capability(logits.device)[0] != 9):
         return {}
     return {"form": "smem", "block": 8192, "num_warps": 16, "sub": 2, "async_kept": True}
