@@ -56,11 +56,16 @@ table last.
 
     python3 benchmarks/sweep_attention_bwd.py [--budget 75]                # the H200, about 90 s with compiles
     TRITON_INTERPRET=1 python3 benchmarks/sweep_attention_bwd.py --smoke   # the CPU interpreter, tiny shape
-Rows also go to $OUT/sweep_attention_bwd.json when OUT is set.
+Rows also go to $OUT/sweep_attention_bwd.json (--schedules: sweep_attention_bwd_schedules.json) when OUT is set.
+Compiles (~1-3 s each, 27 kernels in --schedules) run first in --precompile (8) worker processes at once (each runs
+its share of the variants once at the task's shape, which fills Triton's on-disk cache; the main process computes
+the first references meanwhile and waits for them before it times anything); the rows then load the kernels from
+the cache. A worker's failure only costs time: the row compiles (or fails) itself as before.
 """
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -130,6 +135,46 @@ SCHEDULE_VARIANTS = [
     ("bwd blocks_major", SEED_FWD, _sched("blocks_major"), None),
     ("bwd heavy_first + 4 stages", SEED_FWD, _sched("heavy_first", STAGES4), True),
 ]
+
+
+def _compile_jobs(jobs: list, schedules: bool, shape: tuple, device: str = "cuda") -> None:
+    """A --precompile worker: runs each (variant index, causal) of its share once on random inputs of `shape`, so
+    that Triton compiles the kernels into its on-disk cache; failures are the rows' to report."""
+    variants = SCHEDULE_VARIANTS if schedules else VARIANTS
+    gen = torch.Generator(device=device).manual_seed(7)
+    x = [torch.randn(shape, device=device, generator=gen).to(torch.bfloat16) for _ in range(4)]
+    for index, causal in jobs:
+        try:
+            seed(*variants[index][1:3])[2](*x, causal)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # (the row itself will say what failed)
+            print(f"precompile {variants[index][0]} causal={causal}: {type(exc).__name__}", flush=True)
+
+
+def start_precompile(variants: list, modes: list, schedules: bool, shape: tuple, workers: int,
+                     device: str = "cuda") -> list:
+    """Worker processes compiling every (variant, mode) of the run at once, a share each (see _compile_jobs)."""
+    jobs = [(i, causal) for causal, _ in modes for i, (_, _, _, only) in enumerate(variants)
+            if only is None or only == causal]
+    workers = min(workers, len(jobs))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_compile_jobs, args=(jobs[w::workers], schedules, shape, device), daemon=True)
+             for w in range(workers)]
+    for proc in procs:
+        proc.start()
+    return procs
+
+
+def wait_precompile(procs: list, t0: float, limit_s: float) -> None:
+    """Wait for the workers until limit_s seconds into the run; stop (by their handles) any still compiling."""
+    for proc in procs:
+        proc.join(timeout=max(0.0, limit_s - (time.time() - t0)))
+    late = [proc for proc in procs if proc.is_alive()]
+    for proc in late:
+        proc.terminate()
+    log(t0, f"precompile: {len(procs)} workers done" + (f", {len(late)} stopped at {limit_s:g} s" if late else ""))
+    procs.clear()
 
 
 def log(t0: float, msg: str) -> None:
@@ -212,6 +257,8 @@ def main() -> int:
     ap = parser(__doc__.splitlines()[0], budget_s=75.0)
     ap.add_argument("--schedules", action="store_true",
                     help="the backward's schedules and tiles (SCHEDULE_VARIANTS), causal first, instead of VARIANTS")
+    ap.add_argument("--precompile", type=int, default=8,
+                    help="worker processes compiling the variants at once before the timed rows (0: none)")
     args = ap.parse_args()
     variants = SCHEDULE_VARIANTS if args.schedules else VARIANTS
     modes = sorted(MODES.items(), reverse=True) if args.schedules else list(MODES.items())
@@ -220,6 +267,12 @@ def main() -> int:
     budget = float("inf") if smoke else args.budget  # (the interpreter's minutes are not the GPU's seconds)
     dev = "cpu" if smoke else "cuda"
     rows: list[dict] = []
+    procs = []
+    if not smoke and args.precompile > 0:
+        consts = load_task(str(ROOT / "tasks" / f"{modes[0][1][0]}.py")).current_constants()
+        shape = (consts["B"], consts["H"], consts["S"], consts["D"])
+        procs = start_precompile(variants, modes, args.schedules, shape, args.precompile)
+        log(t0, f"precompile: {len(procs)} workers started at {list(shape)}")
     for causal, (task_name, dists) in modes:
         tag = "causal" if causal else "non-causal"
         task = load_task(str(ROOT / "tasks" / f"{task_name}.py"))
@@ -236,6 +289,8 @@ def main() -> int:
                 for _ in range(1 if smoke else SETS)]
         flops = 2 * b * h * s * s * d / (2 if causal else 1)  # one S x S x D matmul; fwd+bwd is 7 of them
         log(t0, f"{tag}: {task_name} [{b}, {h}, {s}, {d}], references ({', '.join(dists)} draws) done")
+        if procs:  # nothing is timed while they compile
+            wait_precompile(procs, t0, limit_s=min(45.0, budget / 2))
         entries = [(f"SDPA {bk}", sdpa(bk, smoke), True, ("fwd", "bwd")) for bk in ("cudnn", "flash")]
         for name, fwd_kw, bwd_kw, only in variants:
             if only is None or only == causal:

@@ -80,6 +80,13 @@ adds each step's c dS K into an fp32 dQ (red.global.add, not bitwise repeatable)
 S and dP, is not launched; split_ds="fp16": dS in one fp16 product (3 more bits than bf16) instead of the split's
 two. Not done: tl.range(warp_specialize=True) in the backward's loops, on which Triton's Hopper pass asserts as the
 kernels stand (pointer loads of lse and delta, three loops; compiled for sm_90 with triton 3.9).
+Backward schedules (attention_bwd's schedule, both main kernels; _bwd_tile; benchmarks/sweep_attention_bwd.py
+--schedules): "grid" (the default), "heavy_first" (a causal dQ launch's longest query blocks first),
+"blocks_major" (the grid's axes swapped), "persistent" (one program per SM over the tiles head by head) and "pairs"
+(causal: persistent over a heavy and a light block of one head at a time, as the forward's pairs). Each runs the
+same tile code, so the gradients are bitwise the grid's. Compiled for sm_90 (triton 3.9), the persistent dK/dV
+kernel spills 284-340 bytes the grid's does not (255 registers either way). config may carry the dQ kernel's own
+warps and stages (8 entries).
 
 Tile sizes: see fwd_config / bwd_config; benchmarks/bench_attention.py --hopper sweeps the variants on the H200.
 Measured on the H200 (docs/BENCHMARKS.md run M, do_bench, one run), B4 H32 S4096 D128 bf16, the defaults:
