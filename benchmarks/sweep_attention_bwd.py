@@ -41,7 +41,8 @@ schedule and tiles (attention_bwd's schedule= and config=) under the seed's own 
 - bwd blocks_major: the grid's axes swapped, one block of every head in a row (the running programs then spread
   over every head's Q/dO: expected to lose L2 reuse, measured since it is one word);
 - bwd heavy_first + 4 stages (causal): the two causal-side changes together.
-Rows are timed fwd+bwd plus the part they change (the forward or the backward); the seed default all three.
+Rows are timed fwd+bwd plus the part they change (the forward or the backward); the seed default all three (the
+default mode's rows all three, as before).
     python3 benchmarks/sweep_attention_bwd.py --schedules [--budget 75]
 
 Check (the same criterion as benchmarks/sweep_attention_precise.py, i.e. the harness's): each variant's (o, dq, dk,
@@ -295,7 +296,8 @@ def main() -> int:
         for name, fwd_kw, bwd_kw, only in variants:
             if only is None or only == causal:
                 kw = smoke_kwargs(fwd_kw, bwd_kw) if smoke else (fwd_kw, bwd_kw)
-                entries.append((name, seed(*kw), False, changed_parts(fwd_kw, bwd_kw, variants)))
+                parts = changed_parts(fwd_kw, bwd_kw, variants) if args.schedules else ("fwd", "bwd")
+                entries.append((name, seed(*kw), False, parts))
         for name, fns, baseline, parts in entries:
             row = dict(causal=causal, variant=name, check="", ms=None, fwd_ms=None, bwd_ms=None, status="")
             if time.time() - t0 > budget and not baseline:
