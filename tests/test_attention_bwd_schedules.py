@@ -71,6 +71,21 @@ def test_schedules_match_sdpa_on_a_task_case():
         _check(f"pairs {name}", g, r, t)
 
 
+@pytest.mark.parametrize("sq", [64, 48])
+def test_precise_forward_pairs_is_the_grids(sq):
+    """The --schedules row "fwd pairs not ws": attention_fwd_with_delta(persistent=True, pairs=True) on the precise
+    two-loop path gives the grid launch's o, lse and delta bitwise (4 query blocks pair; 3 fall back to the
+    longest-first persistent order)."""
+    gen = torch.Generator().manual_seed(sq)
+    q = torch.randn(2, 4, sq, 32, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(2, 2, sq, 32, generator=gen).to(torch.bfloat16) for _ in range(2))
+    do = torch.randn(q.shape, generator=gen).to(torch.bfloat16)
+    want = A.attention_fwd_with_delta(q, k, v, do, True, config=SMALL_FWD, precise=True)
+    got = A.attention_fwd_with_delta(q, k, v, do, True, config=SMALL_FWD, precise=True, persistent=True, pairs=True)
+    for name, g, w in zip(("o", "lse", "delta"), got, want):
+        assert torch.equal(g, w), f"pairs: {name} differs"
+
+
 def _replay(schedule: str, num_blk: int, num_bh: int, programs: int, flip: bool) -> list[list[tuple[int, int]]]:
     """Per program, the (bh, block) tiles it runs in order, in the kernel's arithmetic (_bwd_steps, _bwd_tile)."""
     code = A.BWD_SCHEDULES[schedule]
