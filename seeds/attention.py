@@ -82,6 +82,13 @@ adds each step's c dS K into an fp32 dQ (red.global.add, not bitwise repeatable)
 S and dP, is not launched; split_ds="fp16": dS in one fp16 product (3 more bits than bf16) instead of the split's
 two. Not done: tl.range(warp_specialize=True) in the backward's loops, on which Triton's Hopper pass asserts as the
 kernels stand (pointer loads of lse and delta, three loops; compiled for sm_90 with triton 3.9).
+Backward schedules (attention_bwd's schedule, both main kernels; _bwd_tile; benchmarks/sweep_attention_bwd.py
+--schedules): "grid" (the default), "heavy_first" (a causal dQ launch's longest query blocks first),
+"blocks_major" (the grid's axes swapped), "persistent" (one program per SM over the tiles head by head) and "pairs"
+(causal: persistent over a heavy and a light block of one head at a time, as the forward's pairs). Each runs the
+same tile code, so the gradients are bitwise the grid's. Compiled for sm_90 (triton 3.9), the persistent dK/dV
+kernel spills 284-340 bytes the grid's does not (255 registers either way). config may carry the dQ kernel's own
+warps and stages (8 entries).
 
 Tile sizes: see fwd_config / bwd_config; benchmarks/bench_attention.py --hopper sweeps the variants on the H200.
 Measured on the H200 (docs/BENCHMARKS.md run M, do_bench, one run), B4 H32 S4096 D128 bf16, the defaults:
@@ -581,6 +588,47 @@ def _attn_bwd_delta_kernel(
     tl.store(DELTA + b64 * stride_lb + h64 * stride_lh + q_start + rows, delta, mask=row_ok)
 
 
+# Backward schedules (SCHEDULE, the same in both main kernels; a tile is one block of one (batch, head)):
+#   0 the grid (block, head): the hardware launches x fastest, so a head's blocks in a row (the default);
+#   1 the grid (head, block): one block of every head in a row (blocks-major);
+#   2 persistent: about one program per SM, looping over the tiles numbered head by head, so that the programs
+#     running at once share a few heads' Q/dO (dK/dV) or K/V (dQ) in L2;
+#   3 persistent pairs (causal, an even number of blocks): pair j of a head is its blocks j and NUM_BLK - 1 - j
+#     (the same work for every pair), a program runs whole pairs, numbered head by head.
+# FLIP maps the schedule's block i to NUM_BLK - 1 - i: causal, the dQ kernel's heavy blocks are the last ones.
+@triton.jit
+def _bwd_steps(NUM_BLK, NUM_BH, SCHEDULE: tl.constexpr):
+    """Tiles this program runs (persistent schedules)."""
+    if SCHEDULE == 3:
+        steps = 2 * tl.cdiv((NUM_BLK // 2) * NUM_BH - tl.program_id(0), tl.num_programs(0))
+    else:
+        steps = tl.cdiv(NUM_BLK * NUM_BH - tl.program_id(0), tl.num_programs(0))
+    return steps
+
+
+@triton.jit
+def _bwd_tile(it, NUM_BLK, SCHEDULE: tl.constexpr, FLIP: tl.constexpr):
+    """(block, batch * heads index) of this program's tile `it` (0 for the grid schedules)."""
+    if SCHEDULE == 3:
+        half = NUM_BLK // 2
+        pair = tl.program_id(0) + (it // 2) * tl.num_programs(0)
+        bh = pair // half
+        blk = tl.where(it % 2 == 0, pair % half, NUM_BLK - 1 - pair % half)
+    elif SCHEDULE == 2:
+        tile = tl.program_id(0) + it * tl.num_programs(0)
+        bh = tile // NUM_BLK
+        blk = tile % NUM_BLK
+    elif SCHEDULE == 1:
+        bh = tl.program_id(0)
+        blk = tl.program_id(1)
+    else:
+        blk = tl.program_id(0)
+        bh = tl.program_id(1)
+    if FLIP:
+        blk = NUM_BLK - 1 - blk
+    return blk, bh
+
+
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, stride_qs, stride_dos, Q_DESC, DO_DESC,
                 q_row, do_row, cols, lo, hi, q_len, k_len, sm_scale, qk_scale, BLOCK_M: tl.constexpr,
@@ -634,29 +682,15 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, stride_q
 
 
 @triton.jit
-def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, DK, DV, LSE, DELTA,
-    DQ,                      # ATOMIC_DQ only: fp32 dQ accumulator, zeroed, with Q's strides
-    CU_Q, CU_K,
-    Q_DESC, DO_DESC,         # TMA only: descriptors over Q and dO seen as [rows, D] (block [BLOCK_M, D])
-    Q_RB, Q_RH, DO_RB, DO_RH,  # TMA only: rows of those views per batch and per head
-    sm_scale, qk_scale,
-    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-    stride_dob, stride_doh, stride_dos,
-    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
-    stride_lb, stride_lh,
-    S_Q, S_K, HKV,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # query rows per step of the loop
-    BLOCK_N: tl.constexpr,  # key rows held by the program
-    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr,
-    SPLIT_DS: tl.constexpr,  # 1: dS as two operands (hi + lo) for the dK product (the `precise` backward), 2: fp16
-    ATOMIC_DQ: tl.constexpr,  # dQ here too, through fp32 atomics into DQ (no dQ kernel)
-    SPLIT_DQ: tl.constexpr,   # ATOMIC_DQ only: dS split for the dQ product (SPLIT_DS is dK's)
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+def _dkdv_tile(
+    start_n, bh, Q, K, V, DO, DK, DV, LSE, DELTA, DQ, CU_Q, CU_K, Q_DESC, DO_DESC, Q_RB, Q_RH, DO_RB, DO_RH, sm_scale,
+    qk_scale, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+    stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+    stride_lb, stride_lh, S_Q, S_K, HKV, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr, SPLIT_DS: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, SPLIT_DQ: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
 ):
-    start_n = tl.program_id(0)
-    bh = tl.program_id(1)
+    # Key block start_n of (batch, key/value head) bh; the arguments are _attn_bwd_dkdv_kernel's.
     b = bh // HKV
     hkv = bh % HKV
     q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, S_Q, S_K, VARLEN)
@@ -714,6 +748,48 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV, LSE, DELTA,
+    DQ,                      # ATOMIC_DQ only: fp32 dQ accumulator, zeroed, with Q's strides
+    CU_Q, CU_K,
+    Q_DESC, DO_DESC,         # TMA only: descriptors over Q and dO seen as [rows, D] (block [BLOCK_M, D])
+    Q_RB, Q_RH, DO_RB, DO_RH,  # TMA only: rows of those views per batch and per head
+    sm_scale, qk_scale,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+    stride_dob, stride_doh, stride_dos,
+    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+    stride_lb, stride_lh,
+    S_Q, S_K, HKV,
+    NUM_BLK, NUM_BH,         # key blocks per (batch, key/value head), and batch * HKV
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per step of the loop
+    BLOCK_N: tl.constexpr,  # key rows held by the program
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr,
+    SPLIT_DS: tl.constexpr,  # 1: dS as two operands (hi + lo) for the dK product (the `precise` backward), 2: fp16
+    ATOMIC_DQ: tl.constexpr,  # dQ here too, through fp32 atomics into DQ (no dQ kernel)
+    SPLIT_DQ: tl.constexpr,   # ATOMIC_DQ only: dS split for the dQ product (SPLIT_DS is dK's)
+    SCHEDULE: tl.constexpr,  # which program runs which (key block, head) tile: see _bwd_tile
+    FLIP: tl.constexpr,      # key block NUM_BLK - 1 - i where the schedule says block i
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+):
+    if SCHEDULE >= 2:  # persistent: a loop over this program's tiles
+        for it in tl.range(0, _bwd_steps(NUM_BLK, NUM_BH, SCHEDULE)):
+            start_n, bh = _bwd_tile(it, NUM_BLK, SCHEDULE, FLIP)
+            _dkdv_tile(start_n, bh, Q, K, V, DO, DK, DV, LSE, DELTA, DQ, CU_Q, CU_K, Q_DESC, DO_DESC, Q_RB, Q_RH,
+                DO_RB, DO_RH, sm_scale, qk_scale, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+                stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh,
+                stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, S_Q, S_K, HKV, GROUP, HEAD_DIM,
+                BLOCK_M, BLOCK_N, CAUSAL, VARLEN, TMA, SPLIT_DS, ATOMIC_DQ, SPLIT_DQ, UPCAST, IEEE, RNE)
+    else:
+        start_n, bh = _bwd_tile(0, NUM_BLK, SCHEDULE, FLIP)
+        _dkdv_tile(start_n, bh, Q, K, V, DO, DK, DV, LSE, DELTA, DQ, CU_Q, CU_K, Q_DESC, DO_DESC, Q_RB, Q_RH, DO_RB,
+            DO_RH, sm_scale, qk_scale, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb,
+            stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+            stride_dvh, stride_dvs, stride_lb, stride_lh, S_Q, S_K, HKV, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
+            VARLEN, TMA, SPLIT_DS, ATOMIC_DQ, SPLIT_DQ, UPCAST, IEEE, RNE)
+
+
+@triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DESC, V_DESC, k_row, v_row, rows, lo,
               hi, k_len, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
               CAUSAL: tl.constexpr, TMA: tl.constexpr, SPLIT_DS: tl.constexpr,
@@ -745,25 +821,15 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, K_DE
 
 
 @triton.jit
-def _attn_bwd_dq_kernel(
-    Q, K, V, DO, DQ, LSE, DELTA,
-    CU_Q, CU_K,
-    K_DESC, V_DESC,          # TMA only: descriptors over K and V seen as [rows, D] (block [BLOCK_N, D])
-    K_RB, K_RH, V_RB, V_RH,  # TMA only: rows of those views per batch and per head
-    sm_scale, qk_scale,
-    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-    stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
-    stride_lb, stride_lh,
-    S_Q, S_K, HQ,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # query rows held by the program
-    BLOCK_N: tl.constexpr,  # key rows per step of the loop
-    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr,
-    SPLIT_DS: tl.constexpr,  # dS as two operands (hi + lo) for the dK / dQ products: the `precise` backward
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+def _dq_tile(
+    start_m, bh, Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, K_DESC, V_DESC, K_RB, K_RH, V_RB, V_RH, sm_scale, qk_scale,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_dob,
+    stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs, stride_lb, stride_lh, S_Q, S_K, HQ,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    VARLEN: tl.constexpr, TMA: tl.constexpr, SPLIT_DS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    RNE: tl.constexpr,
 ):
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    # Query block start_m of (batch, query head) bh; the arguments are _attn_bwd_dq_kernel's.
     b = bh // HQ
     hq = bh % HQ
     hkv = hq // GROUP
@@ -796,6 +862,44 @@ def _attn_bwd_dq_kernel(
     dq = dq * sm_scale
     _store_rows(DQ + b64 * stride_dqb + h64 * stride_dqh + q_rows * stride_dqs + offs_d[None, :], dq,
                 row_ok[:, None], RNE)
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA,
+    CU_Q, CU_K,
+    K_DESC, V_DESC,          # TMA only: descriptors over K and V seen as [rows, D] (block [BLOCK_N, D])
+    K_RB, K_RH, V_RB, V_RH,  # TMA only: rows of those views per batch and per head
+    sm_scale, qk_scale,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+    stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
+    stride_lb, stride_lh,
+    S_Q, S_K, HQ,
+    NUM_BLK, NUM_BH,         # query blocks per (batch, query head), and batch * HQ
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows held by the program
+    BLOCK_N: tl.constexpr,  # key rows per step of the loop
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, TMA: tl.constexpr,
+    SPLIT_DS: tl.constexpr,  # dS as two operands (hi + lo) for the dK / dQ products: the `precise` backward
+    SCHEDULE: tl.constexpr,  # which program runs which (query block, head) tile: see _bwd_tile
+    FLIP: tl.constexpr,      # query block NUM_BLK - 1 - i where the schedule says block i
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+):
+    if SCHEDULE >= 2:  # persistent: a loop over this program's tiles
+        for it in tl.range(0, _bwd_steps(NUM_BLK, NUM_BH, SCHEDULE)):
+            start_m, bh = _bwd_tile(it, NUM_BLK, SCHEDULE, FLIP)
+            _dq_tile(start_m, bh, Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, K_DESC, V_DESC, K_RB, K_RH, V_RB, V_RH,
+                sm_scale, qk_scale, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb,
+                stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
+                stride_lb, stride_lh, S_Q, S_K, HQ, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, VARLEN, TMA, SPLIT_DS,
+                UPCAST, IEEE, RNE)
+    else:
+        start_m, bh = _bwd_tile(0, NUM_BLK, SCHEDULE, FLIP)
+        _dq_tile(start_m, bh, Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, K_DESC, V_DESC, K_RB, K_RH, V_RB, V_RH,
+            sm_scale, qk_scale, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb,
+            stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs, stride_lb,
+            stride_lh, S_Q, S_K, HQ, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, VARLEN, TMA, SPLIT_DS, UPCAST, IEEE,
+            RNE)
 
 
 # ---- launchers ----------------------------------------------------------------------------------------------------
@@ -1002,12 +1106,39 @@ def _grad_like(t: torch.Tensor, bshd: bool) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
+# attention_bwd's schedule names -> the kernels' SCHEDULE codes (see _bwd_tile)
+BWD_SCHEDULES = {"grid": 0, "heavy_first": 0, "blocks_major": 1, "persistent": 2, "pairs": 3}
+
+
+def _bwd_launch(schedule: str, causal: bool, num_blk: int, num_bh: int, dq: bool, device: torch.device):
+    """(grid, SCHEDULE, FLIP) of one backward kernel over num_blk blocks of num_bh heads. Every schedule but "grid"
+    runs a causal launch's heavy blocks first (the dQ kernel's are its last, FLIP); "pairs" falls back to
+    "persistent" where the blocks do not pair (not causal, or an odd number)."""
+    code = BWD_SCHEDULES[schedule]
+    if code == 3 and not (causal and num_blk % 2 == 0):
+        code = 2
+    flip = bool(causal and dq and schedule != "grid")
+    if code >= 2:
+        work = num_blk * num_bh // (2 if code == 3 else 1)  # tiles, or pairs of tiles
+        return (min(work, sm_count(device)),), code, flip
+    return ((num_blk, num_bh) if code == 0 else (num_bh, num_blk)), code, flip
+
+
 def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd=False, tma=None, split_ds=False,
-         dq_atomic=False):
+         dq_atomic=False, schedule="grid"):
     d = q.shape[-1]
     hq, hkv = q.shape[1], k.shape[1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    m1, n1, m2, n2, warps, stages = config or bwd_config(d, q.device)
+    if schedule not in BWD_SCHEDULES:
+        raise ValueError(f"attention_bwd: schedule must be one of {', '.join(BWD_SCHEDULES)}; not {schedule!r}")
+    if schedule in ("persistent", "pairs") and varlen is not None:
+        raise ValueError("attention: persistent scheduling is for dense [B, H, S, D] inputs, not packed sequences")
+    config = tuple(config or bwd_config(d, q.device))
+    if len(config) not in (6, 8):
+        raise ValueError(f"attention_bwd: config is (dkdv BLOCK_M, dkdv BLOCK_N, dq BLOCK_M, dq BLOCK_N, warps, "
+                         f"stages[, dq warps, dq stages]); got {config!r}")
+    m1, n1, m2, n2, warps, stages = config[:6]
+    dq_warps, dq_stages = config[6:] or (warps, stages)
     dq, dk, dv = _grad_like(q, bshd), _grad_like(k, bshd), _grad_like(v, bshd)
     have_delta = delta is not None
     delta = delta if have_delta else torch.empty_like(lse)
@@ -1037,7 +1168,7 @@ def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd
     # each product's SPLIT_DS: 0 dS rounded once, 1 split in two (hi + lo), 2 one fp16 product
     split_dk, split_dq = ((2, 2) if split_ds == "fp16" else
                           (int(split_ds in (True, "dk")), int(split_ds in (True, "dq"))))
-    common.update(GROUP=hq // hkv, CAUSAL=bool(causal), num_warps=warps, num_stages=stages, **modes)
+    common.update(GROUP=hq // hkv, CAUSAL=bool(causal), **modes)
     if dq_atomic and not q.is_contiguous():  # (dQ's fp32 accumulator is addressed with q's strides)
         q = q.contiguous()
     # TMA for the unmasked blocks of each loop (dense layouts, a whole block at least), as in the forward.
@@ -1049,18 +1180,23 @@ def _bwd(do, q, k, v, o, lse, causal, sm_scale, config, varlen, delta=None, bshd
     # dq_atomic: the dK/dV kernel adds each step's dQ share into an fp32 accumulator addressed with Q's strides
     # (contiguous, as q is made above), rounded into dq at the end; the dQ kernel is then not launched.
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if dq_atomic else dq
-    _attn_bwd_dkdv_kernel[(triton.cdiv(s_k, n1), batch * hkv)](
+    num_n = triton.cdiv(s_k, n1)
+    grid, code, flip = _bwd_launch(schedule, causal, num_n, batch * hkv, False, q.device)
+    _attn_bwd_dkdv_kernel[grid](
         q, k, v, do, dk, dv, lse, delta, dq_acc, cu_q, cu_k, *q_descs, *q_rows, scale, qk_scale,
-        *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dk), *_bhs(dv), *l_strides, s_q, s_k, hkv,
+        *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dk), *_bhs(dv), *l_strides, s_q, s_k, hkv, num_n, batch * hkv,
         BLOCK_M=m1, BLOCK_N=n1, TMA=tma_dkdv, SPLIT_DS=split_dk, ATOMIC_DQ=bool(dq_atomic), SPLIT_DQ=split_dq,
-        **common,
+        SCHEDULE=code, FLIP=flip, num_warps=warps, num_stages=stages, **common,
     )
     if dq_atomic:
         return dq.copy_(dq_acc), dk, dv
-    _attn_bwd_dq_kernel[(triton.cdiv(s_q, m2), batch * hq)](
+    num_m = triton.cdiv(s_q, m2)
+    grid, code, flip = _bwd_launch(schedule, causal, num_m, batch * hq, True, q.device)
+    _attn_bwd_dq_kernel[grid](
         q, k, v, do, dq, lse, delta, cu_q, cu_k, *kv_descs, *kv_rows, scale, qk_scale,
-        *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dq), *l_strides, s_q, s_k, hq,
-        BLOCK_M=m2, BLOCK_N=n2, TMA=tma_dq, SPLIT_DS=split_dq, **common,
+        *_bhs(q), *_bhs(k), *_bhs(v), *_bhs(do), *_bhs(dq), *l_strides, s_q, s_k, hq, num_m, batch * hq,
+        BLOCK_M=m2, BLOCK_N=n2, TMA=tma_dq, SPLIT_DS=split_dq, SCHEDULE=code, FLIP=flip, num_warps=dq_warps,
+        num_stages=dq_stages, **common,
     )
     return dq, dk, dv
 
@@ -1102,7 +1238,7 @@ def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              causal: bool = False, sm_scale: float | None = None, config=None,
                              tma: bool | None = None, warp_specialize: bool = False, reverse: bool | None = None,
                              precise: bool = False, subtiles: int = 1, persistent: bool | int = False,
-                             defer_rescale: bool = False):
+                             defer_rescale: bool = False, pairs: bool = False):
     """(o, lse, delta) when the upstream gradient do is known at forward time (a fused forward + backward): the
     forward's epilogue computes delta = rowsum(do o o) from the fp32 o, which saves the backward's preprocess
     kernel (a read of o and do) and the error of o's rounding. Pass delta to attention_bwd. precise: delta =
@@ -1111,19 +1247,20 @@ def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     section: what the harness rejects the default for; its cost on the H200 is not measured). The other variants:
     see attention_fwd (subtiles=2 with precise=False only); warp_specialize with precise: dO comes through a
     descriptor made in the kernel as Q does, where dO's [rows, D] view is Q's (else the two-loop path), and the
-    dP product runs in the consumer warp groups (sm_90: 213 KB at 128 x 128 x 2 stages; persistent does not fit)."""
+    dP product runs in the consumer warp groups (sm_90: 213 KB at 128 x 128 x 2 stages; persistent does not fit
+    there; benchmarks/sweep_attention_bwd.py --schedules measures it persistent, and with pairs, at 1 stage)."""
     _check_qkv(q, k, v, 4)
     if q.shape[0] != k.shape[0] or do.shape != q.shape:
         raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)} and do {tuple(do.shape)} do not fit")
     return _fwd(_unit_d(q), _unit_d(k), _unit_d(v), causal, sm_scale, config, None, True, _unit_d(do), tma,
-                warp_specialize, reverse, precise, subtiles, persistent, defer_rescale)
+                warp_specialize, reverse, precise, subtiles, persistent, defer_rescale, pairs=pairs)
 
 
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                   lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
                   config: tuple[int, int, int, int, int, int] | None = None, delta: torch.Tensor | None = None,
                   bshd_grads: bool = False, tma: bool | None = None, split_ds: bool | str = False,
-                  dq_atomic: bool = False):
+                  dq_atomic: bool = False, schedule: str = "grid"):
     """(dq, dk, dv) of attention_fwd for the upstream gradient do, from the forward's o and lse (and delta, when
     attention_fwd_with_delta made it; else the preprocess kernel computes it from o and do). bshd_grads: the
     gradients in [B, S, H, D] storage (transposed views), the layout SDPA's CPU backward returns. tma: Q/dO
@@ -1135,14 +1272,23 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     0.43x, the atomics cost more than the dQ kernel's recompute): the dK/dV kernel also computes dQ's share of
     each step, c dS K, and adds it into an fp32 accumulator with atomics (order-dependent rounding: not bitwise
     repeatable), so the dQ kernel, which recomputes S and dP
-    (2 of the backward's 5 products, 2 of 7 with split_ds), is not launched; config's dQ tile is then unused."""
+    (2 of the backward's 5 products, 2 of 7 with split_ds), is not launched; config's dQ tile is then unused.
+    config: (dK/dV BLOCK_M, BLOCK_N, dQ BLOCK_M, BLOCK_N, warps, stages), and optionally the dQ kernel's own warps
+    and stages as two more entries (else the same). schedule (dense inputs; benchmarks/sweep_attention_bwd.py
+    --schedules measures them): which program runs which (block, head) tile of both kernels: "grid" (the default:
+    a head's blocks launched in a row, in index order), "heavy_first" (the same, but a causal dQ launch takes its
+    query blocks last-first, the longest first), "blocks_major" (the grid's axes swapped: one block of every head
+    in a row), "persistent" (one program per SM looping over the tiles head by head), "pairs" (causal: persistent
+    over pairs of a heavy and a light block of one head, head by head; else "persistent"); all but "grid" run a
+    causal launch's heavy blocks first."""
     _check_qkv(q, k, v, 4)
     if do.shape != q.shape or o.shape != q.shape or lse.shape != q.shape[:3]:
         raise ValueError(f"attention_bwd: do and o must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}")
     if delta is not None and delta.shape != lse.shape:
         raise ValueError(f"attention_bwd: delta must have lse's shape {tuple(lse.shape)}")
     return _bwd(_unit_d(do), _unit_d(q), _unit_d(k), _unit_d(v), _unit_d(o), lse.contiguous(), causal, sm_scale,
-                config, None, None if delta is None else delta.contiguous(), bshd_grads, tma, split_ds, dq_atomic)
+                config, None, None if delta is None else delta.contiguous(), bshd_grads, tma, split_ds, dq_atomic,
+                schedule)
 
 
 def _check_varlen(q, k, v, cu_q, cu_k):

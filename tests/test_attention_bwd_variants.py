@@ -190,7 +190,8 @@ def _compile_variants() -> dict:
                         DELTA="*fp32", DQ="*fp32", CU_Q="*i32", CU_K="*i32", Q_DESC=desc, DO_DESC=desc, Q_RB=131072,
                         Q_RH=4096, DO_RB=131072, DO_RH=4096, sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096,
                         HKV=32, GROUP=1, HEAD_DIM=d, BLOCK_M=m1, BLOCK_N=n1, CAUSAL=causal, TMA=True,
-                        SPLIT_DS=split, ATOMIC_DQ=True, SPLIT_DQ=split, **flags,
+                        SPLIT_DS=split, ATOMIC_DQ=True, SPLIT_DQ=split, NUM_BLK=4096 // n1, NUM_BH=128,
+                        SCHEDULE=0, FLIP=False, **flags,
                         **{n: 128 for n in ("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb "
                                             "stride_vh stride_vs stride_dob stride_doh stride_dos stride_dkb "
                                             "stride_dkh stride_dks stride_dvb stride_dvh stride_dvs stride_lb "
@@ -201,7 +202,8 @@ def _compile_variants() -> dict:
         dq = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", DQ="*bf16", LSE="*fp32", DELTA="*fp32", CU_Q="*i32",
                   CU_K="*i32", K_DESC=f"tensordesc<bf16[{n2},{d}]>", V_DESC=f"tensordesc<bf16[{n2},{d}]>",
                   K_RB=131072, K_RH=4096, V_RB=131072, V_RH=4096, sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096,
-                  HQ=32, GROUP=1, HEAD_DIM=d, BLOCK_M=m2, BLOCK_N=n2, CAUSAL=causal, TMA=True, SPLIT_DS=2, **flags,
+                  HQ=32, GROUP=1, HEAD_DIM=d, BLOCK_M=m2, BLOCK_N=n2, CAUSAL=causal, TMA=True, SPLIT_DS=2,
+                  NUM_BLK=4096 // m2, NUM_BH=128, SCHEDULE=0, FLIP=False, **flags,
                   **{n: 128 for n in ("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb "
                                       "stride_vh stride_vs stride_dob stride_doh stride_dos stride_dqb stride_dqh "
                                       "stride_dqs stride_lb stride_lh").split()})

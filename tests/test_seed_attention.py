@@ -417,15 +417,15 @@ def _compile_all(d: int) -> dict:
     def bwd(config, tma=True, split_ds=False, **_):
         m1, n1, m2, n2, warps, stages = config or A.bwd_config(d, dev)
         common = dict(CU_Q="*i32", CU_K="*i32", sm_scale=0.1, qk_scale=0.1, S_Q=4096, S_K=4096, GROUP=4, HEAD_DIM=d,
-                      CAUSAL=True, TMA=tma, SPLIT_DS=split_ds, **flags)
+                      CAUSAL=True, TMA=tma, SPLIT_DS=split_ds, SCHEDULE=0, FLIP=False, **flags)
         ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32")
         dkdv = dict(**common, **ptrs, DK="*bf16", DV="*bf16", DQ="*fp32", ATOMIC_DQ=False, SPLIT_DQ=False, HKV=8,
-                    BLOCK_M=m1, BLOCK_N=n1, Q_DESC=desc(tma, m1),
+                    NUM_BLK=4096 // n1, NUM_BH=32, BLOCK_M=m1, BLOCK_N=n1, Q_DESC=desc(tma, m1),
                     DO_DESC=desc(tma, m1), Q_RB=131072, Q_RH=4096, DO_RB=131072, DO_RH=4096,
                     **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh "
                                "stride_vs stride_dob stride_doh stride_dos stride_dkb stride_dkh stride_dks stride_dvb "
                                "stride_dvh stride_dvs stride_lb stride_lh"))
-        dq = dict(**common, **ptrs, DQ="*bf16", HQ=32, BLOCK_M=m2, BLOCK_N=n2, K_DESC=desc(tma, n2),
+        dq = dict(**common, **ptrs, DQ="*bf16", HQ=32, NUM_BLK=4096 // m2, NUM_BH=128, BLOCK_M=m2, BLOCK_N=n2, K_DESC=desc(tma, n2),
                   V_DESC=desc(tma, n2), K_RB=32768, K_RH=4096, V_RB=32768, V_RH=4096,
                   **_strides("stride_qb stride_qh stride_qs stride_kb stride_kh stride_ks stride_vb stride_vh "
                              "stride_vs stride_dob stride_doh stride_dos stride_dqb stride_dqh stride_dqs stride_lb "
