@@ -48,7 +48,7 @@ class ModelNew(nn.Module):
         o, lse, delta = attention_fwd_with_delta(q, k, v, do, self.causal, precise=self.precise, warp_specialize=ws)
         # Contiguous [B, H, S, D] gradients, as SDPA's CUDA backward returns them (its CPU backward returns [B, S, H, D]
         # storage, which the harness does not hold candidates to; run N rejected the BSHD layout on the GPU).
-        # Causal on sm_90 at D = 128: 64 x 64 tiles at 4 warps and 2 stages, two programs an SM (run AM,
+        # Causal on sm_90 at D = 128: 64 x 64 tiles at 4 warps and 2 stages, two programs an SM (run AN,
         # sweep_attention_bwd.py --schedules: backward 4.685 ms against 5.048 for bwd_config's; not causal it lost,
         # 9.739 against 9.365).
         config = CAUSAL_BWD_CONFIG if ws and self.causal else None
