@@ -245,11 +245,13 @@ def table(b: Bench) -> str:
     return "\n".join(lines)
 
 
-def start(title: str, budget: float):
-    """(args, Bench) from the command line (--budget, --smoke, --no-compile), or the exit code 2 with one sentence
-    where the run cannot happen here; shared with sweep_lce.py."""
+def start(title: str, budget: float, options=None):
+    """(args, Bench) from the command line (--budget, --smoke, --no-compile, and what `options(parser)` adds), or
+    the exit code 2 with one sentence where the run cannot happen here; shared with sweep_lce.py."""
     ap = parser(title, budget)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    if options is not None:
+        options(ap)
     args = ap.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
         print("--smoke needs TRITON_INTERPRET=1 (the CPU interpreter)", file=sys.stderr)
@@ -285,6 +287,11 @@ def main() -> int:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "bench_lce.json").write_text(json.dumps({"rows": ROWS, "eager_rel_l2": b.eager_err,
                                                               "wrong": b.wrong, "failed": b.failed}, indent=1))
+    return report(b, text)
+
+
+def report(b: Bench, text: str) -> int:
+    """The table, then the failed and wrong rows; the exit code: 1 if a row was wrong (shared with sweep_lce.py)."""
     print(text, flush=True)
     if b.failed:
         print(f"FAILED variants: {', '.join(b.failed)}", flush=True)

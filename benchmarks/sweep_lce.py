@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_lce  # noqa: E402  (puts the repo root on sys.path)
 from _bench import rel_l2, rotating_median_ms  # noqa: E402
 from bench_lce import ROWS, SETS, Bench, first_line, log, seed_call  # noqa: E402
-from seeds.linear_cross_entropy import (CHUNK_ALIGN, VOCAB_WORKSPACE, Gemm, dx_tail_rows, matmul,  # noqa: E402
-                                        vocab_chunks)
+from seeds.linear_cross_entropy import (CHUNK_ALIGN, GPU_DEFAULT, VOCAB_WORKSPACE, Gemm, dx_tail_rows,  # noqa: E402
+                                        matmul, vocab_chunks)
 
 # Seconds after the start at which each section stops starting rows.
 VARIANTS_UNTIL, GEMMS_UNTIL, COMPILE_LEFT = 60.0, 72.0, 30.0
@@ -63,6 +63,17 @@ def variants(smoke: bool) -> list[tuple[str, dict]]:
              ("subtile+ws tma store, dx split", dict(ENGINES[2][1], **split, tma_store=True))]
     rows += [(label, dict(kw)) for label, kw, _ in ENGINES[1:]]
     return rows + [("subtile group 16, dx split", dict(SUBTILE, **split, group_m=16))]
+
+
+def rest(smoke: bool) -> list[tuple[str, dict]]:
+    """--rest: ModelNew's GPU default (epilogue subtiles, dx_in_dweight + dx_split, 3-stage 128x256x64 logits/dW
+    tiles) and the options run AD's budget cut, each on top of it."""
+    s4 = None if smoke else (128, 256, 64, 8, 4)
+    base = {} if smoke else dict(GPU_DEFAULT)
+    return [("GPU default (ModelNew)", base),
+            ("GPU default + ws, dx 4 stages", dict(base, warp_specialize=True, dx_config=s4)),
+            ("GPU default + tma store", dict(base, warp_specialize=True, tma_store=True)),
+            ("GPU default + group 16", dict(base, group_m=16))]
 
 
 def ws_cols(b: Bench) -> int:
@@ -189,10 +200,16 @@ def kernel_breakdown(b: Bench, name: str, kw: dict, top: int = 8) -> None:
 
 
 def main() -> int:
-    started = bench_lce.start(__doc__.splitlines()[0], 85.0)
+    started = bench_lce.start(__doc__.splitlines()[0], 85.0, lambda ap: ap.add_argument(
+        "--rest", action="store_true", help="ModelNew's GPU default and the options run AD did not reach, only"))
     if isinstance(started, int):
         return started
     args, b = started
+    if args.rest:
+        for name, kw in rest(b.smoke):
+            b.run(name, seed_call(b, kw), VARIANTS_UNTIL, exec_flops=executed_flops(b, kw))
+        bench_lce.baselines(b)
+        return bench_lce.report(b, bench_lce.table(b))
     rows = variants(b.smoke)
     for name, kw in rows[:3]:  # the default, without and with dx_in_dweight and dx_split, before anything else
         b.run(name, seed_call(b, kw), VARIANTS_UNTIL, exec_flops=executed_flops(b, kw))
@@ -207,13 +224,7 @@ def main() -> int:
                                                           b.budget - COMPILE_LEFT):
         bench_lce.baselines_compile(b)
     versus_cublas()
-    print(bench_lce.table(b), flush=True)
-    if b.failed:
-        print(f"FAILED variants: {', '.join(b.failed)}", flush=True)
-    if b.wrong:
-        print(f"WRONG variants: {', '.join(b.wrong)}", flush=True)
-        return 1
-    return 0
+    return bench_lce.report(b, bench_lce.table(b))
 
 
 if __name__ == "__main__":
