@@ -33,7 +33,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -47,6 +47,7 @@ import triton.language as tl  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import parser, rel_l2, rotating_median_ms  # noqa: E402
+from benchmarks._rows import ROWS, Row, liger_available  # noqa: E402
 from seeds import layernorm, rmsnorm, rope  # noqa: E402
 from seeds._common import RowVariant  # noqa: E402
 
@@ -55,21 +56,6 @@ SETS = 3
 DT = torch.bfloat16
 TOL = 1e-2  # relative L2 against float64: bf16 rounding gives 2e-3 to 3e-3
 ELEM_TOL = 2e-2  # and every element: |got - truth| / (|truth| + 1), so one unwritten row cannot hide in the L2 norm
-
-
-@dataclass
-class Row:
-    op: str
-    impl: str
-    kind: str  # "baseline" | "seed" | "variant" | "copy"
-    ms: float | None = None
-    gbps: float | None = None
-    rel_l2: float | None = None
-    status: str = ""  # "ok" | "WRONG" | "FAILED ..." | "skipped ..."
-    note: str = ""
-
-
-ROWS: list[Row] = []
 
 
 class Clock:
@@ -171,14 +157,6 @@ def load_task(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def liger_available() -> bool:
-    try:
-        import liger_kernel  # noqa: F401
-        return True
-    except ImportError:
-        return False
 
 
 def baselines(clock: Clock, op: str, nbytes: int, task, model, sets, truth, smoke: bool,

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import parser, rel_l2, rotating_median_ms  # noqa: E402
+from benchmarks._rows import ROWS, Row, copy_bandwidth, liger_available, table  # noqa: E402
 from seeds.layernorm import _layernorm_bwd_kernel, layernorm_bwd  # noqa: E402
 from seeds.rmsnorm import _rmsnorm_bwd_kernel, rmsnorm_bwd  # noqa: E402
 
@@ -74,21 +75,6 @@ LN_VARIANTS = [
     # Triton 3.9 gives the prefetch kernel 127 registers; should 3.6 give more, one program an SM: the cap keeps 2.
     ("prefetch maxnreg128", dict(prefetch=True, maxnreg=128)),
 ]
-
-
-@dataclass
-class Row:
-    op: str
-    impl: str
-    kind: str  # "baseline" | "seed" | "variant" | "copy"
-    ms: float | None = None
-    gbps: float | None = None
-    rel_l2: float | None = None
-    status: str = ""  # "ok" | "WRONG" | "FAILED ..." | "skipped ..."
-    note: str = ""
-
-
-ROWS: list[Row] = []
 
 
 @dataclass
@@ -157,14 +143,6 @@ def measure(op: Op, impl: str, kind: str, build: Callable[[], Callable[[int], li
     print(f"  {op.name:<28} {impl:<40} {row.status:<6} {row.ms or float('nan'):8.4f} ms  "
           f"{row.gbps or float('nan'):7.0f} GB/s  rel_l2 {row.rel_l2}  {row.note}  t={time.time() - START:.0f}s",
           flush=True)
-
-
-def liger_available() -> bool:
-    try:
-        import liger_kernel  # noqa: F401
-        return True
-    except ImportError:
-        return False
 
 
 def make_op(kind: str, m: int, n: int, device: str) -> Op:
@@ -246,35 +224,6 @@ def sweep(op: Op, variants, device: str, budget: float, smoke: bool) -> None:
     measure(op, "seed default", "seed", seed_build(op, {}), budget, smoke, repeat_check=True)
     for label, options in variants:
         measure(op, label, "variant", seed_build(op, options), budget, smoke, repeat_check=True)
-
-
-def copy_bandwidth(device: str, smoke: bool) -> float:
-    a = torch.randn(1 << (12 if smoke else 29), device=device, dtype=torch.float16)
-    b = torch.empty_like(a)
-    ms = rotating_median_ms(lambda i: b.copy_(a), 1, smoke)
-    gbps = 2 * a.numel() * 2 / ms / 1e6
-    ROWS.append(Row("copy", f"torch copy_ {a.numel() * 2 >> 20} MiB", "copy", ms, gbps, status="ok"))
-    print(f"copy bandwidth: {gbps:,.0f} GB/s", flush=True)
-    return gbps
-
-
-def table(copy_gbps: float) -> None:
-    print(f"\n| op | impl | ms | GB/s | % of copy ({copy_gbps:,.0f}) | vs best baseline | rel L2 | status |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name in dict.fromkeys(r.op for r in ROWS if r.kind != "copy"):
-        rows = [r for r in ROWS if r.op == name]
-        base = [r for r in rows if r.kind == "baseline" and r.status == "ok"]
-        best = min(base, key=lambda r: r.ms) if base else None
-        for r in rows:
-            ms = f"{r.ms:.4f}" if r.ms else "–"
-            gb = f"{r.gbps:,.0f}" if r.gbps else "–"
-            pct = f"{100 * r.gbps / copy_gbps:.1f}%" if r.gbps else "–"
-            sp = f"{best.ms / r.ms:.3f}x" if best and r.ms else "–"
-            err = f"{r.rel_l2:.1e}" if r.rel_l2 is not None else "–"
-            status = r.status + (f"; {r.note}" if r.note else "")
-            print(f"| {name} | {r.impl} | {ms} | {gb} | {pct} | {sp} | {err} | {status} |")
-        if best:
-            print(f"| {name} | (best baseline: {best.impl}) | | | | | | |")
 
 
 def main() -> int:

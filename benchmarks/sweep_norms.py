@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import parser, rel_l2, rotating_median_ms  # noqa: E402
+from benchmarks._rows import ROWS, Row, copy_bandwidth, liger_available, table  # noqa: E402
 from seeds import rmsnorm, softmax  # noqa: E402
 from seeds.rmsnorm_residual import rmsnorm_residual_rows  # noqa: E402
 from seeds._common import RowVariant  # noqa: E402
@@ -42,21 +43,6 @@ START = time.time()
 SETS = 3
 DT = torch.bfloat16
 TOL = 1e-2  # relative L2 against float64: bf16 rounding gives 2e-3 to 3e-3
-
-
-@dataclass
-class Row:
-    op: str
-    impl: str
-    kind: str  # "baseline" | "seed" | "variant" | "copy"
-    ms: float | None = None
-    gbps: float | None = None
-    rel_l2: float | None = None
-    status: str = ""  # "ok" | "WRONG" | "FAILED ..." | "skipped ..."
-    note: str = ""
-
-
-ROWS: list[Row] = []
 
 
 def measure(op: str, impl: str, kind: str, nbytes: int, build: Callable[[], tuple[Callable[[int], object], list,
@@ -88,14 +74,6 @@ def measure(op: str, impl: str, kind: str, nbytes: int, build: Callable[[], tupl
 def liger_op(name: str):
     import importlib
     return importlib.import_module(f"liger_kernel.ops.{name}")
-
-
-def liger_available() -> bool:
-    try:
-        import liger_kernel  # noqa: F401
-        return True
-    except ImportError:
-        return False
 
 
 # ---- softmax backward ----------------------------------------------------------------------------------------------
@@ -228,35 +206,6 @@ def sweep_residual(m: int, n: int, device: str, budget: float, smoke: bool, eps:
     for label, v in RESIDUAL_VARIANTS:
         measure(op, label, "variant", nbytes,
                 build_for(lambda x, r, v=v: rmsnorm_residual_rows(x, r, w, eps, v)), budget, smoke, exact)
-
-
-def copy_bandwidth(device: str, smoke: bool) -> float:
-    a = torch.randn(1 << (12 if smoke else 29), device=device, dtype=torch.float16)
-    b = torch.empty_like(a)
-    ms = rotating_median_ms(lambda i: b.copy_(a), 1, smoke)
-    gbps = 2 * a.numel() * 2 / ms / 1e6
-    ROWS.append(Row("copy", f"torch copy_ {a.numel() * 2 >> 20} MiB", "copy", ms, gbps, status="ok"))
-    print(f"copy bandwidth: {gbps:,.0f} GB/s", flush=True)
-    return gbps
-
-
-def table(copy_gbps: float) -> None:
-    print(f"\n| op | impl | ms | GB/s | % of copy ({copy_gbps:,.0f}) | vs best baseline | rel L2 | status |")
-    print("|---|---|---|---|---|---|---|---|")
-    for op in dict.fromkeys(r.op for r in ROWS if r.kind != "copy"):
-        rows = [r for r in ROWS if r.op == op]
-        base = [r for r in rows if r.kind == "baseline" and r.status == "ok"]
-        best = min(base, key=lambda r: r.ms) if base else None
-        for r in rows:
-            ms = f"{r.ms:.4f}" if r.ms else "–"
-            gb = f"{r.gbps:,.0f}" if r.gbps else "–"
-            pct = f"{100 * r.gbps / copy_gbps:.1f}%" if r.gbps else "–"
-            sp = f"{best.ms / r.ms:.3f}x" if best and r.ms else "–"
-            err = f"{r.rel_l2:.1e}" if r.rel_l2 is not None else "–"
-            status = r.status + (f"; {r.note}" if r.note else "")
-            print(f"| {op} | {r.impl} | {ms} | {gb} | {pct} | {sp} | {err} | {status} |")
-        if best:
-            print(f"| {op} | (best baseline: {best.impl}) | | | | | | |")
 
 
 def main() -> int:
