@@ -61,3 +61,16 @@ def table(copy_gbps: float) -> None:
             print(f"| {op} | {r.impl} | {ms} | {gb} | {pct} | {sp} | {err} | {status} |")
         if best:
             print(f"| {op} | (best baseline: {best.impl}) | | | | | | |")
+
+
+def device_for(smoke: bool) -> str | None:
+    """"cpu" for --smoke (under the interpreter), "cuda" on a GPU; None, with one sentence printed, where the run
+    cannot happen here (the caller exits 2)."""
+    import os
+    if smoke and os.environ.get("TRITON_INTERPRET") != "1":
+        print("--smoke runs the kernels on the CPU interpreter: set TRITON_INTERPRET=1 before Python starts.")
+        return None
+    if not smoke and not torch.cuda.is_available():
+        print("no CUDA device: run on the GPU, or check the script with TRITON_INTERPRET=1 ... --smoke.")
+        return None
+    return "cpu" if smoke else "cuda"

@@ -47,7 +47,7 @@ import triton.language as tl  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import parser, rel_l2, rotating_median_ms  # noqa: E402
-from benchmarks._rows import ROWS, Row, liger_available  # noqa: E402
+from benchmarks._rows import ROWS, Row, device_for, liger_available  # noqa: E402
 from seeds import layernorm, rmsnorm, rope  # noqa: E402
 from seeds._common import RowVariant  # noqa: E402
 
@@ -380,13 +380,9 @@ def main() -> int:
     if not ops or set(ops) - {"rmsnorm", "layernorm", "rope"}:
         print(f"--ops takes a comma-separated subset of rmsnorm, layernorm, rope; got {args.ops!r}.")
         return 2
-    if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
-        print("--smoke runs the kernels on the CPU interpreter: set TRITON_INTERPRET=1 before Python starts.")
+    device = device_for(args.smoke)
+    if device is None:
         return 2
-    if not args.smoke and not torch.cuda.is_available():
-        print("no CUDA device: run on the GPU, or check the script with TRITON_INTERPRET=1 ... --smoke.")
-        return 2
-    device = "cpu" if args.smoke else "cuda"
     torch.manual_seed(0)
     torch.set_grad_enabled(False)  # forwards only: no autograd graphs behind the baselines' parameters, and
     # torch.compile builds an inference graph (faster to compile than a joint one)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import parser, rel_l2, rotating_median_ms  # noqa: E402
-from benchmarks._rows import ROWS, Row, copy_bandwidth, liger_available, table  # noqa: E402
+from benchmarks._rows import ROWS, Row, copy_bandwidth, device_for, liger_available, table  # noqa: E402
 from seeds import rmsnorm, softmax  # noqa: E402
 from seeds.rmsnorm_residual import rmsnorm_residual_rows  # noqa: E402
 from seeds._common import RowVariant  # noqa: E402
@@ -212,13 +212,9 @@ def main() -> int:
     ap = parser(__doc__.splitlines()[0], budget_s=75.0)
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for sweep_norms.json (default: $OUT)")
     args = ap.parse_args()
-    if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
-        print("--smoke runs the kernels on the CPU interpreter: set TRITON_INTERPRET=1 before Python starts.")
+    device = device_for(args.smoke)
+    if device is None:
         return 2
-    if not args.smoke and not torch.cuda.is_available():
-        print("no CUDA device: run on the GPU, or check the script with TRITON_INTERPRET=1 ... --smoke.")
-        return 2
-    device = "cpu" if args.smoke else "cuda"
     torch.manual_seed(0)
     import torch._functorch.config as functorch_config
     functorch_config.donated_buffer = False  # compiled backward timed repeatedly over one graph (retain_graph)
