@@ -74,3 +74,16 @@ def device_for(smoke: bool) -> str | None:
         print("no CUDA device: run on the GPU, or check the script with TRITON_INTERPRET=1 ... --smoke.")
         return None
     return "cpu" if smoke else "cuda"
+
+
+def announce(device: str) -> dict:
+    """Seed the RNG, let torch.compile's backward be timed repeatedly over one graph (retain_graph); print what
+    runs where and return it."""
+    torch.manual_seed(0)
+    import torch._functorch.config as functorch_config
+    functorch_config.donated_buffer = False
+    import triton
+    env = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
+           "torch": torch.__version__, "triton": triton.__version__, "liger": liger_available()}
+    print(env, flush=True)
+    return env

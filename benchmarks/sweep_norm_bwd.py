@@ -45,7 +45,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import parser, rel_l2, rotating_median_ms  # noqa: E402
-from benchmarks._rows import ROWS, Row, copy_bandwidth, device_for, liger_available, table  # noqa: E402
+from benchmarks._rows import ROWS, Row, announce, copy_bandwidth, device_for, liger_available, table  # noqa: E402
 from seeds.layernorm import _layernorm_bwd_kernel, layernorm_bwd  # noqa: E402
 from seeds.rmsnorm import _rmsnorm_bwd_kernel, rmsnorm_bwd  # noqa: E402
 
@@ -233,13 +233,7 @@ def main() -> int:
     device = device_for(args.smoke)
     if device is None:
         return 2
-    torch.manual_seed(0)
-    import torch._functorch.config as functorch_config
-    functorch_config.donated_buffer = False  # compiled backward timed repeatedly over one graph (retain_graph)
-    import triton
-    env = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
-           "torch": torch.__version__, "triton": triton.__version__, "liger": liger_available()}
-    print(env, flush=True)
+    env = announce(device)
     copy_gbps = copy_bandwidth(device, args.smoke)
     m, n = (24, 256) if args.smoke else (16384, 4096)
     ops = []
