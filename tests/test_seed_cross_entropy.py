@@ -11,6 +11,7 @@ import torch
 
 from sandbox.task import load_task
 from sandbox.tolerance import compare
+from tests.conftest import needs_gpu
 from tests.sm90 import compiled_in_child, nvidia_backend_available
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
@@ -390,6 +391,19 @@ def test_cross_entropy_tail_options_rejected_outside_persistent():
     for kw in (dict(order="forward"), dict(head=True), dict(tail_drop=True)):
         with pytest.raises(ValueError, match="persistent form"):
             cross_entropy_fwd_bwd(x, t, form="staged", **kw)
+
+
+@needs_gpu
+@pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum")])
+@pytest.mark.parametrize("v,async_kept,kept", [(40000, True, None), (65536, False, None), (64144, True, None),
+                                               (128256, True, 2), (128256, False, 3)])
+def test_cross_entropy_smem_form_on_the_gpu(v, async_kept, kept, smoothing, reduction):
+    """The smem form (Gluon: the interpreter cannot run it) against the task's reference on a GPU: a partial last
+    tile, rows of exactly four tiles, every kept tile read back (kept None: as many as fit) or only the first two
+    or three with the tiles between them and the last re-read from global memory, with and without cp.async;
+    ignored rows first, last and in a run, bf16 logits with outliers. GPU-only (CRUCIBLE_TEST_DEVICE=cuda)."""
+    _check_knobs((37, v), smoothing, reduction, "cuda", form="smem", block=8192, num_warps=16, sub=2,
+                 async_kept=async_kept, kept=kept)
 
 
 def test_cross_entropy_smem_form_rejected_off_cuda():
