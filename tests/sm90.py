@@ -21,10 +21,11 @@ def nvidia_backend_available() -> bool:
 
 
 def compile_sm90(fn: Any, values: dict, num_warps: int, num_stages: int | None = None, *,
-                 divisible_ints: bool = True) -> Any:
+                 divisible_ints: bool = True, maxnreg: int | None = None) -> Any:
     """The compiled kernel from example argument values: pointers as dtype strings ("*fp32"), floats, ints and
     constexprs. divisible_ints marks ints that are a multiple of 16 as such, as the launcher's specialisation would;
-    False compiles every int as unspecialised (a kernel declared with do_not_specialize)."""
+    False compiles every int as unspecialised (a kernel declared with do_not_specialize). maxnreg: the launch
+    option of that name (a register cap a thread)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -45,6 +46,8 @@ def compile_sm90(fn: Any, values: dict, num_warps: int, num_stages: int | None =
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
     options = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps, num_stages=num_stages)
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 

@@ -15,6 +15,7 @@ import torch
 from sandbox.task import load_task
 from sandbox.tolerance import compare
 from seeds import layernorm, rmsnorm
+from seeds._common import PREFETCH_MAXNREG
 from tests.sm90 import compiled_in_child, nvidia_backend_available
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
@@ -144,7 +145,7 @@ def _compile_variants() -> dict:
                 # The tiling of seeds._common.fused_sum_args at 264 programs and 8 warps.
                 tiling = dict(GROUP=17, MAX_ROWS=17, BLOCK_C=512) if fused else dict(GROUP=1, MAX_ROWS=1, BLOCK_C=1)
                 kernel = compile_sm90(fn, {**base, **extra, "PREFETCH": True, "ONE_REDUCTION": one,
-                                           "FUSED_SUM": fused, **tiling}, 8)
+                                           "FUSED_SUM": fused, **tiling}, 8, maxnreg=PREFETCH_MAXNREG)
                 ptx = kernel.asm["ptx"]
                 out[f"{op} prefetch one_reduction={one} fused_sum={fused}"] = [
                     *_ptxas_registers(ptx), "atom.global" in ptx]
@@ -153,12 +154,16 @@ def _compile_variants() -> dict:
 
 @pytest.mark.skipif(not nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
 def test_prefetch_variants_keep_two_programs_per_sm():
-    """65,536 registers an SM over 2 x 256 threads: 128 a thread, no spills; the fused sum emits its atomics.
-    (Compiled by this machine's Triton; the H200's Triton 3.6 may allocate differently: the sweep measures.)"""
+    """65,536 registers an SM over 2 x 256 threads: 128 a thread, the cap (maxnreg) the launchers put on prefetch,
+    their GPU default; under it the prefetch kernels without the fused sum spill nothing, and the fused sum emits
+    its atomics. The fused-sum options are not held to no spills: Triton 3.6 (the H200's) gives them 170 registers
+    uncapped (run AG), so under the cap they may spill; Triton 3.9 fits them in 128."""
     out = compiled_in_child(__file__)
     assert len(out) == 8, out
     for name, (regs, spills, atomics) in out.items():
-        assert regs <= 128 and spills == 0, f"{name}: {regs} registers, {spills} bytes spilled"
+        assert regs <= PREFETCH_MAXNREG, f"{name}: {regs} registers"
+        if "fused_sum=False" in name:
+            assert spills == 0, f"{name}: {spills} bytes spilled under the {PREFETCH_MAXNREG}-register cap"
         assert atomics == ("fused_sum=True" in name), f"{name}: atomics {atomics}"
 
 
