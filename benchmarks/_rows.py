@@ -2,7 +2,11 @@
 the run, Liger's presence, the copy bandwidth row and the markdown table of the rows by op."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -66,7 +70,6 @@ def table(copy_gbps: float) -> None:
 def device_for(smoke: bool) -> str | None:
     """"cpu" for --smoke (under the interpreter), "cuda" on a GPU; None, with one sentence printed, where the run
     cannot happen here (the caller exits 2)."""
-    import os
     if smoke and os.environ.get("TRITON_INTERPRET") != "1":
         print("--smoke runs the kernels on the CPU interpreter: set TRITON_INTERPRET=1 before Python starts.")
         return None
@@ -87,3 +90,14 @@ def announce(device: str) -> dict:
            "torch": torch.__version__, "triton": triton.__version__, "liger": liger_available()}
     print(env, flush=True)
     return env
+
+
+def finish(out: str | None, name: str, env: dict, copy_gbps: float, started: float) -> int:
+    """Write the rows to out/name as JSON (when out is given), print the table and the run's time; exit code 0."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(json.dumps({"env": env, "copy_gbps": copy_gbps,
+                                                  "rows": [asdict(r) for r in ROWS]}, indent=1))
+    table(copy_gbps)
+    print(f"\ntotal {time.time() - started:.0f} s")
+    return 0

@@ -234,30 +234,38 @@ RMS_VARIANTS = [  # (label, RowVariant, options), in order of promise; registers
 ]
 
 
-def sweep_rmsnorm(clock: Clock, m: int, n: int, device: str, smoke: bool) -> None:
-    op = f"RMSNorm fwd {m}x{n}"
-    task = load_task("rmsnorm_fwd")
-    nbytes = 2 * (2 * m * n + n)
-    model = task.Model(n, task.EPS).to(device)
-    w, eps = model.weight.detach(), model.eps
-    sets = [(torch.randn(m, n, device=device, dtype=DT),) for _ in range(SETS)]
-    truth = [F.rms_norm(sets[0][0].double(), (n,), w.double(), eps)]
-    POISON_SIZES[:] = [2 * m * n]
+def sweep_rows(clock: Clock, op: str, nbytes: int, task, model, x_sets: list[torch.Tensor], truth: list,
+               smoke: bool, seed: tuple[str, Callable, object], rows: tuple[list, Callable, object]) -> None:
+    """One row-norm forward: its baselines and copies, the seed's default (seed: label, call(x), kernel), then
+    each variant (rows: the variant list of (label, RowVariant, options), call(x, variant, options), kernel)."""
+    POISON_SIZES[:] = [x_sets[0].numel() * x_sets[0].element_size()]  # bytes
 
     def ours(call):
         def build():
-            return (lambda i: call(sets[i][0])), [call(sets[0][0])], truth
+            return (lambda i: call(x_sets[i])), [call(x_sets[0])], truth
         return build
 
-    baselines(clock, op, nbytes, task, model, sets, truth, smoke)
-    copies(clock, op, [s[0] for s in sets], n, smoke)
-    seed_fns = [rmsnorm._rmsnorm_fwd_kernel]
-    measure(clock, op, "seed default (2-D block, 1 row, masks, 64-bit)", "seed", nbytes,
-            ours(lambda x: rmsnorm.rmsnorm_fwd(x, w, eps)), smoke, seed_fns)
-    row_fns = [rmsnorm._rmsnorm_fwd_row_kernel]
-    for label, v, options in RMS_VARIANTS:
-        measure(clock, op, label, "variant", nbytes,
-                ours(lambda x, v=v, o=options: rmsnorm.rmsnorm_fwd_rows(x, w, eps, v, **o)), smoke, row_fns)
+    baselines(clock, op, nbytes, task, model, [(x,) for x in x_sets], truth, smoke)
+    copies(clock, op, x_sets, x_sets[0].shape[-1], smoke)
+    label, call, kernel = seed
+    measure(clock, op, label, "seed", nbytes, ours(call), smoke, [kernel])
+    variants, row_call, row_kernel = rows
+    for label, v, options in variants:
+        measure(clock, op, label, "variant", nbytes, ours(lambda x, v=v, o=options: row_call(x, v, o)), smoke,
+                [row_kernel])
+
+
+def sweep_rmsnorm(clock: Clock, m: int, n: int, device: str, smoke: bool) -> None:
+    task = load_task("rmsnorm_fwd")
+    model = task.Model(n, task.EPS).to(device)
+    w, eps = model.weight.detach(), model.eps
+    x_sets = [torch.randn(m, n, device=device, dtype=DT) for _ in range(SETS)]
+    truth = [F.rms_norm(x_sets[0].double(), (n,), w.double(), eps)]
+    sweep_rows(clock, f"RMSNorm fwd {m}x{n}", 2 * (2 * m * n + n), task, model, x_sets, truth, smoke,
+               ("seed default (2-D block, 1 row, masks, 64-bit)", lambda x: rmsnorm.rmsnorm_fwd(x, w, eps),
+                rmsnorm._rmsnorm_fwd_kernel),
+               (RMS_VARIANTS, lambda x, v, o: rmsnorm.rmsnorm_fwd_rows(x, w, eps, v, **o),
+                rmsnorm._rmsnorm_fwd_row_kernel))
 
 
 # ---- LayerNorm ------------------------------------------------------------------------------------------------------
@@ -278,29 +286,16 @@ LN_VARIANTS = [  # (label, RowVariant, options); registers from triton 3.9's ptx
 
 
 def sweep_layernorm(clock: Clock, m: int, n: int, device: str, smoke: bool) -> None:
-    op = f"LayerNorm fwd {m}x{n}"
     task = load_task("layernorm_fwd")
-    nbytes = 2 * (2 * m * n + 2 * n)
     model = task.Model(n, task.EPS).to(device)
     w, b, eps = model.weight.detach(), model.bias.detach(), model.eps
-    sets = [(torch.randn(m, n, device=device, dtype=DT),) for _ in range(SETS)]
-    truth = [F.layer_norm(sets[0][0].double(), (n,), w.double(), b.double(), eps)]
-    POISON_SIZES[:] = [2 * m * n]
-
-    def ours(call):
-        def build():
-            return (lambda i: call(sets[i][0])), [call(sets[0][0])], truth
-        return build
-
-    baselines(clock, op, nbytes, task, model, sets, truth, smoke)
-    copies(clock, op, [s[0] for s in sets], n, smoke)
-    seed_fns = [layernorm._layernorm_fwd_kernel]
-    measure(clock, op, "seed default (2-D block, 1 row, two-pass)", "seed", nbytes,
-            ours(lambda x: layernorm.layernorm_fwd(x, w, b, eps)), smoke, seed_fns)
-    row_fns = [layernorm._layernorm_fwd_row_kernel]
-    for label, v, options in LN_VARIANTS:
-        measure(clock, op, label, "variant", nbytes,
-                ours(lambda x, v=v, o=options: layernorm.layernorm_fwd_rows(x, w, b, eps, v, **o)), smoke, row_fns)
+    x_sets = [torch.randn(m, n, device=device, dtype=DT) for _ in range(SETS)]
+    truth = [F.layer_norm(x_sets[0].double(), (n,), w.double(), b.double(), eps)]
+    sweep_rows(clock, f"LayerNorm fwd {m}x{n}", 2 * (2 * m * n + 2 * n), task, model, x_sets, truth, smoke,
+               ("seed default (2-D block, 1 row, two-pass)", lambda x: layernorm.layernorm_fwd(x, w, b, eps),
+                layernorm._layernorm_fwd_kernel),
+               (LN_VARIANTS, lambda x, v, o: layernorm.layernorm_fwd_rows(x, w, b, eps, v, **o),
+                layernorm._layernorm_fwd_row_kernel))
 
 
 # ---- RoPE -----------------------------------------------------------------------------------------------------------

@@ -31,11 +31,10 @@ Why each option might win (at 16384x4096 bf16 the seed default moves 403 MB in 0
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -45,7 +44,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import parser, rel_l2, rotating_median_ms  # noqa: E402
-from benchmarks._rows import ROWS, Row, announce, copy_bandwidth, device_for, liger_available, table  # noqa: E402
+from benchmarks._rows import ROWS, Row, announce, copy_bandwidth, device_for, finish, liger_available  # noqa: E402
 from seeds.layernorm import _layernorm_bwd_kernel, layernorm_bwd  # noqa: E402
 from seeds.rmsnorm import _rmsnorm_bwd_kernel, rmsnorm_bwd  # noqa: E402
 
@@ -244,13 +243,7 @@ def main() -> int:
     for op in ops:  # the slowest baseline (ANCHORS.md), and the longest to build: last, where the budget cuts
         measure(op, "torch.compile (bwd only)", "baseline", graph_build(op, torch.compile(op.functional)),
                 args.budget, args.smoke)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "sweep_norm_bwd.json").write_text(
-            json.dumps({"env": env, "copy_gbps": copy_gbps, "rows": [asdict(r) for r in ROWS]}, indent=1))
-    table(copy_gbps)
-    print(f"\ntotal {time.time() - START:.0f} s")
-    return 0
+    return finish(args.out, "sweep_norm_bwd.json", env, copy_gbps, START)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,9 @@ promise; no new row starts after --budget seconds (those rows say "skipped").
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -33,7 +31,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import parser, rel_l2, rotating_median_ms  # noqa: E402
-from benchmarks._rows import ROWS, Row, announce, copy_bandwidth, device_for, liger_available, table  # noqa: E402
+from benchmarks._rows import ROWS, Row, announce, copy_bandwidth, device_for, finish, liger_available  # noqa: E402
 from seeds import rmsnorm, softmax  # noqa: E402
 from seeds.rmsnorm_residual import rmsnorm_residual_rows  # noqa: E402
 from seeds._common import RowVariant  # noqa: E402
@@ -222,13 +220,7 @@ def main() -> int:
     if device == "cuda":
         torch.cuda.empty_cache()
     sweep_residual(*residual_shape, device, args.budget, args.smoke)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "sweep_norms.json").write_text(
-            json.dumps({"env": env, "copy_gbps": copy_gbps, "rows": [asdict(r) for r in ROWS]}, indent=1))
-    table(copy_gbps)
-    print(f"\ntotal {time.time() - START:.0f} s")
-    return 0
+    return finish(args.out, "sweep_norms.json", env, copy_gbps, START)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,18 @@ CRUCIBLE_SEED = {"name": "rope", "tasks": ["rope_fwd.py"], "ops": ["RoPE fwd (Ll
 
 
 @triton.jit
+def _rotate(x1, x2, c1, c2, s1, s2, BWD: tl.constexpr):
+    """(y1, y2) of the halves (x1, x2): the rotation, or with BWD its transpose."""
+    if BWD:
+        y1 = x1 * c1 + x2 * s2
+        y2 = x2 * c2 - x1 * s1
+    else:
+        y1 = x1 * c1 - x2 * s1
+        y2 = x2 * c2 + x1 * s2
+    return y1, y2
+
+
+@triton.jit
 def _rotate_heads(X, Y, row, n_heads, c1, c2, s1, s2, HALF, BWD: tl.constexpr, BLOCK_H: tl.constexpr,
                   BLOCK_HALF: tl.constexpr):
     """Rotate the n_heads x D block of token `row` (contiguous, n_heads * D elements) from X into Y."""
@@ -39,12 +51,7 @@ def _rotate_heads(X, Y, row, n_heads, c1, c2, s1, s2, HALF, BWD: tl.constexpr, B
     offs = row.to(tl.int64) * n_heads * 2 * HALF + heads * 2 * HALF + cols
     x1 = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(X + offs + HALF, mask=mask, other=0.0).to(tl.float32)
-    if BWD:
-        y1 = x1 * c1 + x2 * s2
-        y2 = x2 * c2 - x1 * s1
-    else:
-        y1 = x1 * c1 - x2 * s1
-        y2 = x2 * c2 + x1 * s2
+    y1, y2 = _rotate(x1, x2, c1, c2, s1, s2, BWD)
     tl.store(Y + offs, y1.to(Y.dtype.element_ty), mask=mask)
     tl.store(Y + offs + HALF, y2.to(Y.dtype.element_ty), mask=mask)
 
@@ -89,12 +96,7 @@ def _rotate_token_block(X, Y, tok0, n_tokens, n_heads, c1, c2, s1, s2, HALF, BWD
         mask = (tok0 + toks < n_tokens) & (heads < n_heads) & (cols < HALF)
         x1 = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(X + offs + HALF, mask=mask, other=0.0).to(tl.float32)
-    if BWD:
-        y1 = x1 * c1 + x2 * s2
-        y2 = x2 * c2 - x1 * s1
-    else:
-        y1 = x1 * c1 - x2 * s1
-        y2 = x2 * c2 + x1 * s2
+    y1, y2 = _rotate(x1, x2, c1, c2, s1, s2, BWD)
     if EVEN:
         tl.store(Y + offs, y1.to(Y.dtype.element_ty), cache_modifier=STORE_CACHE)
         tl.store(Y + offs + HALF, y2.to(Y.dtype.element_ty), cache_modifier=STORE_CACHE)
