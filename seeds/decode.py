@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from seeds._common import sm_count
-from seeds.attention import _mm, _operand, _store_rows
+from seeds.attention import _descs, _mm, _operand, _row_view, _store_rows, _tile_pair, _want_tma
 
 CRUCIBLE_SEED = {
     "name": "decode_attention",
@@ -39,8 +39,26 @@ CRUCIBLE_SEED = {
 
 
 @triton.jit
+def _decode_step(q, k, v, ok, m_i, l_i, acc, qk_scale, MASK: tl.constexpr, UPCAST: tl.constexpr,
+                 IEEE: tl.constexpr):
+    """One key tile folded into the online softmax of the group's query rows (base 2; ok: the tile's valid keys,
+    used where MASK). A tile holds at least one valid key, so m_new is finite from the first step on."""
+    s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), UPCAST, IEEE) * qk_scale
+    if MASK:
+        s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = _mm(_operand(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST, IEEE)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, K, V, O_PART, LSE_PART,
+    K_DESC, V_DESC,  # TMA: descriptors over k, v seen as one [rows, D] matrix (else k, v again)
+    KV_RB, KV_RH,    # TMA: rows of that matrix per batch and per kv head (the same for k and v)
     SEQ_LENS,     # [B] int32 keys per sequence (HAS_LENS), else every sequence has N_CTX keys
     BLOCK_TABLE,  # [B, max_pages] int32 page ids (PAGED)
     qk_scale,     # softmax scale * log2(e)
@@ -53,7 +71,7 @@ def _decode_split_kernel(
     HKV, SPLITS,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr,  # query heads per kv head, padded to a tl.dot tile (>= 16)
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE: tl.constexpr, PAGED: tl.constexpr, HAS_LENS: tl.constexpr,
+    PAGE: tl.constexpr, PAGED: tl.constexpr, HAS_LENS: tl.constexpr, TMA: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
 ):
     bh = tl.program_id(0)
@@ -78,32 +96,37 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        tok = start + offs_n
-        ok = tok < hi
-        if PAGED:
+    k_head = K + b64 * stride_kb + hkv.to(tl.int64) * stride_kh
+    v_head = V + b64 * stride_vb + hkv.to(tl.int64) * stride_vh
+    if PAGED:
+        for start in range(lo, hi, BLOCK_N):
+            tok = start + offs_n
+            ok = tok < hi
             # A BLOCK_N tile spans BLOCK_N / PAGE pages (or part of one): gather each token's row from its page.
             page = tl.load(BLOCK_TABLE + b64 * stride_bt + tok // PAGE, mask=ok, other=0).to(tl.int64)
-            k_rows = page * stride_kb + (tok % PAGE) * stride_kn
-            v_rows = page * stride_vb + (tok % PAGE) * stride_vn
-            k_ptrs = K + hkv.to(tl.int64) * stride_kh + k_rows[:, None] + offs_d[None, :]
-            v_ptrs = V + hkv.to(tl.int64) * stride_vh + v_rows[:, None] + offs_d[None, :]
-        else:
-            k_ptrs = K + b64 * stride_kb + hkv.to(tl.int64) * stride_kh + tok.to(tl.int64)[:, None] * stride_kn \
+            k_ptrs = K + hkv.to(tl.int64) * stride_kh + (page * stride_kb + (tok % PAGE) * stride_kn)[:, None] \
                 + offs_d[None, :]
-            v_ptrs = V + b64 * stride_vb + hkv.to(tl.int64) * stride_vh + tok.to(tl.int64)[:, None] * stride_vn \
+            v_ptrs = V + hkv.to(tl.int64) * stride_vh + (page * stride_vb + (tok % PAGE) * stride_vn)[:, None] \
                 + offs_d[None, :]
-        k = tl.load(k_ptrs, mask=ok[:, None], other=0.0)
-        s = _mm(q, tl.trans(k), tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32), UPCAST, IEEE) * qk_scale
-        s = tl.where(ok[None, :], s, float("-inf"))
-        # The first step of a split has at least one valid key (start < hi), so m_new is finite from then on.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptrs, mask=ok[:, None], other=0.0)
-        acc = _mm(_operand(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST, IEEE)
-        m_i = m_new
+            k, v = _tile_pair(k_ptrs, v_ptrs, K_DESC, V_DESC, 0, 0, ok, True, False)
+            m_i, l_i, acc = _decode_step(q, k, v, ok, m_i, l_i, acc, qk_scale, True, UPCAST, IEEE)
+    else:
+        # The split's whole tiles without masks (through TMA where TMA), then its last partial tile masked.
+        full_hi = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
+        row = b64 * KV_RB + hkv.to(tl.int64) * KV_RH  # token 0's row in the descriptors' [rows, D] view
+        for start in range(lo, full_hi, BLOCK_N):
+            tok = (start + offs_n).to(tl.int64)
+            k, v = _tile_pair(k_head + tok[:, None] * stride_kn + offs_d[None, :],
+                              v_head + tok[:, None] * stride_vn + offs_d[None, :], K_DESC, V_DESC,
+                              (row + start).to(tl.int32), (row + start).to(tl.int32), offs_n < BLOCK_N, False, TMA)
+            m_i, l_i, acc = _decode_step(q, k, v, offs_n < BLOCK_N, m_i, l_i, acc, qk_scale, False, UPCAST, IEEE)
+        for start in range(full_hi, hi, BLOCK_N):
+            tok = start + offs_n
+            ok = tok < hi
+            k, v = _tile_pair(k_head + tok.to(tl.int64)[:, None] * stride_kn + offs_d[None, :],
+                              v_head + tok.to(tl.int64)[:, None] * stride_vn + offs_d[None, :], K_DESC, V_DESC,
+                              0, 0, ok, True, False)
+            m_i, l_i, acc = _decode_step(q, k, v, ok, m_i, l_i, acc, qk_scale, True, UPCAST, IEEE)
 
     # Partials: O_PART [B, Hq, SPLITS, D] and LSE_PART [B, Hq, SPLITS] fp32, base-2 lse; an empty split (its
     # range past this sequence's length) leaves o_s = 0 and lse_s = -inf.
@@ -166,7 +189,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                          f"16..256); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
-def _decode(q, k, v, kv_heads_dim, n_ctx, seq_lens, block_table, page, sm_scale, num_splits, config):
+def _decode(q, k, v, kv_heads_dim, n_ctx, seq_lens, block_table, page, sm_scale, num_splits, config, tma=None):
     q3 = q.reshape(q.shape[0], q.shape[1], q.shape[-1]) if q.dim() == 4 else q
     q3 = q3 if q3.stride(-1) == 1 else q3.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
@@ -191,12 +214,20 @@ def _decode(q, k, v, kv_heads_dim, n_ctx, seq_lens, block_table, page, sm_scale,
         ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
     else:      # [B, Hkv, N, D]
         ks, vs = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
+    # TMA (contiguous cache): a split's whole tiles through descriptors over k and v seen as one [rows, D] matrix
+    # (the same view for both); whole tiles end at or before the sequence's length, so never reach another head's
+    # rows, and the partial tail keeps masked pointer loads.
+    views = (_row_view(k), _row_view(v)) if block_table is None and _want_tma(q, tma) else None
+    use_tma = bool(views) and views[0] is not None and views[0] == views[1]
+    descs, _, use_tma = _descs(((k, views[0]), (v, views[1])) if use_tma else ((k, None), (v, None)), block_n)
+    rb, rh = views[0][:2] if use_tma else (0, 0)
     _decode_split_kernel[(batch * hkv, splits)](
-        q3, k, v, o_part, lse_part, seq_lens if seq_lens is not None else lse_part,
+        q3, k, v, o_part, lse_part, *descs, rb, rh, seq_lens if seq_lens is not None else lse_part,
         block_table if paged else lse_part, scale * 1.4426950408889634,
         q3.stride(0), q3.stride(1), *ks, *vs, block_table.stride(0) if paged else 0, n_ctx, per_split, hkv, splits,
         GROUP=hq // hkv, BLOCK_H=max(16, triton.next_power_of_2(hq // hkv)), HEAD_DIM=d, BLOCK_N=block_n,
-        PAGE=page, PAGED=paged, HAS_LENS=seq_lens is not None, UPCAST=interp, IEEE=q.dtype == torch.float32,
+        PAGE=page, PAGED=paged, HAS_LENS=seq_lens is not None, TMA=use_tma, UPCAST=interp,
+        IEEE=q.dtype == torch.float32,
         RNE=interp and q.dtype == torch.bfloat16,
         num_warps=warps, num_stages=stages,
     )
@@ -210,15 +241,16 @@ def _decode(q, k, v, kv_heads_dim, n_ctx, seq_lens, block_table, page, sm_scale,
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
                      num_splits: int | None = None, config: tuple[int, int, int] | None = None,
-                     seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+                     seq_lens: torch.Tensor | None = None, tma: bool | None = None) -> torch.Tensor:
     """One query per sequence against a contiguous cache k, v [B, Hkv, N, D] (optionally only the first
-    seq_lens[b] keys of sequence b); returns q's shape."""
+    seq_lens[b] keys of sequence b); returns q's shape. tma: K/V tiles through TMA descriptors (None: on sm_90+
+    where the cache is one [rows, D] matrix)."""
     _check(q, k, v)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"decode_attention: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
     if seq_lens is not None and (seq_lens.shape != (q.shape[0],) or seq_lens.dtype != torch.int32):
         raise ValueError("decode_attention: seq_lens must be an int32 tensor of shape [B]")
-    return _decode(q, k, v, 1, k.shape[2], seq_lens, None, 1, sm_scale, num_splits, config)
+    return _decode(q, k, v, 1, k.shape[2], seq_lens, None, 1, sm_scale, num_splits, config, tma)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
