@@ -55,37 +55,17 @@ def _decode_step(q, k, v, ok, m_i, l_i, acc, qk_scale, MASK: tl.constexpr, UPCAS
 
 
 @triton.jit
-def _decode_split_kernel(
-    Q, K, V, O_PART, LSE_PART,
-    K_DESC, V_DESC,  # TMA: descriptors over k, v seen as one [rows, D] matrix (else k, v again)
-    KV_RB, KV_RH,    # TMA: rows of that matrix per batch and per kv head (the same for k and v)
-    SEQ_LENS,     # [B] int32 keys per sequence (HAS_LENS), else every sequence has N_CTX keys
-    BLOCK_TABLE,  # [B, max_pages] int32 page ids (PAGED)
-    qk_scale,     # softmax scale * log2(e)
-    stride_qb, stride_qh,
-    stride_kb, stride_kh, stride_kn,  # contiguous cache: batch, head, token. PAGED: page, head, token in page
-    stride_vb, stride_vh, stride_vn,
-    stride_bt,                        # elements between block-table rows
-    N_CTX,                            # cache length (the largest seq_len when HAS_LENS)
-    tokens_per_split,                 # a multiple of BLOCK_N
-    HKV, SPLITS,
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr,  # query heads per kv head, padded to a tl.dot tile (>= 16)
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE: tl.constexpr, PAGED: tl.constexpr, HAS_LENS: tl.constexpr, TMA: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+def _decode_part(
+    Q, K, V, O_PART, LSE_PART, K_DESC, V_DESC, KV_RB, KV_RH, BLOCK_TABLE, qk_scale,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_bt,
+    b, hkv, lo, hi, slot, HKV, SLOTS,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr, PAGED: tl.constexpr, TMA: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
-    bh = tl.program_id(0)
-    split = tl.program_id(1)
-    b = bh // HKV
-    hkv = bh % HKV
+    """Keys [lo, hi) of (sequence b, kv head hkv) for the GROUP query heads: the partial o_s and lse_s, stored in
+    partial slot `slot` of SLOTS. Partials: O_PART [B, Hq, SLOTS, D] and LSE_PART [B, Hq, SLOTS] fp32, base-2
+    lse; an empty range (a split past this sequence's length) leaves o_s = 0 and lse_s = -inf."""
     b64 = b.to(tl.int64)
-    if HAS_LENS:
-        kv_len = tl.load(SEQ_LENS + b)
-    else:
-        kv_len = N_CTX + b * 0
-    lo = split * tokens_per_split
-    hi = tl.minimum(kv_len, lo + tokens_per_split)
-
     heads = tl.arange(0, BLOCK_H)
     head_ok = heads < GROUP
     offs_d = tl.arange(0, HEAD_DIM)
@@ -111,7 +91,7 @@ def _decode_split_kernel(
             k, v = _tile_pair(k_ptrs, v_ptrs, K_DESC, V_DESC, 0, 0, ok, True, False)
             m_i, l_i, acc = _decode_step(q, k, v, ok, m_i, l_i, acc, qk_scale, True, UPCAST, IEEE)
     else:
-        # The split's whole tiles without masks (through TMA where TMA), then its last partial tile masked.
+        # The range's whole tiles without masks (through TMA where TMA), then its last partial tile masked.
         full_hi = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
         row = b64 * KV_RB + hkv.to(tl.int64) * KV_RH  # token 0's row in the descriptors' [rows, D] view
         for start in range(lo, full_hi, BLOCK_N):
@@ -128,33 +108,91 @@ def _decode_split_kernel(
                               0, 0, ok, True, False)
             m_i, l_i, acc = _decode_step(q, k, v, ok, m_i, l_i, acc, qk_scale, True, UPCAST, IEEE)
 
-    # Partials: O_PART [B, Hq, SPLITS, D] and LSE_PART [B, Hq, SPLITS] fp32, base-2 lse; an empty split (its
-    # range past this sequence's length) leaves o_s = 0 and lse_s = -inf.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    part = (b64 * HKV * GROUP + hq) * SPLITS + split
+    part = (b64 * HKV * GROUP + hq) * SLOTS + slot
     tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None], mask=head_ok[:, None])
     tl.store(LSE_PART + part, m_i + tl.log2(l_safe), mask=head_ok)
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, O_PART, LSE_PART,
+    K_DESC, V_DESC,  # TMA: descriptors over k, v seen as one [rows, D] matrix (else k, v again)
+    KV_RB, KV_RH,    # TMA: rows of that matrix per batch and per kv head (the same for k and v)
+    SEQ_LENS,     # [B] int32 keys per sequence (HAS_LENS), else every sequence has N_CTX keys
+    BLOCK_TABLE,  # [B, max_pages] int32 page ids (PAGED)
+    qk_scale,     # softmax scale * log2(e)
+    stride_qb, stride_qh,
+    stride_kb, stride_kh, stride_kn,  # contiguous cache: batch, head, token. PAGED: page, head, token in page
+    stride_vb, stride_vh, stride_vn,
+    stride_bt,                        # elements between block-table rows
+    N_CTX,                            # cache length (the largest seq_len when HAS_LENS)
+    tokens_per_split,                 # a multiple of BLOCK_N (not BALANCED)
+    HKV, SLOTS,                       # partial slots per (sequence, kv head): the splits, or BALANCED's most
+    TILES_PER_SEQ, TILE_RANGE, TOTAL_TILES,  # BALANCED: ceil(N_CTX / BLOCK_N), tiles per program, B Hkv of those
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr,  # query heads per kv head, padded to a tl.dot tile (>= 16)
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr, PAGED: tl.constexpr, HAS_LENS: tl.constexpr, TMA: tl.constexpr, BALANCED: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, RNE: tl.constexpr,
+):
+    """Splits: program (b Hkv + kv head, split) takes keys [split, split + 1) x tokens_per_split. BALANCED (every
+    sequence N_CTX keys): the B Hkv sequences' tiles laid end to end, program p takes tiles [p, p + 1) x
+    TILE_RANGE, one partial for each sequence its range touches (the slot: p less the first program touching
+    that sequence), so every program streams the same bytes whatever B Hkv is against the SM count."""
+    if BALANCED:
+        p = tl.program_id(0)
+        t = p * TILE_RANGE
+        t_end = tl.minimum(TOTAL_TILES, t + TILE_RANGE)
+        while t < t_end:
+            bh = t // TILES_PER_SEQ
+            seg_end = tl.minimum(t_end, (bh + 1) * TILES_PER_SEQ)
+            first = bh * TILES_PER_SEQ
+            _decode_part(Q, K, V, O_PART, LSE_PART, K_DESC, V_DESC, KV_RB, KV_RH, BLOCK_TABLE, qk_scale,
+                         stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                         stride_bt, bh // HKV, bh % HKV, (t - first) * BLOCK_N,
+                         tl.minimum(N_CTX, (seg_end - first) * BLOCK_N), p - first // TILE_RANGE, HKV, SLOTS,
+                         GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, PAGED, TMA, UPCAST, IEEE)
+            t = seg_end
+    else:
+        bh = tl.program_id(0)
+        split = tl.program_id(1)
+        b = bh // HKV
+        if HAS_LENS:
+            kv_len = tl.load(SEQ_LENS + b)
+        else:
+            kv_len = N_CTX + b * 0
+        lo = split * tokens_per_split
+        _decode_part(Q, K, V, O_PART, LSE_PART, K_DESC, V_DESC, KV_RB, KV_RH, BLOCK_TABLE, qk_scale,
+                     stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                     stride_bt, b, bh % HKV, lo, tl.minimum(kv_len, lo + tokens_per_split), split, HKV, SLOTS,
+                     GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, PAGED, TMA, UPCAST, IEEE)
 
 
 @triton.jit
 def _decode_combine_kernel(
     O_PART, LSE_PART, OUT,
     stride_ob, stride_oh,
-    HQ, SPLITS,
-    HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr, RNE: tl.constexpr,
+    HQ, SLOTS,
+    GROUP, TILES_PER_SEQ, TILE_RANGE,  # BALANCED: the split kernel's, to count each sequence's partials
+    HEAD_DIM: tl.constexpr, SLOTS_POW2: tl.constexpr, BALANCED: tl.constexpr, RNE: tl.constexpr,
 ):
-    """OUT[b, h] = sum_s 2^(lse_s - lse) o_s with lse = log2 sum_s 2^lse_s, splits added in order."""
+    """OUT[b, h] = sum_s 2^(lse_s - lse) o_s with lse = log2 sum_s 2^lse_s, partials added in order."""
     bh = tl.program_id(0).to(tl.int64)
     b = bh // HQ
     h = bh % HQ
-    s = tl.arange(0, SPLITS_POW2)
-    s_ok = s < SPLITS
+    if BALANCED:  # the programs whose tile ranges touch this (sequence, kv head)
+        kv = b * (HQ // GROUP) + h // GROUP
+        count = ((kv + 1) * TILES_PER_SEQ - 1) // TILE_RANGE - kv * TILES_PER_SEQ // TILE_RANGE + 1
+    else:
+        count = SLOTS + b * 0
+    s = tl.arange(0, SLOTS_POW2)
+    s_ok = s < count
     offs_d = tl.arange(0, HEAD_DIM)
-    lse_s = tl.load(LSE_PART + bh * SPLITS + s, mask=s_ok, other=float("-inf"))
+    lse_s = tl.load(LSE_PART + bh * SLOTS + s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse_s, axis=0)
     m = tl.where(m == float("-inf"), 0.0, m)  # no key at all (seq_len 0): every weight is 0 and o = 0
     w = tl.exp2(lse_s - m)
-    o_s = tl.load(O_PART + (bh * SPLITS + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    o_s = tl.load(O_PART + (bh * SLOTS + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
     total = tl.sum(w, axis=0)
     o = tl.sum(w[:, None] * o_s, axis=0) / tl.where(total > 0.0, total, 1.0)
     _store_rows(OUT + b * stride_ob + h * stride_oh + offs_d, o, offs_d < HEAD_DIM, RNE)
@@ -189,7 +227,17 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                          f"16..256); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
-def _decode(q, k, v, kv_heads_dim, n_ctx, seq_lens, block_table, page, sm_scale, num_splits, config, tma=None):
+def balanced_plan(seqs: int, n_ctx: int, block_n: int, programs: int) -> tuple[int, int, int, int]:
+    """(programs, tiles per program, tiles per sequence, partial slots per sequence) of the balanced schedule:
+    seqs x ceil(n_ctx / block_n) tiles laid end to end, cut into ranges of equal length, one a program."""
+    per_seq = triton.cdiv(max(n_ctx, 1), block_n)
+    total = seqs * per_seq
+    tile_range = triton.cdiv(total, max(1, min(programs, total)))
+    return triton.cdiv(total, tile_range), tile_range, per_seq, triton.cdiv(per_seq, tile_range) + 1
+
+
+def _decode(q, k, v, kv_heads_dim, n_ctx, seq_lens, block_table, page, sm_scale, num_splits, config, tma=None,
+            balanced=None):
     q3 = q.reshape(q.shape[0], q.shape[1], q.shape[-1]) if q.dim() == 4 else q
     q3 = q3 if q3.stride(-1) == 1 else q3.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
@@ -202,11 +250,20 @@ def _decode(q, k, v, kv_heads_dim, n_ctx, seq_lens, block_table, page, sm_scale,
     if out.numel() == 0:
         return out.view(q.shape)
     block_n, warps, stages = config or decode_config(q.device)
-    splits = num_splits or default_splits(batch, hkv, n_ctx, block_n, q.device)
-    per_split = triton.cdiv(triton.cdiv(max(n_ctx, 1), splits), block_n) * block_n
-    splits = max(1, triton.cdiv(max(n_ctx, 1), per_split))
-    o_part = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((batch, hq, splits), dtype=torch.float32, device=q.device)
+    # balanced: programs per SM of the balanced schedule, which needs every sequence at n_ctx keys (no seq_lens,
+    # no pages); else the split grid.
+    use_balanced = bool(balanced) and seq_lens is None and block_table is None
+    if use_balanced:
+        grid_n, tile_range, per_seq, slots = balanced_plan(batch * hkv, n_ctx, block_n,
+                                                           balanced * sm_count(q.device))
+        grid, per_split = (grid_n,), 0
+    else:
+        splits = num_splits or default_splits(batch, hkv, n_ctx, block_n, q.device)
+        per_split = triton.cdiv(triton.cdiv(max(n_ctx, 1), splits), block_n) * block_n
+        slots = max(1, triton.cdiv(max(n_ctx, 1), per_split))
+        grid, tile_range, per_seq = (batch * hkv, slots), 1, 1
+    o_part = torch.empty((batch, hq, slots, d), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((batch, hq, slots), dtype=torch.float32, device=q.device)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     interp = q.device.type != "cuda"
     paged = block_table is not None
@@ -214,43 +271,44 @@ def _decode(q, k, v, kv_heads_dim, n_ctx, seq_lens, block_table, page, sm_scale,
         ks, vs = (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2), v.stride(1))
     else:      # [B, Hkv, N, D]
         ks, vs = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
-    # TMA (contiguous cache): a split's whole tiles through descriptors over k and v seen as one [rows, D] matrix
+    # TMA (contiguous cache): a range's whole tiles through descriptors over k and v seen as one [rows, D] matrix
     # (the same view for both); whole tiles end at or before the sequence's length, so never reach another head's
     # rows, and the partial tail keeps masked pointer loads.
     views = (_row_view(k), _row_view(v)) if block_table is None and _want_tma(q, tma) else None
     use_tma = bool(views) and views[0] is not None and views[0] == views[1]
     descs, _, use_tma = _descs(((k, views[0]), (v, views[1])) if use_tma else ((k, None), (v, None)), block_n)
     rb, rh = views[0][:2] if use_tma else (0, 0)
-    _decode_split_kernel[(batch * hkv, splits)](
+    rne = interp and q.dtype == torch.bfloat16
+    _decode_split_kernel[grid](
         q3, k, v, o_part, lse_part, *descs, rb, rh, seq_lens if seq_lens is not None else lse_part,
         block_table if paged else lse_part, scale * 1.4426950408889634,
-        q3.stride(0), q3.stride(1), *ks, *vs, block_table.stride(0) if paged else 0, n_ctx, per_split, hkv, splits,
+        q3.stride(0), q3.stride(1), *ks, *vs, block_table.stride(0) if paged else 0, n_ctx, per_split, hkv, slots,
+        per_seq, tile_range, batch * hkv * per_seq,
         GROUP=hq // hkv, BLOCK_H=max(16, triton.next_power_of_2(hq // hkv)), HEAD_DIM=d, BLOCK_N=block_n,
-        PAGE=page, PAGED=paged, HAS_LENS=seq_lens is not None, TMA=use_tma, UPCAST=interp,
-        IEEE=q.dtype == torch.float32,
-        RNE=interp and q.dtype == torch.bfloat16,
-        num_warps=warps, num_stages=stages,
+        PAGE=page, PAGED=paged, HAS_LENS=seq_lens is not None, TMA=use_tma, BALANCED=use_balanced, UPCAST=interp,
+        IEEE=q.dtype == torch.float32, RNE=rne, num_warps=warps, num_stages=stages,
     )
     _decode_combine_kernel[(batch * hq,)](
-        o_part, lse_part, out, out.stride(0), out.stride(1), hq, splits,
-        HEAD_DIM=d, SPLITS_POW2=triton.next_power_of_2(splits), RNE=interp and q.dtype == torch.bfloat16,
-        num_warps=4,
+        o_part, lse_part, out, out.stride(0), out.stride(1), hq, slots, hq // hkv, per_seq, tile_range,
+        HEAD_DIM=d, SLOTS_POW2=triton.next_power_of_2(slots), BALANCED=use_balanced, RNE=rne, num_warps=4,
     )
     return out.view(q.shape)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
                      num_splits: int | None = None, config: tuple[int, int, int] | None = None,
-                     seq_lens: torch.Tensor | None = None, tma: bool | None = None) -> torch.Tensor:
+                     seq_lens: torch.Tensor | None = None, tma: bool | None = None,
+                     balanced: int | None = None) -> torch.Tensor:
     """One query per sequence against a contiguous cache k, v [B, Hkv, N, D] (optionally only the first
     seq_lens[b] keys of sequence b); returns q's shape. tma: K/V tiles through TMA descriptors (None: on sm_90+
-    where the cache is one [rows, D] matrix)."""
+    where the cache is one [rows, D] matrix). balanced: programs per SM of the balanced schedule (every
+    program the same number of key tiles; without seq_lens), instead of num_splits' grid."""
     _check(q, k, v)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"decode_attention: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
     if seq_lens is not None and (seq_lens.shape != (q.shape[0],) or seq_lens.dtype != torch.int32):
         raise ValueError("decode_attention: seq_lens must be an int32 tensor of shape [B]")
-    return _decode(q, k, v, 1, k.shape[2], seq_lens, None, 1, sm_scale, num_splits, config, tma)
+    return _decode(q, k, v, 1, k.shape[2], seq_lens, None, 1, sm_scale, num_splits, config, tma, balanced)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

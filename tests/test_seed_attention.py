@@ -212,6 +212,9 @@ def test_decode_dense_and_paged(b, hkv, group, n, d, dtype, splits):
     ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     truth = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
     _check("dense", DEC.decode_attention(q, k, v, num_splits=splits, config=(16, 4, 1)), ref, truth)
+    for balanced in (1, 3):  # 4 or 12 programs over the sequences' tiles laid end to end (ranges cross sequences)
+        got = DEC.decode_attention(q, k, v, config=(16, 4, 1), balanced=balanced, tma=dtype != torch.float32)
+        _check(f"dense balanced={balanced}", got, ref, truth)
     if dtype != torch.float32:  # whole tiles through TMA descriptors, the partial tail through masked pointers
         _check("dense tma", DEC.decode_attention(q, k, v, num_splits=splits, config=(16, 4, 1), tma=True), ref, truth)
         lens = torch.tensor([max(1, n - 7 * i) for i in range(b)], dtype=torch.int32)
@@ -466,8 +469,9 @@ def _compile_all(d: int) -> dict:
         block_n, warps, stages = DEC.decode_config(dev)
         split = dict(Q="*bf16", K="*bf16", V="*bf16", O_PART="*fp32", LSE_PART="*fp32", K_DESC="*bf16",
                      V_DESC="*bf16", KV_RB=0, KV_RH=0, SEQ_LENS="*i32", BLOCK_TABLE="*i32", qk_scale=0.1,
-                     stride_bt=512, N_CTX=8192, tokens_per_split=4096, HKV=8, SPLITS=2, GROUP=4, BLOCK_H=16,
-                     HEAD_DIM=d, BLOCK_N=block_n, PAGE=16, PAGED=True, HAS_LENS=True, TMA=False, UPCAST=False,
+                     stride_bt=512, N_CTX=8192, tokens_per_split=4096, HKV=8, SLOTS=2, TILES_PER_SEQ=128,
+                     TILE_RANGE=249, TOTAL_TILES=65536, GROUP=4, BLOCK_H=16, HEAD_DIM=d, BLOCK_N=block_n, PAGE=16,
+                     PAGED=True, HAS_LENS=True, TMA=False, BALANCED=False, UPCAST=False,
                      IEEE=False, RNE=False,
                      **_strides("stride_qb stride_qh stride_kb stride_kh stride_kn stride_vb stride_vh stride_vn"))
         out["decode paged"] = compile_sm90(DEC._decode_split_kernel, split, warps, stages).metadata.shared
@@ -475,6 +479,8 @@ def _compile_all(d: int) -> dict:
         dense = dict(split, K_DESC=desc(True, block_n), V_DESC=desc(True, block_n), KV_RB=65536, KV_RH=8192,
                      PAGED=False, HAS_LENS=False, TMA=True)
         out["decode tma"] = compile_sm90(DEC._decode_split_kernel, dense, warps, stages).metadata.shared
+        out["decode balanced"] = compile_sm90(DEC._decode_split_kernel, dict(dense, BALANCED=True), warps,
+                                              stages).metadata.shared
     return out
 
 
