@@ -7,11 +7,16 @@ kill at any moment leaves only whole records. Sampling parents lives in agent/se
 
 Each candidate has a random `uid` besides its local integer id, so that archives from several machines can be merged
 without id clashes (issue 8's import/export).
+
+A timed run crowns a new best only after a duel (agent/duel.py): challenger and incumbent re-timed back to back on
+one GPU; each duel is a row of `duels`, with its legs, so `crucible archive show` can say why a kernel is or is not
+the best.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import enum
 import hashlib
 import json
 import os
@@ -102,6 +107,28 @@ MIGRATIONS: list[str] = [
         created       TEXT NOT NULL
     );
     CREATE INDEX reverifications_candidate ON reverifications(candidate_id, id);
+    """,
+    # 3: a timed run re-times a challenger and the incumbent best back to back before it crowns the challenger;
+    # one row per duel (or per challenger not re-timed), its legs as JSON.
+    """
+    CREATE TABLE duels (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        uid           TEXT NOT NULL UNIQUE,
+        run_id        TEXT REFERENCES runs(id),
+        task_hash     TEXT NOT NULL,
+        challenger_id INTEGER NOT NULL REFERENCES candidates(id),
+        incumbent_id  INTEGER NOT NULL REFERENCES candidates(id),
+        outcome       TEXT NOT NULL,    -- DuelOutcome: crowned | no significant difference | slower | ...
+        note          TEXT NOT NULL,
+        speedup       REAL, ci_low REAL, ci_high REAL,  -- challenger over incumbent, paired; > 1: challenger faster
+        n_pairs       INTEGER NOT NULL DEFAULT 0,
+        legs          TEXT NOT NULL,    -- JSON: [DuelLeg] in the order they ran
+        seconds       REAL NOT NULL DEFAULT 0,
+        created       TEXT NOT NULL
+    );
+    CREATE INDEX duels_challenger ON duels(challenger_id);
+    CREATE INDEX duels_incumbent ON duels(incumbent_id);
+    CREATE INDEX duels_task ON duels(task_hash);
     """,
 ]
 
@@ -233,6 +260,81 @@ class Reverification:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+class DuelOutcome(str, enum.Enum):
+    CROWNED = "crowned"  # paired faster, its interval above 1.0: the challenger is the new best
+    NO_DIFFERENCE = "no significant difference"
+    SLOWER = "slower"
+    WITHIN_NOISE = "not re-timed"  # its lower bound did not clear the incumbent's point estimate: no duel
+    FAILED = "failed"  # a leg was rejected, untimed or broke the harness
+    INTERRUPTED = "interrupted"  # the run stopped first
+
+
+@dataclass(frozen=True)
+class DuelLeg:
+    """One check of a duel. `rounds`: per timed round, the kernel's ms over eager's ms of that same round."""
+
+    side: str  # challenger | incumbent
+    verdict: str
+    reason: str
+    message: str = ""
+    speedup_eager: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    candidate_ms: float | None = None
+    rounds: tuple[float, ...] = ()
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.side not in ("challenger", "incumbent"):
+            raise ValueError(f"unknown duel side {self.side!r}")
+        object.__setattr__(self, "rounds", tuple(float(r) for r in self.rounds))
+
+
+@dataclass(frozen=True)
+class Duel:
+    """A challenger that ranked above the best, re-timed against it back to back; `speedup` is the challenger's
+    over the incumbent (> 1: faster), paired, None when it was not measured."""
+
+    task_hash: str
+    challenger_id: int
+    incumbent_id: int
+    outcome: DuelOutcome
+    note: str
+    run_id: str | None = None
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n_pairs: int = 0
+    legs: tuple[DuelLeg, ...] = ()
+    seconds: float = 0.0
+    id: int = 0
+    uid: str = ""
+    created: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", DuelOutcome(self.outcome))
+        object.__setattr__(self, "legs", tuple(self.legs))
+        measured = self.speedup is not None
+        if measured and not (self.ci_low is not None and self.ci_high is not None
+                             and self.ci_low <= self.speedup <= self.ci_high):
+            raise ValueError(f"duel speedup {self.speedup} lies outside its interval [{self.ci_low}, {self.ci_high}]")
+        if self.outcome is DuelOutcome.CROWNED and not (measured and self.ci_low > 1.0):
+            raise ValueError("a challenger is crowned only on a paired interval above 1.0")
+        if self.outcome is DuelOutcome.SLOWER and not (measured and self.ci_high < 1.0):
+            raise ValueError("a duel says slower only on a paired interval below 1.0")
+        if self.outcome is DuelOutcome.WITHIN_NOISE and self.legs:
+            raise ValueError("a challenger that was not re-timed has no legs")
+
+    @property
+    def crowned(self) -> bool:
+        return self.outcome is DuelOutcome.CROWNED
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["outcome"] = self.outcome.value
+        return d
 
 
 @dataclass(frozen=True)
@@ -443,6 +545,40 @@ class Archive:
         """Each re-checked candidate's latest re-check."""
         return {r.candidate_id: r for r in self.reverifications()}
 
+    # ---- duels ----------------------------------------------------------------------------------------------
+    def add_duel(self, duel: Duel) -> Duel:
+        duel = dataclasses.replace(duel, uid=duel.uid or uuid.uuid4().hex, created=duel.created or now())
+        legs = json.dumps([dataclasses.asdict(leg) for leg in duel.legs])
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO duels (uid, run_id, task_hash, challenger_id, incumbent_id, outcome, note, speedup, "
+                "ci_low, ci_high, n_pairs, legs, seconds, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (duel.uid, duel.run_id, duel.task_hash, duel.challenger_id, duel.incumbent_id, duel.outcome.value,
+                 duel.note, duel.speedup, duel.ci_low, duel.ci_high, duel.n_pairs, legs, duel.seconds,
+                 duel.created))
+        return dataclasses.replace(duel, id=int(cur.lastrowid))
+
+    def duels(self, *, candidate_id: int | None = None, task_hash: str | None = None,
+              run_id: str | None = None) -> list[Duel]:
+        """Duels in the order they were decided: of a task, a run, or those a candidate fought on either side."""
+        clauses, params = [], []
+        if candidate_id is not None:
+            clauses.append("(challenger_id = ? OR incumbent_id = ?)")
+            params += [candidate_id, candidate_id]
+        for col, value in (("task_hash", task_hash), ("run_id", run_id)):
+            if value is not None:
+                clauses.append(f"{col} = ?")
+                params.append(value)
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        return [_duel(r) for r in self._all(f"SELECT * FROM duels {where} ORDER BY id", params)]
+
+    def uncrowned(self, task_hash: str) -> set[int]:
+        """Challengers of a task that no duel crowned: their own check ranked them above a best they did not beat."""
+        lost, won = set(), set()
+        for d in self.duels(task_hash=task_hash):
+            (won if d.crowned else lost).add(d.challenger_id)
+        return lost - won
+
 
 def _filters(**kw: Any) -> tuple[str, list[Any]]:
     clauses, params = [], []
@@ -496,6 +632,12 @@ def _reverification(row: sqlite3.Row) -> Reverification:
         d[col] = json.loads(d[col]) if d[col] else None
     d["timed"] = bool(d["timed"])
     return Reverification(timings=timings, **{k: v for k, v in d.items() if k in Reverification.__dataclass_fields__})
+
+
+def _duel(row: sqlite3.Row) -> Duel:
+    d = {k: v for k, v in dict(row).items() if k in Duel.__dataclass_fields__}
+    d["legs"] = tuple(DuelLeg(**leg) for leg in json.loads(d["legs"]))
+    return Duel(**d)
 
 
 def _run(row: sqlite3.Row) -> Run:

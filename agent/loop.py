@@ -9,6 +9,12 @@ Every finished candidate is committed as soon as its verdict is known. A stop (C
 `stop`) records candidates still under evaluation as interrupted and ends; a kill loses at most those. `resume`
 continues a run under the same id, counting what it already spent against the budgets.
 
+On a GPU a candidate that ranks above the best on its own check is only a challenger: before it is crowned, it and
+the incumbent are re-timed back to back on one slot (challenger, incumbent, challenger, incumbent; agent/duel.py), and
+it becomes the best only if that paired comparison says faster with its interval above 1.0. At most one duel runs at
+a time, only for a challenger whose lower bound clears the incumbent's point estimate; its checks are not proposals
+(they spend time, not budget), every duel is archived, and the final re-check is of the paired winner.
+
 Library code: progress goes to the `on_event` callback, never to the terminal.
 
 This module is the control flow; the pieces live apart: the run's records (RunConfig, Event, RunSummary) in
@@ -24,10 +30,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
+from agent import duel as duel_mod
 from agent import tuner as tuner_mod
-from agent.archive import Archive, Candidate, Reverification, Run, Timings, now, sha256
+from agent.archive import Archive, Candidate, Duel, Reverification, Run, Timings, now, sha256
 from agent.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
                              HarnessEvaluator, LocalExecutor)
 from agent.executors import spawn as _spawn
@@ -109,6 +117,9 @@ class _Coordinator:
         self._last_recorded: Candidate | None = None
         self.check_times: list[float] = []
         self.final: Reverification | None = None
+        self.bout: duel_mod.Bout | None = None  # the duel in flight (at most one)
+        self.challengers: deque[Candidate] = deque()  # waiting for their duel
+        self.duels: list[Duel] = []
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -151,7 +162,11 @@ class _Coordinator:
         self.elites = [self.archive.with_source(c) for c in self.archive.elites(task.source_hash, timed=self.timed)]
         self.failures = [self.archive.with_source(c) for c in mine
                          if c.verdict == "rejected" and c.source_sha and c.stage != "propose"]
-        self.best = max(self.elites, key=rank, default=None)
+        # A challenger no duel crowned is not the best, however its own check ranked it; nor the search's pick.
+        self.uncrowned = self.archive.uncrowned(task.source_hash) if self.timed else set()
+        self.search.held = self.uncrowned
+        self.best = max((e for e in self.elites if e.id not in self.uncrowned), key=rank, default=None) or \
+            max(self.elites, key=rank, default=None)
         who = (f"{self.provider.name} proposes" + (f"; the tuner polishes the last {self.polish}" if self.polish
                                                    else "")) if self.provider else \
             "the offline tuner proposes (no model configured)"
@@ -204,14 +219,15 @@ class _Coordinator:
                 self._issue()
             self._dispatch()
             budget_left = self.issued < self.budget and self.stop_reason is None
-            if not (self.requests or self.ready or self.evals):
+            dueling = self.bout is not None or bool(self.challengers)
+            if not (self.requests or self.ready or self.evals or dueling):
                 if not budget_left:
                     break
                 if self.stop_reason is None and self._tuner_turn():
                     self.stop_reason = ("the tuner has tried every variant it can make of the verified kernels"
                                         if self.elites else "no verified kernel for the tuner to polish")
                     break
-            if self.stop_reason is not None and not self.evals and not self.ready:
+            if self.stop_reason is not None and not self.evals and not self.ready and not dueling:
                 break  # pending LLM requests after a limit are abandoned, not waited for
             self._wait()
         if self.stop_reason is None:
@@ -289,6 +305,7 @@ class _Coordinator:
 
     # ---- evaluating ------------------------------------------------------------------------------------------
     def _dispatch(self) -> None:
+        self._start_duel()
         while self.ready and self.free_slots and not self.stop.is_set():
             pending = self.ready.popleft()
             pending.slot = self.free_slots.pop()
@@ -297,6 +314,8 @@ class _Coordinator:
 
     def _wait(self) -> None:
         futures = list(self.requests) + list(self.evals)
+        if self.bout is not None and self.bout.future is not None:
+            futures.append(self.bout.future)
         if not futures:
             return
         done, _ = cf.wait(futures, timeout=0.25, return_when=cf.FIRST_COMPLETED)
@@ -304,6 +323,13 @@ class _Coordinator:
             self._handle(future)
 
     def _handle(self, future: cf.Future) -> None:
+        if self.bout is not None and future is self.bout.future:
+            self._take_leg()
+            if self.bout.over:
+                self._end_duel()
+            elif not self.stop.is_set():  # a stop: _interrupt archives the legs so far
+                self._next_leg()
+            return
         if future in self.requests:
             pending = self.requests.pop(future)
             exc = future.exception()
@@ -347,13 +373,10 @@ class _Coordinator:
         timed once per run rather than once per candidate."""
         from agent import reverify
 
-        best = max(self.elites, key=rank, default=None)
+        best = self.best
         if best is None or not best.timed or not self.timed:
             return
-        best = self.archive.with_source(best)
-        path = self.run_dir / "final" / f"{(best.source_sha or sha256(best.source or ''))[:16]}.py"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(best.source or "", encoding="utf-8")
+        path = self._source_file(best, "final")
         names = ", ".join(self.config.final_baselines)
         self._emit(EventKind.NOTE, f"final re-check of the best kernel #{best.id}, timed against {names}", best)
         future = self.session.submit(0, path, baselines=tuple(self.config.final_baselines))
@@ -401,18 +424,86 @@ class _Coordinator:
         verdict = "not timed" if cand.accepted and not cand.timed else speed(cand) if cand.accepted else cand.reason
         self._emit(EventKind.EVALUATED, f"#{cand.id} {cand.origin} {cand.verdict}: {verdict}", cand)
         if cand.accepted and (self.best is None or rank(cand) > rank(self.best)):
-            self.best = cand
-            if cand.timed:
-                self._emit(EventKind.NEW_BEST, f"new best #{cand.id}: {speed(cand)}", cand)
+            if self.timed and cand.timed and self.best is not None and self.best.timed:
+                self.challengers.append(cand)  # crowned only by a duel
+            else:
+                self._crown(cand)
         target = self.config.target_roofline
         if (target is not None and cand.accepted and cand.timings.pct_roofline is not None
                 and cand.timings.pct_roofline >= target and self.stop_reason is None):
             self._stopping(f"target reached: #{cand.id} runs at {cand.timings.pct_roofline:.0f}% of roofline")
 
+    def _crown(self, cand: Candidate, why: str = "") -> None:
+        self.best = cand
+        if cand.timed:
+            self._emit(EventKind.NEW_BEST, f"new best #{cand.id}: {speed(cand)}{why}", cand)
+
+    # ---- duels (agent/duel.py) -------------------------------------------------------------------------------
+    def _start_duel(self) -> None:
+        while self.bout is None and self.challengers and self.free_slots and not self.stop.is_set():
+            cand, best = self.challengers.popleft(), self.best
+            assert best is not None
+            if rank(cand) <= rank(best):
+                continue  # a duel since crowned a kernel that ranks at least as high
+            if not duel_mod.contest(cand, best):
+                self._archive_duel(duel_mod.not_contested(cand, best, self.run_id))
+                continue
+            paths = {duel_mod.CHALLENGER: self._source_file(cand, "duels"),
+                     duel_mod.INCUMBENT: self._source_file(best, "duels")}
+            self.bout = duel_mod.Bout(cand, best, self.free_slots.pop(), paths)
+            self._emit(EventKind.NOTE, f"#{cand.id} ({speed(cand)}) ranks above the best #{best.id} ({speed(best)}) "
+                                       f"on its own check: re-timing both back to back before crowning it", cand)
+            self._next_leg()
+
+    def _next_leg(self) -> None:
+        bout = self.bout
+        assert bout is not None
+        bout.leg_started = time.monotonic()
+        bout.future = self.session.submit(bout.slot, bout.paths[bout.side], baselines=duel_mod.BASELINES)
+
+    def _take_leg(self) -> None:
+        """The finished check of the bout's current leg becomes a leg record."""
+        bout = self.bout
+        assert bout is not None and bout.future is not None and bout.future.done()
+        future, bout.future = bout.future, None
+        seconds = time.monotonic() - bout.leg_started
+        exc = future.exception()
+        if exc is not None:
+            log.warning("harness failed on a duel leg of %s", bout.paths[bout.side], exc_info=exc)
+            self.session.reset(bout.slot)
+            bout.legs.append(duel_mod.failed_leg(bout.side, exc, seconds))
+        else:
+            bout.legs.append(duel_mod.leg(bout.side, future.result(), seconds))
+
+    def _end_duel(self) -> None:
+        bout, self.bout = self.bout, None
+        assert bout is not None
+        self.free_slots.append(bout.slot)
+        result = self._archive_duel(bout.decide(self.run_id))
+        if result.crowned:
+            self._crown(bout.challenger, f" (paired re-time: {result.speedup:.3f}x #{bout.incumbent.id})")
+
+    def _archive_duel(self, d: Duel) -> Duel:
+        d = self.archive.add_duel(d)
+        self.duels.append(d)
+        if not d.crowned:
+            self.uncrowned.add(d.challenger_id)
+        self._emit(EventKind.DUEL, duel_mod.headline(d),
+                   next((c for c in self.elites if c.id == d.challenger_id), None))
+        return d
+
     def _interrupt(self, reason: str) -> None:
-        """Record what finished, mark what did not as interrupted; pending LLM requests are not recorded."""
+        """Record what finished, mark what did not as interrupted; pending LLM requests are not recorded. A duel
+        in flight is archived with the legs it finished (decided, if that was all of them); queued ones unfought."""
         for future in [f for f in list(self.evals) + list(self.requests) if f.done()]:
             self._handle(future)
+        if self.bout is not None:
+            if self.bout.future is not None and self.bout.future.done():
+                self._take_leg()
+            self._end_duel()
+        while self.challengers:
+            assert self.best is not None
+            self._archive_duel(duel_mod.queued_unfought(self.challengers.popleft(), self.best, self.run_id))
         for pending in list(self.evals.values()) + list(self.ready):
             cand = self._base(pending, "interrupted", "the run stopped before the harness finished",
                               source=pending.source)
@@ -429,7 +520,7 @@ class _Coordinator:
     def _finish(self) -> RunSummary:
         reason = self.stop_reason or "budget spent"
         self.archive.finish_run(self.run_id, reason)
-        best = max(self.elites, key=rank, default=None)
+        best = self.best
         best_path = None
         if best is not None:
             best = self.archive.with_source(best)
@@ -446,7 +537,7 @@ class _Coordinator:
                           progress=progress, start=self.start if hasattr(self, "start") else None, best=best,
                           best_path=best_path, run_dir=self.run_dir, not_measured=not_measured,
                           notes=tuple(self.notes), provider_failure=self.provider_failure, replies=self.replies,
-                          final=self.final)
+                          final=self.final, duels=tuple(self.duels))
 
     def _progress(self) -> Progress:
         elapsed = time.monotonic() - self.started
@@ -459,6 +550,14 @@ class _Coordinator:
                         check_s=sum(self.check_times) / len(self.check_times) if self.check_times else None,
                         proposer="tuner" if self._tuner_turn() else (self.provider.name if self.provider else ""),
                         best=self.best)
+
+    def _source_file(self, cand: Candidate, folder: str) -> Path:
+        """The candidate's source as a file under the run's folder, for a check that is not a proposal's."""
+        cand = self.archive.with_source(cand)
+        path = self.run_dir / folder / f"{(cand.source_sha or sha256(cand.source or ''))[:16]}.py"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(cand.source or "", encoding="utf-8")
+        return path
 
     def _emit(self, kind: EventKind, message: str, cand: Candidate | None = None) -> None:
         log.info("%s", message)

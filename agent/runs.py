@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.archive import Candidate, Reverification
+from agent.archive import Candidate, Duel, Reverification
 
 DEFAULT_BUDGET = 20
 
@@ -55,6 +55,7 @@ class EventKind(str, enum.Enum):
     NOTE = "note"
     EVALUATED = "evaluated"  # a candidate has its verdict (or failed before evaluation: no code, provider error)
     NEW_BEST = "new_best"
+    DUEL = "duel"  # a challenger re-timed against the best (or not, and why): agent/duel.py
     STOPPING = "stopping"
     FINISHED = "finished"
 
@@ -94,7 +95,8 @@ class RunSummary:
     stop_reason: str
     progress: Progress
     start: Candidate | None  # the starting kernel's record (seed or --from), None when the LLM started from scratch
-    best: Candidate | None  # the best verified kernel of this task measured like this run (any run)
+    best: Candidate | None  # the best verified kernel of this task measured like this run (any run): on a GPU, the
+    # paired winner (a challenger whose own check ranked higher but that no duel crowned is not it)
     best_path: Path | None
     run_dir: Path
     not_measured: tuple[str, ...] = ()
@@ -102,3 +104,4 @@ class RunSummary:
     provider_failure: str | None = None  # why the run stopped when the provider (not the kernels) failed
     replies: int = 0  # LLM replies received in this invocation
     final: Reverification | None = None  # the best kernel checked again at the end, timed against final_baselines
+    duels: tuple[Duel, ...] = ()  # challengers re-timed against the best in this invocation, in order

@@ -70,6 +70,7 @@ class Search:
         self.rng = random.Random(seed)
         self.exploit, self.p_crossover, self.p_fix = exploit, crossover, fix
         self.fixes: dict[int, int] = defaultdict(int)
+        self.held: set[int] = set()  # ids the loop's duels did not crown: never the exploit pick while another is
 
     # ---- the pool --------------------------------------------------------------------------------------------
     @staticmethod
@@ -83,6 +84,7 @@ class Search:
         return best
 
     def best(self, pool: list[Candidate]) -> Candidate:
+        pool = [c for c in pool if c.id not in self.held] or pool
         top = max(fitness(c) for c in pool)
         return self.rng.choice([c for c in pool if fitness(c) == top])
 

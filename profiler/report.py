@@ -4,6 +4,8 @@ Runs in the trusted parent. The result is plain JSON-able data:
 
     candidate_ms      median of the candidate's counted times (None when only baselines were timed)
     candidate         {ms, iqr_ms, q1_ms, q3_ms, n} of the candidate
+    rounds_ms         {name: [ms of each counted round]}: index i of every list was timed in the same interleaved
+                      round, so a later comparison (the loop's paired re-time of two kernels) can pair them again
     baselines         {name: {available, reason, versions, ms, iqr_ms, speedup, ci_low, ci_high, significant, verdict}}
                       speedup = baseline ms / candidate ms per paired round (median, bootstrap CI); > 1 is faster
     roofline          the candidate's (else the fastest baseline's) bytes, flops, gbps, tflops, pct_of_roofline, bound
@@ -131,6 +133,7 @@ def build_timing(
     return {
         "candidate_ms": cand["ms"] if cand else None,
         "candidate": cand,
+        "rounds_ms": {name: list(ms) for name, ms in usable.items()},
         "baselines": out_baselines,
         "roofline": roof_dict,
         "kernels": list(kernels or []),

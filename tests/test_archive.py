@@ -1,4 +1,5 @@
 """The archive: schema migrations applied once and in order, sources deduplicated, typed records round-tripped."""
+import json
 import sqlite3
 
 import pytest
@@ -141,3 +142,77 @@ def test_reads_wait_for_the_archive_lock(tmp_path, read):
         assert not done.wait(0.3), f"{read} read the connection while another thread held it"
     assert done.wait(5)
     t.join()
+
+
+# ---- duels (agent/duel.py) ------------------------------------------------------------------------------------------
+def _duel_pair(a: Archive) -> tuple[Candidate, Candidate]:
+    inc = a.add(cand(verdict="accepted", reason="ok", stage="timing", source="inc = 1\n", timed=True))
+    chal = a.add(cand(verdict="accepted", reason="ok", stage="timing", source="chal = 1\n", timed=True))
+    return inc, chal
+
+
+def test_duel_round_trip_and_show(tmp_path, capsys):
+    from agent.archive import Duel, DuelLeg, DuelOutcome
+    from agent.cli import main
+
+    path = tmp_path / "a.db"
+    with Archive(path) as a:
+        inc, chal = _duel_pair(a)
+        legs = tuple(DuelLeg(side=s, verdict="accepted", reason="ok", speedup_eager=10.0 + i / 10, ci_low=9.9,
+                             ci_high=10.5, candidate_ms=0.1, rounds=[0.1, 0.1001, 0.0999], seconds=3.0)
+                     for i, s in enumerate(("challenger", "incumbent", "challenger", "incumbent")))
+        tied = a.add_duel(Duel(task_hash="h1", challenger_id=chal.id, incumbent_id=inc.id,
+                               outcome=DuelOutcome.NO_DIFFERENCE, note="re-timed back to back", speedup=1.004,
+                               ci_low=0.99, ci_high=1.02, n_pairs=60, legs=legs, seconds=12.0))
+        assert tied.id and tied.uid and tied.created
+        (back,) = a.duels(candidate_id=inc.id)
+        assert back == tied and back.legs[0].rounds == (0.1, 0.1001, 0.0999)
+        assert back.outcome is DuelOutcome.NO_DIFFERENCE
+        assert a.duels(candidate_id=chal.id) == [tied] and a.duels(task_hash="h2") == []
+        assert a.uncrowned("h1") == {chal.id}
+        # a challenger crowned in a later duel is no longer held back
+        a.add_duel(Duel(task_hash="h1", challenger_id=chal.id, incumbent_id=inc.id, outcome="crowned", note="",
+                        speedup=1.05, ci_low=1.03, ci_high=1.07, n_pairs=60))
+        assert a.uncrowned("h1") == set()
+    assert main(["archive", "show", str(inc.id), "--archive", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"#{chal.id} vs #{inc.id}: 1.004x [0.99, 1.02], no significant difference, #{inc.id} stays best" in out
+    assert main(["archive", "show", str(chal.id), "--json", "--archive", str(path)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [d["outcome"] for d in shown["duels"]] == ["no significant difference", "crowned"]
+
+
+def test_an_archive_from_before_duels_opens_and_migrates(tmp_path, monkeypatch):
+    path = tmp_path / "old.db"
+    monkeypatch.setattr(archive_mod, "MIGRATIONS", archive_mod.MIGRATIONS[:2])  # the schema before duels
+    with Archive(path) as a:
+        inc, chal = _duel_pair(a)
+    monkeypatch.undo()
+    db = sqlite3.connect(path)
+    assert "duels" not in {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    db.close()
+    with Archive(path) as a:
+        assert a.schema_version() == len(archive_mod.MIGRATIONS)
+        assert a.duels() == [] and a.uncrowned("h1") == set()
+        assert a.get(chal.id).source == "chal = 1\n"
+
+
+def test_duel_records_validate_their_invariants():
+    from agent.archive import Duel, DuelLeg, DuelOutcome
+
+    common = dict(task_hash="h", challenger_id=2, incumbent_id=1, note="")
+    with pytest.raises(ValueError, match="crowned only"):
+        Duel(outcome=DuelOutcome.CROWNED, speedup=1.01, ci_low=0.99, ci_high=1.03, **common)
+    with pytest.raises(ValueError, match="crowned only"):
+        Duel(outcome=DuelOutcome.CROWNED, **common)
+    with pytest.raises(ValueError, match="slower only"):
+        Duel(outcome=DuelOutcome.SLOWER, speedup=0.99, ci_low=0.97, ci_high=1.01, **common)
+    with pytest.raises(ValueError, match="outside its interval"):
+        Duel(outcome=DuelOutcome.NO_DIFFERENCE, speedup=1.2, ci_low=0.99, ci_high=1.01, **common)
+    with pytest.raises(ValueError):
+        Duel(outcome="won", **common)
+    with pytest.raises(ValueError, match="duel side"):
+        DuelLeg(side="referee", verdict="accepted", reason="ok")
+    with pytest.raises(ValueError, match="no legs"):
+        Duel(outcome=DuelOutcome.WITHIN_NOISE, legs=(DuelLeg(side="challenger", verdict="accepted", reason="ok"),),
+             **common)

@@ -1,7 +1,7 @@
 """`crucible archive VERB`: browse, compare, take away and re-check the candidates every run has kept.
 
   list       one row per candidate (filter by task, verdict, proposer, date; sort by speedup)
-  show ID    one candidate: source, verdict, diagnostics, timings with CI and environment, lineage
+  show ID    one candidate: source, verdict, diagnostics, timings with CI and environment, lineage, duels
   diff A B   the change between two candidates' sources
   lineage ID the tree of its parents and children
   tasks      one row per task: best speedup, % of roofline, tried/verified
@@ -137,12 +137,15 @@ def _list(archive: Any, args: argparse.Namespace) -> int:
 
 def _show(archive: Any, args: argparse.Namespace) -> int:
     from agent.browse import ancestors, env_text, resolve, result_text
+    from agent.duel import headline
 
     cand = resolve(archive, args.id)
     revs = archive.reverifications(cand.id)
+    duels = archive.duels(candidate_id=cand.id)
     if args.json:
         record = cand.to_dict()
         record["reverifications"] = [r.to_dict() for r in revs]
+        record["duels"] = [d.to_dict() for d in duels]
         console.print_json(json.dumps(record, default=str))
         return 0
     line = ancestors(archive, cand)
@@ -160,6 +163,8 @@ def _show(archive: Any, args: argparse.Namespace) -> int:
                                + (f", ${cand.cost_usd:.4f}" if cand.cost_usd is not None else "")))
     for r in revs:
         rows.append(("re-check", f"{_status(r.status)} {r.created}: {r.note}"))
+    for d in duels:
+        rows.append(("duel", f"{headline(d)} ({d.created}; {d.note})"))
     rows.append(("created", cand.created))
     for k, v in rows:
         info.add_row(k, str(v))

@@ -205,6 +205,8 @@ def _style(event: Any) -> str:
     c = event.candidate
     if event.kind.value in ("new_best",):
         return "bold green"
+    if event.kind.value == "duel":
+        return "magenta"
     if c is None:
         return "cyan" if event.kind.value in ("start", "note") else "yellow"
     return "green" if c.accepted else "red" if c.verdict == "rejected" else "yellow"
