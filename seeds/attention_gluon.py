@@ -1,0 +1,330 @@
+"""Attention forward for Hopper (sm_90) in Gluon (triton.experimental.gluon), in the FlashAttention-3 style.
+
+What: o = softmax(q k^T * scale) v and the base-2 log-sum-exp lse2 = log2(sum_j exp2(s_ij)) of the scaled scores
+s = q k^T * scale * log2(e), the forward contract of seeds/attention.py's attention_fwd (o [B, H, S, D] in the
+input dtype, lse2 [B, H, S] fp32; multiply lse2 by ln 2 for the natural log-sum-exp). Causal masks are top-left
+aligned (key j seen by query i when j <= i), as SDPA's is_causal.
+Shapes: dense q, k, v [B, H, S, D], the same B, H and S for all three (no GQA, no varlen), bf16 or fp16,
+D in (64, 128), S a multiple of the query tile (and of BLOCK_N); the launcher raises ValueError on anything else
+(seeds/attention.py covers the rest). CUDA sm_90 only: Gluon does not run on Triton's CPU interpreter.
+FLOPs: 4 B H S^2 D (half of it causal); at B4 H32 S4096 D128: 275 GFLOP (137 causal).
+
+The schedule, one program per (query tile of BLOCK_M rows, batch x head); causal: query tiles launched last-first
+(the longest programs first):
+- gl.warp_specialize splits the program into a 1-warp TMA producer partition (setmaxnreg LOAD_REGS, 24) and the
+  consumer warp groups. The producer loads the Q tile(s) once, then streams the K and V tiles of the key loop
+  through a STAGES-deep shared-memory ring: per stage one K and one V buffer, each with a "ready" mbarrier (TMA
+  transaction bytes) and an "empty" mbarrier (one arrival per consumer partition). K and V have separate
+  barriers so that a block's QK^T may start before its V has landed, and its K slot is handed back as soon as
+  QK^T completes.
+- Consumers (each a warp group of 4 warps per 64 query rows; wgmma's M is 64 a warp group):
+  cooperative (CONSUMERS 1): the default partition has BLOCK_M / 16 warps, [W, 1] wgmma layout, so its warp
+  groups each own 64 rows of the one tile and run the same instruction stream (FA3's "2 MMA warp groups");
+  pingpong (CONSUMERS 2): two 4-warp consumer partitions (the default and a worker), each owning BLOCK_M / 2 rows
+  of the tile, sharing every K/V stage. With PINGPONG their GEMMs are ordered by two mbarriers used as a token
+  (FA3's warp-scheduler barriers, which Gluon does not expose as named barriers): a consumer waits for the token
+  before issuing a step's GEMMs and passes it on right after issuing them, so one warp group's softmax runs while
+  the other's GEMMs occupy the tensor cores. Without PINGPONG the two partitions run free.
+- In each consumer, FA3's intra-warp-group overlap with asynchronous wgmma: step i issues S_i = Q K_i^T, rescales
+  O by the previous step's alpha, issues O += P_{i-1} V_{i-1} (P from registers, the RS form), then
+  warpgroup_mma_wait(1) waits for S_i only, so the softmax of block i (exp2 with the scale folded into one FMA,
+  m' = max(m, rowmax(s) c), p = exp2(s c - m'), l' = l alpha + rowsum p) runs while P_{i-1} V_{i-1} is still on
+  the tensor cores; warpgroup_mma_wait(0) then retires it. Key blocks are visited last-first, so that when causal
+  the one diagonal block (BLOCK_N == BLOCK_M) is the prologue's, the only one with a mask.
+- Epilogue: o = acc / l into the Q tile's shared memory, TMA store; lse2 = m + log2(l) by pointer store.
+Knobs (attention_fwd_gluon keywords): block_m (128; 64 or 128 rows per consumer warp group x consumers),
+block_n (128, or 64 non-causal), stages (2; 3 fits at D 128 only with 64-row key blocks or 1 consumer tile of
+128), consumers (1 cooperative / 2 ping-pong partitions), pingpong (the token; consumers 2 only), maxnreg (the
+launch's register cap, which the partitions' setmaxnreg share out: 12 warps at 168 give the consumers 240).
+
+Compatibility: compiles for sm_90 with triton 3.6 (the H200's) and 3.9 (this repository's tests). The TMA copies
+are tma.async_copy_global_to_shared / async_copy_shared_to_global in 3.6 and tma.async_load / async_store in 3.9,
+where the old names raise; the module picks them by `dir()` (crucible's static checker refuses getattr and
+try/except, so no hasattr-style probing).
+
+Performance: not measured on the GPU yet (benchmarks/sweep_attention_gluon.py measures every variant against
+SDPA's cuDNN and flash backends and seeds/attention.py's default, checking each against float64 first).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+# TMA global <-> shared copies: async_copy_global_to_shared / async_copy_shared_to_global in Triton 3.6 (the
+# H200's), renamed async_load / async_store later (3.9 here, where the old names raise)
+if "async_load" in dir(tma):
+    tma_load = tma.async_load
+    tma_store = tma.async_store
+else:  # Triton 3.6
+    tma_load = tma.async_copy_global_to_shared
+    tma_store = tma.async_copy_shared_to_global
+
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _token_wait(turn_bars, CID: gl.constexpr, step, PINGPONG: gl.constexpr):
+    """Ping-pong: consumer CID waits for the GEMM token before issuing step `step`'s GEMMs. Consumer 0 holds it
+    first (a fresh mbarrier's phase "1" counts as complete), consumer 1 after consumer 0's arrival of that step."""
+    if PINGPONG:
+        if CID == 0:
+            mbarrier.wait(turn_bars.index(0), (step & 1) ^ 1)
+        else:
+            mbarrier.wait(turn_bars.index(1), step & 1)
+
+
+@gluon.jit
+def _token_pass(turn_bars, CID: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: hand the GEMM token to the other consumer once this step's GEMMs are issued."""
+    if PINGPONG:
+        mbarrier.arrive(turn_bars.index(1 - CID), count=1)
+
+
+@gluon.jit
+def _fa3_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                q_row0, kv_row0, n_blocks, M_C: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                CONSUMERS: gl.constexpr):
+    """The producer (1 warp): the Q tile of each consumer, then K and V of key blocks n-1 .. 0 into the ring."""
+    for c in gl.static_range(CONSUMERS):
+        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+        tma_load(q_desc, [q_row0 + c * M_C, 0], q_bars.index(c), q_smem.index(c))
+    for i in range(n_blocks):
+        st = i % STAGES
+        ph = (i // STAGES) & 1
+        row = kv_row0 + (n_blocks - 1 - i) * BLOCK_N
+        mbarrier.wait(k_empty.index(st), ph ^ 1)
+        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+        tma_load(k_desc, [row, 0], k_ready.index(st), k_smem.index(st))
+        mbarrier.wait(v_empty.index(st), ph ^ 1)
+        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+        tma_load(v_desc, [row, 0], v_ready.index(st), v_smem.index(st))
+
+
+@gluon.jit
+def _fa3_consumer(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turn_bars,
+                  qk_scale, q_row0, q_pos0, n_blocks, CID: gl.constexpr, W: gl.constexpr, M_C: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  PINGPONG: gl.constexpr):
+    """One consumer partition (W warps, M_C query rows from row q_row0 of the [B*H*S, D] view, sequence position
+    q_pos0): the online softmax over key blocks n-1 .. 0 with S_i's wgmma overlapping P_{i-1} V_{i-1}'s."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
+                                                    instr_shape=[16, BLOCK_N, 16])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
+                                                    instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, mma_s)
+    row_o: gl.constexpr = gl.SliceLayout(1, mma_o)
+    dtype: gl.constexpr = q_smem.dtype
+    q_tile = q_smem.index(CID)
+    zero_s = gl.zeros([M_C, BLOCK_N], gl.float32, mma_s)
+    acc = gl.zeros([M_C, HEAD_D], gl.float32, mma_o)
+    mbarrier.wait(q_bars.index(CID), 0)
+
+    # prologue: key block n-1 (the diagonal one when causal: the only masked block)
+    _token_wait(turn_bars, CID, 0, PINGPONG)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    _token_pass(turn_bars, CID, PINGPONG)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    if CAUSAL:
+        q_pos = q_pos0 + gl.arange(0, M_C, layout=row_s)
+        k_pos = (n_blocks - 1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_s))
+        s = gl.where(gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1), s, float("-inf"))
+    m = gl.max(s, axis=1) * qk_scale
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m, 1))
+    l = gl.sum(p, axis=1)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    alpha = gl.full([M_C], 1.0, gl.float32, row_s)
+
+    for i in range(1, n_blocks):
+        st = i % STAGES
+        prev = (i - 1) % STAGES
+        _token_wait(turn_bars, CID, i, PINGPONG)
+        mbarrier.wait(k_ready.index(st), (i // STAGES) & 1)
+        s = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        _token_pass(turn_bars, CID, PINGPONG)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        mbarrier.arrive(k_empty.index(st), count=1)
+        m_new = gl.maximum(m, gl.max(s, axis=1) * qk_scale)
+        alpha = gl.exp2(m - m_new)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        l = l * alpha + gl.sum(p, axis=1)
+        m = m_new
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    # epilogue: the last block's P V, then o = acc / l through the Q tile's shared memory
+    last = (n_blocks - 1) % STAGES
+    _token_wait(turn_bars, CID, n_blocks, PINGPONG)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    _token_pass(turn_bars, CID, PINGPONG)
+    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+    mbarrier.arrive(v_empty.index(last), count=1)
+    o = acc / gl.expand_dims(gl.convert_layout(l, row_o), 1)
+    gl.store(LSE + q_row0 + gl.arange(0, M_C, layout=row_s), m + gl.log2(l))
+    q_tile.store(o.to(dtype))
+    fence_async_shared()
+    tma_store(o_desc, [q_row0, 0], q_tile)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _fa3_consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turn_bars,
+                   qk_scale, q_row0, q_pos0, n_blocks, M_C: gl.constexpr, BLOCK_N: gl.constexpr,
+                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    """The second ping-pong consumer (a 4-warp worker partition): rows M_C .. 2 M_C - 1 of the tile."""
+    _fa3_consumer(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turn_bars,
+                  qk_scale, q_row0 + M_C, q_pos0 + M_C, n_blocks, 1, 4, M_C, BLOCK_N, HEAD_D, STAGES, CAUSAL,
+                  PINGPONG)
+
+
+@gluon.jit
+def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, NUM_M,
+                    HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """Program (query tile, batch x head); see the module docstring. The descriptors view q, k, v, o as [B*H*S, D]
+    matrices (row bh * S + s); q_desc / o_desc blocks are one consumer's M_C = BLOCK_M / CONSUMERS rows."""
+    M_C: gl.constexpr = BLOCK_M // CONSUMERS
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = NUM_M - 1 - pid_m
+    bh = gl.program_id(1)
+    q_pos0 = pid_m * BLOCK_M
+    q_row0 = bh * S + q_pos0
+    kv_row0 = bh * S
+    if CAUSAL:
+        n_blocks = (q_pos0 + BLOCK_M) // BLOCK_N
+    else:
+        n_blocks = S // BLOCK_N
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, M_C, HEAD_D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(CONSUMERS):
+        mbarrier.init(q_bars.index(c), count=1)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(st), count=1)
+        mbarrier.init(v_ready.index(st), count=1)
+        mbarrier.init(k_empty.index(st), count=CONSUMERS)
+        mbarrier.init(v_empty.index(st), count=CONSUMERS)
+    for t in gl.static_range(2):
+        mbarrier.init(turn_bars.index(t), count=1)
+
+    if CONSUMERS == 1:
+        gl.warp_specialize([
+            (_fa3_consumer, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                             turn_bars, qk_scale, q_row0, q_pos0, n_blocks, 0, num_warps, M_C, BLOCK_N, HEAD_D,
+                             STAGES, CAUSAL, False)),
+            (_fa3_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
+                           v_empty, q_row0, kv_row0, n_blocks, M_C, BLOCK_N, STAGES, CONSUMERS)),
+        ], [1], [LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_fa3_consumer, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                             turn_bars, qk_scale, q_row0, q_pos0, n_blocks, 0, num_warps, M_C, BLOCK_N, HEAD_D,
+                             STAGES, CAUSAL, PINGPONG)),
+            (_fa3_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
+                           v_empty, q_row0, kv_row0, n_blocks, M_C, BLOCK_N, STAGES, CONSUMERS)),
+            (_fa3_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                              turn_bars, qk_scale, q_row0, q_pos0, n_blocks, M_C, BLOCK_N, HEAD_D, STAGES, CAUSAL,
+                              PINGPONG)),
+        ], [1, 4], [LOAD_REGS, MMA_REGS])
+
+
+# ---- launcher ---------------------------------------------------------------------------------------------------
+GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
+
+
+def fa3_launch_config(head_dim: int, block_m: int = 128, block_n: int = 128, stages: int = 2, consumers: int = 1,
+                      pingpong: bool = True, maxnreg: int | None = None) -> dict:
+    """The kernel's constexprs and launch options of one variant (num_warps, maxnreg); ValueError where the
+    variant is not one this kernel has: wgmma's 64-row warp groups, the causal diagonal in one key block (checked by
+    the launcher), the ring within the 227 KB of shared memory."""
+    if head_dim not in (64, 128):
+        raise ValueError(f"attention_fwd_gluon: head dim {head_dim} is not 64 or 128")
+    if consumers not in (1, 2):
+        raise ValueError(f"attention_fwd_gluon: consumers must be 1 (cooperative) or 2 (ping-pong), not {consumers}")
+    m_c = block_m // consumers
+    if m_c not in (64, 128) or block_m % consumers:
+        raise ValueError(f"attention_fwd_gluon: {block_m} query rows over {consumers} consumer(s) is not 64 or 128 "
+                         "rows a consumer")
+    if consumers == 2 and m_c != 64:
+        raise ValueError("attention_fwd_gluon: ping-pong consumers are one warp group (64 rows) each: block_m 128")
+    if block_n not in (64, 128) or stages < 1:
+        raise ValueError(f"attention_fwd_gluon: block_n must be 64 or 128 and stages >= 1 (got {block_n}, {stages})")
+    smem = 2 * (block_m * head_dim + 2 * stages * block_n * head_dim) + 1024
+    if smem > HOPPER_SMEM:
+        raise ValueError(f"attention_fwd_gluon: {smem} bytes of shared memory at {block_m}x{block_n}x{stages} stages")
+    num_warps = m_c // 16 if consumers == 1 else 4
+    total_warps = num_warps + 4 + (4 if consumers == 2 else 0)  # the 1-warp producer takes a warp group's slot
+    if maxnreg is None:
+        maxnreg = min(255, (65536 // (32 * total_warps)) // 8 * 8)
+    mma_regs = min(240, ((maxnreg * total_warps - 24 * 4) // (total_warps - 4)) // 8 * 8)
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers,
+                PINGPONG=bool(pingpong) and consumers == 2, LOAD_REGS=24, MMA_REGS=mma_regs,
+                num_warps=num_warps, maxnreg=maxnreg)
+
+
+def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                        sm_scale: float | None = None, block_m: int = 128, block_n: int = 128, stages: int = 2,
+                        consumers: int = 1, pingpong: bool = True,
+                        maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o [B, H, S, D] in q's dtype, lse2 [B, H, S] fp32 base 2) of softmax(q k^T * scale) v, scale 1/sqrt(D) by
+    default; causal top-left aligned. Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a
+    multiple of block_m and block_n (causal: block_n == block_m); else ValueError. Knobs: see the module
+    docstring (block_m, block_n, stages, consumers, pingpong, maxnreg)."""
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"attention_fwd_gluon: q, k, v must be [B, H, S, D] of one shape, not {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if q.dtype not in GL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"attention_fwd_gluon: bf16 or fp16 inputs of one dtype, not {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.is_cuda:
+        raise ValueError("attention_fwd_gluon: Gluon kernels run on CUDA devices only (no CPU interpreter)")
+    b, h, s, d = q.shape
+    cfg = fa3_launch_config(d, block_m, block_n, stages, consumers, pingpong, maxnreg)
+    if s % block_m or s % block_n:
+        raise ValueError(f"attention_fwd_gluon: S = {s} is not a multiple of block_m {block_m} and block_n {block_n}")
+    if causal and block_n != block_m:
+        raise ValueError("attention_fwd_gluon: causal needs block_n == block_m (one diagonal key block)")
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    q2, k2, v2 = (t.contiguous().view(b * h * s, d) for t in (q, k, v))
+    o = torch.empty((b, h, s, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    m_c = block_m // consumers
+    gdt = GL_DTYPES[q.dtype]
+    q_layout = gl.NVMMASharedLayout.get_default_for([m_c, d], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gdt)
+    q_desc = TensorDescriptor(q2, [b * h * s, d], [d, 1], [m_c, d], q_layout)
+    o_desc = TensorDescriptor(o.view(b * h * s, d), [b * h * s, d], [d, 1], [m_c, d], q_layout)
+    k_desc = TensorDescriptor(k2, [b * h * s, d], [d, 1], [block_n, d], kv_layout)
+    v_desc = TensorDescriptor(v2, [b * h * s, d], [d, 1], [block_n, d], kv_layout)
+    num_m = s // block_m
+    grid = (num_m, b * h)
+    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, s, num_m, HEAD_D=d,
+                          BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
+                          CONSUMERS=cfg["CONSUMERS"], CAUSAL=bool(causal), PINGPONG=cfg["PINGPONG"],
+                          LOAD_REGS=cfg["LOAD_REGS"], MMA_REGS=cfg["MMA_REGS"], num_warps=cfg["num_warps"],
+                          maxnreg=cfg["maxnreg"])
+    return o, lse
