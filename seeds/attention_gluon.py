@@ -57,6 +57,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from seeds._common import sm_count
+
 # TMA global <-> shared copies: async_copy_global_to_shared / async_copy_shared_to_global in Triton 3.6 (the
 # H200's), renamed async_load / async_store later (3.9 here, where the old names raise)
 if "async_load" in dir(tma):
@@ -88,32 +90,62 @@ def _token_pass(turn_bars, CID: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _fa3_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                q_row0, kv_row0, n_blocks, M_C: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                CONSUMERS: gl.constexpr):
-    """The producer (1 warp): the Q tile of each consumer, then K and V of key blocks n-1 .. 0 into the ring."""
-    for c in gl.static_range(CONSUMERS):
-        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-        tma_load(q_desc, [q_row0 + c * M_C, 0], q_bars.index(c), q_smem.index(c))
-    for i in range(n_blocks):
-        st = i % STAGES
-        ph = (i // STAGES) & 1
-        row = kv_row0 + (n_blocks - 1 - i) * BLOCK_N
-        mbarrier.wait(k_empty.index(st), ph ^ 1)
-        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
-        tma_load(k_desc, [row, 0], k_ready.index(st), k_smem.index(st))
-        mbarrier.wait(v_empty.index(st), ph ^ 1)
-        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
-        tma_load(v_desc, [row, 0], v_ready.index(st), v_smem.index(st))
+def _tile(t, S, NUM_M, CID: gl.constexpr, M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          CAUSAL: gl.constexpr):
+    """(sequence position, row of the [B*H*S, D] view) of consumer CID's first query row in tile t, the head's
+    first K/V row and the tile's key-block count. Tiles run head by head (a head's query tiles in a row, so that
+    the programs running at once share a few heads' K/V in L2); causal: a head's longest tiles first."""
+    m = t % NUM_M
+    if CAUSAL:
+        m = NUM_M - 1 - m
+    kv_row0 = (t // NUM_M) * S
+    q_pos0 = m * BLOCK_M
+    if CAUSAL:
+        n_blocks = (q_pos0 + BLOCK_M) // BLOCK_N
+    else:
+        n_blocks = S // BLOCK_N
+    return q_pos0 + CID * M_C, kv_row0 + q_pos0 + CID * M_C, kv_row0, n_blocks
 
 
 @gluon.jit
-def _fa3_consumer(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turn_bars,
-                  qk_scale, q_row0, q_pos0, n_blocks, CID: gl.constexpr, W: gl.constexpr, M_C: gl.constexpr,
-                  BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  PINGPONG: gl.constexpr):
-    """One consumer partition (W warps, M_C query rows from row q_row0 of the [B*H*S, D] view, sequence position
-    q_pos0): the online softmax over key blocks n-1 .. 0 with S_i's wgmma overlapping P_{i-1} V_{i-1}'s."""
+def _fa3_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty,
+                S, NUM_M, TILES, M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
+    """The producer (1 warp): per tile, K of key block n-1, the consumers' Q tiles (once the previous tile's last
+    QK^T has read them), V of block n-1, then K and V of blocks n-2 .. 0, through the STAGES-deep ring."""
+    it = 0  # key blocks loaded so far (all tiles): ring slot it % STAGES, use (it // STAGES)
+    tc = 0  # tiles so far
+    for t in range(gl.program_id(0), TILES, gl.num_programs(0)):
+        q_pos0, q_row0, kv_row0, n_blocks = _tile(t, S, NUM_M, 0, M_C, BLOCK_M, BLOCK_N, CAUSAL)
+        for i in range(n_blocks):
+            j = it + i
+            st = j % STAGES
+            ph = (j // STAGES) & 1
+            row = kv_row0 + (n_blocks - 1 - i) * BLOCK_N
+            mbarrier.wait(k_empty.index(st), ph ^ 1)
+            mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+            tma_load(k_desc, [row, 0], k_ready.index(st), k_smem.index(st))
+            if i == 0:
+                for c in gl.static_range(CONSUMERS):
+                    mbarrier.wait(q_empty.index(c), (tc & 1) ^ 1)
+                    mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+                    tma_load(q_desc, [q_row0 + c * M_C, 0], q_bars.index(c), q_smem.index(c))
+            mbarrier.wait(v_empty.index(st), ph ^ 1)
+            mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+            tma_load(v_desc, [row, 0], v_ready.index(st), v_smem.index(st))
+        it += n_blocks
+        tc += 1
+
+
+@gluon.jit
+def _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty,
+                  turn_bars, qk_scale, S, NUM_M, TILES, CID: gl.constexpr, W: gl.constexpr, M_C: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One consumer partition (W warps, M_C query rows of each tile from row CID * M_C): the online softmax over key
+    blocks n-1 .. 0, S_i's wgmma issued before P_{i-1} V_{i-1}'s and waited alone (FA3's intra-warp-group
+    overlap); o through o_smem (PERSISTENT: its own buffer, the store left in flight into the next tile; else the
+    Q tile's buffer) by TMA."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, BLOCK_N, 16])
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
@@ -123,99 +155,111 @@ def _fa3_consumer(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
     row_o: gl.constexpr = gl.SliceLayout(1, mma_o)
     dtype: gl.constexpr = q_smem.dtype
     q_tile = q_smem.index(CID)
+    o_tile = o_smem.index(CID)
     zero_s = gl.zeros([M_C, BLOCK_N], gl.float32, mma_s)
-    acc = gl.zeros([M_C, HEAD_D], gl.float32, mma_o)
-    mbarrier.wait(q_bars.index(CID), 0)
+    it = 0  # key blocks consumed so far (all tiles); the GEMM token's step count is it + tc
+    tc = 0  # tiles so far
+    for t in range(gl.program_id(0), TILES, gl.num_programs(0)):
+        q_pos0, q_row0, kv_row0, n_blocks = _tile(t, S, NUM_M, CID, M_C, BLOCK_M, BLOCK_N, CAUSAL)
+        acc = gl.zeros([M_C, HEAD_D], gl.float32, mma_o)
+        mbarrier.wait(q_bars.index(CID), tc & 1)
 
-    # prologue: key block n-1 (the diagonal one when causal: the only masked block)
-    _token_wait(turn_bars, CID, 0, PINGPONG)
-    mbarrier.wait(k_ready.index(0), 0)
-    s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    _token_pass(turn_bars, CID, PINGPONG)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    mbarrier.arrive(k_empty.index(0), count=1)
-    if CAUSAL:
-        q_pos = q_pos0 + gl.arange(0, M_C, layout=row_s)
-        k_pos = (n_blocks - 1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_s))
-        s = gl.where(gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1), s, float("-inf"))
-    m = gl.max(s, axis=1) * qk_scale
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m, 1))
-    l = gl.sum(p, axis=1)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-    alpha = gl.full([M_C], 1.0, gl.float32, row_s)
-
-    for i in range(1, n_blocks):
-        st = i % STAGES
-        prev = (i - 1) % STAGES
-        _token_wait(turn_bars, CID, i, PINGPONG)
-        mbarrier.wait(k_ready.index(st), (i // STAGES) & 1)
+        # prologue: key block n-1 (the diagonal one when causal: the only masked block)
+        st = it % STAGES
+        _token_wait(turn_bars, CID, it + tc, PINGPONG)
+        mbarrier.wait(k_ready.index(st), (it // STAGES) & 1)
         s = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         _token_pass(turn_bars, CID, PINGPONG)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         mbarrier.arrive(k_empty.index(st), count=1)
-        m_new = gl.maximum(m, gl.max(s, axis=1) * qk_scale)
-        alpha = gl.exp2(m - m_new)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-        l = l * alpha + gl.sum(p, axis=1)
-        m = m_new
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        mbarrier.arrive(v_empty.index(prev), count=1)
+        if CAUSAL:
+            q_pos = q_pos0 + gl.arange(0, M_C, layout=row_s)
+            k_pos = (n_blocks - 1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_s))
+            s = gl.where(gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1), s, float("-inf"))
+        m = gl.max(s, axis=1) * qk_scale
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m, 1))
+        l = gl.sum(p, axis=1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
+        alpha = gl.full([M_C], 1.0, gl.float32, row_s)
 
-    # epilogue: the last block's P V, then o = acc / l through the Q tile's shared memory
-    last = (n_blocks - 1) % STAGES
-    _token_wait(turn_bars, CID, n_blocks, PINGPONG)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    _token_pass(turn_bars, CID, PINGPONG)
-    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-    mbarrier.arrive(v_empty.index(last), count=1)
-    o = acc / gl.expand_dims(gl.convert_layout(l, row_o), 1)
-    gl.store(LSE + q_row0 + gl.arange(0, M_C, layout=row_s), m + gl.log2(l))
-    q_tile.store(o.to(dtype))
-    fence_async_shared()
-    tma_store(o_desc, [q_row0, 0], q_tile)
+        for i in range(1, n_blocks):
+            j = it + i
+            st = j % STAGES
+            prev = (j - 1) % STAGES
+            _token_wait(turn_bars, CID, j + tc, PINGPONG)
+            mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
+            s = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            _token_pass(turn_bars, CID, PINGPONG)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+            mbarrier.arrive(k_empty.index(st), count=1)
+            m_new = gl.maximum(m, gl.max(s, axis=1) * qk_scale)
+            alpha = gl.exp2(m - m_new)
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+            l = l * alpha + gl.sum(p, axis=1)
+            m = m_new
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        # epilogue: the last block's P V, then o = acc / l by TMA, lse2 = m + log2(l)
+        j = it + n_blocks - 1
+        last = j % STAGES
+        _token_wait(turn_bars, CID, j + 1 + tc, PINGPONG)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        mbarrier.wait(v_ready.index(last), (j // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        _token_pass(turn_bars, CID, PINGPONG)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        mbarrier.arrive(v_empty.index(last), count=1)
+        if PERSISTENT:  # the Q tile is free for the next tile's; the previous tile's o store must have left o_tile
+            mbarrier.arrive(q_empty.index(CID), count=1)
+            tma.store_wait(0)
+        o = acc / gl.expand_dims(gl.convert_layout(l, row_o), 1)
+        gl.store(LSE + q_row0 + gl.arange(0, M_C, layout=row_s), m + gl.log2(l))
+        o_tile.store(o.to(dtype))
+        fence_async_shared()
+        tma_store(o_desc, [q_row0, 0], o_tile)
+        if not PERSISTENT:  # o_tile is the Q tile's buffer: free once the store has read it
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(CID), count=1)
+        it += n_blocks
+        tc += 1
     tma.store_wait(0)
 
 
 @gluon.jit
-def _fa3_consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turn_bars,
-                   qk_scale, q_row0, q_pos0, n_blocks, M_C: gl.constexpr, BLOCK_N: gl.constexpr,
-                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-    """The second ping-pong consumer (a 4-warp worker partition): rows M_C .. 2 M_C - 1 of the tile."""
-    _fa3_consumer(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turn_bars,
-                  qk_scale, q_row0 + M_C, q_pos0 + M_C, n_blocks, 1, 4, M_C, BLOCK_N, HEAD_D, STAGES, CAUSAL,
-                  PINGPONG)
+def _fa3_consumer1(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty,
+                   v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+    """The second ping-pong consumer (a 4-warp worker partition): rows M_C .. 2 M_C - 1 of each tile."""
+    _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty,
+                  turn_bars, qk_scale, S, NUM_M, TILES, 1, 4, M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL,
+                  PINGPONG, PERSISTENT)
 
 
 @gluon.jit
-def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, NUM_M,
+def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, NUM_M, TILES,
                     HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """Program (query tile, batch x head); see the module docstring. The descriptors view q, k, v, o as [B*H*S, D]
-    matrices (row bh * S + s); q_desc / o_desc blocks are one consumer's M_C = BLOCK_M / CONSUMERS rows."""
+                    PERSISTENT: gl.constexpr, LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
+                    num_warps: gl.constexpr):
+    """Programs loop over tiles t = program_id, + num_programs, ... < TILES (= NUM_M x B*H; one tile a program
+    unless PERSISTENT); see the module docstring. The descriptors view q, k, v, o as [B*H*S, D] matrices (row
+    bh * S + s); q_desc / o_desc blocks are one consumer's M_C = BLOCK_M / CONSUMERS rows."""
     M_C: gl.constexpr = BLOCK_M // CONSUMERS
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = NUM_M - 1 - pid_m
-    bh = gl.program_id(1)
-    q_pos0 = pid_m * BLOCK_M
-    q_row0 = bh * S + q_pos0
-    kv_row0 = bh * S
-    if CAUSAL:
-        n_blocks = (q_pos0 + BLOCK_M) // BLOCK_N
-    else:
-        n_blocks = S // BLOCK_N
-
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, M_C, HEAD_D], q_desc.layout)
+    if PERSISTENT:
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, M_C, HEAD_D], o_desc.layout)
+    else:
+        o_smem = q_smem
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
     q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -223,33 +267,55 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, NUM_M,
     turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(CONSUMERS):
         mbarrier.init(q_bars.index(c), count=1)
+        mbarrier.init(q_empty.index(c), count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(st), count=1)
         mbarrier.init(v_ready.index(st), count=1)
         mbarrier.init(k_empty.index(st), count=CONSUMERS)
         mbarrier.init(v_empty.index(st), count=CONSUMERS)
-    for t in gl.static_range(2):
-        mbarrier.init(turn_bars.index(t), count=1)
+    for tb in gl.static_range(2):
+        mbarrier.init(turn_bars.index(tb), count=1)
 
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                             turn_bars, qk_scale, q_row0, q_pos0, n_blocks, 0, num_warps, M_C, BLOCK_N, HEAD_D,
-                             STAGES, CAUSAL, False)),
-            (_fa3_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-                           v_empty, q_row0, kv_row0, n_blocks, M_C, BLOCK_N, STAGES, CONSUMERS)),
+            (_fa3_consumer, (o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+                             k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps, M_C, BLOCK_M,
+                             BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT)),
+            (_fa3_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+                           k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
         ], [1], [LOAD_REGS])
     else:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                             turn_bars, qk_scale, q_row0, q_pos0, n_blocks, 0, num_warps, M_C, BLOCK_N, HEAD_D,
-                             STAGES, CAUSAL, PINGPONG)),
-            (_fa3_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-                           v_empty, q_row0, kv_row0, n_blocks, M_C, BLOCK_N, STAGES, CONSUMERS)),
-            (_fa3_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                              turn_bars, qk_scale, q_row0, q_pos0, n_blocks, M_C, BLOCK_N, HEAD_D, STAGES, CAUSAL,
-                              PINGPONG)),
+            (_fa3_consumer, (o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+                             k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps, M_C, BLOCK_M,
+                             BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT)),
+            (_fa3_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+                           k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
+            (_fa3_consumer1, (o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+                              k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N,
+                              HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT)),
         ], [1, 4], [LOAD_REGS, MMA_REGS])
+
+
+# ---- variants (benchmarks/sweep_attention_gluon.py measures them; tests compile them for sm_90) ----------------
+# name -> attention_fwd_gluon knobs; CAUSAL_OK: the variants that take a causal mask (block_n == block_m, not
+# persistent)
+VARIANTS = {
+    "coop 128x128 s2": dict(),
+    "coop 128x128 s3": dict(stages=3),
+    "coop 128x64 s4": dict(block_n=64, stages=4),
+    "coop 128x128 s2 persistent": dict(persistent=True),
+    "pingpong 128x128 s2": dict(consumers=2),
+    "pingpong 128x128 s3": dict(consumers=2, stages=3),
+    "pingpong 128x64 s4": dict(consumers=2, block_n=64, stages=4),
+    "pingpong 128x128 s2 persistent": dict(consumers=2, persistent=True),
+    "2 consumers no token 128x128 s2": dict(consumers=2, pingpong=False),
+}
+
+
+def causal_ok(knobs: dict) -> bool:
+    """Whether a variant takes a causal mask: one diagonal key block (block_n == block_m), not persistent."""
+    return knobs.get("block_n", 128) == knobs.get("block_m", 128) and not knobs.get("persistent", False)
 
 
 # ---- launcher ---------------------------------------------------------------------------------------------------
@@ -258,73 +324,84 @@ HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
 
 
 def fa3_launch_config(head_dim: int, block_m: int = 128, block_n: int = 128, stages: int = 2, consumers: int = 1,
-                      pingpong: bool = True, maxnreg: int | None = None) -> dict:
+                      pingpong: bool = True, persistent: bool = False, maxnreg: int | None = None) -> dict:
     """The kernel's constexprs and launch options of one variant (num_warps, maxnreg); ValueError where the
-    variant is not one this kernel has: wgmma's 64-row warp groups, the causal diagonal in one key block (checked by
-    the launcher), the ring within the 227 KB of shared memory."""
+    variant is not one this kernel has: wgmma's 64-row warp groups, the ring (and PERSISTENT's own o buffer)
+    within the 227 KB of shared memory a block may use."""
     if head_dim not in (64, 128):
         raise ValueError(f"attention_fwd_gluon: head dim {head_dim} is not 64 or 128")
     if consumers not in (1, 2):
         raise ValueError(f"attention_fwd_gluon: consumers must be 1 (cooperative) or 2 (ping-pong), not {consumers}")
-    m_c = block_m // consumers
-    if m_c not in (64, 128) or block_m % consumers:
+    if block_m % consumers or block_m // consumers not in (64, 128):
         raise ValueError(f"attention_fwd_gluon: {block_m} query rows over {consumers} consumer(s) is not 64 or 128 "
                          "rows a consumer")
+    m_c = block_m // consumers
     if consumers == 2 and m_c != 64:
         raise ValueError("attention_fwd_gluon: ping-pong consumers are one warp group (64 rows) each: block_m 128")
     if block_n not in (64, 128) or stages < 1:
         raise ValueError(f"attention_fwd_gluon: block_n must be 64 or 128 and stages >= 1 (got {block_n}, {stages})")
-    smem = 2 * (block_m * head_dim + 2 * stages * block_n * head_dim) + 1024
+    smem = 2 * ((2 if persistent else 1) * block_m * head_dim + 2 * stages * block_n * head_dim) + 1024
     if smem > HOPPER_SMEM:
-        raise ValueError(f"attention_fwd_gluon: {smem} bytes of shared memory at {block_m}x{block_n}x{stages} stages")
+        raise ValueError(f"attention_fwd_gluon: {smem} bytes of shared memory at {block_m}x{block_n}x{stages} stages"
+                         + (" persistent" if persistent else ""))
     num_warps = m_c // 16 if consumers == 1 else 4
     total_warps = num_warps + 4 + (4 if consumers == 2 else 0)  # the 1-warp producer takes a warp group's slot
-    if maxnreg is None:
-        maxnreg = min(255, (65536 // (32 * total_warps)) // 8 * 8)
+    if maxnreg is None:  # the most that 1 program an SM can have (168 at 12 warps: consumers 240, producer 24)
+        maxnreg = min(240, (65536 // (32 * total_warps)) // 8 * 8)
     mma_regs = min(240, ((maxnreg * total_warps - 24 * 4) // (total_warps - 4)) // 8 * 8)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers,
-                PINGPONG=bool(pingpong) and consumers == 2, LOAD_REGS=24, MMA_REGS=mma_regs,
-                num_warps=num_warps, maxnreg=maxnreg)
+                PINGPONG=bool(pingpong) and consumers == 2, PERSISTENT=bool(persistent), LOAD_REGS=24,
+                MMA_REGS=mma_regs, num_warps=num_warps, maxnreg=maxnreg)
 
 
 def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                         sm_scale: float | None = None, block_m: int = 128, block_n: int = 128, stages: int = 2,
-                        consumers: int = 1, pingpong: bool = True,
-                        maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        consumers: int = 1, pingpong: bool = True, persistent: bool = False,
+                        maxnreg: int | None = None,
+                        out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [B, H, S, D] in q's dtype, lse2 [B, H, S] fp32 base 2) of softmax(q k^T * scale) v, scale 1/sqrt(D) by
     default; causal top-left aligned. Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a
-    multiple of block_m and block_n (causal: block_n == block_m); else ValueError. Knobs: see the module
-    docstring (block_m, block_n, stages, consumers, pingpong, maxnreg)."""
+    multiple of block_m and block_n (causal: block_n == block_m); else ValueError. Knobs (see the module
+    docstring): block_m, block_n, stages, consumers (1 cooperative, 2 two partitions), pingpong (the GEMM token
+    between 2 consumers), persistent (one program an SM looping over the tiles; not causal), maxnreg. out: (o, lse)
+    to write into (contiguous, of the shapes and dtypes returned), e.g. NaN-poisoned by a check."""
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"attention_fwd_gluon: q, k, v must be [B, H, S, D] of one shape, not {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if q.dtype not in GL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"attention_fwd_gluon: bf16 or fp16 inputs of one dtype, not {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.is_cuda:
-        raise ValueError("attention_fwd_gluon: Gluon kernels run on CUDA devices only (no CPU interpreter)")
     b, h, s, d = q.shape
-    cfg = fa3_launch_config(d, block_m, block_n, stages, consumers, pingpong, maxnreg)
+    cfg = fa3_launch_config(d, block_m, block_n, stages, consumers, pingpong, persistent, maxnreg)
     if s % block_m or s % block_n:
         raise ValueError(f"attention_fwd_gluon: S = {s} is not a multiple of block_m {block_m} and block_n {block_n}")
     if causal and block_n != block_m:
         raise ValueError("attention_fwd_gluon: causal needs block_n == block_m (one diagonal key block)")
+    if causal and persistent:
+        raise ValueError("attention_fwd_gluon: persistent is for the non-causal mask (equal tiles)")
+    if not (q.is_cuda and k.is_cuda and v.is_cuda):
+        raise ValueError("attention_fwd_gluon: Gluon kernels run on CUDA devices only (no CPU interpreter)")
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     q2, k2, v2 = (t.contiguous().view(b * h * s, d) for t in (q, k, v))
-    o = torch.empty((b, h, s, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    if out is None:
+        o = torch.empty((b, h, s, d), dtype=q.dtype, device=q.device)
+        lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    else:
+        o, lse = out
+        if (o.shape != q.shape or o.dtype != q.dtype or not o.is_contiguous() or lse.shape != q.shape[:3]
+                or lse.dtype != torch.float32 or not lse.is_contiguous()):
+            raise ValueError("attention_fwd_gluon: out must be (o like q, lse [B, H, S] fp32), both contiguous")
     m_c = block_m // consumers
     gdt = GL_DTYPES[q.dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([m_c, d], gdt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gdt)
-    q_desc = TensorDescriptor(q2, [b * h * s, d], [d, 1], [m_c, d], q_layout)
-    o_desc = TensorDescriptor(o.view(b * h * s, d), [b * h * s, d], [d, 1], [m_c, d], q_layout)
-    k_desc = TensorDescriptor(k2, [b * h * s, d], [d, 1], [block_n, d], kv_layout)
-    v_desc = TensorDescriptor(v2, [b * h * s, d], [d, 1], [block_n, d], kv_layout)
+    rows = b * h * s
+    q_desc = TensorDescriptor(q2, [rows, d], [d, 1], [m_c, d], q_layout)
+    o_desc = TensorDescriptor(o.view(rows, d), [rows, d], [d, 1], [m_c, d], q_layout)
+    k_desc = TensorDescriptor(k2, [rows, d], [d, 1], [block_n, d], kv_layout)
+    v_desc = TensorDescriptor(v2, [rows, d], [d, 1], [block_n, d], kv_layout)
     num_m = s // block_m
-    grid = (num_m, b * h)
-    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, s, num_m, HEAD_D=d,
-                          BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
-                          CONSUMERS=cfg["CONSUMERS"], CAUSAL=bool(causal), PINGPONG=cfg["PINGPONG"],
-                          LOAD_REGS=cfg["LOAD_REGS"], MMA_REGS=cfg["MMA_REGS"], num_warps=cfg["num_warps"],
-                          maxnreg=cfg["maxnreg"])
+    tiles = num_m * b * h
+    grid = (min(tiles, sm_count(q.device)) if persistent else tiles,)
+    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, s, num_m, tiles, HEAD_D=d,
+                          CAUSAL=bool(causal), **cfg)
     return o, lse
