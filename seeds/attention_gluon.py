@@ -378,9 +378,11 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         raise ValueError("attention_fwd_gluon: causal needs block_n == block_m (one diagonal key block)")
     if causal and persistent:
         raise ValueError("attention_fwd_gluon: persistent is for the non-causal mask (equal tiles)")
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    if not scale > 0:  # the row max is taken before scaling (max(s) c = max(s c) needs c > 0)
+        raise ValueError(f"attention_fwd_gluon: sm_scale must be positive, not {scale}")
     if not (q.is_cuda and k.is_cuda and v.is_cuda):
         raise ValueError("attention_fwd_gluon: Gluon kernels run on CUDA devices only (no CPU interpreter)")
-    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     q2, k2, v2 = (t.contiguous().view(b * h * s, d) for t in (q, k, v))
     if out is None:
         o = torch.empty((b, h, s, d), dtype=q.dtype, device=q.device)

@@ -75,6 +75,16 @@ def test_module_keeps_crucible_static_rules():
             assert not any("ctypes" in n for n in names), node.lineno
 
 
+def test_sweep_smoke_resolves_every_row():
+    """benchmarks/sweep_attention_gluon.py --smoke's rows: every variant in each mode it applies to, each config
+    accepted by the launcher up to its CUDA check."""
+    import time
+    from benchmarks import sweep_attention_gluon as SWEEP
+    rows = SWEEP.smoke_run(time.time())
+    assert len(rows) == sum(2 if G.causal_ok(kw) else 1 for kw in G.VARIANTS.values())
+    assert all(r["status"] == "smoke: config ok" for r in rows), [r["status"] for r in rows]
+
+
 # ---- compiled for the H200 ----------------------------------------------------------------------------------------
 def compile_variant(knobs: dict, causal: bool, head_dim: int = 128):
     """The kernel compiled for sm_90 at the B4 H32 S4096 specialisation of one variant (GluonASTSource: host
