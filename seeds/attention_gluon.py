@@ -5,45 +5,52 @@ s = q k^T * scale * log2(e), the forward contract of seeds/attention.py's attent
 input dtype, lse2 [B, H, S] fp32; multiply lse2 by ln 2 for the natural log-sum-exp). Causal masks are top-left
 aligned (key j seen by query i when j <= i), as SDPA's is_causal.
 Shapes: dense q, k, v [B, H, S, D], the same B, H and S for all three (no GQA, no varlen), bf16 or fp16,
-D in (64, 128), S a multiple of the query tile (and of BLOCK_N); the launcher raises ValueError on anything else
+D in (64, 128), S a multiple of block_m and block_n, scale > 0; the launcher raises ValueError on anything else
 (seeds/attention.py covers the rest). CUDA sm_90 only: Gluon does not run on Triton's CPU interpreter.
 FLOPs: 4 B H S^2 D (half of it causal); at B4 H32 S4096 D128: 275 GFLOP (137 causal).
 
-The schedule, one program per (query tile of BLOCK_M rows, batch x head); causal: query tiles launched last-first
-(the longest programs first):
-- gl.warp_specialize splits the program into a 1-warp TMA producer partition (setmaxnreg LOAD_REGS, 24) and the
-  consumer warp groups. The producer loads the Q tile(s) once, then streams the K and V tiles of the key loop
-  through a STAGES-deep shared-memory ring: per stage one K and one V buffer, each with a "ready" mbarrier (TMA
-  transaction bytes) and an "empty" mbarrier (one arrival per consumer partition). K and V have separate
-  barriers so that a block's QK^T may start before its V has landed, and its K slot is handed back as soon as
-  QK^T completes.
-- Consumers (each a warp group of 4 warps per 64 query rows; wgmma's M is 64 a warp group):
-  cooperative (CONSUMERS 1): the default partition has BLOCK_M / 16 warps, [W, 1] wgmma layout, so its warp
-  groups each own 64 rows of the one tile and run the same instruction stream (FA3's "2 MMA warp groups");
-  pingpong (CONSUMERS 2): two 4-warp consumer partitions (the default and a worker), each owning BLOCK_M / 2 rows
-  of the tile, sharing every K/V stage. With PINGPONG their GEMMs are ordered by two mbarriers used as a token
-  (FA3's warp-scheduler barriers, which Gluon does not expose as named barriers): a consumer waits for the token
-  before issuing a step's GEMMs and passes it on right after issuing them, so one warp group's softmax runs while
-  the other's GEMMs occupy the tensor cores. Without PINGPONG the two partitions run free.
-- In each consumer, FA3's intra-warp-group overlap with asynchronous wgmma: step i issues S_i = Q K_i^T, rescales
-  O by the previous step's alpha, issues O += P_{i-1} V_{i-1} (P from registers, the RS form), then
-  warpgroup_mma_wait(1) waits for S_i only, so the softmax of block i (exp2 with the scale folded into one FMA,
-  m' = max(m, rowmax(s) c), p = exp2(s c - m'), l' = l alpha + rowsum p) runs while P_{i-1} V_{i-1} is still on
-  the tensor cores; warpgroup_mma_wait(0) then retires it. Key blocks are visited last-first, so that when causal
-  the one diagonal block (BLOCK_N == BLOCK_M) is the prologue's, the only one with a mask.
-- Epilogue: o = acc / l into the Q tile's shared memory, TMA store; lse2 = m + log2(l) by pointer store.
-Knobs (attention_fwd_gluon keywords): block_m (128; 64 or 128 rows per consumer warp group x consumers),
-block_n (128, or 64 non-causal), stages (2; 3 fits at D 128 only with 64-row key blocks or 1 consumer tile of
-128), consumers (1 cooperative / 2 ping-pong partitions), pingpong (the token; consumers 2 only), maxnreg (the
-launch's register cap, which the partitions' setmaxnreg share out: 12 warps at 168 give the consumers 240).
+The schedule. Tiles are (query tile of BLOCK_M rows, batch x head), head by head (so that the programs running
+at once share a few heads' K/V in L2), causal a head's longest tiles first. One program a tile (the grid), or
+PERSISTENT: one program an SM looping over tiles pid, pid + P, ...; causal persistent runs pairs of a head's
+query tiles NUM_M - 1 - j and j (NUM_M + 1 key blocks a pair, equal work; seeds/attention.py's `pairs`).
+- gl.warp_specialize splits a program into a 1-warp TMA producer partition (setmaxnreg 24) and the consumers
+  (240). The producer loads each tile's Q (once the consumers' last QK^T of the previous tile has read the
+  buffer) and streams K and V of the key blocks through a STAGES-deep shared-memory ring: per stage one K and one
+  V buffer, each with a "ready" mbarrier (TMA transaction bytes) and an "empty" one (one arrival per consumer
+  partition). K and V have their own barriers so that a block's QK^T may start before its V lands and its K slot
+  is handed back as soon as QK^T completes. The ring's slot and phase counters run on across tiles.
+- Consumers (wgmma's M is 64 rows a warp group): cooperative (consumers=1): the default partition has 8 warps,
+  wgmma layout [8, 1], so its two warp groups each own 64 rows of the 128-row tile in one instruction stream
+  (FA3's two MMA warp groups; Triton's barrier before each mbarrier arrival syncs the two); consumers=2: two
+  4-warp consumer partitions (the default and a worker), 64 rows each, sharing every K/V stage; with pingpong
+  (the default for 2) their GEMMs are ordered by two mbarriers used as a token (FA3's warp-scheduler barriers;
+  Gluon exposes no named barriers): a consumer waits for the token before issuing a step's GEMMs and passes it
+  right after issuing them, so one warp group's softmax runs while the other's GEMMs hold the tensor cores.
+- In each consumer, FA3's intra-warp-group overlap with asynchronous wgmma: step i issues S_i = Q K_i^T (both
+  from shared memory), rescales O by the previous step's alpha, issues O += P_{i-1} V_{i-1} (P from registers),
+  then warpgroup_mma_wait(1) waits for S_i alone, so the softmax of block i (m' = max(m, rowmax(s) c),
+  p = exp2(s c - m') with the scale c = scale log2(e) folded into one FMA, l' = l alpha + rowsum p) runs while
+  P_{i-1} V_{i-1} is still on the tensor cores; warpgroup_mma_wait(0) then retires it. Key blocks run last-first,
+  so that when causal the one diagonal block (block_n == block_m) is the prologue's, the only one with a mask.
+- Epilogue: o = acc / l to shared memory (the Q buffer; PERSISTENT: its own buffer, the TMA store left in flight
+  into the next tile), TMA store; lse2 = m + log2(l) by pointer store.
+Knobs (attention_fwd_gluon keywords; VARIANTS names the measured set): block_m (128), block_n (128, or 64
+non-causal), stages (2, 3 or, at block_n 64, 4: the ring within the 227 KB a block may use; 3 at 128 x 128 takes
+224 KB, so not with PERSISTENT's extra 32 KB o buffer), consumers (1 cooperative, 2 partitions), pingpong,
+persistent, maxnreg (the launch's register cap the partitions' setmaxnreg share out: 12 warps at 168).
+Compiled for sm_90 (tests/test_attention_gluon.py; triton 3.6 and 3.9 alike): every variant at 168 registers a
+thread at launch (setmaxnreg 240 consumers / 24 producer), no spills, wgmma.wait_group 1 kept in the key loop,
+160 KB of shared memory at 2 stages, 224 KB at 3, 192 KB persistent. CPU mirrors of the maths order and of the
+mbarrier protocol (random interleavings): tests/test_attention_gluon_schedule.py.
 
-Compatibility: compiles for sm_90 with triton 3.6 (the H200's) and 3.9 (this repository's tests). The TMA copies
-are tma.async_copy_global_to_shared / async_copy_shared_to_global in 3.6 and tma.async_load / async_store in 3.9,
-where the old names raise; the module picks them by `dir()` (crucible's static checker refuses getattr and
-try/except, so no hasattr-style probing).
+Compatibility: the TMA copies are tma.async_copy_global_to_shared / async_copy_shared_to_global in triton 3.6 (the
+H200's) and tma.async_load / async_store in 3.9 (this repository's tests), where the old names raise; the module
+picks them by `dir()` (crucible's static checker refuses getattr and try/except, so no hasattr-style probing).
+Everything else used (warp_specialize with per-partition warps and registers, mbarrier init/expect/wait/arrive,
+warpgroup_mma / warpgroup_mma_wait, NVMMA layouts, host TensorDescriptor) is spelled alike in both.
 
-Performance: not measured on the GPU yet (benchmarks/sweep_attention_gluon.py measures every variant against
-SDPA's cuDNN and flash backends and seeds/attention.py's default, checking each against float64 first).
+Performance: not measured on the GPU yet (benchmarks/sweep_attention_gluon.py checks every variant against
+float64, then times it against SDPA's cuDNN and flash backends and seeds/attention.py).
 """
 from __future__ import annotations
 
@@ -90,15 +97,43 @@ def _token_pass(turn_bars, CID: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _tile(t, S, NUM_M, CID: gl.constexpr, M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-          CAUSAL: gl.constexpr):
-    """(sequence position, row of the [B*H*S, D] view) of consumer CID's first query row in tile t, the head's
-    first K/V row and the tile's key-block count. Tiles run head by head (a head's query tiles in a row, so that
-    the programs running at once share a few heads' K/V in L2); causal: a head's longest tiles first."""
-    m = t % NUM_M
-    if CAUSAL:
-        m = NUM_M - 1 - m
-    kv_row0 = (t // NUM_M) * S
+def _my_tiles(TILES, PAIRS: gl.constexpr):
+    """How many tiles this program runs: tiles pid, pid + P, ... (P programs), or with PAIRS two a pair for
+    pairs pid, pid + P, ... of the TILES / 2."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    if PAIRS:
+        n = 2 * gl.cdiv(gl.maximum(TILES // 2 - pid, 0), nprog)
+    else:
+        n = gl.cdiv(gl.maximum(TILES - pid, 0), nprog)
+    return n
+
+
+@gluon.jit
+def _tile(u, S, NUM_M, CID: gl.constexpr, M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          CAUSAL: gl.constexpr, PAIRS: gl.constexpr):
+    """(sequence position, row of the [B*H*S, D] view) of consumer CID's first query row in this program's u-th
+    tile, the head's first K/V row and the tile's key-block count. Tiles run head by head (so that the programs
+    running at once share a few heads' K/V in L2): tile t = pid + u * programs is query tile t % NUM_M of head
+    t // NUM_M, causal a head's longest first; PAIRS (persistent causal, NUM_M even): the program's u-th pair
+    pid + (u // 2) * programs of a head's query tiles NUM_M - 1 - j and j (NUM_M + 1 key blocks a pair, the same
+    work for every pair), the heavy one first."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    if PAIRS:
+        half = NUM_M // 2
+        pair = pid + (u // 2) * nprog
+        bh = pair // half
+        j = pair % half
+        heavy = (u % 2 == 0).to(gl.int32)
+        m = j + heavy * (NUM_M - 1 - 2 * j)
+    else:
+        t = pid + u * nprog
+        m = t % NUM_M
+        if CAUSAL:
+            m = NUM_M - 1 - m
+        bh = t // NUM_M
+    kv_row0 = bh * S
     q_pos0 = m * BLOCK_M
     if CAUSAL:
         n_blocks = (q_pos0 + BLOCK_M) // BLOCK_N
@@ -110,13 +145,14 @@ def _tile(t, S, NUM_M, CID: gl.constexpr, M_C: gl.constexpr, BLOCK_M: gl.constex
 @gluon.jit
 def _fa3_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty,
                 S, NUM_M, TILES, M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
+                STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
     """The producer (1 warp): per tile, K of key block n-1, the consumers' Q tiles (once the previous tile's last
     QK^T has read them), V of block n-1, then K and V of blocks n-2 .. 0, through the STAGES-deep ring."""
     it = 0  # key blocks loaded so far (all tiles): ring slot it % STAGES, use (it // STAGES)
     tc = 0  # tiles so far
-    for t in range(gl.program_id(0), TILES, gl.num_programs(0)):
-        q_pos0, q_row0, kv_row0, n_blocks = _tile(t, S, NUM_M, 0, M_C, BLOCK_M, BLOCK_N, CAUSAL)
+    for u in range(0, _my_tiles(TILES, CAUSAL and PERSISTENT)):
+        q_pos0, q_row0, kv_row0, n_blocks = _tile(u, S, NUM_M, 0, M_C, BLOCK_M, BLOCK_N, CAUSAL,
+                                                  CAUSAL and PERSISTENT)
         for i in range(n_blocks):
             j = it + i
             st = j % STAGES
@@ -159,8 +195,9 @@ def _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, 
     zero_s = gl.zeros([M_C, BLOCK_N], gl.float32, mma_s)
     it = 0  # key blocks consumed so far (all tiles); the GEMM token's step count is it + tc
     tc = 0  # tiles so far
-    for t in range(gl.program_id(0), TILES, gl.num_programs(0)):
-        q_pos0, q_row0, kv_row0, n_blocks = _tile(t, S, NUM_M, CID, M_C, BLOCK_M, BLOCK_N, CAUSAL)
+    for u in range(0, _my_tiles(TILES, CAUSAL and PERSISTENT)):
+        q_pos0, q_row0, kv_row0, n_blocks = _tile(u, S, NUM_M, CID, M_C, BLOCK_M, BLOCK_N, CAUSAL,
+                                                  CAUSAL and PERSISTENT)
         acc = gl.zeros([M_C, HEAD_D], gl.float32, mma_o)
         mbarrier.wait(q_bars.index(CID), tc & 1)
 
@@ -282,7 +319,8 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, NUM_M, TIL
                              k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps, M_C, BLOCK_M,
                              BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT)),
             (_fa3_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                           k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
+                           k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL,
+                           PERSISTENT)),
         ], [1], [LOAD_REGS])
     else:
         gl.warp_specialize([
@@ -290,7 +328,8 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, NUM_M, TIL
                              k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps, M_C, BLOCK_M,
                              BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT)),
             (_fa3_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                           k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
+                           k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL,
+                           PERSISTENT)),
             (_fa3_consumer1, (o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
                               k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N,
                               HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT)),
@@ -298,8 +337,8 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, NUM_M, TIL
 
 
 # ---- variants (benchmarks/sweep_attention_gluon.py measures them; tests compile them for sm_90) ----------------
-# name -> attention_fwd_gluon knobs; CAUSAL_OK: the variants that take a causal mask (block_n == block_m, not
-# persistent)
+# name -> attention_fwd_gluon knobs; causal_ok: the variants that take a causal mask (block_n == block_m; persistent
+# ones run causal as pairs of a head's query tiles)
 VARIANTS = {
     "coop 128x128 s2": dict(),
     "coop 128x128 s3": dict(stages=3),
@@ -314,8 +353,8 @@ VARIANTS = {
 
 
 def causal_ok(knobs: dict) -> bool:
-    """Whether a variant takes a causal mask: one diagonal key block (block_n == block_m), not persistent."""
-    return knobs.get("block_n", 128) == knobs.get("block_m", 128) and not knobs.get("persistent", False)
+    """Whether a variant takes a causal mask: one diagonal key block (block_n == block_m)."""
+    return knobs.get("block_n", 128) == knobs.get("block_m", 128)
 
 
 # ---- launcher ---------------------------------------------------------------------------------------------------
@@ -363,7 +402,8 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     default; causal top-left aligned. Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a
     multiple of block_m and block_n (causal: block_n == block_m); else ValueError. Knobs (see the module
     docstring): block_m, block_n, stages, consumers (1 cooperative, 2 two partitions), pingpong (the GEMM token
-    between 2 consumers), persistent (one program an SM looping over the tiles; not causal), maxnreg. out: (o, lse)
+    between 2 consumers), persistent (one program an SM looping over the tiles; causal: over pairs of a head's
+    query tiles, S / block_m even), maxnreg. out: (o, lse)
     to write into (contiguous, of the shapes and dtypes returned), e.g. NaN-poisoned by a check."""
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"attention_fwd_gluon: q, k, v must be [B, H, S, D] of one shape, not {tuple(q.shape)}, "
@@ -376,8 +416,8 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         raise ValueError(f"attention_fwd_gluon: S = {s} is not a multiple of block_m {block_m} and block_n {block_n}")
     if causal and block_n != block_m:
         raise ValueError("attention_fwd_gluon: causal needs block_n == block_m (one diagonal key block)")
-    if causal and persistent:
-        raise ValueError("attention_fwd_gluon: persistent is for the non-causal mask (equal tiles)")
+    if causal and persistent and (s // block_m) % 2:
+        raise ValueError("attention_fwd_gluon: persistent causal runs pairs of query tiles: S / block_m must be even")
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     if not scale > 0:  # the row max is taken before scaling (max(s) c = max(s c) needs c > 0)
         raise ValueError(f"attention_fwd_gluon: sm_scale must be positive, not {scale}")
@@ -403,7 +443,7 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     v_desc = TensorDescriptor(v2, [rows, d], [d, 1], [block_n, d], kv_layout)
     num_m = s // block_m
     tiles = num_m * b * h
-    grid = (min(tiles, sm_count(q.device)) if persistent else tiles,)
+    grid = (min(tiles // 2 if causal else tiles, sm_count(q.device)) if persistent else tiles,)
     _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, s, num_m, tiles, HEAD_D=d,
                           CAUSAL=bool(causal), **cfg)
     return o, lse

@@ -30,7 +30,8 @@ def _qkv(shape, dtype=torch.bfloat16):
     ((1, 2, 256, 32), {}, "head dim"),
     ((1, 2, 200, 128), {}, "multiple"),
     ((1, 2, 256, 128), dict(causal=True, block_n=64), "causal needs"),
-    ((1, 2, 256, 128), dict(causal=True, persistent=True), "persistent"),
+    ((1, 2, 384, 128), dict(causal=True, persistent=True), "even"),
+    ((1, 2, 256, 128), dict(sm_scale=-1.0), "positive"),
     ((1, 2, 256, 128), dict(stages=4), "shared memory"),
     ((1, 2, 256, 128), dict(consumers=2, block_m=256), "ping-pong"),
     ((1, 2, 256, 128), dict(consumers=3), "consumers"),
@@ -59,7 +60,7 @@ def test_every_variant_has_a_launch_config():
         assert cfg["maxnreg"] == 168 and cfg["MMA_REGS"] == 240 and cfg["LOAD_REGS"] == 24, (name, cfg)
         assert cfg["num_warps"] == (8 if cfg["CONSUMERS"] == 1 else 4), (name, cfg)
     assert G.causal_ok(G.VARIANTS["pingpong 128x128 s2"]) and not G.causal_ok(G.VARIANTS["coop 128x64 s4"])
-    assert not G.causal_ok(G.VARIANTS["coop 128x128 s2 persistent"])
+    assert G.causal_ok(G.VARIANTS["coop 128x128 s2 persistent"])
 
 
 def test_module_keeps_crucible_static_rules():

@@ -260,8 +260,51 @@ def run_schedule(seed, stages, consumers, pingpong, persistent, causal, programs
 @pytest.mark.parametrize("causal", [False, True])
 def test_schedule_never_deadlocks_or_races(stages, consumers, pingpong, causal):
     """One program's tiles under 40 random interleavings: a single tile (the grid launch) and 5 tiles
-    (persistent: the ring's slots and phases and the GEMM token's steps run on across tiles)."""
+    (persistent: the ring's slots and phases and the GEMM token's steps run on across tiles; causal: tiles of
+    1 to 4 key blocks)."""
     for seed in range(40):
         run_schedule(seed, stages, consumers, pingpong, False, causal, [2])
-        if not causal:
-            run_schedule(seed, stages, consumers, pingpong, True, causal, [0, 3, 5, 6, 7])
+        run_schedule(seed, stages, consumers, pingpong, True, causal, [0, 3, 5, 6, 7])
+
+
+# ---- the tile order ---------------------------------------------------------------------------------------------
+def program_tiles(pid, programs, tiles, num_m, causal, persistent):
+    """(head, query tile) of each of a program's tiles, in order: _my_tiles and _tile's arithmetic."""
+    pairs = causal and persistent
+    if pairs:
+        n = 2 * -(-max(tiles // 2 - pid, 0) // programs)
+    else:
+        n = -(-max(tiles - pid, 0) // programs)
+    out = []
+    for u in range(n):
+        if pairs:
+            half = num_m // 2
+            pair = pid + (u // 2) * programs
+            bh, j = pair // half, pair % half
+            m = j + (u % 2 == 0) * (num_m - 1 - 2 * j)
+        else:
+            t = pid + u * programs
+            m = t % num_m
+            if causal:
+                m = num_m - 1 - m
+            bh = t // num_m
+        out.append((bh, m))
+    return out
+
+
+@pytest.mark.parametrize("causal,persistent", [(False, False), (True, False), (False, True), (True, True)])
+def test_tile_order_visits_every_tile_once(causal, persistent):
+    """Every (head, query tile) once over the programs, at the launcher's program counts (the grid: one tile each;
+    persistent: min(tiles, SMs), causal min(tiles / 2, SMs)); causal persistent pairs cost NUM_M + 1 key blocks."""
+    for num_m, heads in ((32, 128), (4, 3), (16, 16), (2, 1)):
+        tiles = num_m * heads
+        for sms in (132, 7, 1):
+            programs = min(tiles // 2 if causal else tiles, sms) if persistent else tiles
+            seen = []
+            for pid in range(programs):
+                mine = program_tiles(pid, programs, tiles, num_m, causal, persistent)
+                if causal and persistent:
+                    for a, b in zip(mine[::2], mine[1::2]):
+                        assert a[0] == b[0] and (a[1] + 1) + (b[1] + 1) == num_m + 1 and a[1] > b[1]
+                seen += mine
+            assert sorted(seen) == [(h, m) for h in range(heads) for m in range(num_m)], (num_m, heads, sms)
