@@ -2,7 +2,7 @@
 non-causal then causal, in ONE call, against SDPA's cuDNN and flash backends and seeds/attention.py (its
 attention_fwd defaults, and the launch ModelNew takes on sm_90) timed in the same run.
 
-Every Gluon variant (seeds.attention_gluon.VARIANTS; causal: those with one diagonal key block, not persistent) is
+Every Gluon variant (seeds.attention_gluon.VARIANTS; causal: those with one diagonal key block; persistent causal runs pairs) is
 first checked against a float64 truth computed on the GPU in (batch, head) chunks, at a small shape (B2 H8 S2048:
 256 tiles, so the persistent rows loop over tiles) and at the full shape, its outputs NaN-poisoned before each call
 (attention_fwd_gluon's out=): WRONG when o's relative L2 error is above 3x SDPA cuDNN's own at that shape (SDPA
@@ -14,7 +14,9 @@ its row; --budget (default 240 s) stops starting new rows. One table last: TFLOP
 
     python3 benchmarks/sweep_attention_gluon.py --budget 240   # the H200 (torch 2.11, triton 3.6)
     python3 benchmarks/sweep_attention_gluon.py --smoke        # the CPU: imports, variant configs, the truth
-Rows also go to $OUT/sweep_attention_gluon.json when OUT is set.
+--only / --skip (comma-separated substrings of the Gluon variants' names) and --mode full|causal narrow a rerun
+(say, past a variant that hung: each row logs its name before it runs). Rows go to
+$OUT/sweep_attention_gluon.json when OUT is set, rewritten after every row.
 """
 from __future__ import annotations
 
@@ -147,7 +149,12 @@ def smoke_run(t0: float) -> list[dict]:
 
 def main() -> int:
     ap = parser(__doc__.splitlines()[0], budget_s=240.0)
+    ap.add_argument("--only", default="", help="comma-separated substrings: run only the Gluon variants naming one")
+    ap.add_argument("--skip", default="", help="comma-separated substrings: leave out the Gluon variants naming one")
+    ap.add_argument("--mode", choices=("both", "full", "causal"), default="both", help="non-causal, causal or both")
     args = ap.parse_args()
+    only = [w for w in args.only.split(",") if w]
+    skip = [w for w in args.skip.split(",") if w]
     t0 = time.time()
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}, "
@@ -162,7 +169,8 @@ def main() -> int:
     sets = make_inputs(FULL, dev, 0, SETS)
     small = make_inputs(SMALL, dev, 1, 1)[0]
     rows: list[dict] = []
-    for causal in (False, True):
+    modes = {"both": (False, True), "full": (False,), "causal": (True,)}[args.mode]
+    for causal in modes:
         tag = "causal" if causal else "non-causal"
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         q, k, v = sets[0]
@@ -194,7 +202,8 @@ def main() -> int:
         # the current Triton seed (no out=: it allocates its own outputs), then the Gluon variants
         entries = [("seed attention_fwd defaults", seed_fn(False), False),
                    ("seed ModelNew launch (sm_90)", seed_fn(True), False)]
-        entries += [(f"gluon {name}", gluon_fn(kw), True) for name, kw in variants_for(causal)]
+        entries += [(f"gluon {name}", gluon_fn(kw), True) for name, kw in variants_for(causal)
+                    if (not only or any(w in name for w in only)) and not any(w in name for w in skip)]
         for name, fn, takes_out in entries:
             row = dict(causal=causal, variant=name, ms=None, tflops=None, o_err=None, lse_err=None, small_err=None)
             if time.time() - t0 > args.budget:
@@ -202,6 +211,7 @@ def main() -> int:
                 rows.append(row)
                 log(t0, f"{tag} {name}: skipped (budget of {args.budget:g} s spent)")
                 continue
+            log(t0, f"{tag} {name}: compiling / checking")
             try:
                 kw = dict(out=poisoned(small[0])) if takes_out else {}
                 st_small, row["small_err"], lse_small = check(*fn(*small, causal, **kw), *small_true, b_small)
@@ -223,12 +233,17 @@ def main() -> int:
             rows.append(row)
             log(t0, f"{tag} {name}: {row['status']} ms={row['ms']} o_err={row['o_err']} "
                     f"small_err={row['small_err']} lse_err={row['lse_err']}")
+            save(rows)  # after every row: a run killed mid-way (a hung kernel) keeps what it measured
         del o_true, lse_true, small_true
         torch.cuda.empty_cache()
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "sweep_attention_gluon.json").write_text(json.dumps(rows, indent=1, default=str))
+    save(rows)
     print_table(rows, FULL, smoke=False)
     return 0
+
+
+def save(rows: list[dict]) -> None:
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "sweep_attention_gluon.json").write_text(json.dumps(rows, indent=1, default=str))
 
 
 def print_table(rows: list[dict], shape, smoke: bool) -> None:
@@ -239,6 +254,8 @@ def print_table(rows: list[dict], shape, smoke: bool) -> None:
           f"{'lse err':>8s}  correctness")
     for causal in (False, True):
         mode = [r for r in rows if r["causal"] == causal]
+        if not mode:
+            continue
         cudnn = next((r["ms"] for r in mode if r["variant"] == "SDPA cudnn" and r["ms"]), None)
         for r in mode:
             ms = f"{r['ms']:.4f}" if r["ms"] else "-"
