@@ -2,9 +2,10 @@
 non-causal then causal, in ONE call, against SDPA's cuDNN and flash backends and seeds/attention.py (its
 attention_fwd defaults, and the launch ModelNew takes on sm_90) timed in the same run.
 
-Every Gluon variant (seeds.attention_gluon.VARIANTS; causal: those with one diagonal key block; persistent causal runs pairs) is
-first checked against a float64 truth computed on the GPU in (batch, head) chunks, at a small shape (B2 H8 S2048:
-256 tiles, so the persistent rows loop over tiles) and at the full shape, its outputs NaN-poisoned before each call
+Every Gluon variant (seeds.attention_gluon.VARIANTS; causal: those with one diagonal key block, the persistent
+ones over pairs of query tiles) is first checked against a float64 truth computed on the GPU in (batch, head)
+chunks, at a small shape (B2 H8 S2048: 256 tiles, so the persistent rows loop over tiles) and at the full shape,
+its outputs NaN-poisoned before each call
 (attention_fwd_gluon's out=): WRONG when o's relative L2 error is above 3x SDPA cuDNN's own at that shape (SDPA
 flash's when cuDNN is missing; 1e-2 when neither runs), when anything is not finite, or when lse's largest error
 (natural log) is above 1e-3. Only a correct variant is timed: triton.testing.do_bench medians (warmup 25, rep
