@@ -14,10 +14,20 @@ in a fixed order, so results are bitwise repeatable.
 Bytes: the KV read dominates: 2 B Hkv N D elt (2.15 GB at batch 64, Hkv 8, N 8192, D 128, bf16: 0.51 ms at the
 copy ceiling of 4,244 GB/s); partials add 2 x B Hq splits (D + 1) x 4 bytes each way (8.4 MB at 8 splits).
 
+Schedules: the split grid (program (b Hkv + kv head, split)), or `balanced` (dense cache, every sequence N keys):
+the B Hkv sequences' key tiles laid end to end and cut into equal ranges, one a program (a fixed number an SM), each
+program leaving one partial per sequence its range touches, so no wave of programs runs half empty. On sm_90 the
+dense cache's whole tiles come through TMA descriptors (`tma`), the partial tail through masked pointer loads.
+
 On the CPU interpreter (Triton 3.9: wrong bf16 tl.dot, truncating fp32 -> bf16) the operands are upcast and bf16
-outputs rounded to nearest, as in seeds/attention.py. The split count and tiles are heuristic, NOT measured.
-Measured on the H200 (docs/BENCHMARKS.md run E): batch 64, 8k KV, GQA 32/8, D128: 0.501 ms = 4,286 GB/s on the KV
-bytes, 0.96x SDPA enable_gqa (0.481 ms); the paged variant 1.06x SDPA on the gathered cache.
+outputs rounded to nearest, as in seeds/attention.py.
+Measured on the H200 (docs/BENCHMARKS.md runs AS, AT; benchmarks/sweep_decode.py, do_bench), batch 64, 8k KV, GQA
+32/8, D128: every variant within 1% of SDPA enable_gqa, which reads the KV bytes at ~4,400 GB/s (a read-mostly
+stream, above the copy ceiling): one split at 64-token tiles, 2 stages 0.4950 ms against SDPA's 0.4932 (0.996x);
+TMA or pointers the same (0.4951 / 0.4950); balanced 0.4964-0.4968 (no gain: not the default); the old default
+(2 splits, 3 stages) 0.4966-0.5013. `crucible bench` (run AT): the old default 0.972x eager, balanced 0.990x
+[0.984, 0.994], so a tie at the bandwidth limit, not a win. Paged: one split 0.4663 ms, 1.073x SDPA on the gathered
+cache (0.5003; the gather itself not timed), 3.57x the task's eager (gather + SDPA) in `crucible bench`.
 """
 from __future__ import annotations
 
@@ -199,18 +209,20 @@ def _decode_combine_kernel(
 
 
 def decode_config(device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_N, warps, stages) of the split kernel: 64-token tiles, 4 warps, 3 stages on the GPU (unmeasured: a
-    [16, 128] x [128, 64] dot per step is small; the loop is a stream of 32 KB K/V tiles); 32 on the interpreter."""
+    """(BLOCK_N, warps, stages) of the split kernel: 64-token tiles, 4 warps, 2 stages on the GPU (runs AS, AT: the
+    fastest with one split at the ANCHORS shape, dense and paged; 3 stages ran 10% slower there); 32 on the
+    interpreter."""
     if device.type != "cuda":
         return 32, 4, 1
-    return 64, 4, 3
+    return 64, 4, 2
 
 
 def default_splits(batch: int, hkv: int, n_ctx: int, block_n: int, device: torch.device) -> int:
-    """Splits so that batch x hkv x splits programs fill the GPU about four times over (unmeasured), each split at
-    least 4 tiles long; at batch 64 and 8 kv heads that is 2 splits of 4096 tokens on 132 SMs."""
+    """Splits so that batch x hkv x splits programs fill the GPU's SMs about once, each split at least 4 tiles long:
+    at batch 64 and 8 kv heads one split (runs AS, AT: 2, 4 and 8 splits were slower there, dense and paged; other
+    batch sizes not measured)."""
     programs = max(1, batch * hkv)
-    want = triton.cdiv(4 * sm_count(device), programs)
+    want = triton.cdiv(sm_count(device), programs)
     most = max(1, n_ctx // (4 * block_n))
     return max(1, min(want, most, 256))
 
