@@ -107,6 +107,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from seeds._common import sm_count
+from seeds.attention_gluon import attention_fwd_gluon
 from seeds.cross_entropy import round_bf16_rne
 
 CRUCIBLE_SEED = {
@@ -1355,6 +1356,28 @@ def hopper_fwd_variant(q: torch.Tensor, causal: bool) -> dict:
     return {"warp_specialize": True, "persistent": pairs, "pairs": pairs}
 
 
+def gluon_fwd_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict | None:
+    """The knobs of the Gluon FA3-style forward (seeds/attention_gluon.py) where it is measured to pay, else None
+    (the Triton kernels here run). Measured on the H200 at D = 128 (run AU, do_bench, B4 H32 S4096 bf16): two
+    64-row consumer warp groups without the GEMM token 647.7 TFLOP/s non-causal (0.946x cuDNN's 684.7 in that
+    run; this file's best Triton launch 559.4); causal, ping-pong persistent over pairs of query tiles 583.7
+    (1.111x cuDNN's 525.2; the Triton launch 487.6). It takes dense contiguous q, k, v of one shape (no GQA),
+    bf16/fp16, S a multiple of 128 (causal: an even number of 128-row tiles), on sm_90 only."""
+    if not (q.is_cuda and q.dim() == 4 and k.shape == q.shape and v.shape == q.shape and q.shape[-1] == 128):
+        return None
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return None
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or q.numel() == 0:
+        return None
+    if torch.cuda.get_device_capability(q.device)[0] != 9 or q.shape[2] % 128:
+        return None
+    if not causal:
+        return {"consumers": 2, "pingpong": False}
+    if (q.shape[2] // 128) % 2:
+        return None
+    return {"consumers": 2, "pingpong": True, "persistent": True}
+
+
 class ModelNew(nn.Module):
     """tasks/attention_fwd.py and tasks/attention_fwd_causal.py: o = SDPA(q, k, v, is_causal=causal)."""
 
@@ -1363,5 +1386,8 @@ class ModelNew(nn.Module):
         self.causal = causal
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        gluon = gluon_fwd_variant(q, k, v, self.causal)
+        if gluon is not None:
+            return attention_fwd_gluon(q, k, v, self.causal, **gluon)[0]
         return attention_fwd(q, k, v, self.causal, store_lse=False, **hopper_fwd_variant(q, self.causal))[0]
 
