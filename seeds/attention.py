@@ -1358,11 +1358,12 @@ def hopper_fwd_variant(q: torch.Tensor, causal: bool) -> dict:
 
 def gluon_fwd_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict | None:
     """The knobs of the Gluon FA3-style forward (seeds/attention_gluon.py) where it is measured to pay, else None
-    (the Triton kernels here run). Measured on the H200 at D = 128 (run AU, do_bench, B4 H32 S4096 bf16): two
-    64-row consumer warp groups without the GEMM token 647.7 TFLOP/s non-causal (0.946x cuDNN's 684.7 in that
-    run; this file's best Triton launch 559.4); causal, ping-pong persistent over pairs of query tiles 583.7
-    (1.111x cuDNN's 525.2; the Triton launch 487.6). It takes dense contiguous q, k, v of one shape (no GQA),
-    bf16/fp16, S a multiple of 128 (causal: an even number of 128-row tiles), on sm_90 only."""
+    (the Triton kernels here run). Measured on the H200 at D = 128, B4 H32 S4096 bf16, `crucible bench` (sustained,
+    every check stage): non-causal, two 64-row consumer warp groups without the GEMM token, persistent: 607.7
+    TFLOP/s, 1.017x cuDNN SDPA [1.015, 1.022] (run AX; the same not persistent 598.5-599.2, 1.002-1.013x, runs
+    AV, AX); causal, ping-pong persistent over pairs of query tiles: 571.2 TFLOP/s, 1.092x cuDNN [1.089, 1.096]
+    (run AV). This file's Triton launch: 539.4 / 470.3 (run AI). It takes dense contiguous q, k, v of one shape
+    (no GQA), bf16/fp16, S a multiple of 128 (causal: an even number of 128-row tiles), on sm_90 only."""
     if not (q.is_cuda and q.dim() == 4 and k.shape == q.shape and v.shape == q.shape and q.shape[-1] == 128):
         return None
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -1372,7 +1373,7 @@ def gluon_fwd_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     if torch.cuda.get_device_capability(q.device)[0] != 9 or q.shape[2] % 128:
         return None
     if not causal:
-        return {"consumers": 2, "pingpong": False}
+        return {"consumers": 2, "pingpong": False, "persistent": True}
     if (q.shape[2] // 128) % 2:
         return None
     return {"consumers": 2, "pingpong": True, "persistent": True}
