@@ -1360,8 +1360,8 @@ def gluon_fwd_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     """The knobs of the Gluon FA3-style forward (seeds/attention_gluon.py) where it is measured to pay, else None
     (the Triton kernels here run). Measured on the H200 at D = 128, B4 H32 S4096 bf16, `crucible bench` (sustained,
     every check stage): non-causal, two 64-row consumer warp groups without the GEMM token, persistent: 607.7
-    TFLOP/s, 1.017x cuDNN SDPA [1.015, 1.022] (run AX; the same not persistent 598.5-599.2, 1.002-1.013x, runs
-    AV, AX); causal, ping-pong persistent over pairs of query tiles: 571.2 TFLOP/s, 1.092x cuDNN [1.089, 1.096]
+    TFLOP/s, 1.017x cuDNN SDPA [1.015, 1.022] (run AY; the same not persistent 598.5-599.2, 1.002-1.013x, runs
+    AV, AY); causal, ping-pong persistent over pairs of query tiles: 571.2 TFLOP/s, 1.092x cuDNN [1.089, 1.096]
     (run AV). This file's Triton launch: 539.4 / 470.3 (run AI). It takes dense contiguous q, k, v of one shape
     (no GQA), bf16/fp16, S a multiple of 128 (causal: an even number of 128-row tiles), on sm_90 only."""
     if not (q.is_cuda and q.dim() == 4 and k.shape == q.shape and v.shape == q.shape and q.shape[-1] == 128):

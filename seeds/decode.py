@@ -25,9 +25,10 @@ Measured on the H200 (docs/BENCHMARKS.md runs AS, AT; benchmarks/sweep_decode.py
 32/8, D128: every variant within 1% of SDPA enable_gqa, which reads the KV bytes at ~4,400 GB/s (a read-mostly
 stream, above the copy ceiling): one split at 64-token tiles, 2 stages 0.4950 ms against SDPA's 0.4932 (0.996x);
 TMA or pointers the same (0.4951 / 0.4950); balanced 0.4964-0.4968 (no gain: not the default); the old default
-(2 splits, 3 stages) 0.4966-0.5013. `crucible bench` (run AT): the old default 0.972x eager, balanced 0.990x
-[0.984, 0.994], so a tie at the bandwidth limit, not a win. Paged: one split 0.4663 ms, 1.073x SDPA on the gathered
-cache (0.5003; the gather itself not timed), 3.57x the task's eager (gather + SDPA) in `crucible bench`.
+(2 splits, 3 stages) 0.4966-0.5109. `crucible bench` (run AU, the defaults here): 0.4838 ms = 4,441 GB/s,
+0.995x SDPA [0.992, 1.000], no significant difference: a tie at the bandwidth limit, not a win (run AT: the old
+default 0.972x, balanced 0.990x). Paged: one split 0.4663 ms, 1.073x SDPA on the gathered cache (0.5003; the
+gather itself not timed); `crucible bench` (run AU) 0.4576 ms, 3.65x the task's eager (gather + SDPA).
 """
 from __future__ import annotations
 
