@@ -20,6 +20,8 @@ from seeds import attention_gluon as G
 from tests.sm90 import compiled_in_child, nvidia_backend_available
 
 HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
+needs_sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                                reason="needs an sm_90 GPU (Hopper): run on the H200 with CRUCIBLE_TEST_DEVICE=cuda")
 
 
 def _qkv(shape, dtype=torch.bfloat16):
@@ -169,3 +171,55 @@ def test_variants_compile_for_sm90():
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--compile-sm90"]:
     print(json.dumps(_compile_all()))
+
+
+def test_model_new_keeps_the_triton_path_off_sm90():
+    """ModelNew takes the Gluon kernel only on sm_90 CUDA tensors it was measured on; anywhere else (here: the CPU)
+    the Triton kernels run, so the interpreter checks those."""
+    from seeds.attention import gluon_fwd_variant
+    q, k, v = _qkv((1, 2, 256, 128))
+    assert gluon_fwd_variant(q, k, v, False) is None and gluon_fwd_variant(q, k, v, True) is None
+
+
+GPU_SHAPES = [(1, 3, 512, 128), (2, 2, 256, 128)]  # 4 (pairs for causal persistent) and 2 query tiles a head
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", [n for n, kw in G.VARIANTS.items() if kw.get("block_n", 128) == 128]
+                         + ["ModelNew"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dist", ["normal", "outliers", "large", "constant_rows"])
+def test_forward_on_the_gpu(name, causal, dist):
+    """Every 128 x 128 variant (and ModelNew's launch) against float64 through the one tolerance module, SDPA's cuDNN
+    and FlashAttention-2 backends as PyTorch's own errors (the forward tasks' rule), outputs NaN-poisoned first so
+    an unwritten element fails; lse2 against the float64 log-sum-exp. GPU-only (CRUCIBLE_TEST_DEVICE=cuda)."""
+    import math
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from sandbox.task import load_task
+    from sandbox.tolerance import compare
+    from seeds.attention import gluon_fwd_variant
+
+    task = load_task(Path(__file__).resolve().parent.parent / "tasks" / "attention_fwd.py")
+    for shape in GPU_SHAPES:
+        b, h, s, d = shape
+        q, k, v = task.with_constants({"B": b, "H": h, "S": s}).make_inputs(s + h, dist, "cuda")
+        kw = gluon_fwd_variant(q, k, v, causal) if name == "ModelNew" else G.VARIANTS[name]
+        assert kw is not None, "ModelNew must take the Gluon kernel at this shape on sm_90"
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full((b, h, s), float("nan"), dtype=torch.float32, device="cuda")
+        G.attention_fwd_gluon(q, k, v, causal, out=(o, lse), **kw)
+        qd, kd, vd = (t.double() for t in (q, k, v))
+        scores = qd @ kd.transpose(-1, -2) / math.sqrt(d)
+        if causal:
+            scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+        truth = torch.softmax(scores, -1) @ vd
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            flash = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        bad = compare(f"{name} o {shape}", o, ref, truth, alternates=(flash,))
+        assert bad is None, bad.describe()
+        lse_err = (lse.double() * math.log(2.0) - torch.logsumexp(scores, -1)).abs().max().item()
+        assert lse_err < 1e-3, f"{name} lse {shape}: max error {lse_err:.3g} (natural log)"
