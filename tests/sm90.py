@@ -53,6 +53,7 @@ def compile_sm90(fn: Any, values: dict, num_warps: int, num_stages: int | None =
 
 def compiled_in_child(test_file: str, *args: str) -> Any:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CRUCIBLE_COMPILE_CHILD"] = "1"  # conftest.py, imported by the test file, leaves the interpreter off
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     proc = subprocess.run([sys.executable, test_file, "--compile-sm90", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
