@@ -572,6 +572,9 @@ class Archive:
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
         return [_duel(r) for r in self._all(f"SELECT * FROM duels {where} ORDER BY id", params)]
 
+    def has_duel(self, uid: str) -> bool:
+        return self._one("SELECT 1 FROM duels WHERE uid=?", (uid,)) is not None
+
     def uncrowned(self, task_hash: str) -> set[int]:
         """Challengers of a task that no duel crowned: their own check ranked them above a best they did not beat."""
         lost, won = set(), set()

@@ -451,9 +451,9 @@ class _Coordinator:
             paths = {duel_mod.CHALLENGER: self._source_file(cand, "duels"),
                      duel_mod.INCUMBENT: self._source_file(best, "duels")}
             self.bout = duel_mod.Bout(cand, best, self.free_slots.pop(), paths)
+            self._next_leg()  # first, so the note's progress counts the leg's check in flight
             self._emit(EventKind.NOTE, f"#{cand.id} ({speed(cand)}) ranks above the best #{best.id} ({speed(best)}) "
                                        f"on its own check: re-timing both back to back before crowning it", cand)
-            self._next_leg()
 
     def _next_leg(self) -> None:
         bout = self.bout
@@ -544,12 +544,17 @@ class _Coordinator:
         new = self.accepted + self.rejected - self.counted_before
         return Progress(per_minute=round(new * 60.0 / elapsed, 2) if new and elapsed > 0 else None,
                         proposals=self.issued, budget=self.budget,
-                        in_flight=len(self.requests) + len(self.ready) + len(self.evals), accepted=self.accepted,
+                        in_flight=len(self.requests) + len(self.ready) + len(self.evals) + self._dueling(),
+                        accepted=self.accepted,
                         rejected=self.rejected, input_tokens=self.tokens_in, output_tokens=self.tokens_out,
                         cost_usd=self.cost, elapsed_s=time.monotonic() - self.started,
                         check_s=sum(self.check_times) / len(self.check_times) if self.check_times else None,
                         proposer="tuner" if self._tuner_turn() else (self.provider.name if self.provider else ""),
                         best=self.best)
+
+    def _dueling(self) -> int:
+        """The duel's check running now: one at most, since its legs run one after another on one slot."""
+        return int(self.bout is not None and self.bout.future is not None)
 
     def _source_file(self, cand: Candidate, folder: str) -> Path:
         """The candidate's source as a file under the run's folder, for a check that is not a proposal's."""

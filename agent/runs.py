@@ -64,7 +64,7 @@ class EventKind(str, enum.Enum):
 class Progress:
     proposals: int = 0
     budget: int = 0
-    in_flight: int = 0
+    in_flight: int = 0  # LLM requests, candidates waiting for or in a check, and a duel's running check (one)
     accepted: int = 0
     rejected: int = 0
     input_tokens: int = 0

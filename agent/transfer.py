@@ -1,9 +1,15 @@
 """A whole archive as JSON Lines, so a team can merge the runs of several machines into one archive.
 
 One object per line, each with a "kind": `run`, `candidate` (with its source inline and its parents named by uid,
-since local ids differ between machines) or `reverification` (its candidate named by uid). Lines are written
-parents first. Importing skips what is already there: runs by id, candidates and re-checks by uid, so importing the
-same file twice, or files that overlap, adds each record once.
+since local ids differ between machines), `reverification` (its candidate named by uid) or `duel` (challenger and
+incumbent named by uid). Lines are written parents first, and a re-check or a duel after the candidates it names.
+Importing skips what is already there: runs by id, candidates, re-checks and duels by uid, so importing the same
+file twice, or files that overlap, adds each record once. A duel whose challenger or incumbent is in neither the file
+nor the archive is skipped and counted: without both kernels it says nothing.
+
+The header's format names the kinds a file may hold: crucible-archive/1 runs, candidates and re-checks; /2 adds
+duels. A reader reads every format up to its own and refuses a newer one at the header, before it adds anything, so
+an older crucible stops with one sentence instead of half-way through, at the first line of a kind it does not know.
 """
 from __future__ import annotations
 
@@ -15,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from agent.archive import Archive, Candidate, Reverification, Run, Timings
+from agent.archive import Archive, Candidate, Duel, DuelLeg, Reverification, Run, Timings
 
 log = logging.getLogger(__name__)
-FORMAT = "crucible-archive/1"
+FORMAT = "crucible-archive/2"
+READS = ("crucible-archive/1", FORMAT)  # every format up to this one: a file of an older crucible still imports
+KINDS = ("run", "candidate", "reverification", "duel")
 
 
 class TransferError(ValueError):
@@ -27,16 +35,20 @@ class TransferError(ValueError):
 
 def dump(archive: Archive, out: IO[str], *, task: str | None = None) -> dict[str, int]:
     """Writes the archive (or one task's part of it) to `out`; returns how many records of each kind."""
-    counts = {"run": 0, "candidate": 0, "reverification": 0}
+    counts = dict.fromkeys(KINDS, 0)
     cands = archive.candidates(task=task)
     uids = {c.id: c.uid for c in cands}
-    missing = {p for c in cands for p in (c.parent_id, c.parent2_id) if p and p not in uids}
-    for pid in missing:  # a parent outside the filter (another task's kernel): named, so lineage survives a merge
+    # A task's duels are those its candidates fought as challenger. The incumbent shares the challenger's task hash,
+    # but not always its path (a task file moved between runs): one the filter left out is named like a parent.
+    duels = [d for d in archive.duels() if d.challenger_id in uids]
+    linked = {p for c in cands for p in (c.parent_id, c.parent2_id) if p} | {d.incumbent_id for d in duels}
+    missing = linked - uids.keys()
+    for pid in missing:  # outside the filter (another task's kernel): named, so lineage survives a merge
         parent = archive.get(pid, with_source=False)
         if parent is not None:
             uids[pid] = parent.uid
     out.write(json.dumps({"kind": "header", "format": FORMAT, "source": str(archive.path)}) + "\n")
-    run_ids = {c.run_id for c in cands}
+    run_ids = {c.run_id for c in cands} | {d.run_id for d in duels}
     for run in archive.runs():
         if task is None or run.id in run_ids:
             out.write(json.dumps({"kind": "run", **dataclasses.asdict(run)}) + "\n")
@@ -56,27 +68,36 @@ def dump(archive: Archive, out: IO[str], *, task: str | None = None) -> dict[str
             record["candidate_uid"] = uids[record.pop("candidate_id")]
             out.write(json.dumps({"kind": "reverification", **record}) + "\n")
             counts["reverification"] += 1
+    for d in duels:
+        record = d.to_dict()
+        record.pop("id")
+        record["challenger_uid"] = uids[record.pop("challenger_id")]
+        record["incumbent_uid"] = uids[record.pop("incumbent_id")]
+        out.write(json.dumps({"kind": "duel", **record}) + "\n")
+        counts["duel"] += 1
     return counts
 
 
 @dataclass
 class Merged:
-    """What an import added and what it skipped as already present."""
+    """What an import added, what it skipped as already present, and what it could not link."""
 
-    added: dict[str, int]
-    skipped: dict[str, int]
+    added: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    skipped: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     orphans: int = 0  # candidates whose parent is in neither archive: kept, without that link
+    unmatched_duels: int = 0  # duels whose challenger or incumbent is in neither: not added
 
 
 def load(archive: Archive, lines: Iterable[str], *, name: str = "input") -> Merged:
     """Merges exported records into `archive`. Each record is one transaction; a bad line stops the import."""
-    merged = Merged({"run": 0, "candidate": 0, "reverification": 0}, {"run": 0, "candidate": 0, "reverification": 0})
+    merged = Merged()
     for lineno, record in _records(lines, name):
         kind = record.pop("kind")
         try:
             if kind == "header":
-                if record.get("format") != FORMAT:
-                    raise TransferError(f"{name}: format {record.get('format')!r}, this crucible reads {FORMAT}")
+                if record.get("format") not in READS:
+                    raise TransferError(f"{name} is in format {record.get('format')!r}, which this crucible does not "
+                                        f"read (it reads {' and '.join(READS)}); import it with a newer crucible")
                 continue
             if kind == "run":
                 added = archive.add_run_if_new(Run(**record))
@@ -84,6 +105,10 @@ def load(archive: Archive, lines: Iterable[str], *, name: str = "input") -> Merg
                 added = _add_candidate(archive, record, merged)
             elif kind == "reverification":
                 added = _add_reverification(archive, record)
+            elif kind == "duel":
+                added = _add_duel(archive, record, merged)
+                if added is None:
+                    continue
             else:
                 raise TransferError(f"{name} line {lineno}: unknown record kind {kind!r}")
         except (TypeError, KeyError, ValueError) as exc:
@@ -146,6 +171,25 @@ def _add_reverification(archive: Archive, record: dict[str, Any]) -> bool:
         raise ValueError("a re-check of a candidate that is not in the file or the archive")
     archive.add_reverification(Reverification(candidate_id=cand_id, timings=Timings(**record.pop("timings")),
                                               **record))
+    return True
+
+
+def _add_duel(archive: Archive, record: dict[str, Any], merged: Merged) -> bool | None:
+    """False when already here, None when a side is in neither the file nor the archive (counted, not added)."""
+    if not record.get("uid"):
+        raise ValueError("a duel without a uid")
+    if archive.has_duel(record["uid"]):
+        return False
+    sides = {key: _local_id(archive, record.pop(f"{key}_uid")) for key in ("challenger", "incumbent")}
+    if None in sides.values():
+        merged.unmatched_duels += 1
+        log.warning("duel %s: its %s is in neither the file nor the archive; skipped", record["uid"],
+                    " and ".join(k for k, v in sides.items() if v is None))
+        return None
+    if record.get("run_id") and archive.get_run(record["run_id"]) is None:
+        record["run_id"] = None
+    legs = tuple(DuelLeg(**leg) for leg in record.pop("legs"))
+    archive.add_duel(Duel(challenger_id=sides["challenger"], incumbent_id=sides["incumbent"], legs=legs, **record))
     return True
 
 

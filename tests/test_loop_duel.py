@@ -135,6 +135,19 @@ def test_a_faster_challenger_is_crowned_after_the_duel(tmp_path, task, kernel, g
         assert events[crowned].message.endswith(f"faster, #{variant.id} is the new best")
 
 
+def test_live_progress_counts_the_duels_running_check(tmp_path, task, kernel, gpu):
+    """While a leg runs, nothing else is in flight (budget spent, one GPU): the live line says 1, not 0, and not one
+    per leg; once the duel is decided it says 0 again."""
+    ev, events = clocked({"seed": 1.0, "variant": 0.9}), []
+    with Archive(tmp_path / "a.db") as archive:
+        run_search(RunConfig(task_path=task, budget=1, device="cuda", start_from=kernel), archive,
+                   evaluator_factory=ev, on_event=events.append)
+    (started,) = [e for e in events if e.kind is EventKind.NOTE and "re-timing both back to back" in e.message]
+    (decided,) = [e for e in events if e.kind is EventKind.DUEL]
+    assert started.progress.in_flight == 1 and decided.progress.in_flight == 0
+    assert ev.log[2:6] == [(kind, ("eager",)) for kind in ("variant", "seed", "variant", "seed")]
+
+
 def test_a_challenger_inside_the_incumbents_noise_is_not_retimed(tmp_path, task, kernel, gpu):
     ev, events = clocked({"seed": 1.0, "variant": 1.0}, lambda kind, b: 0.997 if kind == "variant" else 1.0), []
     with Archive(tmp_path / "a.db") as archive:

@@ -283,8 +283,8 @@ def _export(archive: Any, args: argparse.Namespace) -> int:
         if args.output.suffix == ".py":
             raise BrowseError("exporting the whole archive writes JSONL; name a candidate ID to export a .py module")
         counts = transfer.dump_file(archive, args.output, task=args.task)
-        console.print(f"wrote {counts['candidate']} candidates, {counts['run']} runs and {counts['reverification']} "
-                      f"re-checks to {args.output}")
+        console.print(f"wrote {counts['candidate']} candidates, {counts['run']} runs, {counts['reverification']} "
+                      f"re-checks and {counts['duel']} duels to {args.output}")
         return 0
     if args.output.suffix != ".py":
         raise BrowseError(f"{args.output} does not end in .py; a kernel exports as a Python module")
@@ -305,10 +305,12 @@ def _import(archive: Any, args: argparse.Namespace) -> int:
     for path in args.files:
         merged = transfer.load_file(archive, path)
         a, s = merged.added, merged.skipped
-        console.print(f"{path}: added {a['candidate']} candidates, {a['run']} runs, {a['reverification']} re-checks; "
-                      f"skipped {s['candidate'] + s['run'] + s['reverification']} already here"
+        console.print(f"{path}: added {a['candidate']} candidates, {a['run']} runs, {a['reverification']} re-checks, "
+                      f"{a['duel']} duels; skipped {sum(s.values())} already here"
                       + (f"; {merged.orphans} parent links to records in neither archive dropped"
-                         if merged.orphans else ""))
+                         if merged.orphans else "")
+                      + (f"; {merged.unmatched_duels} duels skipped, their challenger or incumbent in neither the "
+                         "file nor the archive" if merged.unmatched_duels else ""))
     return 0
 
 
