@@ -1,4 +1,65 @@
-"""DOCSTRING"""
+"""Attention backward for Hopper (sm_90) in Gluon (triton.experimental.gluon), in the FlashAttention-3 style.
+NOT MEASURED ON THE GPU YET: compiled for sm_90 only (triton 3.6 and 3.9); benchmarks/sweep_attention_gluon_bwd.py
+is the first check against float64 and the first timing.
+
+What: (dq, dk, dv) of o = softmax(q k^T * scale) v for an upstream gradient do, from the forward's base-2
+log-sum-exp lse2 [B, H, S] fp32 and delta [B, H, S] fp32, the contract of seeds/attention.py's attention_bwd:
+    s = q k^T,  P = exp2(s * scale * log2(e) - lse2),  dV = P^T dO,  dP = dO V^T,
+    dS = P o (dP - delta),  dQ = scale dS K,  dK = scale dS^T Q
+with delta_i = sum_j P_ij dP_ij (attention_fwd_with_delta(precise=True): the "precise" numerics the harness needs,
+docs/BENCHMARKS.md runs T/U) or rowsum(dO o O). dS enters the dK and dQ products as two operands of the input dtype
+(split_ds=True, the default: hi = dS rounded, lo = (dS - hi) rounded, seeds/attention.py's _ds_product SPLIT_DS 1)
+or rounded once (split_ds=False); P enters dV's product rounded once, as in FlashAttention.
+Shapes: dense do, q, k, v [B, H, S, D], one shape (MHA: no GQA, no varlen), bf16 or fp16, D 64 or 128, S a
+multiple of every block size, scale > 0; the launcher raises ValueError on anything else. Causal masks are
+top-left aligned (key j seen by query i when j <= i). CUDA sm_90 only: Gluon does not run on Triton's CPU
+interpreter. Outputs like q (contiguous), written by TMA stores; no atomics, so the result is bitwise repeatable.
+FLOPs: the backward's 5 products are 2.5x the forward's 4 B H S^2 D (10 B H S^2 D; half when causal): 687 GFLOP at
+B4 H32 S4096 D128 (the split dS adds 2 products, not counted, as in the sweeps' convention).
+
+The schedule: two kernels, each one program a (block, batch x head) tile, tiles head by head (the programs running
+at once share a few heads' inputs in L2), each gl.warp_specialize'd into a 1-warp TMA producer partition
+(setmaxnreg 24) and an 8-warp consumer (240 registers; two 64-row warp groups, wgmma layout [8, 1], in one
+instruction stream, as the forward's cooperative consumer), 12 warps at 168 registers a thread, one program an SM.
+- dK / dV (_dkdv_kernel, FA3's layout): the program keeps BLOCK_N = 128 keys. The producer loads its K and V once,
+  then streams the query blocks' Q and dO tiles (BLOCK_M = 64 rows) through a STAGES-deep ring (per slot a Q
+  "ready" mbarrier, a dO "ready" one, one "empty"), and each block's lse2 and delta by pointer loads into shared
+  memory (the dO barrier's second arrival): read straight into S^T's column layout they would hold 32 registers a
+  thread across the step, and made the consumer spill. Per query block the consumer (keys on rows, so dK and dV
+  accumulate as plain A-from-registers wgmma) issues S^T = K Q^T and dP^T = V dO^T (both operands in shared
+  memory), waits for S^T alone (warpgroup_mma_wait(1)), computes P^T = exp2(S^T c - lse2) while dP^T is on the
+  tensor cores, issues dV += P^T dO, waits for dP^T alone, computes dS^T = P^T (dP^T - delta) while dV's product
+  runs, issues dK += hi^T Q (and lo^T Q), retires everything (wait(0)) and hands the slot back. Causal: query
+  blocks from the key block's diagonal on; the first BLOCK_N / BLOCK_M cross it (a peeled loop with the mask,
+  run with wait(0) between the products: the mask's positions made the overlapped step spill), the rest unmasked.
+  Epilogue: dK * scale and dV through K's and V's buffers, TMA stores.
+- dQ (_dq_kernel, the forward's structure): the program keeps BLOCK_M = 128 queries (Q and dO tiles loaded once,
+  its lse2 / delta rows in registers: 2 a thread in the row layout); the producer streams K and V blocks (BLOCK_N
+  64 or 128 rows) through the ring with their own ready / empty barriers. Per key block: S = Q K^T and dP = dO V^T
+  issued, P while dP runs (wait(1)), V's slot handed back, dS = P (dP - delta), dQ += hi K (+ lo K), K's slot
+  handed back once they retire. Causal: key blocks 0 .. diagonal, a head's longest query blocks first; the last
+  BLOCK_M / BLOCK_N blocks masked (a peeled loop). Epilogue: dQ * scale through Q's buffer, TMA store.
+Why a separate dQ kernel and not FA3's atomics: it is deterministic (the harness's checks repeat calls; bitwise
+repeatable results are the primary variant), it needs no fp32 dQ scratch (B H S D x 4 bytes, 256 MB here) nor a
+conversion kernel, and seeds/attention.py's FA2 layout with dQ atomics measured 0.43x (run AC). Its cost is the
+recompute of S and dP (2 of 7 products with the split dS). An atomic / TMA reduce-add dQ is not implemented.
+Knobs (attention_bwd_gluon keywords; VARIANTS names the sweep's set): block_m (64; 128), stages (2; the ring
+within 227 KB: 4 at 64-row blocks), dq_block_n (64 or 128), dq_stages (2; 3 at 64-row blocks), overlap (True;
+False: wait(0) after every issue, the serial control), maxnreg (168), and split_ds. block_n and dq_block_m are 128
+(the two consumer warp groups).
+Compiled for sm_90 (tests/test_attention_gluon_bwd.py, triton 3.9 and, by hand, 3.6): every variant at 168
+registers a thread at launch (setmaxnreg 240 consumer / 24 producer), no spills (local 0, stack 0), wgmma.wait_group
+1 kept where overlap; shared memory: dK/dV 132 KB at 2 stages (199 KB at 4), dQ 131 KB at 2 stages of 64-row blocks
+(164 KB at 3, 197 KB at 2 of 128-row blocks). The dK/dV kernel at 3 stages spilled 8 bytes under triton 3.9 (not
+3.6), hence 4 in VARIANTS. CPU mirror of the maths in the kernels' order against float64 autograd:
+tests/test_attention_gluon_bwd.py.
+
+Compatibility: the TMA copies are tma.async_copy_global_to_shared / async_copy_shared_to_global in triton 3.6 (the
+H200's) and tma.async_load / async_store in 3.9, picked by `dir()` as in seeds/attention_gluon.py (crucible's
+static checker refuses getattr and try/except).
+Not done: ping-pong between two consumer partitions, persistent scheduling (causal pairs), deferring dQ's wait into
+the next step (its products retire before the next S is issued), dQ by atomics.
+"""
 from __future__ import annotations
 
 import math
@@ -344,7 +405,7 @@ def _dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, LSE, DELTA, sm_scale, q
 # name -> attention_bwd_gluon knobs (split_ds is the call's own argument: every variant runs with either)
 VARIANTS = {
     "64x128 s2 / dq 128x64 s2": dict(),
-    "64x128 s3 / dq 128x64 s3": dict(stages=3, dq_stages=3),
+    "64x128 s4 / dq 128x64 s3": dict(stages=4, dq_stages=3),
     "64x128 s2 / dq 128x128 s2": dict(dq_block_n=128),
     "64x128 s2 / dq 128x64 s2 serial": dict(overlap=False),
 }
@@ -372,6 +433,8 @@ def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stag
         raise ValueError(f"attention_bwd_gluon: stages >= 1 (got {stages}, {dq_stages})")
     for what, kept, streamed, st in (("dK/dV", block_n, block_m, stages), ("dQ", dq_block_m, dq_block_n, dq_stages)):
         smem = 2 * head_dim * (2 * kept + 2 * st * streamed) + 1024
+        if what == "dK/dV":  # the lse2 and delta vectors of each stage
+            smem += 2 * 4 * st * streamed
         if smem > HOPPER_SMEM:
             raise ValueError(f"attention_bwd_gluon: the {what} kernel's {smem} bytes of shared memory at {kept} kept "
                              f"rows, {streamed} x {st} stages")
