@@ -285,7 +285,8 @@ def save(rows: list[dict]) -> None:
 
 def print_table(rows: list[dict], shape, smoke: bool) -> None:
     b, h, s, d = shape
-    print(f"\nattention backward, {'SMOKE (CPU: configs only, nothing timed)' if smoke else f'B{b} H{h} S{s} D{d} bf16'}"
+    what = "SMOKE (CPU: configs only, nothing timed)" if smoke else f"B{b} H{h} S{s} D{d} bf16"
+    print(f"\nattention backward, {what}"
           "; vs cuDNN = SDPA cuDNN's ms / the row's ms (> 1: faster); errors: rel L2 against float64, dq/dk/dv")
     print(f"{'mode':6s} {'variant':46s} {'bwd ms':>8s} {'TFLOP/s':>8s} {'vs cuDNN':>9s} {'f+b ms':>8s} "
           f"{'TFLOP/s':>8s} {'vs cuDNN':>9s} {'full err dq/dk/dv':>26s} {'small err':>26s}  correctness")
