@@ -14,8 +14,11 @@ Shapes: dense do, q, k, v [B, H, S, D], one shape (MHA: no GQA, no varlen), bf16
 multiple of every block size, scale > 0; the launcher raises ValueError on anything else. Causal masks are
 top-left aligned (key j seen by query i when j <= i). CUDA sm_90 only: Gluon does not run on Triton's CPU
 interpreter. Outputs like q (contiguous), written by TMA stores; no atomics, so the result is bitwise repeatable.
-FLOPs: the backward's 5 products are 2.5x the forward's 4 B H S^2 D (10 B H S^2 D; half when causal): 687 GFLOP at
-B4 H32 S4096 D128 (the split dS adds 2 products, not counted, as in the sweeps' convention).
+FLOPs: the backward's 5 products are 2.5x the forward's 4 B H S^2 D (10 B H S^2 D; half when causal): 2.75 TFLOP at
+B4 H32 S4096 D128 (the forward 1.10 TFLOP: 4 x 128 x 4096^2 x 128; the "275 GFLOP" in seeds/attention.py's and
+attention_gluon.py's docstrings is 4x short, their TFLOP/s figures are right). Executed: 9 products of 2 S^2 D a
+head with the split dS (dK/dV: S^T, dP^T, dV, dK hi, dK lo; dQ: S, dP, dQ hi, dQ lo), 4.95 TFLOP, 7 without it;
+the sweeps count 10 B H S^2 D whatever the variant executes.
 
 The schedule: two kernels, each one program a (block, batch x head) tile, tiles head by head (the programs running
 at once share a few heads' inputs in L2), each gl.warp_specialize'd into a 1-warp TMA producer partition
