@@ -1,0 +1,506 @@
+"""Attention backward for Hopper (sm_90) in Gluon (triton.experimental.gluon), in the FlashAttention-3 style.
+NOT MEASURED ON THE GPU YET: compiled for sm_90 only (triton 3.6 and 3.9); benchmarks/sweep_attention_gluon_bwd.py
+is the first check against float64 and the first timing.
+
+What: (dq, dk, dv) of o = softmax(q k^T * scale) v for an upstream gradient do, from the forward's base-2
+log-sum-exp lse2 [B, H, S] fp32 and delta [B, H, S] fp32, the contract of seeds/attention.py's attention_bwd:
+    s = q k^T,  P = exp2(s * scale * log2(e) - lse2),  dV = P^T dO,  dP = dO V^T,
+    dS = P o (dP - delta),  dQ = scale dS K,  dK = scale dS^T Q
+with delta_i = sum_j P_ij dP_ij (attention_fwd_with_delta(precise=True): the "precise" numerics the harness needs,
+docs/BENCHMARKS.md runs T/U) or rowsum(dO o O). dS enters the dK and dQ products as two operands of the input dtype
+(split_ds=True, the default: hi = dS rounded, lo = (dS - hi) rounded, seeds/attention.py's _ds_product SPLIT_DS 1)
+or rounded once (split_ds=False); P enters dV's product rounded once, as in FlashAttention.
+Shapes: dense do, q, k, v [B, H, S, D], one shape (MHA: no GQA, no varlen), bf16 or fp16, D 64 or 128, S a
+multiple of every block size, scale > 0; the launcher raises ValueError on anything else. Causal masks are
+top-left aligned (key j seen by query i when j <= i). CUDA sm_90 only: Gluon does not run on Triton's CPU
+interpreter. Outputs like q (contiguous), written by TMA stores; no atomics, so the result is bitwise repeatable.
+FLOPs: the backward's 5 products are 2.5x the forward's 4 B H S^2 D (10 B H S^2 D; half when causal): 2.75 TFLOP at
+B4 H32 S4096 D128 (the forward 1.10 TFLOP: 4 x 128 x 4096^2 x 128; the "275 GFLOP" in seeds/attention.py's and
+attention_gluon.py's docstrings is 4x short, their TFLOP/s figures are right). Executed: 9 products of 2 S^2 D a
+head with the split dS (dK/dV: S^T, dP^T, dV, dK hi, dK lo; dQ: S, dP, dQ hi, dQ lo), 4.95 TFLOP, 7 without it;
+the sweeps count 10 B H S^2 D whatever the variant executes.
+
+The schedule: two kernels, each one program a (block, batch x head) tile, tiles head by head (the programs running
+at once share a few heads' inputs in L2), each gl.warp_specialize'd into a 1-warp TMA producer partition
+(setmaxnreg 24) and an 8-warp consumer (240 registers; two 64-row warp groups, wgmma layout [8, 1], in one
+instruction stream, as the forward's cooperative consumer), 12 warps at 168 registers a thread, one program an SM.
+- dK / dV (_dkdv_kernel, FA3's layout): the program keeps BLOCK_N = 128 keys. The producer loads its K and V once,
+  then streams the query blocks' Q and dO tiles (BLOCK_M = 64 rows) through a STAGES-deep ring (per slot a Q
+  "ready" mbarrier, a dO "ready" one, one "empty"), and each block's lse2 and delta by pointer loads into shared
+  memory (the dO barrier's second arrival): read straight into S^T's column layout they would hold 32 registers a
+  thread across the step, and made the consumer spill. Per query block the consumer (keys on rows, so dK and dV
+  accumulate as plain A-from-registers wgmma) issues S^T = K Q^T and dP^T = V dO^T (both operands in shared
+  memory), waits for S^T alone (warpgroup_mma_wait(1)), computes P^T = exp2(S^T c - lse2) while dP^T is on the
+  tensor cores, issues dV += P^T dO, waits for dP^T alone, computes dS^T = P^T (dP^T - delta) while dV's product
+  runs, issues dK += hi^T Q (and lo^T Q), retires everything (wait(0)) and hands the slot back. Causal: query
+  blocks from the key block's diagonal on; the first BLOCK_N / BLOCK_M cross it (a peeled loop with the mask,
+  run with wait(0) between the products: the mask's positions made the overlapped step spill), the rest unmasked.
+  Epilogue: dK * scale and dV through K's and V's buffers, TMA stores.
+- dQ (_dq_kernel, the forward's structure): the program keeps BLOCK_M = 128 queries (Q and dO tiles loaded once,
+  its lse2 / delta rows in registers: 2 a thread in the row layout); the producer streams K and V blocks (BLOCK_N
+  64 or 128 rows) through the ring with their own ready / empty barriers. Per key block: S = Q K^T and dP = dO V^T
+  issued, P while dP runs (wait(1)), V's slot handed back, dS = P (dP - delta), dQ += hi K (+ lo K), K's slot
+  handed back once they retire. Causal: key blocks 0 .. diagonal, a head's longest query blocks first; the last
+  BLOCK_M / BLOCK_N blocks masked (a peeled loop). Epilogue: dQ * scale through Q's buffer, TMA store.
+Why a separate dQ kernel and not FA3's atomics: it is deterministic (the harness's checks repeat calls; bitwise
+repeatable results are the primary variant), it needs no fp32 dQ scratch (B H S D x 4 bytes, 256 MB here) nor a
+conversion kernel, and seeds/attention.py's FA2 layout with dQ atomics measured 0.43x (run AC). Its cost is the
+recompute of S and dP (2 of 7 products with the split dS). An atomic / TMA reduce-add dQ is not implemented.
+Knobs (attention_bwd_gluon keywords; VARIANTS names the sweep's set): block_m (64; 128), stages (2; the ring
+within 227 KB: 4 at 64-row blocks), dq_block_n (64 or 128), dq_stages (2; 3 at 64-row blocks), overlap (True;
+False: wait(0) after every issue, the serial control), maxnreg (168), and split_ds. block_n and dq_block_m are 128
+(the two consumer warp groups).
+Compiled for sm_90 (tests/test_attention_gluon_bwd.py, triton 3.9 and, by hand, 3.6): every variant at 168
+registers a thread at launch (setmaxnreg 240 consumer / 24 producer), no spills (local 0, stack 0), wgmma.wait_group
+1 kept where overlap; shared memory: dK/dV 132 KB at 2 stages (199 KB at 4), dQ 131 KB at 2 stages of 64-row blocks
+(164 KB at 3, 197 KB at 2 of 128-row blocks). The dK/dV kernel at 3 stages spilled 8 bytes under triton 3.9 (not
+3.6), hence 4 in VARIANTS. CPU mirror of the maths in the kernels' order against float64 autograd:
+tests/test_attention_gluon_bwd.py.
+
+Compatibility: the TMA copies are tma.async_copy_global_to_shared / async_copy_shared_to_global in triton 3.6 (the
+H200's) and tma.async_load / async_store in 3.9, picked by `dir()` as in seeds/attention_gluon.py (crucible's
+static checker refuses getattr and try/except).
+Not done: ping-pong between two consumer partitions, persistent scheduling (causal pairs), deferring dQ's wait into
+the next step (its products retire before the next S is issued), dQ by atomics.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+# TMA global <-> shared copies: async_copy_global_to_shared / async_copy_shared_to_global in Triton 3.6 (the
+# H200's), renamed async_load / async_store later (3.9 here, where the old names raise); as seeds/attention_gluon.py
+if "async_load" in dir(tma):
+    tma_load = tma.async_load
+    tma_store = tma.async_store
+else:  # Triton 3.6
+    tma_load = tma.async_copy_global_to_shared
+    tma_store = tma.async_copy_shared_to_global
+
+LOG2E = 1.4426950408889634
+
+
+# ---- shared device code -----------------------------------------------------------------------------------------
+@gluon.jit
+def _ds_operands(ds, op_layout: gl.constexpr, dtype: gl.constexpr, SPLIT_DS: gl.constexpr):
+    """dS (fp32, an accumulator layout) as the register A operand(s) of the dK / dQ product: hi = dS rounded to the
+    input dtype and, with SPLIT_DS, lo = (dS - hi) rounded (seeds/attention.py's _ds_product, SPLIT_DS 1); without
+    it lo is hi (unused)."""
+    hi = ds.to(dtype)
+    if SPLIT_DS:
+        lo = (ds - hi.to(gl.float32)).to(dtype)
+        lo_op = gl.convert_layout(lo, op_layout)
+    else:
+        lo_op = gl.convert_layout(hi, op_layout)
+    return gl.convert_layout(hi, op_layout), lo_op
+
+
+# ---- dK / dV: one program a key block ---------------------------------------------------------------------------
+@gluon.jit
+def _dkdv_tile(S, NUM_N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(row of the [B*H*S, D] view of the program's first key, of its head's first query, the first query block,
+    the query-block count). Tiles run head by head, key blocks in order (causal: the heaviest first)."""
+    t = gl.program_id(0)
+    bh = t // NUM_N
+    n = t % NUM_N
+    if CAUSAL:
+        m0 = (n * BLOCK_N) // BLOCK_M
+    else:
+        m0 = 0
+    return bh * S + n * BLOCK_N, bh * S, m0, S // BLOCK_M - m0
+
+
+@gluon.jit
+def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem,
+                 kv_bar, q_ready, do_ready, qdo_empty, S, NUM_N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The producer (1 warp): the program's K and V once, then per query block Q and dO by TMA and its lse2 and
+    delta by pointer loads into shared memory (do_ready's second arrival: the consumers read them in the layout of
+    S^T's columns, which would hold 16 registers a thread each if loaded there ahead of use)."""
+    vec: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_M // 32], threads_per_warp=[32], warps_per_cta=[1],
+                                         order=[0])
+    offs = gl.arange(0, BLOCK_M, layout=vec)
+    k_row, q_row0, m0, n_steps = _dkdv_tile(S, NUM_N, BLOCK_M, BLOCK_N, CAUSAL)
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma_load(k_desc, [k_row, 0], kv_bar, k_smem)
+    tma_load(v_desc, [k_row, 0], kv_bar, v_smem)
+    for i in range(n_steps):
+        st = i % STAGES
+        ph = (i // STAGES) & 1
+        row = q_row0 + (m0 + i) * BLOCK_M
+        mbarrier.wait(qdo_empty.index(st), ph ^ 1)
+        mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes)
+        tma_load(q_desc, [row, 0], q_ready.index(st), q_smem.index(st))
+        mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes)
+        tma_load(do_desc, [row, 0], do_ready.index(st), do_smem.index(st))
+        lse_smem.index(st).store(gl.load(LSE + row + offs))
+        dlt_smem.index(st).store(gl.load(DELTA + row + offs))
+        mbarrier.arrive(do_ready.index(st), count=1)
+
+
+@gluon.jit
+def _dkdv_step(i, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready, do_ready, qdo_empty,
+               qk_scale, mma_s: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, MASK: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr):
+    """Query block i of the program's (ring slot i % STAGES): S^T = K Q^T and dP^T = V dO^T issued together,
+    P^T = exp2(S^T c - lse2) while dP^T runs (OVERLAP: wait_group 1), dV += P^T dO issued, dS^T = P^T (dP^T -
+    delta) while it runs, dK += dS^T Q (hi, then lo with SPLIT_DS), all retired before the slot is handed back.
+    MASK: the block crosses the diagonal; offset = its first query's position minus the key block's first (key
+    row r, query column c kept where r <= c + offset)."""
+    col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
+    dtype: gl.constexpr = q_smem.dtype
+    st = i % STAGES
+    ph = (i // STAGES) & 1
+    q_t = q_smem.index(st)
+    do_t = do_smem.index(st)
+    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_s)
+    mbarrier.wait(q_ready.index(st), ph)
+    s = warpgroup_mma(k_smem, q_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(st), ph)
+    dp = warpgroup_mma(v_smem, do_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    if OVERLAP:
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+    else:
+        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+    p = gl.exp2(s * qk_scale - gl.expand_dims(lse_smem.index(st).load(col_s), 0))
+    if MASK:
+        r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_s))
+        c = gl.arange(0, BLOCK_M, layout=col_s) + offset
+        p = gl.where(gl.expand_dims(r, 1) <= gl.expand_dims(c, 0), p, 0.0)
+    p_op = gl.convert_layout(p.to(dtype), op_layout)
+    dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
+    if OVERLAP:
+        dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp,))
+    else:
+        dv, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, p_op))
+    ds = p * (dp - gl.expand_dims(dlt_smem.index(st).load(col_s), 0))
+    hi_op, lo_op = _ds_operands(ds, op_layout, dtype, SPLIT_DS)
+    dk = warpgroup_mma(hi_op, q_t, dk, is_async=True)
+    if SPLIT_DS:
+        dk = warpgroup_mma(lo_op, q_t, dk, is_async=True)
+    dv, dk, p_op, hi_op, lo_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, hi_op, lo_op))
+    mbarrier.arrive(qdo_empty.index(st), count=1)
+    return dk, dv
+
+
+@gluon.jit
+def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, kv_bar, q_ready,
+                   do_ready, qdo_empty, sm_scale, qk_scale, S, NUM_N, W: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                   SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr):
+    """The consumer warp groups (W warps, keys on rows, W / 4 warp groups of 64 keys each): per query block,
+    S^T = K Q^T and dP^T = V dO^T issued together, P^T = exp2(S^T c - lse2) while dP^T is on the tensor cores
+    (OVERLAP), dV += P^T dO issued, dS^T = P^T (dP^T - delta) while it runs, dK += dS^T Q (two products with
+    SPLIT_DS: hi, lo). Epilogue: dK c and dV through K's and V's buffers, TMA stores."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
+                                                    instr_shape=[16, BLOCK_M, 16])
+    mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
+                                                    instr_shape=[16, HEAD_D, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
+    dtype: gl.constexpr = q_smem.dtype
+    k_row, q_row0, m0, n_steps = _dkdv_tile(S, NUM_N, BLOCK_M, BLOCK_N, CAUSAL)
+    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, mma_d)
+    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, mma_d)
+    mbarrier.wait(kv_bar, 0)
+    # causal: the first BLOCK_N / BLOCK_M query blocks cross the diagonal (masked, and serial: the mask's column
+    # positions would make the overlapped step spill), the rest are whole
+    n_diag = BLOCK_N // BLOCK_M if CAUSAL else 0
+    for i in range(0, n_diag):
+        dk, dv = _dkdv_step(i, (m0 + i) * BLOCK_M - (k_row - q_row0), dk, dv, k_smem, v_smem, q_smem, do_smem,
+                            lse_smem, dlt_smem, q_ready, do_ready, qdo_empty, qk_scale, mma_s, op_layout, BLOCK_M,
+                            BLOCK_N, STAGES, True, SPLIT_DS, False)
+    for i in range(n_diag, n_steps):
+        dk, dv = _dkdv_step(i, 0, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready, do_ready,
+                            qdo_empty, qk_scale, mma_s, op_layout, BLOCK_M, BLOCK_N, STAGES, False, SPLIT_DS,
+                            OVERLAP)
+    # epilogue: K's and V's buffers are free (every wgmma reading them has retired)
+    k_smem.store((dk * sm_scale).to(dtype))
+    v_smem.store(dv.to(dtype))
+    fence_async_shared()
+    tma_store(dk_desc, [k_row, 0], k_smem)
+    tma_store(dv_desc, [k_row, 0], v_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, sm_scale, qk_scale, S, NUM_N,
+                 HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr, LOAD_REGS: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """One program a (key block, batch x head) tile, NUM_N key blocks a head; descriptors over [B*H*S, D] views."""
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_D], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
+    vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_smem)
+    dlt_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_smem)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(st), count=1)
+        mbarrier.init(do_ready.index(st), count=2)  # the dO tile's transaction and the lse2 / delta stores
+        mbarrier.init(qdo_empty.index(st), count=1)
+    gl.warp_specialize([
+        (_dkdv_consumer, (dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, kv_bar, q_ready,
+                          do_ready, qdo_empty, sm_scale, qk_scale, S, NUM_N, num_warps, BLOCK_M, BLOCK_N, HEAD_D,
+                          STAGES, CAUSAL, SPLIT_DS, OVERLAP)),
+        (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
+                        dlt_smem, kv_bar, q_ready, do_ready, qdo_empty, S, NUM_N, BLOCK_M, BLOCK_N, STAGES,
+                        CAUSAL)),
+    ], [1], [LOAD_REGS])
+
+
+# ---- dQ: one program a query block ------------------------------------------------------------------------------
+@gluon.jit
+def _dq_tile(S, NUM_M, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(row of the program's first query, of its head's first key, the key-block count). Tiles run head by head;
+    causal, a head's last query blocks (the most keys) first."""
+    t = gl.program_id(0)
+    bh = t // NUM_M
+    m = t % NUM_M
+    if CAUSAL:
+        m = NUM_M - 1 - m
+        n_blocks = (m * BLOCK_M + BLOCK_M) // BLOCK_N
+    else:
+        n_blocks = S // BLOCK_N
+    return bh * S + m * BLOCK_M, bh * S, n_blocks
+
+
+@gluon.jit
+def _dq_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready, k_empty,
+               v_empty, S, NUM_M, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               CAUSAL: gl.constexpr):
+    """The producer (1 warp): the program's Q and dO once, then K and V of key blocks 0 .. n-1 through the ring."""
+    q_row, kv_row0, n_blocks = _dq_tile(S, NUM_M, BLOCK_M, BLOCK_N, CAUSAL)
+    for i in range(n_blocks):
+        st = i % STAGES
+        ph = (i // STAGES) & 1
+        row = kv_row0 + i * BLOCK_N
+        mbarrier.wait(k_empty.index(st), ph ^ 1)
+        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+        tma_load(k_desc, [row, 0], k_ready.index(st), k_smem.index(st))
+        if i == 0:
+            mbarrier.expect(qdo_bar, 2 * q_desc.block_type.nbytes)
+            tma_load(q_desc, [q_row, 0], qdo_bar, q_smem)
+            tma_load(do_desc, [q_row, 0], qdo_bar, do_smem)
+        mbarrier.wait(v_empty.index(st), ph ^ 1)
+        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+        tma_load(v_desc, [row, 0], v_ready.index(st), v_smem.index(st))
+
+
+@gluon.jit
+def _dq_step(i, offset, dq, lse, dlt, q_smem, do_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, qk_scale,
+             mma_s: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr, MASK: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr):
+    """Key block i (ring slot i % STAGES): S = Q K^T and dP = dO V^T issued together, P = exp2(S c - lse2) while dP
+    runs (OVERLAP), V's slot handed back, dS = P (dP - delta), dQ += dS K (hi, then lo with SPLIT_DS), K's slot
+    handed back once they retire. MASK: the block crosses the diagonal; offset = its first key's position minus
+    the query block's first (query row r, key column c kept where c + offset <= r)."""
+    dtype: gl.constexpr = q_smem.dtype
+    st = i % STAGES
+    ph = (i // STAGES) & 1
+    k_t = k_smem.index(st)
+    v_t = v_smem.index(st)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_s)
+    mbarrier.wait(k_ready.index(st), ph)
+    s = warpgroup_mma(q_smem, k_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(st), ph)
+    dp = warpgroup_mma(do_smem, v_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    if OVERLAP:
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+    else:
+        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+    p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
+    if MASK:
+        r = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_s))
+        c = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_s)) + offset
+        p = gl.where(gl.expand_dims(c, 0) <= gl.expand_dims(r, 1), p, 0.0)
+    if OVERLAP:
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+    mbarrier.arrive(v_empty.index(st), count=1)
+    ds = p * (dp - gl.expand_dims(dlt, 1))
+    hi_op, lo_op = _ds_operands(ds, op_layout, dtype, SPLIT_DS)
+    dq = warpgroup_mma(hi_op, k_t, dq, is_async=True)
+    if SPLIT_DS:
+        dq = warpgroup_mma(lo_op, k_t, dq, is_async=True)
+    dq, hi_op, lo_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, hi_op, lo_op))
+    mbarrier.arrive(k_empty.index(st), count=1)
+    return dq
+
+
+@gluon.jit
+def _dq_consumer(dq_desc, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready, k_empty, v_empty,
+                 sm_scale, qk_scale, S, NUM_M, W: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr,
+                 OVERLAP: gl.constexpr):
+    """The consumer warp groups (W warps, queries on rows): per key block, S = Q K^T and dP = dO V^T issued
+    together, P = exp2(S c - lse2) while dP runs (OVERLAP), dS = P (dP - delta), dQ += dS K (hi, lo with SPLIT_DS).
+    Epilogue: dQ c through Q's buffer, TMA store."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
+                                                    instr_shape=[16, BLOCK_N, 16])
+    mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
+                                                    instr_shape=[16, HEAD_D, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
+    dtype: gl.constexpr = q_smem.dtype
+    q_row, kv_row0, n_blocks = _dq_tile(S, NUM_M, BLOCK_M, BLOCK_N, CAUSAL)
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_s))
+    lse = gl.load(LSE + q_row + rows)
+    dlt = gl.load(DELTA + q_row + rows)
+    dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, mma_d)
+    mbarrier.wait(qdo_bar, 0)
+    # causal: the last BLOCK_M / BLOCK_N key blocks cross the diagonal (masked), the ones before are whole
+    n_full = n_blocks - (BLOCK_M // BLOCK_N if CAUSAL else 0)
+    for i in range(0, n_full):
+        dq = _dq_step(i, 0, dq, lse, dlt, q_smem, do_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                      qk_scale, mma_s, op_layout, BLOCK_M, BLOCK_N, STAGES, False, SPLIT_DS, OVERLAP)
+    for i in range(n_full, n_blocks):
+        dq = _dq_step(i, i * BLOCK_N - (q_row - kv_row0), dq, lse, dlt, q_smem, do_smem, k_smem, v_smem, k_ready,
+                      v_ready, k_empty, v_empty, qk_scale, mma_s, op_layout, BLOCK_M, BLOCK_N, STAGES, True,
+                      SPLIT_DS, OVERLAP)
+    q_smem.store((dq * sm_scale).to(dtype))
+    fence_async_shared()
+    tma_store(dq_desc, [q_row, 0], q_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, LSE, DELTA, sm_scale, qk_scale, S, NUM_M,
+               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr, LOAD_REGS: gl.constexpr,
+               num_warps: gl.constexpr):
+    """One program a (query block, batch x head) tile, NUM_M query blocks a head; descriptors over [B*H*S, D]."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [BLOCK_M, HEAD_D], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+    qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(qdo_bar, count=1)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(st), count=1)
+        mbarrier.init(v_ready.index(st), count=1)
+        mbarrier.init(k_empty.index(st), count=1)
+        mbarrier.init(v_empty.index(st), count=1)
+    gl.warp_specialize([
+        (_dq_consumer, (dq_desc, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready, k_empty,
+                        v_empty, sm_scale, qk_scale, S, NUM_M, num_warps, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL,
+                        SPLIT_DS, OVERLAP)),
+        (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready,
+                      k_empty, v_empty, S, NUM_M, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+    ], [1], [LOAD_REGS])
+
+
+# ---- variants (benchmarks/sweep_attention_gluon_bwd.py checks and times them; tests compile them for sm_90) -----
+# name -> attention_bwd_gluon knobs (split_ds is the call's own argument: every variant runs with either)
+VARIANTS = {
+    "64x128 s2 / dq 128x64 s2": dict(),
+    "64x128 s4 / dq 128x64 s3": dict(stages=4, dq_stages=3),
+    "64x128 s2 / dq 128x128 s2": dict(dq_block_n=128),
+    "64x128 s2 / dq 128x64 s2 serial": dict(overlap=False),
+}
+
+GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
+
+
+def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stages: int = 2, dq_block_m: int = 128,
+                      dq_block_n: int = 64, dq_stages: int = 2, overlap: bool = True, split_ds: bool = True,
+                      maxnreg: int | None = None) -> tuple[dict, dict]:
+    """(dK/dV kernel's constexprs and launch options, dQ kernel's) of one variant; ValueError where it is not one
+    these kernels have: the consumers are 8 warps (two 64-row warp groups) over the 128 rows a program keeps
+    (block_n keys in dK/dV, dq_block_m queries in dQ), the streamed blocks 64 or 128 rows, the shared memory
+    within the 227 KB a block may use."""
+    if head_dim not in (64, 128):
+        raise ValueError(f"attention_bwd_gluon: head dim {head_dim} is not 64 or 128")
+    if block_n != 128 or dq_block_m != 128:
+        raise ValueError(f"attention_bwd_gluon: the rows a program keeps (block_n {block_n}, dq_block_m "
+                         f"{dq_block_m}) must be 128: two 64-row consumer warp groups")
+    if block_m not in (64, 128) or dq_block_n not in (64, 128):
+        raise ValueError(f"attention_bwd_gluon: the streamed blocks (block_m {block_m}, dq_block_n {dq_block_n}) "
+                         "must be 64 or 128 rows")
+    if stages < 1 or dq_stages < 1:
+        raise ValueError(f"attention_bwd_gluon: stages >= 1 (got {stages}, {dq_stages})")
+    for what, kept, streamed, st in (("dK/dV", block_n, block_m, stages), ("dQ", dq_block_m, dq_block_n, dq_stages)):
+        smem = 2 * head_dim * (2 * kept + 2 * st * streamed) + 1024
+        if what == "dK/dV":  # the lse2 and delta vectors of each stage
+            smem += 2 * 4 * st * streamed
+        if smem > HOPPER_SMEM:
+            raise ValueError(f"attention_bwd_gluon: the {what} kernel's {smem} bytes of shared memory at {kept} kept "
+                             f"rows, {streamed} x {st} stages")
+    if maxnreg is None:  # 12 warps (8 consumer, the producer's warp group): 168, one program an SM
+        maxnreg = 168
+    common = dict(OVERLAP=bool(overlap), SPLIT_DS=bool(split_ds), LOAD_REGS=24, num_warps=8, maxnreg=maxnreg)
+    return (dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, **common),
+            dict(BLOCK_M=dq_block_m, BLOCK_N=dq_block_n, STAGES=dq_stages, **common))
+
+
+def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse2: torch.Tensor,
+                        delta: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+                        split_ds: bool = True, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                        **knobs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), each like q, of o = softmax(q k^T * scale) v for the upstream gradient do, given the
+    forward's base-2 lse2 [B, H, S] fp32 (seeds/attention.py's convention: p = exp2(s * scale * log2(e) - lse2))
+    and delta [B, H, S] fp32 (delta_i = sum_j P_ij dP_ij, or rowsum(do * o): attention_fwd_with_delta makes it).
+    Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a multiple of every block size; else
+    ValueError. split_ds: dS enters the dK and dQ products as two operands (its rounding and the rest: the
+    `precise` backward), else rounded once. knobs: bwd_launch_config's (block_m, block_n, stages, dq_block_m,
+    dq_block_n, dq_stages, overlap, maxnreg). out: (dq, dk, dv) to write into (contiguous, like q)."""
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape or do.shape != q.shape:
+        raise ValueError(f"attention_bwd_gluon: do, q, k, v must be [B, H, S, D] of one shape, not "
+                         f"{tuple(do.shape)}, {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.dtype not in GL_DTYPES or any(t.dtype != q.dtype for t in (k, v, do)):
+        raise ValueError(f"attention_bwd_gluon: bf16 or fp16 inputs of one dtype, not {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}, {do.dtype}")
+    b, h, s, d = q.shape
+    if lse2.shape != q.shape[:3] or delta.shape != q.shape[:3] or lse2.dtype != torch.float32 \
+            or delta.dtype != torch.float32:
+        raise ValueError(f"attention_bwd_gluon: lse2 and delta must be [B, H, S] = {tuple(q.shape[:3])} fp32")
+    cfg_kv, cfg_q = bwd_launch_config(d, split_ds=split_ds, **knobs)
+    blocks = (cfg_kv["BLOCK_M"], cfg_kv["BLOCK_N"], cfg_q["BLOCK_M"], cfg_q["BLOCK_N"])
+    if any(s % blk for blk in blocks):
+        raise ValueError(f"attention_bwd_gluon: S = {s} is not a multiple of the block sizes {blocks}")
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    if not scale > 0:
+        raise ValueError(f"attention_bwd_gluon: sm_scale must be positive, not {scale}")
+    if not all(t.is_cuda for t in (do, q, k, v, lse2, delta)):
+        raise ValueError("attention_bwd_gluon: Gluon kernels run on CUDA devices only (no CPU interpreter)")
+    if out is None:
+        dq, dk, dv = (torch.empty_like(q, memory_format=torch.contiguous_format) for _ in range(3))
+    else:
+        dq, dk, dv = out
+        if any(t.shape != q.shape or t.dtype != q.dtype or not t.is_contiguous() for t in out):
+            raise ValueError("attention_bwd_gluon: out must be (dq, dk, dv), each contiguous and like q")
+    rows = b * h * s
+    gdt = GL_DTYPES[q.dtype]
+    q2, k2, v2, do2 = (t.contiguous().view(rows, d) for t in (q, k, v, do))
+    lse2, delta = lse2.contiguous(), delta.contiguous()
+
+    def desc(t, block_rows):
+        layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], gdt)
+        return TensorDescriptor(t, [rows, d], [d, 1], [block_rows, d], layout)
+
+    m1, n1 = cfg_kv["BLOCK_M"], cfg_kv["BLOCK_N"]
+    num_n = s // n1
+    _dkdv_kernel[(num_n * b * h,)](
+        desc(q2, m1), desc(do2, m1), desc(k2, n1), desc(v2, n1), desc(dk.view(rows, d), n1), desc(dv.view(rows, d), n1),
+        lse2, delta, scale, scale * LOG2E, s, num_n, HEAD_D=d, CAUSAL=bool(causal), **cfg_kv)
+    m2, n2 = cfg_q["BLOCK_M"], cfg_q["BLOCK_N"]
+    num_m = s // m2
+    _dq_kernel[(num_m * b * h,)](
+        desc(q2, m2), desc(do2, m2), desc(k2, n2), desc(v2, n2), desc(dq.view(rows, d), m2), lse2, delta, scale,
+        scale * LOG2E, s, num_m, HEAD_D=d, CAUSAL=bool(causal), **cfg_q)
+    return dq, dk, dv
