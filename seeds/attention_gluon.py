@@ -511,6 +511,8 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     if with_delta and (do.shape != q.shape or do.dtype != q.dtype):
         raise ValueError(f"attention_fwd_gluon: do must be like q ({tuple(q.shape)} {q.dtype}), not "
                          f"{tuple(do.shape)} {do.dtype}")
+    if out is not None and len(out) != 2 + int(with_delta):
+        raise ValueError("attention_fwd_gluon: out must be (o, lse), or (o, lse, delta) with do")
     b, h, s, d = q.shape
     cfg = fa3_launch_config(d, block_m, block_n, stages, consumers, pingpong, persistent, maxnreg, with_delta)
     if s % block_m or s % block_n:
@@ -530,8 +532,6 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
         delta = torch.empty((b, h, s), dtype=torch.float32, device=q.device) if with_delta else lse
     else:
-        if len(out) != 2 + int(with_delta):
-            raise ValueError("attention_fwd_gluon: out must be (o, lse), or (o, lse, delta) with do")
         o, lse = out[0], out[1]
         delta = out[2] if with_delta else lse
         if (o.shape != q.shape or o.dtype != q.dtype or not o.is_contiguous()
