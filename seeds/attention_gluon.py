@@ -53,7 +53,7 @@ change to the ring's protocol), issues dP_i = dO V_i^T as two 64-column wgmma wa
 half at a time, 32 registers a thread) outside the GEMM token, and takes dsum = dsum alpha + rowsum(p dP_i) with
 block i's fp32 p (alpha the same rescale as l's); delta = dsum / l, stored as lse2. Compiled for sm_90 (triton 3.6
 and 3.9): the 128 x 64 variants spill nothing; the 128 x 128 ones spill a few loop-invariant scalars (Q's wgmma
-descriptors, 112-184 bytes of stack: the consumers' 240 registers and the uniform registers run out with the third
+descriptors; stack 104-184 bytes under triton 3.9, 0-144 under 3.6: the consumers' 240 registers and the uniform registers run out with the third
 product's descriptors), reloaded once a key block. Shared memory: +block_m x D x 2 bytes (192 KB at 2 stages, 224 KB
 persistent; the 3-stage 128 x 128 variants do not fit, delta_ok).
 
