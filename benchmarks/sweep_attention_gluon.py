@@ -17,7 +17,8 @@ its row; --budget (default 240 s) stops starting new rows. One table last: TFLOP
     python3 benchmarks/sweep_attention_gluon.py --smoke        # the CPU: imports, variant configs, the truth
 --only / --skip (comma-separated substrings of the Gluon variants' names) and --mode full|causal narrow a rerun
 (say, past a variant that hung: each row logs its name before it runs). Rows go to
-$OUT/sweep_attention_gluon.json when OUT is set, rewritten after every row.
+$OUT/sweep_attention_gluon.json when OUT is set, rewritten after every row. The do= option (the forward with the
+precise delta, and the fwd+bwd built on it): benchmarks/sweep_attention_gluon_delta.py.
 """
 from __future__ import annotations
 

@@ -43,6 +43,20 @@ thread at launch (setmaxnreg 240 consumers / 24 producer), no spills, wgmma.wait
 160 KB of shared memory at 2 stages, 224 KB at 3, 192 KB persistent. CPU mirrors of the maths order and of the
 mbarrier protocol (random interleavings): tests/test_attention_gluon_schedule.py.
 
+The do= option (WITH_DELTA; NOT MEASURED ON THE GPU YET, compiled for sm_90 only): the forward of a fused forward
++ backward also returns delta = sum_j P_ij dP_ij, dP = dO V^T, P the normalised fp32 softmax (before its bf16
+rounding for P V): seeds/attention.py's attention_fwd_with_delta(precise=True) convention, the delta that
+attention_bwd(delta=, split_ds=True) takes. The producer loads each consumer's dO tile with its Q tile (one
+barrier, both byte counts; freed with Q). Each consumer, once block i's softmax is done and P_{i-1} V_{i-1} has
+retired (so P's bf16 operand registers are free), waits for V_i's stage (the one its P V uses next step: no
+change to the ring's protocol), issues dP_i = dO V_i^T as two 64-column wgmma waited in turn (a [64, 64] fp32
+half at a time, 32 registers a thread) outside the GEMM token, and takes dsum = dsum alpha + rowsum(p dP_i) with
+block i's fp32 p (alpha the same rescale as l's); delta = dsum / l, stored as lse2. Compiled for sm_90 (triton 3.6
+and 3.9): the 128 x 64 variants spill nothing; the 128 x 128 ones spill a few loop-invariant scalars (Q's wgmma
+descriptors; stack 104-184 bytes under triton 3.9, 0-144 under 3.6: the consumers' 240 registers and the uniform registers run out with the third
+product's descriptors), reloaded once a key block. Shared memory: +block_m x D x 2 bytes (192 KB at 2 stages, 224 KB
+persistent; the 3-stage 128 x 128 variants do not fit, delta_ok).
+
 Compatibility: the TMA copies are tma.async_copy_global_to_shared / async_copy_shared_to_global in triton 3.6 (the
 H200's) and tma.async_load / async_store in 3.9 (this repository's tests), where the old names raise; the module
 picks them by `dir()` (crucible's static checker refuses getattr and try/except, so no hasattr-style probing).
@@ -109,6 +123,30 @@ def _token_pass(turn_bars, CID: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _p_dp_rowsum(p, do_tile, v_tile, M_C: gl.constexpr, BLOCK_N: gl.constexpr, W: gl.constexpr):
+    """WITH_DELTA: rowsum(p * dP) of one key block, dP = dO V^T (dO from do_tile [M_C, D], V from v_tile
+    [BLOCK_N, D]), by 64-column wgmma (dO V[0:64]^T then dO V[64:128]^T at BLOCK_N 128) each waited before the
+    next: a [M_C, 64] fp32 dP at a time (32 registers a thread, where P_{i-1} V_{i-1}'s bf16 operand lay; a whole
+    [64, 128] dP spilled at 240 registers). p: the block's fp32 probabilities in the S accumulator's layout,
+    split into its column halves in registers (trivial conversions, asserted)."""
+    mma_h: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, 64, 16])
+    zero_h = gl.zeros([M_C, 64], gl.float32, mma_h)
+    if BLOCK_N == 64:
+        dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), zero_h, use_acc=False, is_async=True)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+        part = gl.sum(gl.convert_layout(p, mma_h, assert_trivial=True) * dp, axis=1)
+    else:
+        p_lo, p_hi = gl.split(gl.permute(gl.reshape(p, [M_C, 2, 64]), (0, 2, 1)))
+        dp = warpgroup_mma(do_tile, v_tile.slice(0, 64).permute((1, 0)), zero_h, use_acc=False, is_async=True)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+        part = gl.sum(gl.convert_layout(p_lo, mma_h, assert_trivial=True) * dp, axis=1)
+        dp = warpgroup_mma(do_tile, v_tile.slice(64, 64).permute((1, 0)), zero_h, use_acc=False, is_async=True)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+        part = part + gl.sum(gl.convert_layout(p_hi, mma_h, assert_trivial=True) * dp, axis=1)
+    return gl.convert_layout(part, gl.SliceLayout(1, p.type.layout), assert_trivial=True)
+
+
+@gluon.jit
 def _my_tiles(TILES, PAIRS: gl.constexpr):
     """How many tiles this program runs: tiles pid, pid + P, ... (P programs), or with PAIRS two a pair for
     pairs pid, pid + P, ... of the TILES / 2."""
@@ -155,11 +193,13 @@ def _tile(u, S, NUM_M, CID: gl.constexpr, M_C: gl.constexpr, BLOCK_M: gl.constex
 
 
 @gluon.jit
-def _fa3_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty,
-                S, NUM_M, TILES, M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-    """The producer (1 warp): per tile, K of key block n-1, the consumers' Q tiles (once the previous tile's last
-    QK^T has read them), V of block n-1, then K and V of blocks n-2 .. 0, through the STAGES-deep ring."""
+def _fa3_loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bars, q_empty, k_ready, v_ready,
+                k_empty, v_empty, S, NUM_M, TILES, M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
+                WITH_DELTA: gl.constexpr):
+    """The producer (1 warp): per tile, K of key block n-1, the consumers' Q tiles (WITH_DELTA: and their dO tiles,
+    on the same barrier; once the previous tile's consumer has done with both), V of block n-1, then K and V of
+    blocks n-2 .. 0, through the STAGES-deep ring."""
     it = 0  # key blocks loaded so far (all tiles): ring slot it % STAGES, use (it // STAGES)
     tc = 0  # tiles so far
     for u in range(0, _my_tiles(TILES, CAUSAL and PERSISTENT)):
@@ -176,8 +216,13 @@ def _fa3_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty,
             if i == 0:
                 for c in gl.static_range(CONSUMERS):
                     mbarrier.wait(q_empty.index(c), (tc & 1) ^ 1)
-                    mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-                    tma_load(q_desc, [q_row0 + c * M_C, 0], q_bars.index(c), q_smem.index(c))
+                    if WITH_DELTA:
+                        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+                        tma_load(q_desc, [q_row0 + c * M_C, 0], q_bars.index(c), q_smem.index(c))
+                        tma_load(do_desc, [q_row0 + c * M_C, 0], q_bars.index(c), do_smem.index(c))
+                    else:
+                        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+                        tma_load(q_desc, [q_row0 + c * M_C, 0], q_bars.index(c), q_smem.index(c))
             mbarrier.wait(v_empty.index(st), ph ^ 1)
             mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
             tma_load(v_desc, [row, 0], v_ready.index(st), v_smem.index(st))
@@ -186,14 +231,17 @@ def _fa3_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty,
 
 
 @gluon.jit
-def _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty,
-                  turn_bars, qk_scale, S, NUM_M, TILES, CID: gl.constexpr, W: gl.constexpr, M_C: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+def _fa3_consumer(o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+                  k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, CID: gl.constexpr, W: gl.constexpr,
+                  M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
+                  WITH_DELTA: gl.constexpr):
     """One consumer partition (W warps, M_C query rows of each tile from row CID * M_C): the online softmax over key
     blocks n-1 .. 0, S_i's wgmma issued before P_{i-1} V_{i-1}'s and waited alone (FA3's intra-warp-group
     overlap); o through o_smem (PERSISTENT: its own buffer, the store left in flight into the next tile; else the
-    Q tile's buffer) by TMA."""
+    Q tile's buffer) by TMA. WITH_DELTA: once block i's softmax is done and P_{i-1} V_{i-1} retired, dP_i =
+    dO V_i^T (V_i's stage, waited for then; outside the GEMM token) and dsum = dsum alpha + rowsum(p dP_i) with the
+    fp32 p of block i; delta = dsum / l by pointer store, as LSE."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, BLOCK_N, 16])
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
@@ -204,6 +252,7 @@ def _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, 
     dtype: gl.constexpr = q_smem.dtype
     q_tile = q_smem.index(CID)
     o_tile = o_smem.index(CID)
+    do_tile = do_smem.index(CID)
     zero_s = gl.zeros([M_C, BLOCK_N], gl.float32, mma_s)
     it = 0  # key blocks consumed so far (all tiles); the GEMM token's step count is it + tc
     tc = 0  # tiles so far
@@ -211,7 +260,7 @@ def _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, 
         q_pos0, q_row0, kv_row0, n_blocks = _tile(u, S, NUM_M, CID, M_C, BLOCK_M, BLOCK_N, CAUSAL,
                                                   CAUSAL and PERSISTENT)
         acc = gl.zeros([M_C, HEAD_D], gl.float32, mma_o)
-        mbarrier.wait(q_bars.index(CID), tc & 1)
+        mbarrier.wait(q_bars.index(CID), tc & 1)  # (WITH_DELTA: Q and dO)
 
         # prologue: key block n-1 (the diagonal one when causal: the only masked block)
         st = it % STAGES
@@ -228,6 +277,9 @@ def _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, 
         m = gl.max(s, axis=1) * qk_scale
         p = gl.exp2(s * qk_scale - gl.expand_dims(m, 1))
         l = gl.sum(p, axis=1)
+        if WITH_DELTA:  # dP of block n-1 (its V stage) and dsum = rowsum(p dP) with the fp32 p
+            mbarrier.wait(v_ready.index(st), (it // STAGES) & 1)
+            dsum = _p_dp_rowsum(p, do_tile, v_smem.index(st), M_C, BLOCK_N, W)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         alpha = gl.full([M_C], 1.0, gl.float32, row_s)
 
@@ -251,6 +303,9 @@ def _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, 
             m = m_new
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
             mbarrier.arrive(v_empty.index(prev), count=1)
+            if WITH_DELTA:  # P_{i-1} V_{i-1} retired (p_op's registers free): dP_i on V_i's stage
+                mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+                dsum = dsum * alpha + _p_dp_rowsum(p, do_tile, v_smem.index(st), M_C, BLOCK_N, W)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
         # epilogue: the last block's P V, then o = acc / l by TMA, lse2 = m + log2(l)
@@ -268,6 +323,8 @@ def _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, 
             tma.store_wait(0)
         o = acc / gl.expand_dims(gl.convert_layout(l, row_o), 1)
         gl.store(LSE + q_row0 + gl.arange(0, M_C, layout=row_s), m + gl.log2(l))
+        if WITH_DELTA:
+            gl.store(DELTA + q_row0 + gl.arange(0, M_C, layout=row_s), dsum / l)
         o_tile.store(o.to(dtype))
         fence_async_shared()
         tma_store(o_desc, [q_row0, 0], o_tile)
@@ -280,31 +337,36 @@ def _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, 
 
 
 @gluon.jit
-def _fa3_consumer1(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty,
-                   v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C: gl.constexpr, BLOCK_M: gl.constexpr,
+def _fa3_consumer1(o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+                   k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, WITH_DELTA: gl.constexpr):
     """The second ping-pong consumer (a 4-warp worker partition): rows M_C .. 2 M_C - 1 of each tile."""
-    _fa3_consumer(o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty,
-                  turn_bars, qk_scale, S, NUM_M, TILES, 1, 4, M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL,
-                  PINGPONG, PERSISTENT)
+    _fa3_consumer(o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+                  k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 1, 4, M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                  CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA)
 
 
 @gluon.jit
-def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, NUM_M, TILES,
+def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, qk_scale, S, NUM_M, TILES,
                     HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                    PERSISTENT: gl.constexpr, LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
-                    num_warps: gl.constexpr):
+                    PERSISTENT: gl.constexpr, WITH_DELTA: gl.constexpr, LOAD_REGS: gl.constexpr,
+                    MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Programs loop over tiles t = program_id, + num_programs, ... < TILES (= NUM_M x B*H; one tile a program
-    unless PERSISTENT); see the module docstring. The descriptors view q, k, v, o as [B*H*S, D] matrices (row
-    bh * S + s); q_desc / o_desc blocks are one consumer's M_C = BLOCK_M / CONSUMERS rows."""
+    unless PERSISTENT); see the module docstring. The descriptors view q, k, v, o (and dO) as [B*H*S, D] matrices
+    (row bh * S + s); q_desc / o_desc / do_desc blocks are one consumer's M_C = BLOCK_M / CONSUMERS rows.
+    WITH_DELTA: do_desc and DELTA ([B*H*S] fp32) are read and written (else q_desc and LSE stand in, unused)."""
     M_C: gl.constexpr = BLOCK_M // CONSUMERS
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, M_C, HEAD_D], q_desc.layout)
     if PERSISTENT:
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, M_C, HEAD_D], o_desc.layout)
     else:
         o_smem = q_smem
+    if WITH_DELTA:
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [CONSUMERS, M_C, HEAD_D], do_desc.layout)
+    else:
+        do_smem = q_smem  # not read
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
     q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
@@ -327,24 +389,24 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, NUM_M, TIL
 
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                             k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps, M_C, BLOCK_M,
-                             BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT)),
-            (_fa3_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                           k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL,
-                           PERSISTENT)),
+            (_fa3_consumer, (o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
+                             v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps, M_C,
+                             BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT, WITH_DELTA)),
+            (_fa3_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bars, q_empty,
+                           k_ready, v_ready, k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES,
+                           CONSUMERS, CAUSAL, PERSISTENT, WITH_DELTA)),
         ], [1], [LOAD_REGS])
     else:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                             k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps, M_C, BLOCK_M,
-                             BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT)),
-            (_fa3_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                           k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL,
-                           PERSISTENT)),
-            (_fa3_consumer1, (o_desc, LSE, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                              k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N,
-                              HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT)),
+            (_fa3_consumer, (o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
+                             v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps, M_C,
+                             BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA)),
+            (_fa3_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bars, q_empty,
+                           k_ready, v_ready, k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES,
+                           CONSUMERS, CAUSAL, PERSISTENT, WITH_DELTA)),
+            (_fa3_consumer1, (o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+                              k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C, BLOCK_M,
+                              BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA)),
         ], [1, 4], [LOAD_REGS, MMA_REGS])
 
 
@@ -369,16 +431,32 @@ def causal_ok(knobs: dict) -> bool:
     return knobs.get("block_n", 128) == knobs.get("block_m", 128)
 
 
+def delta_ok(knobs: dict, head_dim: int = 128) -> bool:
+    """Whether a variant fits the shared memory with the do= option's dO tiles (block_m x D more): at D 128 not
+    the 3-stage 128 x 128 ones."""
+    return fa3_smem_bytes(head_dim, knobs.get("block_m", 128), knobs.get("block_n", 128), knobs.get("stages", 2),
+                          knobs.get("persistent", False), True) <= HOPPER_SMEM
+
+
 # ---- launcher ---------------------------------------------------------------------------------------------------
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
 
 
+def fa3_smem_bytes(head_dim: int, block_m: int, block_n: int, stages: int, persistent: bool,
+                   with_delta: bool = False) -> int:
+    """Shared memory of one variant (2-byte elements): the Q tiles, PERSISTENT's o tiles, WITH_DELTA's dO tiles,
+    the K and V ring, and 1 KB for the barriers."""
+    tiles = 1 + int(bool(persistent)) + int(bool(with_delta))
+    return 2 * (tiles * block_m * head_dim + 2 * stages * block_n * head_dim) + 1024
+
+
 def fa3_launch_config(head_dim: int, block_m: int = 128, block_n: int = 128, stages: int = 2, consumers: int = 1,
-                      pingpong: bool = True, persistent: bool = False, maxnreg: int | None = None) -> dict:
+                      pingpong: bool = True, persistent: bool = False, maxnreg: int | None = None,
+                      with_delta: bool = False) -> dict:
     """The kernel's constexprs and launch options of one variant (num_warps, maxnreg); ValueError where the
-    variant is not one this kernel has: wgmma's 64-row warp groups, the ring (and PERSISTENT's own o buffer)
-    within the 227 KB of shared memory a block may use."""
+    variant is not one this kernel has: wgmma's 64-row warp groups, the ring (and PERSISTENT's own o buffer,
+    with_delta's dO tiles) within the 227 KB of shared memory a block may use."""
     if head_dim not in (64, 128):
         raise ValueError(f"attention_fwd_gluon: head dim {head_dim} is not 64 or 128")
     if consumers not in (1, 2):
@@ -391,39 +469,52 @@ def fa3_launch_config(head_dim: int, block_m: int = 128, block_n: int = 128, sta
         raise ValueError("attention_fwd_gluon: ping-pong consumers are one warp group (64 rows) each: block_m 128")
     if block_n not in (64, 128) or stages < 1:
         raise ValueError(f"attention_fwd_gluon: block_n must be 64 or 128 and stages >= 1 (got {block_n}, {stages})")
-    smem = 2 * ((2 if persistent else 1) * block_m * head_dim + 2 * stages * block_n * head_dim) + 1024
+    smem = fa3_smem_bytes(head_dim, block_m, block_n, stages, persistent, with_delta)
     if smem > HOPPER_SMEM:
         raise ValueError(f"attention_fwd_gluon: {smem} bytes of shared memory at {block_m}x{block_n}x{stages} stages"
-                         + (" persistent" if persistent else ""))
+                         + (" persistent" if persistent else "") + (" with delta" if with_delta else ""))
     num_warps = m_c // 16 if consumers == 1 else 4
     total_warps = num_warps + 4 + (4 if consumers == 2 else 0)  # the 1-warp producer takes a warp group's slot
     if maxnreg is None:  # the most that 1 program an SM can have (168 at 12 warps: consumers 240, producer 24)
         maxnreg = min(240, (65536 // (32 * total_warps)) // 8 * 8)
     mma_regs = min(240, ((maxnreg * total_warps - 24 * 4) // (total_warps - 4)) // 8 * 8)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers,
-                PINGPONG=bool(pingpong) and consumers == 2, PERSISTENT=bool(persistent), LOAD_REGS=24,
+                PINGPONG=bool(pingpong) and consumers == 2, PERSISTENT=bool(persistent),
+                WITH_DELTA=bool(with_delta), LOAD_REGS=24,
                 MMA_REGS=mma_regs, num_warps=num_warps, maxnreg=maxnreg)
 
 
 def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                         sm_scale: float | None = None, block_m: int = 128, block_n: int = 128, stages: int = 2,
                         consumers: int = 1, pingpong: bool = True, persistent: bool = False,
-                        maxnreg: int | None = None,
-                        out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        maxnreg: int | None = None, out: tuple[torch.Tensor, ...] | None = None,
+                        do: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """(o [B, H, S, D] in q's dtype, lse2 [B, H, S] fp32 base 2) of softmax(q k^T * scale) v, scale 1/sqrt(D) by
     default; causal top-left aligned. Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a
     multiple of block_m and block_n (causal: block_n == block_m); else ValueError. Knobs (see the module
     docstring): block_m, block_n, stages, consumers (1 cooperative, 2 two partitions), pingpong (the GEMM token
     between 2 consumers), persistent (one program an SM looping over the tiles; causal: over pairs of a head's
-    query tiles, S / block_m even), maxnreg. out: (o, lse)
-    to write into (contiguous, of the shapes and dtypes returned), e.g. NaN-poisoned by a check."""
+    query tiles, S / block_m even), maxnreg. out: (o, lse) (with do: (o, lse, delta)) to write into (contiguous,
+    of the shapes and dtypes returned), e.g. NaN-poisoned by a check.
+    do (an upstream gradient of o's shape and dtype, known at forward time): returns (o, lse2, delta) with
+    delta [B, H, S] fp32 = sum_j P_ij dP_ij, P the normalised softmax in fp32 (before P's rounding for P V) and
+    dP = dO V^T (fp32 products of the bf16/fp16 inputs, no scale): seeds/attention.py's
+    attention_fwd_with_delta(precise=True) convention, the delta attention_bwd(delta=, split_ds=True) takes.
+    One more wgmma a key block (dO V_i^T on V_i's stage) and the dO tiles in shared memory (block_m x D more: the
+    3-stage 128 x 128 variants do not fit, delta_ok). NOT MEASURED ON THE GPU YET (compiled for sm_90 only)."""
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"attention_fwd_gluon: q, k, v must be [B, H, S, D] of one shape, not {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if q.dtype not in GL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"attention_fwd_gluon: bf16 or fp16 inputs of one dtype, not {q.dtype}, {k.dtype}, {v.dtype}")
+    with_delta = do is not None
+    if with_delta and (do.shape != q.shape or do.dtype != q.dtype):
+        raise ValueError(f"attention_fwd_gluon: do must be like q ({tuple(q.shape)} {q.dtype}), not "
+                         f"{tuple(do.shape)} {do.dtype}")
+    if out is not None and len(out) != 2 + int(with_delta):
+        raise ValueError("attention_fwd_gluon: out must be (o, lse), or (o, lse, delta) with do")
     b, h, s, d = q.shape
-    cfg = fa3_launch_config(d, block_m, block_n, stages, consumers, pingpong, persistent, maxnreg)
+    cfg = fa3_launch_config(d, block_m, block_n, stages, consumers, pingpong, persistent, maxnreg, with_delta)
     if s % block_m or s % block_n:
         raise ValueError(f"attention_fwd_gluon: S = {s} is not a multiple of block_m {block_m} and block_n {block_n}")
     if causal and block_n != block_m:
@@ -433,17 +524,21 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     if not scale > 0:  # the row max is taken before scaling (max(s) c = max(s c) needs c > 0)
         raise ValueError(f"attention_fwd_gluon: sm_scale must be positive, not {scale}")
-    if not (q.is_cuda and k.is_cuda and v.is_cuda):
+    if not (q.is_cuda and k.is_cuda and v.is_cuda and (do is None or do.is_cuda)):
         raise ValueError("attention_fwd_gluon: Gluon kernels run on CUDA devices only (no CPU interpreter)")
     q2, k2, v2 = (t.contiguous().view(b * h * s, d) for t in (q, k, v))
     if out is None:
         o = torch.empty((b, h, s, d), dtype=q.dtype, device=q.device)
         lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+        delta = torch.empty((b, h, s), dtype=torch.float32, device=q.device) if with_delta else lse
     else:
-        o, lse = out
-        if (o.shape != q.shape or o.dtype != q.dtype or not o.is_contiguous() or lse.shape != q.shape[:3]
-                or lse.dtype != torch.float32 or not lse.is_contiguous()):
-            raise ValueError("attention_fwd_gluon: out must be (o like q, lse [B, H, S] fp32), both contiguous")
+        o, lse = out[0], out[1]
+        delta = out[2] if with_delta else lse
+        if (o.shape != q.shape or o.dtype != q.dtype or not o.is_contiguous()
+                or any(t.shape != q.shape[:3] or t.dtype != torch.float32 or not t.is_contiguous()
+                       for t in (lse, delta))):
+            raise ValueError("attention_fwd_gluon: out must be (o like q, lse [B, H, S] fp32[, delta like lse]), "
+                             "all contiguous")
     m_c = block_m // consumers
     gdt = GL_DTYPES[q.dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([m_c, d], gdt)
@@ -453,9 +548,12 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     o_desc = TensorDescriptor(o.view(rows, d), [rows, d], [d, 1], [m_c, d], q_layout)
     k_desc = TensorDescriptor(k2, [rows, d], [d, 1], [block_n, d], kv_layout)
     v_desc = TensorDescriptor(v2, [rows, d], [d, 1], [block_n, d], kv_layout)
+    # dO's [rows, D] view is addressed with Q's row coordinates (same shape, contiguous); unused without do
+    do_desc = (TensorDescriptor(do.contiguous().view(rows, d), [rows, d], [d, 1], [m_c, d], q_layout)
+               if with_delta else q_desc)
     num_m = s // block_m
     tiles = num_m * b * h
     grid = (min(tiles // 2 if causal else tiles, sm_count(q.device)) if persistent else tiles,)
-    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, s, num_m, tiles, HEAD_D=d,
-                          CAUSAL=bool(causal), **cfg)
-    return o, lse
+    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, do_desc, delta, scale * LOG2E, s, num_m, tiles,
+                          HEAD_D=d, CAUSAL=bool(causal), **cfg)
+    return (o, lse, delta) if with_delta else (o, lse)

@@ -2,7 +2,8 @@
 run; benchmarks/sweep_attention_gluon.py checks it against float64 on the GPU):
 - the maths in the kernel's order (key blocks last-first, the causal mask only in the prologue block, the
   accumulator's rescale deferred to the next step, P rounded to the input dtype before P V), in torch, against
-  the float64 softmax;
+  the float64 softmax; with do (the do= option) also delta = sum_j P_ij dP_ij, each block's rowsum(p dP) taken
+  with the fp32 p in 64-column halves and rescaled by alpha as l is, over l at the end, against float64;
 - the synchronisation: the producer and the consumers as Python coroutines over a model of mbarriers (phase
   parity, arrival counts, TMA transaction completion at a random later time), with the kernel's ring indices,
   phases and GEMM token, run under random interleavings: no deadlock, every wgmma reads the block it means and
@@ -20,19 +21,31 @@ LOG2E = 1.4426950408889634
 
 
 # ---- the maths ------------------------------------------------------------------------------------------------
-def mirror_forward(q, k, v, causal, block_m=128, block_n=128, consumers=1):
-    """(o, lse2) of one [S, D] head in the kernel's step order, fp32 with P rounded to q's dtype."""
+def _p_dp_rowsum(p, do_t, v_blk):
+    """_p_dp_rowsum: rowsum(p dP), dP = dO V^T in fp32, by 64-column halves of the key block."""
+    part = torch.zeros(p.shape[0])
+    for c0 in range(0, v_blk.shape[0], 64):
+        part = part + (p[:, c0:c0 + 64] * (do_t @ v_blk[c0:c0 + 64].T)).sum(dim=1)
+    return part
+
+
+def mirror_forward(q, k, v, causal, block_m=128, block_n=128, consumers=1, do=None):
+    """(o, lse2) of one [S, D] head in the kernel's step order, fp32 with P rounded to q's dtype; with do,
+    (o, lse2, delta) as WITH_DELTA computes it (dP_i once block i's softmax is done, with its fp32 p)."""
     s_len, d = q.shape
     qk_scale = LOG2E / math.sqrt(d)
     m_c = block_m // consumers
     o = torch.empty(s_len, d)
     lse2 = torch.empty(s_len)
+    delta = torch.empty(s_len)
     qf, kf, vf = q.float(), k.float(), v.float()
+    dof = do.float() if do is not None else None
     for tile in range(s_len // block_m):
         n_blocks = (tile * block_m + block_m) // block_n if causal else s_len // block_n
         for cid in range(consumers):
             r0 = tile * block_m + cid * m_c
             qt = qf[r0:r0 + m_c]
+            dot = dof[r0:r0 + m_c] if do is not None else None
             blocks = [n_blocks - 1 - i for i in range(n_blocks)]  # last-first
             kb = lambda j: kf[j * block_n:(j + 1) * block_n]  # noqa: E731
             vb = lambda j: vf[j * block_n:(j + 1) * block_n]  # noqa: E731
@@ -45,6 +58,8 @@ def mirror_forward(q, k, v, causal, block_m=128, block_n=128, consumers=1):
             m = s.max(dim=1).values * qk_scale
             p = torch.exp2(s * qk_scale - m[:, None])
             l = p.sum(dim=1)
+            if do is not None:
+                dsum = _p_dp_rowsum(p, dot, vb(blocks[0]))
             p_op = p.to(q.dtype).float()
             alpha = torch.ones(m_c)
             for i in range(1, n_blocks):
@@ -56,12 +71,16 @@ def mirror_forward(q, k, v, causal, block_m=128, block_n=128, consumers=1):
                 p = torch.exp2(s * qk_scale - m_new[:, None])
                 l = l * alpha + p.sum(dim=1)
                 m = m_new
+                if do is not None:
+                    dsum = dsum * alpha + _p_dp_rowsum(p, dot, vb(blocks[i]))
                 p_op = p.to(q.dtype).float()
             acc = acc * alpha[:, None]
             acc = acc + p_op @ vb(blocks[-1])
             o[r0:r0 + m_c] = acc / l[:, None]
             lse2[r0:r0 + m_c] = m + torch.log2(l)
-    return o.to(q.dtype), lse2
+            if do is not None:
+                delta[r0:r0 + m_c] = dsum / l
+    return (o.to(q.dtype), lse2) if do is None else (o.to(q.dtype), lse2, delta)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -85,6 +104,37 @@ def test_mirror_maths_match_float64(causal, block_n, consumers):
     assert float((lse2.double() * math.log(2) - lse).abs().max()) <= 1e-4
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block_n,consumers", [(128, 1), (128, 2), (64, 1), (64, 2)])
+@pytest.mark.parametrize("dist", ["normal", "outliers"])
+def test_mirror_delta_matches_float64(causal, block_n, consumers, dist):
+    """delta in the kernel's order against the float64 sum_j P_ij dP_ij (P the float64 softmax, dP = dO V^T of the
+    bf16 inputs): within fp32 rounding of the row's sum_j P |dP|, and far closer than the delta a FlashAttention-2
+    preprocess takes from the rounded o (rowsum(dO o o)), which carries P's bf16 rounding for P V."""
+    if causal and block_n != 128:
+        pytest.skip("causal takes block_n == block_m")
+    gen = torch.Generator().manual_seed(5)
+    s_len, d = 512, 128
+    q, k, v, do = (torch.randn(s_len, d, generator=gen) for _ in range(4))
+    if dist == "outliers":  # a few large scores: rows taken by few keys
+        q[::37] *= 8.0
+    q, k, v, do = (t.to(torch.bfloat16) for t in (q, k, v, do))
+    o, lse2, delta = mirror_forward(q, k, v, causal, 128, block_n, consumers, do=do)
+    o_only, lse_only = mirror_forward(q, k, v, causal, 128, block_n, consumers)
+    assert torch.equal(o, o_only) and torch.equal(lse2, lse_only)  # do changes nothing else
+    sc = q.double() @ k.double().T / math.sqrt(d)
+    if causal:
+        sc = sc.masked_fill(torch.ones(s_len, s_len, dtype=torch.bool).triu(1), float("-inf"))
+    prob = torch.softmax(sc, dim=-1)
+    dp = do.double() @ v.double().T
+    truth = (prob * dp).sum(dim=1)
+    scale = (prob * dp.abs()).sum(dim=1)
+    err = (delta.double() - truth).abs()
+    assert float((err / scale).max()) <= 1e-5, float((err / scale).max())
+    fa2 = (do.double() * o.double()).sum(dim=1)  # the preprocess's delta from the stored o
+    assert float(err.norm()) < 0.1 * float((fa2 - truth).norm()), (float(err.norm()), float((fa2 - truth).norm()))
+
+
 # ---- the synchronisation ----------------------------------------------------------------------------------------
 class Bar:
     """An mbarrier: `count` arrivals (and expected TMA bytes, here one transaction) complete a phase."""
@@ -106,15 +156,16 @@ class Bar:
 class Machine:
     """Shared memory slots (what block each holds), barriers, in-flight TMA copies and wgmma reads."""
 
-    def __init__(self, stages, consumers, rng):
+    def __init__(self, stages, consumers, rng, delta=False):
         self.rng = rng
         self.k_slot, self.v_slot = [None] * stages, [None] * stages
         self.q_slot = [None] * consumers
+        self.do_slot = [None] * consumers  # WITH_DELTA: dO, loaded with Q on its barrier
         self.k_ready = [Bar(1) for _ in range(stages)]
         self.v_ready = [Bar(1) for _ in range(stages)]
         self.k_empty = [Bar(consumers) for _ in range(stages)]
         self.v_empty = [Bar(consumers) for _ in range(stages)]
-        self.q_bars = [Bar(1) for _ in range(consumers)]
+        self.q_bars = [Bar(2 if delta else 1) for _ in range(consumers)]  # (two copies, one transaction count)
         self.q_empty = [Bar(1) for _ in range(consumers)]
         self.turn = [Bar(1), Bar(1)]
         self.copies = []     # (slots list, index, value, barrier): TMA loads in flight
@@ -133,7 +184,7 @@ class Machine:
         bar.arrive()
 
 
-def loader(mc, tiles, n_blocks_of, stages, consumers):
+def loader(mc, tiles, n_blocks_of, stages, consumers, delta=False):
     it = tc = 0
     for t in tiles:
         n_blocks = n_blocks_of(t)
@@ -147,14 +198,26 @@ def loader(mc, tiles, n_blocks_of, stages, consumers):
                 for c in range(consumers):
                     yield mc.q_empty[c], (tc & 1) ^ 1
                     mc.tma_load(mc.q_slot, c, (t, c), mc.q_bars[c])
+                    if delta:
+                        mc.tma_load(mc.do_slot, c, (t, c), mc.q_bars[c])
             yield mc.v_empty[st], ph ^ 1
             mc.tma_load(mc.v_slot, st, blk, mc.v_ready[st])
         it += n_blocks
         tc += 1
 
 
-def consumer(mc, cid, tiles, n_blocks_of, stages, pingpong, persistent, log):
-    """_fa3_consumer's barrier traffic; a wgmma 'reads' its operands from issue to its retiring wait."""
+def consumer(mc, cid, tiles, n_blocks_of, stages, pingpong, persistent, log, delta=False):
+    """_fa3_consumer's barrier traffic; a wgmma 'reads' its operands from issue to its retiring wait. delta: each
+    block's dP = dO V^T once its softmax is done and the previous P V retired, on V's stage (waited for then)."""
+    def dp(st, ph, blk):  # WITH_DELTA's dP wgmma (its halves issued and waited in turn: one read here)
+        yield mc.v_ready[st], ph
+        assert mc.v_slot[st] == blk and mc.do_slot[cid] == (blk[0], cid), (mc.v_slot[st], blk)
+        reads = [(id(mc.v_slot), st, mc.v_slot[st]), (id(mc.do_slot), cid, mc.do_slot[cid])]
+        mc.reading += reads
+        yield None
+        for r in reads:
+            mc.reading.remove(r)
+
     def token_wait(step):
         if pingpong:
             return (mc.turn[0], (step & 1) ^ 1) if cid == 0 else (mc.turn[1], step & 1)
@@ -181,6 +244,8 @@ def consumer(mc, cid, tiles, n_blocks_of, stages, pingpong, persistent, log):
         for r in s_read:
             mc.reading.remove(r)
         mc.k_empty[st].arrive()
+        if delta:
+            yield from dp(st, (it // stages) & 1, (t, n_blocks - 1))
         for i in range(1, n_blocks):
             j = it + i
             st, prev = j % stages, (j - 1) % stages
@@ -203,6 +268,8 @@ def consumer(mc, cid, tiles, n_blocks_of, stages, pingpong, persistent, log):
             for r in pv_read:  # wait(0): P V retired
                 mc.reading.remove(r)
             mc.v_empty[prev].arrive()
+            if delta:
+                yield from dp(st, (j // stages) & 1, (t, n_blocks - 1 - i))
         j = it + n_blocks - 1
         last = j % stages
         if (w := token_wait(j + 1 + tc)):
@@ -226,14 +293,14 @@ def consumer(mc, cid, tiles, n_blocks_of, stages, pingpong, persistent, log):
         tc += 1
 
 
-def run_schedule(seed, stages, consumers, pingpong, persistent, causal, programs_tiles):
+def run_schedule(seed, stages, consumers, pingpong, persistent, causal, programs_tiles, delta=False):
     rng = random.Random(seed)
     num_m = 4
     n_blocks_of = (lambda t: (t % num_m) + 1) if causal else (lambda t: 4)
-    mc = Machine(stages, consumers, rng)
+    mc = Machine(stages, consumers, rng, delta)
     log = []
-    procs = [loader(mc, programs_tiles, n_blocks_of, stages, consumers)]
-    procs += [consumer(mc, c, programs_tiles, n_blocks_of, stages, pingpong, persistent, log)
+    procs = [loader(mc, programs_tiles, n_blocks_of, stages, consumers, delta)]
+    procs += [consumer(mc, c, programs_tiles, n_blocks_of, stages, pingpong, persistent, log, delta)
               for c in range(consumers)]
     waiting = [None] * len(procs)
     alive = set(range(len(procs)))
@@ -258,13 +325,14 @@ def run_schedule(seed, stages, consumers, pingpong, persistent, causal, programs
 @pytest.mark.parametrize("stages", [1, 2, 3])
 @pytest.mark.parametrize("consumers,pingpong", [(1, False), (2, True), (2, False)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_schedule_never_deadlocks_or_races(stages, consumers, pingpong, causal):
+@pytest.mark.parametrize("delta", [False, True])
+def test_schedule_never_deadlocks_or_races(stages, consumers, pingpong, causal, delta):
     """One program's tiles under 40 random interleavings: a single tile (the grid launch) and 5 tiles
     (persistent: the ring's slots and phases and the GEMM token's steps run on across tiles; causal: tiles of
-    1 to 4 key blocks)."""
+    1 to 4 key blocks); delta: the do= option's dO tiles and dP reads of V."""
     for seed in range(40):
-        run_schedule(seed, stages, consumers, pingpong, False, causal, [2])
-        run_schedule(seed, stages, consumers, pingpong, True, causal, [0, 3, 5, 6, 7])
+        run_schedule(seed, stages, consumers, pingpong, False, causal, [2], delta)
+        run_schedule(seed, stages, consumers, pingpong, True, causal, [0, 3, 5, 6, 7], delta)
 
 
 # ---- the tile order ---------------------------------------------------------------------------------------------
