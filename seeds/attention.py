@@ -18,7 +18,7 @@ The key loop is split in two: blocks wholly inside the sequence and below the di
 diagonal blocks (causal) and the partial last block run with them. In the unmasked blocks the row max is taken
 before scaling (max(s) c = max(s c) for c > 0), so scaling and subtracting the max is one FMA per score, as in
 Triton's fused-attention tutorial.
-FLOPs: 4 B Hq Sq Sk D (half of it when causal); at B4 H32 S4096 D128 that is 275 GFLOP.
+FLOPs: 4 B Hq Sq Sk D (half of it when causal); at B4 H32 S4096 D128 that is 1.10 TFLOP.
 
 Backward (the FA2 algorithm; see _attn_bwd_dkdv_kernel for the maths): a preprocess kernel computes
 delta = rowsum(dO o O); one kernel per key block accumulates dK and dV over all query blocks of every query head
