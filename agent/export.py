@@ -15,6 +15,7 @@ from pathlib import Path
 
 from agent.archive import Candidate
 from agent.browse import env_text, result_text, task_name
+from sandbox import pyparse
 
 log = logging.getLogger(__name__)
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "seeds"
@@ -46,7 +47,7 @@ class _Module:
 
 def _parse(name: str, source: str) -> _Module:
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError as exc:
         raise ExportError(f"{name} does not parse (line {exc.lineno}: {exc.msg})") from None
     mod = _Module(name, source.splitlines(keepends=True), list(tree.body), docstring=ast.get_docstring(tree, False))
@@ -233,7 +234,7 @@ def _docstring(cand: Candidate, original: str | None, vendored: dict[str, tuple[
 
 
 def _check_standalone(text: str, cand_id: int) -> None:
-    tree = ast.parse(text)  # our own output: a failure here is a bug, not user input
+    tree = pyparse.parse(text)  # our own output: a failure here is a bug, not user input
     for node in ast.walk(tree):
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
             [node.module or ""] if isinstance(node, ast.ImportFrom) else []

@@ -15,6 +15,8 @@ import re
 import textwrap
 from dataclasses import dataclass
 
+from sandbox import pyparse
+
 PY_LANGS = {"python", "py", "python3", "py3", "ipython", "triton", "pycon"}
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+#.-]*)[^\n`]*$")
 _THINK = re.compile(r"<(think|thinking|reasoning)>.*?(</\1>|\Z)", re.S | re.I)
@@ -149,12 +151,12 @@ def _trim(code: str) -> str:
 
 def _merge(chosen: str, others: list[str]) -> str:
     """Pull into `chosen` the top-level imports and definitions from `others` that it uses but does not define."""
-    tree = ast.parse(chosen)
+    tree = pyparse.parse(chosen)
     bound = _bound_names(tree)
     needed = _free_names(tree) - bound
     pieces: list[tuple[str, bool]] = []  # (source, is_import)
     taken: set[int] = set()
-    pool = [(b, ast.parse(b)) for b in others if _parses(b)]
+    pool = [(b, pyparse.parse(b)) for b in others if _parses(b)]
     changed = True
     while needed and changed:
         changed = False
@@ -231,7 +233,7 @@ def _looks_like_python(code: str) -> bool:
 
 def _parses(code: str) -> bool:
     try:
-        ast.parse(code)
+        pyparse.parse(code)
     except (SyntaxError, ValueError):
         return False
     return True

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from agent.archive import Candidate
 from agent.tuner import find_knobs, skeleton
+from sandbox import pyparse
 
 STAGE_RANK = {name: i for i, name in enumerate(
     ["propose", "static", "compile", "smoke", "correctness", "robustness", "timing"])}
@@ -28,7 +29,7 @@ MAX_FIXES = 2  # attempts to repair one failed candidate before moving on
 def niche(source: str) -> str:
     """e.g. "k2-w8-b1024-s3": 2 kernels, 8 warps, largest block 1024, 3 stages ("?" where the source does not say)."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError:
         return "unparsed"
     kernels = sum(1 for n in tree.body if isinstance(n, ast.FunctionDef)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from agent.archive import sha256
 from agent.llm import Reply, Usage
+from sandbox import pyparse
 
 TUNING_NAME = re.compile(r"block|warps|stages|rows|group|split|tile|chunk|persist|programs|per_sm|unroll|vec|ctas",
                          re.IGNORECASE)
@@ -92,7 +93,7 @@ class Proposal:
 def find_knobs(source: str) -> list[Knob]:
     """Every knob in the source, in source order; [] when it does not parse or has none."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError:
         return []
     offsets = _line_offsets(source)
@@ -162,7 +163,7 @@ def skeleton(source: str) -> str | None:
     knobs = find_knobs(source)
     if not knobs:
         return None
-    tree = ast.parse(_apply(source, [(k, 0) for k in knobs if not k.insert and k.kind != "option"]))
+    tree = pyparse.parse(_apply(source, [(k, 0) for k in knobs if not k.insert and k.kind != "option"]))
     jit, autotuned = _kernels(tree)
     helpers = _helpers(tree)
     for node in ast.walk(tree):
@@ -269,7 +270,7 @@ def _helpers(tree: ast.Module) -> dict[str, tuple[Path, str]]:
 def _tuning_parameters(path: Path, mtime: float, name: str) -> tuple[str, ...]:
     """Keyword parameters with a tuning name and a default, of function `name` defined in `path`."""
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = pyparse.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError):
         return ()
     for node in tree.body:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from . import pyparse
 from .records import Reason
 
 ALLOWED_IMPORTS = {
@@ -57,7 +58,7 @@ class StaticFinding:
 def check_source(source: str, filename: str = "candidate.py") -> StaticFinding | None:
     """None when the source passes; else the first finding, with its line."""
     try:
-        tree = ast.parse(source, filename=filename)
+        tree = pyparse.parse(source, filename=filename)
     except SyntaxError as exc:
         return StaticFinding(Reason.SYNTAX_ERROR, f"syntax error at line {exc.lineno}: {exc.msg}", exc.lineno or 0)
 

@@ -29,6 +29,7 @@ from rich.table import Table
 
 from agent.commands.run import StopOnSignal, add_search_options, baselines_problem, config_from
 from agent.lanes import run_lanes
+from sandbox import pyparse
 
 console = Console()
 err_console = Console(stderr=True)
@@ -61,7 +62,7 @@ def find_tasks(folder: Path) -> list[Path]:
         if path.name.startswith("_"):
             continue
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+            tree = pyparse.parse(path.read_text(encoding="utf-8", errors="replace"))
         except SyntaxError:
             continue
         names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}

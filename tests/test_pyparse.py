@@ -1,0 +1,50 @@
+"""sandbox/pyparse.py: crucible's one way to parse Python. CPython 3.11's AST constructor keeps its recursion depth in
+interpreter-wide state, so parses on several threads at once (the lanes of `crucible batch --gpus N`) failed here
+with "SystemError: AST constructor recursion depth mismatch" (tests/test_batch_lanes.py, 2 of 2 runs before the
+lock, 3 of 3 clean after)."""
+import ast
+import threading
+from pathlib import Path
+
+from sandbox import pyparse
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = (ROOT / "agent" / "tuner.py").read_text(encoding="utf-8")  # a large module with deep expressions
+
+
+def test_parses_on_many_threads_at_once():
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def work() -> None:
+        start.wait()
+        for _ in range(15):
+            try:
+                tree = pyparse.parse(SOURCE)
+                assert isinstance(tree, ast.Module) and tree.body
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, f"{len(errors)} parses failed; first: {type(errors[0]).__name__}: {errors[0]}"
+
+
+def test_syntax_errors_are_ast_parses():
+    try:
+        pyparse.parse("def f(:\n", filename="bad.py")
+    except SyntaxError as exc:
+        assert exc.filename == "bad.py"
+    else:
+        raise AssertionError("a syntax error must raise SyntaxError")
+
+
+def test_no_module_parses_around_the_lock():
+    """Every parse in agent/ and sandbox/ goes through pyparse (a bare ast.parse on a lane's thread races)."""
+    bare = [f"{p.relative_to(ROOT)}:{i}" for d in ("agent", "sandbox", "profiler") for p in (ROOT / d).rglob("*.py")
+            if p.name != "pyparse.py"
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "ast.parse(" in line]
+    assert not bare, f"ast.parse outside sandbox/pyparse.py: {bare}"
