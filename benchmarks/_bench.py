@@ -44,3 +44,44 @@ def rel_l2(got: torch.Tensor, truth: torch.Tensor) -> float:
         return float("inf")
     n = float(t.norm())
     return float((g - t).norm()) / (n if n else 1.0)
+
+
+def attention_truth(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                    chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o fp32, natural lse fp64) of the float64 softmax attention over [B, H, S, D], `chunk` (batch, head) pairs
+    at a time (S x S in fp64); causal top-left aligned."""
+    import math
+    b, h, s, d = q.shape
+    qf, kf, vf = (t.reshape(b * h, s, d) for t in (q, k, v))
+    o = torch.empty(b * h, s, d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(b * h, s, dtype=torch.float64, device=q.device)
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril() if causal else None
+    for i in range(0, b * h, chunk):
+        sl = slice(i, i + chunk)
+        scores = (qf[sl].double() @ kf[sl].double().transpose(1, 2)) / math.sqrt(d)
+        if mask is not None:
+            scores.masked_fill_(~mask, float("-inf"))
+        lse[sl] = torch.logsumexp(scores, dim=-1)
+        o[sl] = (torch.exp(scores - lse[sl][..., None]) @ vf[sl].double()).float()
+        del scores
+    return o.view(b, h, s, d), lse.view(b, h, s)
+
+
+def selection_options(ap: argparse.ArgumentParser, what: str = "Gluon variants") -> None:
+    """--only / --skip (comma-separated substrings of the rows' names) and --mode, to narrow a rerun (say, past a
+    variant that hung)."""
+    ap.add_argument("--only", default="", help=f"comma-separated substrings: run only the {what} naming one")
+    ap.add_argument("--skip", default="", help=f"comma-separated substrings: leave out the {what} naming one")
+    ap.add_argument("--mode", choices=("both", "full", "causal"), default="both", help="non-causal, causal or both")
+
+
+def selected(name: str, args: argparse.Namespace) -> bool:
+    """Whether --only / --skip keep the row `name`."""
+    only = [w for w in args.only.split(",") if w]
+    skip = [w for w in args.skip.split(",") if w]
+    return (not only or any(w in name for w in only)) and not any(w in name for w in skip)
+
+
+def modes(args: argparse.Namespace) -> tuple[bool, ...]:
+    """The causal flags --mode asks for: (False, True), (False,) or (True,)."""
+    return {"both": (False, True), "full": (False,), "causal": (True,)}[args.mode]

@@ -54,6 +54,7 @@ if "--smoke" in sys.argv:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from _bench import attention_truth as truth  # noqa: E402
 from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
 from seeds import attention as A  # noqa: E402
 
@@ -98,24 +99,6 @@ def launch_kwargs(kw: dict, q: torch.Tensor, causal: bool, smoke: bool) -> dict:
         return kw
     bm, bn, warps, _ = kw.get("config", A.fwd_config(128, torch.device("cuda"), False, kw.get("warp_specialize")))
     return dict(kw, config=(max(16, bm // 4), max(16, bn // 4), warps, 1), tma=True)
-
-
-def truth(q, k, v, causal: bool, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o fp32, natural lse fp64) of the float64 softmax, `chunk` (batch, head) pairs at a time (S x S in fp64)."""
-    b, h, s, d = q.shape
-    qf, kf, vf = (t.reshape(b * h, s, d) for t in (q, k, v))
-    o = torch.empty(b * h, s, d, dtype=torch.float32, device=q.device)
-    lse = torch.empty(b * h, s, dtype=torch.float64, device=q.device)
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril() if causal else None
-    for i in range(0, b * h, chunk):
-        sl = slice(i, i + chunk)
-        scores = (qf[sl].double() @ kf[sl].double().transpose(1, 2)) / math.sqrt(d)
-        if mask is not None:
-            scores.masked_fill_(~mask, float("-inf"))
-        lse[sl] = torch.logsumexp(scores, dim=-1)
-        o[sl] = (torch.exp(scores - lse[sl][..., None]) @ vf[sl].double()).float()
-        del scores
-    return o.view(b, h, s, d), lse.view(b, h, s)
 
 
 def sdpa(backend: str | None):

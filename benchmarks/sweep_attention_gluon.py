@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
+from _bench import attention_truth as truth  # noqa: E402
+from _bench import modes, parser, rel_l2, rotating_median_ms, selected, selection_options  # noqa: E402
 from seeds import attention as A  # noqa: E402
 from seeds import attention_gluon as G  # noqa: E402
 
@@ -52,24 +53,6 @@ LSE_TOL = 1e-3     # natural-log units
 
 def log(t0: float, msg: str) -> None:
     print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
-
-
-def truth(q, k, v, causal: bool, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o fp32, natural lse fp64) of the float64 softmax, `chunk` (batch, head) pairs at a time (S x S in fp64)."""
-    b, h, s, d = q.shape
-    qf, kf, vf = (t.reshape(b * h, s, d) for t in (q, k, v))
-    o = torch.empty(b * h, s, d, dtype=torch.float32, device=q.device)
-    lse = torch.empty(b * h, s, dtype=torch.float64, device=q.device)
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril() if causal else None
-    for i in range(0, b * h, chunk):
-        sl = slice(i, i + chunk)
-        scores = (qf[sl].double() @ kf[sl].double().transpose(1, 2)) / math.sqrt(d)
-        if mask is not None:
-            scores.masked_fill_(~mask, float("-inf"))
-        lse[sl] = torch.logsumexp(scores, dim=-1)
-        o[sl] = (torch.exp(scores - lse[sl][..., None]) @ vf[sl].double()).float()
-        del scores
-    return o.view(b, h, s, d), lse.view(b, h, s)
 
 
 def sdpa(backend: str):
@@ -151,12 +134,8 @@ def smoke_run(t0: float) -> list[dict]:
 
 def main() -> int:
     ap = parser(__doc__.splitlines()[0], budget_s=240.0)
-    ap.add_argument("--only", default="", help="comma-separated substrings: run only the Gluon variants naming one")
-    ap.add_argument("--skip", default="", help="comma-separated substrings: leave out the Gluon variants naming one")
-    ap.add_argument("--mode", choices=("both", "full", "causal"), default="both", help="non-causal, causal or both")
+    selection_options(ap, "Gluon variants")
     args = ap.parse_args()
-    only = [w for w in args.only.split(",") if w]
-    skip = [w for w in args.skip.split(",") if w]
     t0 = time.time()
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}, "
@@ -171,8 +150,7 @@ def main() -> int:
     sets = make_inputs(FULL, dev, 0, SETS)
     small = make_inputs(SMALL, dev, 1, 1)[0]
     rows: list[dict] = []
-    modes = {"both": (False, True), "full": (False,), "causal": (True,)}[args.mode]
-    for causal in modes:
+    for causal in modes(args):
         tag = "causal" if causal else "non-causal"
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         q, k, v = sets[0]
@@ -205,7 +183,7 @@ def main() -> int:
         entries = [("seed attention_fwd defaults", seed_fn(False), False),
                    ("seed ModelNew launch (sm_90)", seed_fn(True), False)]
         entries += [(f"gluon {name}", gluon_fn(kw), True) for name, kw in variants_for(causal)
-                    if (not only or any(w in name for w in only)) and not any(w in name for w in skip)]
+                    if selected(name, args)]
         for name, fn, takes_out in entries:
             row = dict(causal=causal, variant=name, ms=None, tflops=None, o_err=None, lse_err=None, small_err=None)
             if time.time() - t0 > args.budget:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
+from _bench import modes, parser, rel_l2, rotating_median_ms, selected, selection_options  # noqa: E402
 from seeds import attention as A  # noqa: E402
 from seeds import attention_gluon_bwd as GB  # noqa: E402
 
@@ -180,12 +180,8 @@ def smoke_run(t0: float) -> list[dict]:
 
 def main() -> int:
     ap = parser(__doc__.splitlines()[0], budget_s=200.0)
-    ap.add_argument("--only", default="", help="comma-separated substrings: run only the Gluon rows naming one")
-    ap.add_argument("--skip", default="", help="comma-separated substrings: leave out the Gluon rows naming one")
-    ap.add_argument("--mode", choices=("both", "full", "causal"), default="both", help="non-causal, causal or both")
+    selection_options(ap, "Gluon rows")
     args = ap.parse_args()
-    only = [w for w in args.only.split(",") if w]
-    skip = [w for w in args.skip.split(",") if w]
     t0 = time.time()
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}, "
@@ -199,8 +195,7 @@ def main() -> int:
     sets = make_inputs(FULL, "cuda", 0, SETS)
     small = make_inputs(SMALL, "cuda", 1, 1)[0]
     rows: list[dict] = []
-    modes = {"both": (False, True), "full": (False,), "causal": (True,)}[args.mode]
-    for causal in modes:
+    for causal in modes(args):
         tag = "causal" if causal else "non-causal"
         half = 2 if causal else 1
         fl_bwd, fl_both = 10 * b * h * s * s * d / half, 14 * b * h * s * s * d / half
@@ -213,7 +208,7 @@ def main() -> int:
         entries = [("SDPA cudnn", sdpa("cudnn"), "baseline"), ("SDPA flash", sdpa("flash"), "baseline"),
                    ("seed attention_bwd precise (Triton)", triton_seed(), "seed")]
         entries += [(name, gluon(kw, split), "gluon") for name, kw, split in gluon_rows()
-                    if (not only or any(w in name for w in only)) and not any(w in name for w in skip)]
+                    if selected(name, args)]
         bounds: dict[str, list[float]] = {}
         for name, fns, kind in entries:
             fwd, bwd, both = fns

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _bench import parser, rel_l2, rotating_median_ms  # noqa: E402
+from _bench import modes, parser, rel_l2, rotating_median_ms, selected, selection_options  # noqa: E402
 from seeds import attention as A  # noqa: E402
 from seeds import attention_bwd as AB  # noqa: E402
 from seeds import attention_gluon as G  # noqa: E402
@@ -191,12 +191,8 @@ def timed(row: dict, fn, sets, causal: bool, flops: float) -> None:
 
 def main() -> int:
     ap = parser(__doc__.splitlines()[0], budget_s=480.0)
-    ap.add_argument("--only", default="", help="comma-separated substrings: run only the Gluon variants naming one")
-    ap.add_argument("--skip", default="", help="comma-separated substrings: leave out the Gluon variants naming one")
-    ap.add_argument("--mode", choices=("both", "full", "causal"), default="both", help="non-causal, causal or both")
+    selection_options(ap, "Gluon variants")
     args = ap.parse_args()
-    only = [w for w in args.only.split(",") if w]
-    skip = [w for w in args.skip.split(",") if w]
     t0 = time.time()
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}, "
@@ -210,8 +206,7 @@ def main() -> int:
     b, h, s, d = FULL
     sets = make_inputs(FULL, "cuda", 0, SETS)
     rows: list[dict] = []
-    modes = {"both": (False, True), "full": (False,), "causal": (True,)}[args.mode]
-    for causal in modes:
+    for causal in modes(args):
         tag = "causal" if causal else "non-causal"
         half = 2 if causal else 1
         q, k, v, do = sets[0]
@@ -242,8 +237,7 @@ def main() -> int:
         fwd_flops = 6 * b * h * s * s * d / half
         entries = [("Triton attention_fwd_with_delta(precise)", triton_fwd_delta, False)]
         entries += [(f"gluon {name}", gluon_fwd_delta(kw), True) for name, kw in CANDIDATES.items()
-                    if (not causal or G.causal_ok(kw)) and (not only or any(w in name for w in only))
-                    and not any(w in name for w in skip)]
+                    if (not causal or G.causal_ok(kw)) and selected(name, args)]
         delta_bound = None
         ref_delta = None  # the Triton forward's delta, when it ran
         best = None  # (ms, knobs) of the fastest correct Gluon forward with delta

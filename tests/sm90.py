@@ -22,13 +22,17 @@ def nvidia_backend_available() -> bool:
 
 def compile_sm90(fn: Any, values: dict, num_warps: int, num_stages: int | None = None, *,
                  divisible_ints: bool = True, maxnreg: int | None = None) -> Any:
-    """The compiled kernel from example argument values: pointers as dtype strings ("*fp32"), floats, ints and
-    constexprs. divisible_ints marks ints that are a multiple of 16 as such, as the launcher's specialisation would;
-    False compiles every int as unspecialised (a kernel declared with do_not_specialize). maxnreg: the launch
-    option of that name (a register cap a thread)."""
+    """The compiled kernel from example argument values: pointers as dtype strings ("*fp32"), tensor descriptors as
+    their type strings, floats, ints and constexprs. A Gluon kernel compiles through Gluon's source (its pointers,
+    not its descriptors, marked 16-byte divisible); a Triton kernel's string arguments are all marked so, as they
+    always were here. divisible_ints marks ints that are a multiple of 16 as such, as the launcher's
+    specialisation would; False compiles every int as unspecialised (a kernel declared with do_not_specialize).
+    maxnreg: the launch option of that name (a register cap a thread)."""
     import triton
     from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
+    gluon = isinstance(fn, GluonJITFunction)
     constexprs = {p.name for p in fn.params if p.is_constexpr}
     sig, const, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -37,18 +41,41 @@ def compile_sm90(fn: Any, values: dict, num_warps: int, num_stages: int | None =
             sig[name], const[name] = "constexpr", value
         elif isinstance(value, str):
             sig[name] = value
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            if value.startswith("*") or not gluon:
+                attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
             if divisible_ints and value % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+    source = (GluonASTSource if gluon else triton.compiler.ASTSource)(fn=fn, signature=sig, constexprs=const,
+                                                                       attrs=attrs)
     options = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps, num_stages=num_stages)
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def kernel_facts(kernel: Any) -> dict:
+    """A compiled kernel's shared bytes, registers a thread, local (spilled) and stack bytes (cuobjdump
+    -res-usage), the setmaxnreg values and wgmma.wait_group depths in its PTX, its wgmma count, and the Triton that
+    built it: what the warp-specialised Gluon kernels' compile tests assert on."""
+    import re
+    import tempfile
+
+    import triton
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([str(cuobjdump), "-res-usage", cubin.name], capture_output=True, text=True).stdout
+    ptx = kernel.asm["ptx"]
+    field = lambda key: int(m[1]) if (m := re.search(rf"\b{key}:(\d+)", usage)) else -1  # noqa: E731
+    return dict(shared=kernel.metadata.shared, regs=field("REG"), local=field("LOCAL"), stack=field("STACK"),
+                setmaxnreg=sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+                waits=sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)}),
+                wgmma=ptx.count("wgmma.mma_async"), triton=triton.__version__)
 
 
 def compiled_in_child(test_file: str, *args: str) -> Any:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import ast
 import json
-import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 import torch
 
 from seeds import attention_gluon as G
-from tests.sm90 import compiled_in_child, nvidia_backend_available
+from tests.sm90 import compile_sm90, compiled_in_child, kernel_facts, nvidia_backend_available
 
 HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
 needs_sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
@@ -121,10 +119,7 @@ def compile_variant(knobs: dict, causal: bool, head_dim: int = 128, with_delta: 
     """The kernel compiled for sm_90 at the B4 H32 S4096 specialisation of one variant (GluonASTSource: host
     tensor descriptors as `tensordesc<...>` signature entries), and its launch config; with_delta: the do= option
     (WITH_DELTA: dO's descriptor and the DELTA pointer)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     cfg = G.fa3_launch_config(head_dim, **knobs, with_delta=with_delta)
     m_c = cfg["BLOCK_M"] // cfg["CONSUMERS"]
@@ -137,42 +132,13 @@ def compile_variant(knobs: dict, causal: bool, head_dim: int = 128, with_delta: 
                   DELTA="*fp32", qk_scale=0.1, S=4096,
                   NUM_M=4096 // cfg["BLOCK_M"], TILES=128 * 4096 // cfg["BLOCK_M"], HEAD_D=head_dim, CAUSAL=causal,
                   **{k: v for k, v in cfg.items() if k != "maxnreg"})
-    constexprs = {p.name for p in fn.params if p.is_constexpr}
-    sig, const, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        value = values[name]
-        if name in constexprs:
-            sig[name], const[name] = "constexpr", value
-        elif isinstance(value, str):
-            sig[name] = value
-            if value.startswith("*"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=cfg["num_warps"], maxnreg=cfg["maxnreg"]))
+    kernel = compile_sm90(fn, values, cfg["num_warps"], maxnreg=cfg["maxnreg"])
     return kernel, cfg
 
 
 def variant_facts(kernel, cfg) -> dict:
-    """shared bytes, the launch's registers, local (spilled) bytes, the setmaxnreg values and wgmma waits."""
-    import triton
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    cubin = Path(f"/tmp/attention_gluon_{id(kernel)}.cubin")
-    cubin.write_bytes(kernel.asm["cubin"])
-    usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
-    cubin.unlink()
-    ptx = kernel.asm["ptx"]
-    field = lambda key: int(m[1]) if (m := re.search(rf"\b{key}:(\d+)", usage)) else -1  # noqa: E731
-    return dict(shared=kernel.metadata.shared, regs=field("REG"), local=field("LOCAL"), stack=field("STACK"),
-                setmaxnreg=sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
-                waits=sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)}),
-                wgmma=ptx.count("wgmma.mma_async"), maxnreg=cfg["maxnreg"], triton=triton.__version__)
+    """tests/sm90.py's kernel facts and the launch's register cap."""
+    return dict(kernel_facts(kernel), maxnreg=cfg["maxnreg"])
 
 
 def _compile_all() -> dict:

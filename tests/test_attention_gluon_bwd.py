@@ -9,8 +9,6 @@ from __future__ import annotations
 import ast
 import json
 import math
-import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 import torch
 
 from seeds import attention_gluon_bwd as GB
-from tests.sm90 import compiled_in_child, nvidia_backend_available
+from tests.sm90 import compile_sm90, compiled_in_child, kernel_facts, nvidia_backend_available
 
 HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
 LOG2E = 1.4426950408889634
@@ -89,10 +87,7 @@ def test_module_keeps_crucible_static_rules():
 def compile_kernel(fn, cfg: dict, kept: int, streamed: int, causal: bool, head_dim: int = 128, s_len: int = 4096):
     """One of the two kernels compiled for sm_90 at the B4 H32 S4096 specialisation (GluonASTSource: the host
     tensor descriptors as `tensordesc<...>` signature entries)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     def desc(rows):
         layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
@@ -107,42 +102,12 @@ def compile_kernel(fn, cfg: dict, kept: int, streamed: int, causal: bool, head_d
                      NUM_M=s_len // kept)
     values = dict(LSE="*fp32", DELTA="*fp32", sm_scale=0.088, qk_scale=0.127, S=s_len, HEAD_D=head_dim,
                   CAUSAL=causal, **descs, **{k: v for k, v in cfg.items() if k != "maxnreg"})
-    constexprs = {p.name for p in fn.params if p.is_constexpr}
-    sig, const, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        value = values[name]
-        if name in constexprs:
-            sig[name], const[name] = "constexpr", value
-        elif isinstance(value, str):
-            sig[name] = value
-            if value.startswith("*"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=cfg["num_warps"], maxnreg=cfg["maxnreg"]))
+    return compile_sm90(fn, values, cfg["num_warps"], maxnreg=cfg["maxnreg"])
 
 
-def kernel_facts(kernel, cfg) -> dict:
-    """shared bytes, the launch's registers, local (spilled) bytes, the setmaxnreg values and wgmma waits."""
-    import triton
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    cubin = Path(f"/tmp/attention_gluon_bwd_{id(kernel)}.cubin")
-    cubin.write_bytes(kernel.asm["cubin"])
-    usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
-    cubin.unlink()
-    ptx = kernel.asm["ptx"]
-    field = lambda key: int(m[1]) if (m := re.search(rf"\b{key}:(\d+)", usage)) else -1  # noqa: E731
-    return dict(shared=kernel.metadata.shared, regs=field("REG"), local=field("LOCAL"), stack=field("STACK"),
-                setmaxnreg=sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
-                waits=sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)}),
-                wgmma=ptx.count("wgmma.mma_async"), maxnreg=cfg["maxnreg"], overlap=cfg["OVERLAP"],
-                triton=triton.__version__)
+def variant_facts(kernel, cfg) -> dict:
+    """tests/sm90.py's kernel facts, the launch's register cap and whether the variant overlaps its products."""
+    return dict(kernel_facts(kernel), maxnreg=cfg["maxnreg"], overlap=cfg["OVERLAP"])
 
 
 def compile_cases() -> list[tuple[str, dict, bool, int]]:
@@ -162,7 +127,7 @@ def _compile_all(only: str = "") -> dict:
         for tag, fn, cfg in (("dkdv", GB._dkdv_kernel, cfg_kv), ("dq", GB._dq_kernel, cfg_q)):
             kept, streamed = (cfg["BLOCK_N"], cfg["BLOCK_M"]) if tag == "dkdv" else (cfg["BLOCK_M"], cfg["BLOCK_N"])
             kernel = compile_kernel(fn, cfg, kept, streamed, causal, d)
-            out[f"{name} | {tag}"] = kernel_facts(kernel, cfg)
+            out[f"{name} | {tag}"] = variant_facts(kernel, cfg)
     return out
 
 

@@ -12,7 +12,7 @@ import torch
 from sandbox.task import load_task
 from sandbox.tolerance import compare
 from tests.conftest import needs_gpu
-from tests.sm90 import compiled_in_child, nvidia_backend_available
+from tests.sm90 import compile_sm90, compiled_in_child, nvidia_backend_available
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
 
@@ -424,9 +424,6 @@ def test_cross_entropy_smem_form_rejected_off_cuda():
 def _compile_smem_forms() -> dict:
     """sm_90 facts of the smem form's kernel at the H200 task's specialisation (child process, no interpreter)."""
     import re
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     from seeds.cross_entropy import _ce_smem_kernel as kernel
     facts = {}
     for block, sub, kept, warps, async_kept in ((8192, 2, 6, 16, False), (4096, 2, 13, 16, False),
@@ -435,22 +432,7 @@ def _compile_smem_forms() -> dict:
                       N_VALID="*fp32", N=8192, V=128256, ignore_index=-100, smoothing=0.0, MEAN=True, SMOOTH=False,
                       BLOCK=block, SUB=sub, KEPT=kept, WARPS=warps, KEEP="evict_last", DROP="evict_first",
                       ASYNC=async_kept)
-        constexprs = {p.name for p in kernel.params if p.is_constexpr}
-        sig, const, attrs = {}, {}, {}
-        for i, name in enumerate(kernel.arg_names):
-            value = values[name]
-            if name in constexprs:
-                sig[name], const[name] = "constexpr", value
-            elif isinstance(value, str):
-                sig[name], attrs[(i,)] = value, [["tt.divisibility", 16]]
-            elif isinstance(value, float):
-                sig[name] = "fp32"
-            else:
-                sig[name] = "i32"
-                if value % 16 == 0:
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-        compiled = triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs),
-                                  target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+        compiled = compile_sm90(kernel, values, warps)
         ptx = compiled.asm["ptx"]
         facts[f"{block}x{sub} kept {kept}" + (" async" if async_kept else "")] = {
             "shared": compiled.metadata.shared, "st_shared_v4": len(re.findall(r"st\.shared\.v4", ptx)),
