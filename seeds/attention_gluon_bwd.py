@@ -68,23 +68,14 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# TMA global <-> shared copies: async_copy_global_to_shared / async_copy_shared_to_global in Triton 3.6 (the
-# H200's), renamed async_load / async_store later (3.9 here, where the old names raise); as seeds/attention_gluon.py
-if "async_load" in dir(tma):
-    tma_load = tma.async_load
-    tma_store = tma.async_store
-else:  # Triton 3.6
-    tma_load = tma.async_copy_global_to_shared
-    tma_store = tma.async_copy_shared_to_global
-
-LOG2E = 1.4426950408889634
+# the TMA copies under their Triton 3.6 or 3.9 names, picked once in the forward's module
+from seeds.attention_gluon import LOG2E, tma_load, tma_store
 
 
 # ---- shared device code -----------------------------------------------------------------------------------------
