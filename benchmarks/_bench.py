@@ -85,3 +85,10 @@ def selected(name: str, args: argparse.Namespace) -> bool:
 def modes(args: argparse.Namespace) -> tuple[bool, ...]:
     """The causal flags --mode asks for: (False, True), (False,) or (True,)."""
     return {"both": (False, True), "full": (False,), "causal": (True,)}[args.mode]
+
+
+def versions() -> str:
+    """torch and triton versions and the device, the first line a sweep prints."""
+    import triton
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+    return f"torch {torch.__version__}, triton {triton.__version__}, {device}"

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from _bench import attention_truth as truth  # noqa: E402
-from _bench import modes, parser, rel_l2, rotating_median_ms, selected, selection_options  # noqa: E402
+from _bench import modes, parser, rel_l2, rotating_median_ms, selected, selection_options, versions  # noqa: E402,E501
 from seeds import attention as A  # noqa: E402
 from seeds import attention_gluon as G  # noqa: E402
 
@@ -137,9 +137,7 @@ def main() -> int:
     selection_options(ap, "Gluon variants")
     args = ap.parse_args()
     t0 = time.time()
-    import triton
-    print(f"torch {torch.__version__}, triton {triton.__version__}, "
-          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device'}", flush=True)
+    print(versions(), flush=True)
     if args.smoke:
         rows = smoke_run(t0)
         print_table(rows, FULL, smoke=True)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _bench import modes, parser, rel_l2, rotating_median_ms, selected, selection_options  # noqa: E402
+from _bench import modes, parser, rel_l2, rotating_median_ms, selected, selection_options, versions  # noqa: E402,E501
 from seeds import attention as A  # noqa: E402
 from seeds import attention_gluon_bwd as GB  # noqa: E402
 
@@ -183,9 +183,7 @@ def main() -> int:
     selection_options(ap, "Gluon rows")
     args = ap.parse_args()
     t0 = time.time()
-    import triton
-    print(f"torch {torch.__version__}, triton {triton.__version__}, "
-          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device'}", flush=True)
+    print(versions(), flush=True)
     if args.smoke:
         rows = smoke_run(t0)
         print_table(rows, FULL, smoke=True)
