@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from seeds.attention import attention_bwd, attention_fwd_with_delta, hopper_fwd_variant
+from seeds.attention_gluon_train import attention_fwd_bwd_gluon, train_ok
 
 CRUCIBLE_SEED = {
     "name": "attention_bwd",
@@ -36,12 +37,19 @@ CAUSAL_BWD_CONFIG = (64, 64, 64, 64, 4, 2)  # (dkdv BLOCK_M, BLOCK_N, dq BLOCK_M
 
 
 class ModelNew(nn.Module):
+    # sm_90, dense bf16 at D = 128: the Gluon kernels (seeds/attention_gluon_train.py), fp16 working copies where
+    # the inputs' range allows them, else the precise bf16 numerics
+    NUMERICS = "auto"
+    DELTA = "dp"
+
     def __init__(self, causal: bool = False):
         super().__init__()
         self.causal = causal
         self.precise = PRECISE
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor):
+        if self.precise and train_ok(q, k, v, do, self.causal):
+            return attention_fwd_bwd_gluon(q, k, v, do, self.causal, numerics=self.NUMERICS, delta=self.DELTA)
         # sm_90 at D = 128: the forward (with its third product) warp-specialised, 128 x 128 x 4 warps x 2 stages
         # (not persistent: 279 KB of shared memory). Run AC: fwd 3.44 -> 2.81 ms, fwd+bwd 12.84 -> 12.33 ms
         ws = bool(hopper_fwd_variant(q, self.causal))

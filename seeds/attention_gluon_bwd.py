@@ -182,14 +182,15 @@ def _dkdv_step(i, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt
 
 
 @gluon.jit
-def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, kv_bar, q_ready,
-                   do_ready, qdo_empty, sm_scale, qk_scale, S, NUM_N, W: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                   SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr):
+def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, lse_smem, dlt_smem, kv_bar, q_ready,
+                   do_ready, qdo_empty, dk_scale, dv_scale, qk_scale, S, NUM_N, W: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr, OUT_SEPARATE: gl.constexpr):
     """The consumer warp groups (W warps, keys on rows, W / 4 warp groups of 64 keys each): per query block,
     S^T = K Q^T and dP^T = V dO^T issued together, P^T = exp2(S^T c - lse2) while dP^T is on the tensor cores
     (OVERLAP), dV += P^T dO issued, dS^T = P^T (dP^T - delta) while it runs, dK += dS^T Q (two products with
-    SPLIT_DS: hi, lo). Epilogue: dK c and dV through K's and V's buffers, TMA stores."""
+    SPLIT_DS: hi, lo). Epilogue: dK dk_scale and dV dv_scale through K's and V's buffers, TMA stores (OUT_SEPARATE:
+    the outputs' dtype is not the inputs', one after the other through out_smem)."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, BLOCK_M, 16])
     mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
@@ -211,23 +212,37 @@ def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, 
         dk, dv = _dkdv_step(i, 0, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready, do_ready,
                             qdo_empty, qk_scale, mma_s, op_layout, BLOCK_M, BLOCK_N, STAGES, False, SPLIT_DS,
                             OVERLAP)
-    # epilogue: K's and V's buffers are free (every wgmma reading them has retired)
-    k_smem.store((dk * sm_scale).to(dtype))
-    v_smem.store(dv.to(dtype))
-    fence_async_shared()
-    tma_store(dk_desc, [k_row, 0], k_smem)
-    tma_store(dv_desc, [k_row, 0], v_smem)
-    tma.store_wait(0)
+    if OUT_SEPARATE:  # outputs in another dtype (fp16 working copies, bf16 gradients): one tile after the other
+        out_smem.store((dk * dk_scale).to(dk_desc.dtype))
+        fence_async_shared()
+        tma_store(dk_desc, [k_row, 0], out_smem)
+        tma.store_wait(0)
+        out_smem.store((dv * dv_scale).to(dv_desc.dtype))
+        fence_async_shared()
+        tma_store(dv_desc, [k_row, 0], out_smem)
+        tma.store_wait(0)
+    else:  # K's and V's buffers are free (every wgmma reading them has retired)
+        k_smem.store((dk * dk_scale).to(dtype))
+        v_smem.store((dv * dv_scale).to(dtype))
+        fence_async_shared()
+        tma_store(dk_desc, [k_row, 0], k_smem)
+        tma_store(dv_desc, [k_row, 0], v_smem)
+        tma.store_wait(0)
 
 
 @gluon.jit
-def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, sm_scale, qk_scale, S, NUM_N,
-                 HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr, LOAD_REGS: gl.constexpr,
-                 num_warps: gl.constexpr):
-    """One program a (key block, batch x head) tile, NUM_N key blocks a head; descriptors over [B*H*S, D] views."""
+def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, dk_scale, dv_scale, qk_scale, S,
+                 NUM_N, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr, OUT_SEPARATE: gl.constexpr,
+                 LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """One program a (key block, batch x head) tile, NUM_N key blocks a head; descriptors over [B*H*S, D] views.
+    OUT_SEPARATE: dk_desc / dv_desc hold another dtype than the inputs (one more [BLOCK_N, D] buffer)."""
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_D], v_desc.layout)
+    if OUT_SEPARATE:
+        out_smem = gl.allocate_shared_memory(dk_desc.dtype, [BLOCK_N, HEAD_D], dk_desc.layout)
+    else:
+        out_smem = k_smem
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
     vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -243,9 +258,9 @@ def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, 
         mbarrier.init(do_ready.index(st), count=2)  # the dO tile's transaction and the lse2 / delta stores
         mbarrier.init(qdo_empty.index(st), count=1)
     gl.warp_specialize([
-        (_dkdv_consumer, (dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, kv_bar, q_ready,
-                          do_ready, qdo_empty, sm_scale, qk_scale, S, NUM_N, num_warps, BLOCK_M, BLOCK_N, HEAD_D,
-                          STAGES, CAUSAL, SPLIT_DS, OVERLAP)),
+        (_dkdv_consumer, (dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, lse_smem, dlt_smem, kv_bar,
+                          q_ready, do_ready, qdo_empty, dk_scale, dv_scale, qk_scale, S, NUM_N, num_warps, BLOCK_M,
+                          BLOCK_N, HEAD_D, STAGES, CAUSAL, SPLIT_DS, OVERLAP, OUT_SEPARATE)),
         (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
                         dlt_smem, kv_bar, q_ready, do_ready, qdo_empty, S, NUM_N, BLOCK_M, BLOCK_N, STAGES,
                         CAUSAL)),
@@ -331,19 +346,18 @@ def _dq_step(i, offset, dq, lse, dlt, q_smem, do_smem, k_smem, v_smem, k_ready, 
 
 
 @gluon.jit
-def _dq_consumer(dq_desc, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready, k_empty, v_empty,
-                 sm_scale, qk_scale, S, NUM_M, W: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr,
-                 OVERLAP: gl.constexpr):
+def _dq_consumer(dq_desc, LSE, DELTA, q_smem, out_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready, k_empty,
+                 v_empty, dq_scale, qk_scale, S, NUM_M, W: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                 SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr):
     """The consumer warp groups (W warps, queries on rows): per key block, S = Q K^T and dP = dO V^T issued
     together, P = exp2(S c - lse2) while dP runs (OVERLAP), dS = P (dP - delta), dQ += dS K (hi, lo with SPLIT_DS).
-    Epilogue: dQ c through Q's buffer, TMA store."""
+    Epilogue: dQ dq_scale through out_smem (Q's buffer, or one of the output dtype), TMA store."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, BLOCK_N, 16])
     mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, HEAD_D, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
-    dtype: gl.constexpr = q_smem.dtype
     q_row, kv_row0, n_blocks = _dq_tile(S, NUM_M, BLOCK_M, BLOCK_N, CAUSAL)
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_s))
     lse = gl.load(LSE + q_row + rows)
@@ -359,19 +373,24 @@ def _dq_consumer(dq_desc, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, qdo_bar, 
         dq = _dq_step(i, i * BLOCK_N - (q_row - kv_row0), dq, lse, dlt, q_smem, do_smem, k_smem, v_smem, k_ready,
                       v_ready, k_empty, v_empty, qk_scale, mma_s, op_layout, BLOCK_M, BLOCK_N, STAGES, True,
                       SPLIT_DS, OVERLAP)
-    q_smem.store((dq * sm_scale).to(dtype))
+    out_smem.store((dq * dq_scale).to(dq_desc.dtype))
     fence_async_shared()
-    tma_store(dq_desc, [q_row, 0], q_smem)
+    tma_store(dq_desc, [q_row, 0], out_smem)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, LSE, DELTA, sm_scale, qk_scale, S, NUM_M,
+def _dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, LSE, DELTA, dq_scale, qk_scale, S, NUM_M,
                HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr, LOAD_REGS: gl.constexpr,
-               num_warps: gl.constexpr):
-    """One program a (query block, batch x head) tile, NUM_M query blocks a head; descriptors over [B*H*S, D]."""
+               CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr, OUT_SEPARATE: gl.constexpr,
+               LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """One program a (query block, batch x head) tile, NUM_M query blocks a head; descriptors over [B*H*S, D].
+    OUT_SEPARATE: dq_desc holds another dtype than the inputs (one more [BLOCK_M, D] buffer)."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+    if OUT_SEPARATE:
+        out_smem = gl.allocate_shared_memory(dq_desc.dtype, [BLOCK_M, HEAD_D], dq_desc.layout)
+    else:
+        out_smem = q_smem
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [BLOCK_M, HEAD_D], do_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
@@ -387,9 +406,9 @@ def _dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, LSE, DELTA, sm_scale, q
         mbarrier.init(k_empty.index(st), count=1)
         mbarrier.init(v_empty.index(st), count=1)
     gl.warp_specialize([
-        (_dq_consumer, (dq_desc, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready, k_empty,
-                        v_empty, sm_scale, qk_scale, S, NUM_M, num_warps, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL,
-                        SPLIT_DS, OVERLAP)),
+        (_dq_consumer, (dq_desc, LSE, DELTA, q_smem, out_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready,
+                        k_empty, v_empty, dq_scale, qk_scale, S, NUM_M, num_warps, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                        CAUSAL, SPLIT_DS, OVERLAP)),
         (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready,
                       k_empty, v_empty, S, NUM_M, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
     ], [1], [LOAD_REGS])
@@ -408,13 +427,33 @@ GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
 
 
+def bwd_smem_bytes(head_dim: int, kept: int, streamed: int, stages: int, dkdv: bool, out_separate: bool) -> int:
+    """Shared memory of one of the two kernels (2-byte elements): the kept rows' two tiles (K, V or Q, dO), the
+    ring of the streamed blocks' two tiles, the dK/dV kernel's lse2 / delta vectors, out_separate's output tile, and
+    1 KB for the barriers and alignment."""
+    smem = 2 * head_dim * (2 * kept + 2 * stages * streamed) + 1024
+    if dkdv:
+        smem += 2 * 4 * stages * streamed
+    if out_separate:
+        smem += 2 * head_dim * kept
+    return smem
+
+
+def fits(knobs: dict, head_dim: int = 128, out_separate: bool = False) -> bool:
+    """Whether both kernels of a variant (bwd_launch_config's knobs) fit the shared memory a block may use."""
+    kw = {**dict(block_m=64, block_n=128, stages=2, dq_block_m=128, dq_block_n=64, dq_stages=2), **knobs}
+    return max(bwd_smem_bytes(head_dim, kw["block_n"], kw["block_m"], kw["stages"], True, out_separate),
+               bwd_smem_bytes(head_dim, kw["dq_block_m"], kw["dq_block_n"], kw["dq_stages"], False,
+                              out_separate)) <= HOPPER_SMEM
+
+
 def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stages: int = 2, dq_block_m: int = 128,
                       dq_block_n: int = 64, dq_stages: int = 2, overlap: bool = True, split_ds: bool = True,
-                      maxnreg: int | None = None) -> tuple[dict, dict]:
+                      maxnreg: int | None = None, out_separate: bool = False) -> tuple[dict, dict]:
     """(dK/dV kernel's constexprs and launch options, dQ kernel's) of one variant; ValueError where it is not one
     these kernels have: the consumers are 8 warps (two 64-row warp groups) over the 128 rows a program keeps
     (block_n keys in dK/dV, dq_block_m queries in dQ), the streamed blocks 64 or 128 rows, the shared memory
-    within the 227 KB a block may use."""
+    within the 227 KB a block may use (out_separate: one more kept-row buffer, for outputs of another dtype)."""
     if head_dim not in (64, 128):
         raise ValueError(f"attention_bwd_gluon: head dim {head_dim} is not 64 or 128")
     if block_n != 128 or dq_block_m != 128:
@@ -426,15 +465,14 @@ def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stag
     if stages < 1 or dq_stages < 1:
         raise ValueError(f"attention_bwd_gluon: stages >= 1 (got {stages}, {dq_stages})")
     for what, kept, streamed, st in (("dK/dV", block_n, block_m, stages), ("dQ", dq_block_m, dq_block_n, dq_stages)):
-        smem = 2 * head_dim * (2 * kept + 2 * st * streamed) + 1024
-        if what == "dK/dV":  # the lse2 and delta vectors of each stage
-            smem += 2 * 4 * st * streamed
+        smem = bwd_smem_bytes(head_dim, kept, streamed, st, what == "dK/dV", out_separate)
         if smem > HOPPER_SMEM:
             raise ValueError(f"attention_bwd_gluon: the {what} kernel's {smem} bytes of shared memory at {kept} kept "
                              f"rows, {streamed} x {st} stages")
     if maxnreg is None:  # 12 warps (8 consumer, the producer's warp group): 168, one program an SM
         maxnreg = 168
-    common = dict(OVERLAP=bool(overlap), SPLIT_DS=bool(split_ds), LOAD_REGS=24, num_warps=8, maxnreg=maxnreg)
+    common = dict(OVERLAP=bool(overlap), SPLIT_DS=bool(split_ds), OUT_SEPARATE=bool(out_separate), LOAD_REGS=24,
+                  num_warps=8, maxnreg=maxnreg)
     return (dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, **common),
             dict(BLOCK_M=dq_block_m, BLOCK_N=dq_block_n, STAGES=dq_stages, **common))
 
@@ -442,6 +480,7 @@ def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stag
 def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse2: torch.Tensor,
                         delta: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
                         split_ds: bool = True, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                        out_dtype: torch.dtype | None = None, grad_scale: float = 1.0,
                         **knobs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), each like q, of o = softmax(q k^T * scale) v for the upstream gradient do, given the
     forward's base-2 lse2 [B, H, S] fp32 (seeds/attention.py's convention: p = exp2(s * scale * log2(e) - lse2))
@@ -449,7 +488,10 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a multiple of every block size; else
     ValueError. split_ds: dS enters the dK and dQ products as two operands (its rounding and the rest: the
     `precise` backward), else rounded once. knobs: bwd_launch_config's (block_m, block_n, stages, dq_block_m,
-    dq_block_n, dq_stages, overlap, maxnreg). out: (dq, dk, dv) to write into (contiguous, like q)."""
+    dq_block_n, dq_stages, overlap, maxnreg). out: (dq, dk, dv) to write into (contiguous, q's shape, out_dtype).
+    out_dtype (bf16 / fp16; q's by default): the gradients' dtype, e.g. bf16 from fp16 working copies
+    (attention_fwd_bwd_gluon). grad_scale: every gradient is multiplied by it before its rounding (the inverse of
+    a power-of-two scale the caller gave do)."""
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape or do.shape != q.shape:
         raise ValueError(f"attention_bwd_gluon: do, q, k, v must be [B, H, S, D] of one shape, not "
                          f"{tuple(do.shape)}, {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -460,7 +502,12 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     if lse2.shape != q.shape[:3] or delta.shape != q.shape[:3] or lse2.dtype != torch.float32 \
             or delta.dtype != torch.float32:
         raise ValueError(f"attention_bwd_gluon: lse2 and delta must be [B, H, S] = {tuple(q.shape[:3])} fp32")
-    cfg_kv, cfg_q = bwd_launch_config(d, split_ds=split_ds, **knobs)
+    out_dtype = q.dtype if out_dtype is None else out_dtype
+    if out_dtype not in GL_DTYPES:
+        raise ValueError(f"attention_bwd_gluon: out_dtype must be bf16 or fp16, not {out_dtype}")
+    if not (math.isfinite(grad_scale) and grad_scale > 0):
+        raise ValueError(f"attention_bwd_gluon: grad_scale must be positive and finite, not {grad_scale}")
+    cfg_kv, cfg_q = bwd_launch_config(d, split_ds=split_ds, out_separate=out_dtype != q.dtype, **knobs)
     blocks = (cfg_kv["BLOCK_M"], cfg_kv["BLOCK_N"], cfg_q["BLOCK_M"], cfg_q["BLOCK_N"])
     if any(s % blk for blk in blocks):
         raise ValueError(f"attention_bwd_gluon: S = {s} is not a multiple of the block sizes {blocks}")
@@ -470,28 +517,28 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     if not all(t.is_cuda for t in (do, q, k, v, lse2, delta)):
         raise ValueError("attention_bwd_gluon: Gluon kernels run on CUDA devices only (no CPU interpreter)")
     if out is None:
-        dq, dk, dv = (torch.empty_like(q, memory_format=torch.contiguous_format) for _ in range(3))
+        dq, dk, dv = (torch.empty(q.shape, dtype=out_dtype, device=q.device) for _ in range(3))
     else:
         dq, dk, dv = out
-        if any(t.shape != q.shape or t.dtype != q.dtype or not t.is_contiguous() for t in out):
-            raise ValueError("attention_bwd_gluon: out must be (dq, dk, dv), each contiguous and like q")
+        if any(t.shape != q.shape or t.dtype != out_dtype or not t.is_contiguous() for t in out):
+            raise ValueError(f"attention_bwd_gluon: out must be (dq, dk, dv), each contiguous, of q's shape and "
+                             f"{out_dtype}")
     rows = b * h * s
-    gdt = GL_DTYPES[q.dtype]
     q2, k2, v2, do2 = (t.contiguous().view(rows, d) for t in (q, k, v, do))
     lse2, delta = lse2.contiguous(), delta.contiguous()
 
     def desc(t, block_rows):
-        layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], gdt)
+        layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], GL_DTYPES[t.dtype])
         return TensorDescriptor(t, [rows, d], [d, 1], [block_rows, d], layout)
 
     m1, n1 = cfg_kv["BLOCK_M"], cfg_kv["BLOCK_N"]
     num_n = s // n1
     _dkdv_kernel[(num_n * b * h,)](
         desc(q2, m1), desc(do2, m1), desc(k2, n1), desc(v2, n1), desc(dk.view(rows, d), n1), desc(dv.view(rows, d), n1),
-        lse2, delta, scale, scale * LOG2E, s, num_n, HEAD_D=d, CAUSAL=bool(causal), **cfg_kv)
+        lse2, delta, scale * grad_scale, grad_scale, scale * LOG2E, s, num_n, HEAD_D=d, CAUSAL=bool(causal), **cfg_kv)
     m2, n2 = cfg_q["BLOCK_M"], cfg_q["BLOCK_N"]
     num_m = s // m2
     _dq_kernel[(num_m * b * h,)](
-        desc(q2, m2), desc(do2, m2), desc(k2, n2), desc(v2, n2), desc(dq.view(rows, d), m2), lse2, delta, scale,
-        scale * LOG2E, s, num_m, HEAD_D=d, CAUSAL=bool(causal), **cfg_q)
+        desc(q2, m2), desc(do2, m2), desc(k2, n2), desc(v2, n2), desc(dq.view(rows, d), m2), lse2, delta,
+        scale * grad_scale, scale * LOG2E, s, num_m, HEAD_D=d, CAUSAL=bool(causal), **cfg_q)
     return dq, dk, dv

@@ -82,18 +82,20 @@ def compile_kernel(fn, cfg: dict, kept: int, streamed: int, causal: bool, head_d
     tensor descriptors as `tensordesc<...>` signature entries)."""
     from triton.experimental.gluon import language as gl
 
-    def desc(rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
-        return f"tensordesc<bf16[{rows},{head_dim}],{layout!r}>"
+    def desc(rows, dtype):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], dtype)
+        return f"tensordesc<{'fp16' if dtype == gl.float16 else 'bf16'}[{rows},{head_dim}],{layout!r}>"
 
-    kept_d, streamed_d = desc(kept), desc(streamed)
+    # OUT_SEPARATE: fp16 working copies in, bf16 gradients out (attention_fwd_bwd_gluon's fp16 numerics)
+    dt_in = gl.float16 if cfg["OUT_SEPARATE"] else gl.bfloat16
+    kept_d, streamed_d, out_d = desc(kept, dt_in), desc(streamed, dt_in), desc(kept, gl.bfloat16)
     if fn is GB._dkdv_kernel:
-        descs = dict(q_desc=streamed_d, do_desc=streamed_d, k_desc=kept_d, v_desc=kept_d, dk_desc=kept_d,
-                     dv_desc=kept_d, NUM_N=s_len // kept)
+        descs = dict(q_desc=streamed_d, do_desc=streamed_d, k_desc=kept_d, v_desc=kept_d, dk_desc=out_d,
+                     dv_desc=out_d, NUM_N=s_len // kept, dk_scale=0.088, dv_scale=0.5)
     else:
-        descs = dict(q_desc=kept_d, do_desc=kept_d, k_desc=streamed_d, v_desc=streamed_d, dq_desc=kept_d,
-                     NUM_M=s_len // kept)
-    values = dict(LSE="*fp32", DELTA="*fp32", sm_scale=0.088, qk_scale=0.127, S=s_len, HEAD_D=head_dim,
+        descs = dict(q_desc=kept_d, do_desc=kept_d, k_desc=streamed_d, v_desc=streamed_d, dq_desc=out_d,
+                     NUM_M=s_len // kept, dq_scale=0.088)
+    values = dict(LSE="*fp32", DELTA="*fp32", qk_scale=0.127, S=s_len, HEAD_D=head_dim,
                   CAUSAL=causal, **descs, **{k: v for k, v in cfg.items() if k != "maxnreg"})
     return compile_sm90(fn, values, cfg["num_warps"], maxnreg=cfg["maxnreg"])
 
@@ -108,6 +110,9 @@ def compile_cases() -> list[tuple[str, dict, bool, int]]:
     cases = [(f"{name}{'' if split else ' unsplit'}{' causal' if causal else ''}", dict(kw, split_ds=split), causal,
               128) for name, kw in GB.VARIANTS.items() for split in (True, False) for causal in (False, True)]
     cases += [(f"{name} D64", dict(kw, split_ds=True), False, 64) for name, kw in list(GB.VARIANTS.items())[:1]]
+    cases += [(f"{name} fp16 in, bf16 out{' causal' if causal else ''}", dict(kw, split_ds=False, out_separate=True),
+               causal, 128) for name, kw in GB.VARIANTS.items() if GB.fits(kw, out_separate=True)
+              for causal in (False, True)]
     return cases
 
 

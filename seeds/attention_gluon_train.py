@@ -1,0 +1,114 @@
+"""Attention forward + backward on Hopper (sm_90) through the Gluon kernels: (q, k, v, do) -> (o, dq, dk, dv), the
+fwd+bwd tasks' op, with the numerics picked from the inputs' range.
+
+Two numerics, both held to the harness's bound (docs/BENCHMARKS.md, runs T/U: what an FA2-style bf16 backward
+fails there):
+- "bf16" (the `precise` path of seeds/attention_bwd.py): the forward's delta = sum_j P_ij dP_ij from its own dP
+  (seeds/attention_gluon.py, do=), and dS entering the dK / dQ products as two bf16 operands (hi + lo):
+  3 forward products and 9 backward ones (seeds/attention_gluon_bwd.py, split_ds=True).
+- "fp16" (fp16 working copies): q, k, v and do copied to fp16, which holds every bf16 value of magnitude 2^-14 ..
+  2^15 exactly and has 3 more mantissa bits, so P and dS rounded once to fp16 carry an eighth of bf16's error;
+  dS enters one product (7 backward products). do is scaled by a power of two 2^e first, so that dS's worst case
+  (|dS| <= |dP| + |delta| <= 2 D max|dO| max|V|) stays below fp16's 65504 with the most headroom; the gradients
+  are scaled back by 2^-e in the kernels' epilogues (exact) and written as bf16 (q's dtype). delta comes from the
+  forward's dP (delta="dp") or as rowsum(dO o O) from the fp16 o (delta="o": the forward's 2 products alone).
+  Taken only where it loses nothing: every input finite, within 2^15, and e >= 0 (fp16_exponent); else "bf16".
+"auto" picks fp16 where fp16_exponent allows it (one reduction of the four inputs and one host sync), else bf16.
+Inputs: dense contiguous [B, H, S, D] bf16 q, k, v, do of one shape (no GQA), D 128, S a multiple of 128 (causal:
+an even number of 128-row tiles); train_ok says whether a call fits, else the Triton kernels of
+seeds/attention.py run (seeds/attention_bwd.py's ModelNew decides).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from seeds.attention_gluon import attention_fwd_gluon
+from seeds.attention_gluon_bwd import attention_bwd_gluon
+
+FP16_INPUT_MAX = 32768.0  # 2^15: every bf16 value up to it is an fp16 value
+FP16_DS_MAX = 32768.0  # dS's worst case kept below this (fp16's largest finite value is 65504)
+MAX_EXPONENT = 24
+NUMERICS = ("auto", "bf16", "fp16")
+DELTAS = ("dp", "o")
+
+# The forward's knobs with do= (delta) and the backward's, per mode: measured on the H200, run AZ
+# (sweep_attention_gluon_delta.py, sweep_attention_gluon_bwd.py) and run BA (sweep_attention_train.py).
+FWD_KNOBS = {False: dict(consumers=2, pingpong=False), True: dict(consumers=2, pingpong=True, persistent=True)}
+BWD_KNOBS = {False: dict(dq_block_n=128), True: dict(dq_block_n=128)}
+
+
+def train_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> bool:
+    """Whether attention_fwd_bwd_gluon takes these inputs: CUDA sm_90, dense contiguous bf16 [B, H, S, D] of one
+    shape, D 128, S a multiple of 128 (causal: an even number of 128-row query tiles, the persistent forward's
+    pairs)."""
+    ts = (q, k, v, do)
+    if not (q.is_cuda and q.dim() == 4 and all(t.shape == q.shape for t in ts) and q.shape[-1] == 128):
+        return False
+    if any(t.dtype != torch.bfloat16 or not t.is_contiguous() for t in ts) or q.numel() == 0:
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] != 9 or q.shape[2] % 128:
+        return False
+    return not (causal and (q.shape[2] // 128) % 2)
+
+
+def fp16_exponent_of(amax_q: float, amax_k: float, amax_v: float, amax_do: float, head_dim: int) -> int | None:
+    """The power-of-two exponent e for do's fp16 copy (do * 2^e) from the inputs' largest magnitudes, or None when
+    fp16 working copies could lose something: an input not finite or above 2^15, or dS's worst case 2 D max|dO|
+    max|V| above 2^15 even at e = 0. e is the largest (at most 24) keeping both dS's worst case and do * 2^e
+    within 2^15."""
+    amax = (amax_q, amax_k, amax_v, amax_do)
+    if not all(math.isfinite(a) for a in amax) or max(amax) > FP16_INPUT_MAX:
+        return None
+    if amax_do == 0.0:
+        return 0
+    e = math.floor(math.log2(FP16_INPUT_MAX / amax_do))
+    if amax_v > 0.0:
+        e = min(e, math.floor(math.log2(FP16_DS_MAX / (2.0 * head_dim * amax_do * amax_v))))
+    e = min(e, MAX_EXPONENT)
+    return e if e >= 0 else None
+
+
+def fp16_exponent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> int | None:
+    """fp16_exponent_of the inputs' largest magnitudes (one reduction each, one host sync)."""
+    amax = torch.stack([t.abs().amax().float() for t in (q, k, v, do)]).tolist()
+    return fp16_exponent_of(*amax, head_dim=q.shape[-1])
+
+
+def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                            causal: bool = False, numerics: str = "auto", delta: str = "dp",
+                            fwd_knobs: dict | None = None, bwd_knobs: dict | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, dq, dk, dv), each like q, of o = softmax(q k^T / sqrt(D)) v and its gradients for the upstream do.
+    numerics: "auto" | "bf16" | "fp16" (the module docstring; "fp16" raises ValueError where fp16_exponent
+    refuses). delta: "dp" | "o" (fp16 only; bf16 always takes the forward's dP). fwd_knobs / bwd_knobs: the Gluon
+    kernels' knobs (FWD_KNOBS / BWD_KNOBS of the mode by default). ValueError where train_ok refuses."""
+    if numerics not in NUMERICS or delta not in DELTAS:
+        raise ValueError(f"attention_fwd_bwd_gluon: numerics is one of {NUMERICS} and delta one of {DELTAS}, not "
+                         f"{numerics!r}, {delta!r}")
+    if not train_ok(q, k, v, do, causal):
+        raise ValueError("attention_fwd_bwd_gluon: takes dense contiguous bf16 [B, H, S, 128] q, k, v, do of one "
+                         "shape on sm_90, S a multiple of 128 (causal: 256)")
+    fwd = FWD_KNOBS[bool(causal)] if fwd_knobs is None else fwd_knobs
+    bwd = BWD_KNOBS[bool(causal)] if bwd_knobs is None else bwd_knobs
+    e = None if numerics == "bf16" else fp16_exponent(q, k, v, do)
+    if numerics == "fp16" and e is None:
+        raise ValueError("attention_fwd_bwd_gluon: these inputs do not fit fp16 working copies (fp16_exponent)")
+    if e is None:
+        o, lse2, dlt = attention_fwd_gluon(q, k, v, causal, do=do, **fwd)
+        dq, dk, dv = attention_bwd_gluon(do, q, k, v, lse2, dlt, causal, split_ds=True, **bwd)
+        return o, dq, dk, dv
+    c = float(2 ** e)
+    q16, k16, v16 = (t.to(torch.float16) for t in (q, k, v))
+    do16 = do.to(torch.float16)
+    if e:
+        do16.mul_(c)  # exact: a power of two, within 2^15 by the choice of e
+    if delta == "dp":
+        o16, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do16, **fwd)
+    else:
+        o16, lse2 = attention_fwd_gluon(q16, k16, v16, causal, **fwd)
+        dlt = torch.einsum("bhsd,bhsd->bhs", o16.float(), do16.float())
+    dq, dk, dv = attention_bwd_gluon(do16, q16, k16, v16, lse2, dlt, causal, split_ds=False, out_dtype=q.dtype,
+                                     grad_scale=1.0 / c, **bwd)
+    return o16.to(q.dtype), dq, dk, dv
