@@ -60,19 +60,29 @@ def gluon(numerics: str, delta: str = "dp", fwd: dict | None = None, bwd: dict |
 def candidates(causal: bool) -> dict:
     rows = {"gluon bf16 precise": gluon("bf16"),
             "gluon fp16 delta dP": gluon("fp16"),
-            "gluon fp16 delta rowsum(dO o O)": gluon("fp16", "o"),
-            "gluon fp16 delta dP, bwd dq 128x64": gluon("fp16", bwd=dict()),
-            "gluon fp16 delta dP, bwd s4 / dq s3": gluon("fp16", bwd=dict(stages=4, dq_stages=3))}
+            "gluon fp16 delta o": gluon("fp16", "o"),
+            "gluon fp16 delta o, bwd dq 128x64": gluon("fp16", "o", bwd=dict()),
+            "gluon fp16 delta o, bwd s4 / dq s3": gluon("fp16", "o", bwd=dict(stages=4, dq_stages=3))}
     if causal:
-        rows["gluon fp16 delta dP, fwd pingpong s2"] = gluon("fp16", fwd=dict(consumers=2))
-        rows["gluon fp16 delta dP, fwd 2 consumers no token"] = gluon("fp16", fwd=dict(consumers=2, pingpong=False))
-        rows["gluon fp16 delta rowsum, fwd pingpong s2"] = gluon("fp16", "o", fwd=dict(consumers=2))
+        rows["gluon fp16 delta o, fwd pingpong s2"] = gluon("fp16", "o", fwd=dict(consumers=2))
     else:
-        rows["gluon fp16 delta dP, fwd pingpong s2 persistent"] = gluon("fp16", fwd=dict(consumers=2,
-                                                                                         persistent=True))
-        rows["gluon fp16 delta rowsum, fwd persistent"] = gluon("fp16", "o", fwd=dict(consumers=2, pingpong=False,
-                                                                                    persistent=True))
+        rows["gluon fp16 delta o, fwd persistent"] = gluon("fp16", "o", fwd=dict(consumers=2, pingpong=False,
+                                                                                persistent=True))
     return rows
+
+
+def parts(causal: bool) -> dict:
+    """The fp16 delta-o path's three parts alone (no check: their outputs are the path's), on the first set."""
+    def prep(q, k, v, do, causal):
+        return T.fp16_copies(q, k, v, do, T.fp16_exponent(q, k, v, do))
+
+    def fwd(q16, k16, v16, do16, causal):
+        return T.attention_fwd_gluon(q16, k16, v16, causal, do=do16, delta_from="o", **T.FWD_KNOBS[causal])
+
+    def bwd(q16, k16, v16, do16, causal, lse2, dlt):
+        return T.attention_bwd_gluon(do16, q16, k16, v16, lse2, dlt, causal, split_ds=False,
+                                     out_dtype=torch.bfloat16, grad_scale=0.25, **T.BWD_KNOBS[causal])
+    return {"part: prep (amax, sync, fp16 copies)": prep, "part: fwd fp16 delta o": fwd, "part: bwd fp16": bwd}
 
 
 def log(t0: float, msg: str) -> None:
@@ -139,6 +149,17 @@ def main() -> int:
             save(rows)
         del tr, ref, alt
         torch.cuda.empty_cache()
+        if time.time() - t0 <= args.budget:  # where the fp16 delta-o path's time goes
+            copies = T.fp16_copies(q, k, v, do, 2)
+            _, lse2, dlt = T.attention_fwd_gluon(*copies[:3], causal, do=copies[3], delta_from="o",
+                                                 **T.FWD_KNOBS[causal])
+            for name, fn in parts(causal).items():
+                args_ = (q, k, v, do) if name.startswith("part: prep") else copies
+                extra = (lse2, dlt) if name == "part: bwd fp16" else ()
+                ms = rotating_median_ms(lambda i: fn(*args_, causal, *extra), 1, False)
+                rows.append(dict(causal=causal, variant=name, ms=ms, tflops=None, status="part"))
+                log(t0, f"{tag} {name}: {ms:.3f} ms")
+            save(rows)
     print_table(rows)
     return 0
 

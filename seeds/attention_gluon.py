@@ -231,17 +231,18 @@ def _fa3_loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem
 
 
 @gluon.jit
-def _fa3_consumer(o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                  k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, CID: gl.constexpr, W: gl.constexpr,
+def _fa3_consumer(o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
+                  v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, CID: gl.constexpr, W: gl.constexpr,
                   M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-                  WITH_DELTA: gl.constexpr):
+                  WITH_DELTA: gl.constexpr, DELTA_O: gl.constexpr):
     """One consumer partition (W warps, M_C query rows of each tile from row CID * M_C): the online softmax over key
     blocks n-1 .. 0, S_i's wgmma issued before P_{i-1} V_{i-1}'s and waited alone (FA3's intra-warp-group
     overlap); o through o_smem (PERSISTENT: its own buffer, the store left in flight into the next tile; else the
     Q tile's buffer) by TMA. WITH_DELTA: once block i's softmax is done and P_{i-1} V_{i-1} retired, dP_i =
     dO V_i^T (V_i's stage, waited for then; outside the GEMM token) and dsum = dsum alpha + rowsum(p dP_i) with the
-    fp32 p of block i; delta = dsum / l by pointer store, as LSE."""
+    fp32 p of block i; delta = dsum / l by pointer store, as LSE. DELTA_O: delta = rowsum(dO o o) in the epilogue
+    from the unrounded fp32 o, dO's rows by pointer loads from DO (no dP products, no dO tiles)."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, BLOCK_N, 16])
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
@@ -325,6 +326,11 @@ def _fa3_consumer(o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q
         gl.store(LSE + q_row0 + gl.arange(0, M_C, layout=row_s), m + gl.log2(l))
         if WITH_DELTA:
             gl.store(DELTA + q_row0 + gl.arange(0, M_C, layout=row_s), dsum / l)
+        if DELTA_O:
+            r_o = q_row0 + gl.arange(0, M_C, layout=row_o)
+            c_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, mma_o))
+            do_rows = gl.load(DO + gl.expand_dims(r_o.to(gl.int64) * HEAD_D, 1) + gl.expand_dims(c_o, 0))
+            gl.store(DELTA + r_o, gl.sum(o * do_rows.to(gl.float32), axis=1))
         o_tile.store(o.to(dtype))
         fence_async_shared()
         tma_store(o_desc, [q_row0, 0], o_tile)
@@ -337,26 +343,28 @@ def _fa3_consumer(o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q
 
 
 @gluon.jit
-def _fa3_consumer1(o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                   k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, WITH_DELTA: gl.constexpr):
+def _fa3_consumer1(o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
+                   v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, WITH_DELTA: gl.constexpr,
+                   DELTA_O: gl.constexpr):
     """The second ping-pong consumer (a 4-warp worker partition): rows M_C .. 2 M_C - 1 of each tile."""
-    _fa3_consumer(o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+    _fa3_consumer(o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
                   k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 1, 4, M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                  CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA)
+                  CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O)
 
 
 @gluon.jit
-def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, qk_scale, S, NUM_M, TILES,
+def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, qk_scale, S, NUM_M, TILES,
                     HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                    PERSISTENT: gl.constexpr, WITH_DELTA: gl.constexpr, LOAD_REGS: gl.constexpr,
-                    MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
+                    PERSISTENT: gl.constexpr, WITH_DELTA: gl.constexpr, DELTA_O: gl.constexpr,
+                    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Programs loop over tiles t = program_id, + num_programs, ... < TILES (= NUM_M x B*H; one tile a program
     unless PERSISTENT); see the module docstring. The descriptors view q, k, v, o (and dO) as [B*H*S, D] matrices
     (row bh * S + s); q_desc / o_desc / do_desc blocks are one consumer's M_C = BLOCK_M / CONSUMERS rows.
-    WITH_DELTA: do_desc and DELTA ([B*H*S] fp32) are read and written (else q_desc and LSE stand in, unused)."""
+    WITH_DELTA: do_desc and DELTA ([B*H*S] fp32) are read and written (else q_desc and LSE stand in, unused);
+    DELTA_O: DO (dO's [B*H*S, D] storage) and DELTA (else LSE stands in for both, unused)."""
     M_C: gl.constexpr = BLOCK_M // CONSUMERS
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, M_C, HEAD_D], q_desc.layout)
     if PERSISTENT:
@@ -389,24 +397,25 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, qk_scal
 
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
-                             v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps, M_C,
-                             BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT, WITH_DELTA)),
+            (_fa3_consumer, (o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+                             k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps,
+                             M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT, WITH_DELTA, DELTA_O)),
             (_fa3_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bars, q_empty,
                            k_ready, v_ready, k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES,
                            CONSUMERS, CAUSAL, PERSISTENT, WITH_DELTA)),
         ], [1], [LOAD_REGS])
     else:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
-                             v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps, M_C,
-                             BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA)),
+            (_fa3_consumer, (o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+                             k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps,
+                             M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA,
+                             DELTA_O)),
             (_fa3_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bars, q_empty,
                            k_ready, v_ready, k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES,
                            CONSUMERS, CAUSAL, PERSISTENT, WITH_DELTA)),
-            (_fa3_consumer1, (o_desc, LSE, DELTA, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+            (_fa3_consumer1, (o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
                               k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C, BLOCK_M,
-                              BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA)),
+                              BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O)),
         ], [1, 4], [LOAD_REGS, MMA_REGS])
 
 
@@ -453,10 +462,13 @@ def fa3_smem_bytes(head_dim: int, block_m: int, block_n: int, stages: int, persi
 
 def fa3_launch_config(head_dim: int, block_m: int = 128, block_n: int = 128, stages: int = 2, consumers: int = 1,
                       pingpong: bool = True, persistent: bool = False, maxnreg: int | None = None,
-                      with_delta: bool = False) -> dict:
+                      with_delta: bool = False, delta_o: bool = False) -> dict:
     """The kernel's constexprs and launch options of one variant (num_warps, maxnreg); ValueError where the
     variant is not one this kernel has: wgmma's 64-row warp groups, the ring (and PERSISTENT's own o buffer,
-    with_delta's dO tiles) within the 227 KB of shared memory a block may use."""
+    with_delta's dO tiles) within the 227 KB of shared memory a block may use. delta_o: delta = rowsum(dO o o) in
+    the epilogue instead (not with with_delta: one or the other)."""
+    if with_delta and delta_o:
+        raise ValueError("attention_fwd_gluon: delta from dP (with_delta) or from o (delta_o), not both")
     if head_dim not in (64, 128):
         raise ValueError(f"attention_fwd_gluon: head dim {head_dim} is not 64 or 128")
     if consumers not in (1, 2):
@@ -480,7 +492,7 @@ def fa3_launch_config(head_dim: int, block_m: int = 128, block_n: int = 128, sta
     mma_regs = min(240, ((maxnreg * total_warps - 24 * 4) // (total_warps - 4)) // 8 * 8)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers,
                 PINGPONG=bool(pingpong) and consumers == 2, PERSISTENT=bool(persistent),
-                WITH_DELTA=bool(with_delta), LOAD_REGS=24,
+                WITH_DELTA=bool(with_delta), DELTA_O=bool(delta_o), LOAD_REGS=24,
                 MMA_REGS=mma_regs, num_warps=num_warps, maxnreg=maxnreg)
 
 
@@ -488,7 +500,7 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
                         sm_scale: float | None = None, block_m: int = 128, block_n: int = 128, stages: int = 2,
                         consumers: int = 1, pingpong: bool = True, persistent: bool = False,
                         maxnreg: int | None = None, out: tuple[torch.Tensor, ...] | None = None,
-                        do: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                        do: torch.Tensor | None = None, delta_from: str = "dp") -> tuple[torch.Tensor, ...]:
     """(o [B, H, S, D] in q's dtype, lse2 [B, H, S] fp32 base 2) of softmax(q k^T * scale) v, scale 1/sqrt(D) by
     default; causal top-left aligned. Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a
     multiple of block_m and block_n (causal: block_n == block_m); else ValueError. Knobs (see the module
@@ -501,7 +513,11 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     dP = dO V^T (fp32 products of the bf16/fp16 inputs, no scale): seeds/attention.py's
     attention_fwd_with_delta(precise=True) convention, the delta attention_bwd(delta=, split_ds=True) takes.
     One more wgmma a key block (dO V_i^T on V_i's stage) and the dO tiles in shared memory (block_m x D more: the
-    3-stage 128 x 128 variants do not fit, delta_ok). NOT MEASURED ON THE GPU YET (compiled for sm_90 only)."""
+    3-stage 128 x 128 variants do not fit, delta_ok); measured on the H200 in runs AZ and BA.
+    delta_from="o" (with do): delta = rowsum(dO o o) with the unrounded fp32 o, in the epilogue (dO's rows by
+    pointer loads; no dP product, no dO tiles): seeds/attention_gluon_train.py's fp16 working copies."""
+    if delta_from not in ("dp", "o"):
+        raise ValueError(f"attention_fwd_gluon: delta_from is 'dp' or 'o', not {delta_from!r}")
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"attention_fwd_gluon: q, k, v must be [B, H, S, D] of one shape, not {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -514,7 +530,9 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     if out is not None and len(out) != 2 + int(with_delta):
         raise ValueError("attention_fwd_gluon: out must be (o, lse), or (o, lse, delta) with do")
     b, h, s, d = q.shape
-    cfg = fa3_launch_config(d, block_m, block_n, stages, consumers, pingpong, persistent, maxnreg, with_delta)
+    delta_o = with_delta and delta_from == "o"
+    cfg = fa3_launch_config(d, block_m, block_n, stages, consumers, pingpong, persistent, maxnreg,
+                            with_delta and not delta_o, delta_o)
     if s % block_m or s % block_n:
         raise ValueError(f"attention_fwd_gluon: S = {s} is not a multiple of block_m {block_m} and block_n {block_n}")
     if causal and block_n != block_m:
@@ -550,10 +568,11 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     v_desc = TensorDescriptor(v2, [rows, d], [d, 1], [block_n, d], kv_layout)
     # dO's [rows, D] view is addressed with Q's row coordinates (same shape, contiguous); unused without do
     do_desc = (TensorDescriptor(do.contiguous().view(rows, d), [rows, d], [d, 1], [m_c, d], q_layout)
-               if with_delta else q_desc)
+               if with_delta and not delta_o else q_desc)
+    do_rows = do.contiguous() if delta_o else lse
     num_m = s // block_m
     tiles = num_m * b * h
     grid = (min(tiles // 2 if causal else tiles, sm_count(q.device)) if persistent else tiles,)
-    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, do_desc, delta, scale * LOG2E, s, num_m, tiles,
-                          HEAD_D=d, CAUSAL=bool(causal), **cfg)
+    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, do_desc, delta, do_rows, scale * LOG2E, s, num_m,
+                          tiles, HEAD_D=d, CAUSAL=bool(causal), **cfg)
     return (o, lse, delta) if with_delta else (o, lse)

@@ -13,7 +13,9 @@ fails there):
   are scaled back by 2^-e in the kernels' epilogues (exact) and written as bf16 (q's dtype). delta comes from the
   forward's dP (delta="dp") or as rowsum(dO o O) from the fp16 o (delta="o": the forward's 2 products alone).
   Taken only where it loses nothing: every input finite, within 2^15, and e >= 0 (fp16_exponent); else "bf16".
-"auto" picks fp16 where fp16_exponent allows it (one reduction of the four inputs and one host sync), else bf16.
+"auto" picks fp16 where fp16_exponent allows it, else bf16. The fp16 path's preparation is two Triton launches
+over the four inputs: _amax4_kernel (the largest magnitudes, NaN counted as inf; one host sync to read them) and
+_to_fp16_kernel (the copies, do times 2^e); o comes back as fp16 and is copied to bf16.
 Inputs: dense contiguous [B, H, S, D] bf16 q, k, v, do of one shape (no GQA), D 128, S a multiple of 128 (causal:
 an even number of 128-row tiles); train_ok says whether a call fits, else the Triton kernels of
 seeds/attention.py run (seeds/attention_bwd.py's ModelNew decides).
@@ -23,6 +25,8 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
+import triton.language as tl
 
 from seeds.attention_gluon import attention_fwd_gluon
 from seeds.attention_gluon_bwd import attention_bwd_gluon
@@ -70,10 +74,69 @@ def fp16_exponent_of(amax_q: float, amax_k: float, amax_v: float, amax_do: float
     return e if e >= 0 else None
 
 
+PREP_BLOCK = 4096  # elements a program of the two preparation kernels
+
+
+@triton.jit
+def _amax4_kernel(Q, K, V, DO, AMAX, N, BLOCK: tl.constexpr):
+    """AMAX[w] = max |x| over tensor w of (q, k, v, do) (program axis 1), N elements each; NaN counts as inf so
+    that a NaN input reads as not finite. AMAX starts at zeros; fp32 atomic max of non-negative values."""
+    w = tl.program_id(1)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    if w == 0:
+        x = tl.load(Q + offs, mask=mask, other=0.0)
+    elif w == 1:
+        x = tl.load(K + offs, mask=mask, other=0.0)
+    elif w == 2:
+        x = tl.load(V + offs, mask=mask, other=0.0)
+    else:
+        x = tl.load(DO + offs, mask=mask, other=0.0)
+    a = tl.abs(x.to(tl.float32))
+    a = tl.where(a == a, a, float("inf"))
+    tl.atomic_max(AMAX + w, tl.max(a, axis=0))
+
+
+@triton.jit
+def _to_fp16_kernel(Q, K, V, DO, Q16, K16, V16, DO16, N, do_scale, BLOCK: tl.constexpr):
+    """fp16 copies of q, k, v (exact: fp16_exponent_of checked their range) and of do * do_scale (a power of
+    two), tensor w of the four on program axis 1."""
+    w = tl.program_id(1)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    if w == 0:
+        tl.store(Q16 + offs, tl.load(Q + offs, mask=mask).to(tl.float16), mask=mask)
+    elif w == 1:
+        tl.store(K16 + offs, tl.load(K + offs, mask=mask).to(tl.float16), mask=mask)
+    elif w == 2:
+        tl.store(V16 + offs, tl.load(V + offs, mask=mask).to(tl.float16), mask=mask)
+    else:
+        x = tl.load(DO + offs, mask=mask).to(tl.float32) * do_scale
+        tl.store(DO16 + offs, x.to(tl.float16), mask=mask)
+
+
+def input_amax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> list[float]:
+    """[max |q|, max |k|, max |v|, max |do|] (inf where a NaN is) of four contiguous tensors of one size, one
+    launch; reading them back is the host sync."""
+    amax = torch.zeros(4, dtype=torch.float32, device=q.device)
+    n = q.numel()
+    _amax4_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, amax, n, BLOCK=PREP_BLOCK, num_warps=8)
+    return amax.tolist()
+
+
 def fp16_exponent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> int | None:
-    """fp16_exponent_of the inputs' largest magnitudes (one reduction each, one host sync)."""
-    amax = torch.stack([t.abs().amax().float() for t in (q, k, v, do)]).tolist()
-    return fp16_exponent_of(*amax, head_dim=q.shape[-1])
+    """fp16_exponent_of the inputs' largest magnitudes (input_amax)."""
+    return fp16_exponent_of(*input_amax(q, k, v, do), head_dim=q.shape[-1])
+
+
+def fp16_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, e: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, k, v, do * 2^e) as fp16, one launch (e from fp16_exponent: every value fits)."""
+    outs = tuple(torch.empty(q.shape, dtype=torch.float16, device=q.device) for _ in range(4))
+    n = q.numel()
+    _to_fp16_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, *outs, n, float(2 ** e), BLOCK=PREP_BLOCK,
+                                                      num_warps=8)
+    return outs
 
 
 def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
@@ -82,7 +145,8 @@ def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, dq, dk, dv), each like q, of o = softmax(q k^T / sqrt(D)) v and its gradients for the upstream do.
     numerics: "auto" | "bf16" | "fp16" (the module docstring; "fp16" raises ValueError where fp16_exponent
-    refuses). delta: "dp" | "o" (fp16 only; bf16 always takes the forward's dP). fwd_knobs / bwd_knobs: the Gluon
+    refuses). delta: "dp" | "o" (attention_fwd_gluon's delta_from; fp16 only: bf16 always takes the forward's
+    dP). fwd_knobs / bwd_knobs: the Gluon
     kernels' knobs (FWD_KNOBS / BWD_KNOBS of the mode by default). ValueError where train_ok refuses."""
     if numerics not in NUMERICS or delta not in DELTAS:
         raise ValueError(f"attention_fwd_bwd_gluon: numerics is one of {NUMERICS} and delta one of {DELTAS}, not "
@@ -99,16 +163,8 @@ def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
         o, lse2, dlt = attention_fwd_gluon(q, k, v, causal, do=do, **fwd)
         dq, dk, dv = attention_bwd_gluon(do, q, k, v, lse2, dlt, causal, split_ds=True, **bwd)
         return o, dq, dk, dv
-    c = float(2 ** e)
-    q16, k16, v16 = (t.to(torch.float16) for t in (q, k, v))
-    do16 = do.to(torch.float16)
-    if e:
-        do16.mul_(c)  # exact: a power of two, within 2^15 by the choice of e
-    if delta == "dp":
-        o16, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do16, **fwd)
-    else:
-        o16, lse2 = attention_fwd_gluon(q16, k16, v16, causal, **fwd)
-        dlt = torch.einsum("bhsd,bhsd->bhs", o16.float(), do16.float())
+    q16, k16, v16, do16 = fp16_copies(q, k, v, do, e)
+    o16, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do16, delta_from=delta, **fwd)
     dq, dk, dv = attention_bwd_gluon(do16, q16, k16, v16, lse2, dlt, causal, split_ds=False, out_dtype=q.dtype,
-                                     grad_scale=1.0 / c, **bwd)
+                                     grad_scale=float(2.0 ** -e), **bwd)
     return o16.to(q.dtype), dq, dk, dv
