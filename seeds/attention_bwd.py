@@ -37,11 +37,12 @@ CAUSAL_BWD_CONFIG = (64, 64, 64, 64, 4, 2)  # (dkdv BLOCK_M, BLOCK_N, dq BLOCK_M
 
 
 class ModelNew(nn.Module):
-    # sm_90, dense bf16 at D = 128: the Gluon kernels (seeds/attention_gluon_train.py) with the precise bf16
-    # numerics (run BA: accepted on both tasks; do_bench 11.287 ms = 341.0 TFLOP/s non-causal, 5.984 = 321.6
-    # causal, against 12.198 / 6.320 for the Triton kernels)
-    NUMERICS = "bf16"
-    DELTA = "dp"
+    # sm_90, dense bf16 at D = 128: the Gluon kernels (seeds/attention_gluon_train.py), fp16 working copies where
+    # the inputs' range allows them (else the precise bf16 numerics) with delta from the forward's fp32 o. Run BB
+    # (sweep_attention_train.py, do_bench): 8.852 ms = 434.7 TFLOP/s non-causal, 5.056 = 380.6 causal; bf16
+    # precise 11.367 / 5.930; the Triton kernels 12.143 / 6.346
+    NUMERICS = "auto"
+    DELTA = "o"
 
     def __init__(self, causal: bool = False):
         super().__init__()
