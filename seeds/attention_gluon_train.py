@@ -8,8 +8,9 @@ fails there):
   3 forward products and 9 backward ones (seeds/attention_gluon_bwd.py, split_ds=True).
 - "fp16" (fp16 working copies): q, k, v and do copied to fp16, which holds every bf16 value of magnitude 2^-14 ..
   2^15 exactly (smaller ones to within 2^-25, its subnormals) and has 3 more mantissa bits, so P and dS rounded
-  once to fp16 carry an eighth of bf16's error; dS enters one product (7 backward products). do is scaled by a power of two 2^e first, so that dS's worst case
-  (|dS| <= |dP| + |delta| <= 2 D max|dO| max|V|) stays below fp16's 65504 with the most headroom; the gradients
+  once to fp16 carry an eighth of bf16's error; dS enters one product (7 backward products). do is scaled by a
+  power of two 2^e first, so that dS's worst case (|dS| <= |dP| + |delta| <= 2 D max|dO| max|V|) stays below
+  fp16's 65504 with the most headroom; the gradients
   are scaled back by 2^-e in the kernels' epilogues (exact) and written as bf16 (q's dtype). delta comes from the
   forward's dP (delta="dp") or as rowsum(dO o O) from the fp16 o (delta="o": the forward's 2 products alone).
   Taken only where it loses nothing: every input finite, within 2^15, and e >= 0 (fp16_exponent); else "bf16".
