@@ -43,6 +43,7 @@ class ModelNew(nn.Module):
     # precise 11.367 / 5.930; the Triton kernels 12.143 / 6.346
     NUMERICS = "auto"
     DELTA = "o"
+    PREP_SPLIT = False
 
     def __init__(self, causal: bool = False):
         super().__init__()
@@ -51,7 +52,8 @@ class ModelNew(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor):
         if self.precise and train_ok(q, k, v, do, self.causal):
-            return attention_fwd_bwd_gluon(q, k, v, do, self.causal, numerics=self.NUMERICS, delta=self.DELTA)
+            return attention_fwd_bwd_gluon(q, k, v, do, self.causal, numerics=self.NUMERICS, delta=self.DELTA,
+                                           prep_split=self.PREP_SPLIT)
         # sm_90 at D = 128: the forward (with its third product) warp-specialised, 128 x 128 x 4 warps x 2 stages
         # (not persistent: 279 KB of shared memory). Run AC: fwd 3.44 -> 2.81 ms, fwd+bwd 12.84 -> 12.33 ms
         ws = bool(hopper_fwd_variant(q, self.causal))

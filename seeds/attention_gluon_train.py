@@ -118,39 +118,70 @@ def _to_fp16_kernel(Q, K, V, DO, Q16, K16, V16, DO16, N, do_scale, BLOCK: tl.con
         tl.store(DO16 + offs, x.to(tl.float16), mask=mask)
 
 
-def input_amax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> list[float]:
+@triton.jit
+def _amax_kernel(X, AMAX, N, BLOCK: tl.constexpr):
+    """AMAX[0] = max(AMAX[0], max |x|) over one tensor of N elements, NaN as inf (split=True: a launch a tensor,
+    no branch on the tensor's index)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    a = tl.abs(tl.load(X + offs, mask=offs < N, other=0.0).to(tl.float32))
+    tl.atomic_max(AMAX, tl.max(tl.where(a == a, a, float("inf")), axis=0))
+
+
+@triton.jit
+def _copy_fp16_kernel(X, Y, N, scale, BLOCK: tl.constexpr):
+    """Y = fp16(X * scale), scale a power of two (split=True: a launch a tensor)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    tl.store(Y + offs, (tl.load(X + offs, mask=mask).to(tl.float32) * scale).to(tl.float16), mask=mask)
+
+
+SPLIT_BLOCK = 8192  # elements a program of the split preparation kernels
+
+
+def input_amax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, split: bool = False
+               ) -> list[float]:
     """[max |q|, max |k|, max |v|, max |do|] (inf where a NaN is) of four contiguous tensors of one size, one
-    launch; reading them back is the host sync."""
+    launch (split: one a tensor); reading them back is the host sync."""
     amax = torch.zeros(4, dtype=torch.float32, device=q.device)
     n = q.numel()
-    _amax4_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, amax, n, BLOCK=PREP_BLOCK, num_warps=8)
+    if split:
+        for i, t in enumerate((q, k, v, do)):
+            _amax_kernel[(triton.cdiv(n, SPLIT_BLOCK),)](t, amax[i:], n, BLOCK=SPLIT_BLOCK, num_warps=8)
+    else:
+        _amax4_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, amax, n, BLOCK=PREP_BLOCK, num_warps=8)
     return amax.tolist()
 
 
-def fp16_exponent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> int | None:
+def fp16_exponent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, split: bool = False
+                  ) -> int | None:
     """fp16_exponent_of the inputs' largest magnitudes (input_amax)."""
-    return fp16_exponent_of(*input_amax(q, k, v, do), head_dim=q.shape[-1])
+    return fp16_exponent_of(*input_amax(q, k, v, do, split), head_dim=q.shape[-1])
 
 
-def fp16_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, e: int
+def fp16_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, e: int, split: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q, k, v, do * 2^e) as fp16, one launch (e from fp16_exponent: every value fits)."""
+    """(q, k, v, do * 2^e) as fp16, one launch (split: one a tensor; e from fp16_exponent: every value fits)."""
     outs = tuple(torch.empty(q.shape, dtype=torch.float16, device=q.device) for _ in range(4))
     n = q.numel()
-    _to_fp16_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, *outs, n, float(2 ** e), BLOCK=PREP_BLOCK,
-                                                      num_warps=8)
+    if split:
+        for t, o, c in zip((q, k, v, do), outs, (1.0, 1.0, 1.0, float(2 ** e))):
+            _copy_fp16_kernel[(triton.cdiv(n, SPLIT_BLOCK),)](t, o, n, c, BLOCK=SPLIT_BLOCK, num_warps=8)
+    else:
+        _to_fp16_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, *outs, n, float(2 ** e), BLOCK=PREP_BLOCK,
+                                                          num_warps=8)
     return outs
 
 
 def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                             causal: bool = False, numerics: str = "auto", delta: str = "dp",
-                            fwd_knobs: dict | None = None, bwd_knobs: dict | None = None
+                            fwd_knobs: dict | None = None, bwd_knobs: dict | None = None, prep_split: bool = False
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, dq, dk, dv), each like q, of o = softmax(q k^T / sqrt(D)) v and its gradients for the upstream do.
     numerics: "auto" | "bf16" | "fp16" (the module docstring; "fp16" raises ValueError where fp16_exponent
     refuses). delta: "dp" | "o" (attention_fwd_gluon's delta_from; fp16 only: bf16 always takes the forward's
     dP). fwd_knobs / bwd_knobs: the Gluon
-    kernels' knobs (FWD_KNOBS / BWD_KNOBS of the mode by default). ValueError where train_ok refuses."""
+    kernels' knobs (FWD_KNOBS / BWD_KNOBS of the mode by default). prep_split: the fp16 preparation as a launch a
+    tensor (input_amax / fp16_copies split=True). ValueError where train_ok refuses."""
     if numerics not in NUMERICS or delta not in DELTAS:
         raise ValueError(f"attention_fwd_bwd_gluon: numerics is one of {NUMERICS} and delta one of {DELTAS}, not "
                          f"{numerics!r}, {delta!r}")
@@ -159,14 +190,14 @@ def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
                          "shape on sm_90, S a multiple of 128 (causal: 256)")
     fwd = FWD_KNOBS[bool(causal)] if fwd_knobs is None else fwd_knobs
     bwd = BWD_KNOBS[bool(causal)] if bwd_knobs is None else bwd_knobs
-    e = None if numerics == "bf16" else fp16_exponent(q, k, v, do)
+    e = None if numerics == "bf16" else fp16_exponent(q, k, v, do, prep_split)
     if numerics == "fp16" and e is None:
         raise ValueError("attention_fwd_bwd_gluon: these inputs do not fit fp16 working copies (fp16_exponent)")
     if e is None:
         o, lse2, dlt = attention_fwd_gluon(q, k, v, causal, do=do, **fwd)
         dq, dk, dv = attention_bwd_gluon(do, q, k, v, lse2, dlt, causal, split_ds=True, **bwd)
         return o, dq, dk, dv
-    q16, k16, v16, do16 = fp16_copies(q, k, v, do, e)
+    q16, k16, v16, do16 = fp16_copies(q, k, v, do, e, prep_split)
     o16, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do16, delta_from=delta, **fwd)
     dq, dk, dv = attention_bwd_gluon(do16, q16, k16, v16, lse2, dlt, causal, split_ds=False, out_dtype=q.dtype,
                                      grad_scale=float(2.0 ** -e), **bwd)

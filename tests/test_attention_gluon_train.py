@@ -33,7 +33,8 @@ def test_fp16_exponent_rule(amax, want):
     assert T.fp16_exponent_of(*amax, head_dim=128) == want
 
 
-def test_input_amax_kernel_reads_every_element_and_nan_as_inf():
+@pytest.mark.parametrize("split", [False, True])
+def test_input_amax_kernel_reads_every_element_and_nan_as_inf(split):
     """Four tensors whose largest magnitudes sit in the last partial block, negative, and a NaN in one."""
     torch.manual_seed(0)
     n = 3 * T.PREP_BLOCK + 17
@@ -42,19 +43,20 @@ def test_input_amax_kernel_reads_every_element_and_nan_as_inf():
     ts[1][T.PREP_BLOCK] = 3.25
     ts[2][5] = float("nan")
     ts[3][-17] = 2.0 ** -3
-    got = T.input_amax(*ts)
+    got = T.input_amax(*ts, split=split)
     assert got[0] == 7.5 and got[1] == 3.25 and math.isinf(got[2])
     assert got[3] == max(2.0 ** -3, ts[3].float().abs().max().item())
 
 
-def test_fp16_copies_are_exact_and_scale_do_by_a_power_of_two():
+@pytest.mark.parametrize("split", [False, True])
+def test_fp16_copies_are_exact_and_scale_do_by_a_power_of_two(split):
     """Exact from fp16's normal range (2^-14) up to 2^15; below it fp16's subnormals hold a bf16 value to within
     2^-25 (half their spacing), a few 1e-8 at most."""
     torch.manual_seed(0)
     n = 2 * T.PREP_BLOCK + 5
     q, k, v, do = (torch.randn(n).to(torch.bfloat16) for _ in range(4))
     q[0], k[1], v[2], v[3] = 30000.0, 2.0 ** -14, -1.5e-3, 1.2345e-7
-    q16, k16, v16, do16 = T.fp16_copies(q, k, v, do, 3)
+    q16, k16, v16, do16 = T.fp16_copies(q, k, v, do, 3, split=split)
     for a, b in ((q, q16), (k, k16), (v, v16)):
         normal = a.float().abs() >= 2.0 ** -14
         assert b.dtype == torch.float16 and torch.equal(a.float()[normal], b.float()[normal])
