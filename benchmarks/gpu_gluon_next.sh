@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next H200 call for issue 6's fwd+bwd targets (written when session 8's device time was spent; NOT RUN YET):
+# The next H200 call for issue 6's fwd+bwd targets (written in session 8; run in session 9 as run AZ):
 #  1. the GPU-only tests of the Gluon forward (every variant against float64), its precise-delta option and the
 #     Gluon backward;
 #  2. the Gluon backward's sweep (dq/dk/dv against float64, then backward-only and fwd+bwd timings against cuDNN

@@ -10,13 +10,19 @@ fails there):
   2^15 exactly (smaller ones to within 2^-25, its subnormals) and has 3 more mantissa bits, so P and dS rounded
   once to fp16 carry an eighth of bf16's error; dS enters one product (7 backward products). do is scaled by a
   power of two 2^e first, so that dS's worst case (|dS| <= |dP| + |delta| <= 2 D max|dO| max|V|) stays below
-  fp16's 65504 with the most headroom; the gradients
-  are scaled back by 2^-e in the kernels' epilogues (exact) and written as bf16 (q's dtype). delta comes from the
-  forward's dP (delta="dp") or as rowsum(dO o O) from the fp16 o (delta="o": the forward's 2 products alone).
+  fp16's 65504 with the most headroom; the gradients are scaled back by 2^-e in the kernels' epilogues (exact) and
+  written as bf16 (q's dtype). delta comes from the forward's dP (delta="dp") or as rowsum(dO o O) from the
+  forward's unrounded fp32 o in its epilogue (delta="o": the forward's 2 products alone).
   Taken only where it loses nothing: every input finite, within 2^15, and e >= 0 (fp16_exponent); else "bf16".
 "auto" picks fp16 where fp16_exponent allows it, else bf16. The fp16 path's preparation is two Triton launches
 over the four inputs: _amax4_kernel (the largest magnitudes, NaN counted as inf; one host sync to read them) and
 _to_fp16_kernel (the copies, do times 2^e); o comes back as fp16 and is copied to bf16.
+Measured on the H200 (docs/BENCHMARKS.md runs BA-BD; B4 H32 S4096 D128; the fwd+bwd tasks accepted every variant
+`crucible check` / `crucible bench` saw): `crucible bench` fp16 + delta from o 8.874 ms = 433.7 TFLOP/s
+non-causal (0.805x cuDNN SDPA), 5.148 ms = 373.8 causal (0.781x); do_bench bf16 precise 11.367 / 5.930 ms, fp16
++ dP 10.058 / 5.728, fp16 + o 8.852 / 5.056. Where the time goes (fp16 + o, do_bench): preparation 0.53 ms
+(the two kernels at about 1.5-2 TB/s: 170 + 255 us; a launch a tensor, prep_split, is no faster), forward
+1.84 / 0.99, backward 6.47 / 3.46 (7 products: the dQ kernel recomputes S and dP).
 Inputs: dense contiguous [B, H, S, D] bf16 q, k, v, do of one shape (no GQA), D 128, S a multiple of 128 (causal:
 an even number of 128-row tiles); train_ok says whether a call fits, else the Triton kernels of
 seeds/attention.py run (seeds/attention_bwd.py's ModelNew decides).

@@ -277,8 +277,23 @@ def test_forward_on_the_gpu(name, causal, dist):
             flash = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         bad = compare(f"{name} o {shape}", o, ref, truth, alternates=(flash,))
         assert bad is None, bad.describe()
-        lse_err = (lse.double() * math.log(2.0) - torch.logsumexp(scores, -1)).abs().max().item()
-        assert lse_err < 1e-3, f"{name} lse {shape}: max error {lse_err:.3g} (natural log)"
+        lse_true = torch.logsumexp(scores, -1)
+        lse_err = (lse.double() * math.log(2.0) - lse_true).abs().max().item()
+        bound = lse_bound(q, k, causal, lse_true)
+        assert lse_err < bound, f"{name} lse {shape}: max error {lse_err:.3g} (natural log), bound {bound:.3g}"
+
+
+def lse_bound(q, k, causal, lse_true) -> float:
+    """The lse check's bound: 1e-3 (natural log), or 4x the error of PyTorch's own fp32 log-sum-exp of the fp32
+    scores where that is larger. At the "large" draw (scores near 5e4) fp32 alone is 0.008 off (run AZ failed
+    the Gluon kernel at 0.009 against a flat 1e-3)."""
+    import math
+    s = q.shape[2]
+    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    fp32_err = (torch.logsumexp(scores, -1).double() - lse_true).abs().max().item()
+    return max(1e-3, 4.0 * fp32_err)
 
 
 def _delta_truth(q, k, v, do, causal):
