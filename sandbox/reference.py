@@ -57,17 +57,29 @@ class Reference:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
 
-    def run(self, inputs: list[Any]) -> Expected:
-        dev_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+    def _run_model(self, dev_inputs: list[Any]) -> tuple[Any, list[torch.Tensor]]:
+        """(the raw output, its tensors) of the reference in its own dtype; TaskError where it fails."""
         try:
             out = self.model(*dev_inputs)
         except Exception as exc:
             raise TaskError(f"{self.task.path.name}: the reference Model failed on its own inputs: "
                             f"{type(exc).__name__}: {exc}") from None
-        structure = "tuple" if isinstance(out, (tuple, list)) else "tensor"
         ref = _as_list(out)
         if not all(isinstance(t, torch.Tensor) for t in ref):
             raise TaskError(f"{self.task.path.name}: the reference must return a tensor or a tuple of tensors")
+        return out, ref
+
+    def output_bytes(self, inputs: list[Any]) -> int:
+        """Bytes of the reference's outputs on these inputs, from the model in its own dtype alone (no float64
+        truth, no alternates: at causal attention fwd+bwd the truth's scores alone are 16 GiB a tensor)."""
+        dev_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        _, ref = self._run_model(dev_inputs)
+        return sum(t.numel() * t.element_size() for t in ref)
+
+    def run(self, inputs: list[Any]) -> Expected:
+        dev_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        out, ref = self._run_model(dev_inputs)
+        structure = "tuple" if isinstance(out, (tuple, list)) else "tensor"
         truth = None
         if self.model64 is not None and any(t.is_floating_point() for t in ref):
             try:

@@ -67,12 +67,12 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     task, opts = run.task, run.options
     seeds = [run.rng.randrange(1 << 31) for _ in range(BASE_SETS)]
     base = [task.make_inputs(s, "normal", run.device) for s in seeds]
-    out_bytes = reference.run(base[0]).nbytes
+    out_bytes = reference.output_bytes(base[0])  # the reference alone: no float64 truth to size the transfers
     t_roof = time.monotonic()
     with torch.no_grad():
         roof = task_roofline(task, reference.model, base[0], get_ceilings(opts.gpu))
-    if run.device == "cuda":  # the float64 truth just computed for out_bytes stays in the allocator's cache
-        torch.cuda.empty_cache()  # otherwise: 102 GiB held here while the child timed causal attention (run AD)
+    if torch.device(run.device).type == "cuda":  # run.device is "cuda:N": what the parent ran stays cached
+        torch.cuda.empty_cache()  # else held while the child times (run BD: 102 GiB, the child out of memory)
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
            "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,
            "sample_every": max(1, REPS // 4)}

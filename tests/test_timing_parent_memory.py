@@ -1,6 +1,8 @@
-"""The harness's parent gives its cached device memory back before the child times. Run AD: the float64 truth it
-computed to size the candidate's outputs (102 GiB for causal attention fwd+bwd) stayed in its allocator's cache,
-and the child, timing on the same GPU, ran out of memory."""
+"""The harness's parent gives its cached device memory back before the child times, and sizes the candidate's
+outputs from the reference alone. Run AD: the float64 truth it computed to size them (102 GiB for causal attention
+fwd+bwd) stayed in its allocator's cache and the child, timing on the same GPU, ran out of memory. The first fix
+compared run.device with "cuda" while it is "cuda:N", so it never ran (run BD ran out of memory the same way: only
+a first bench on a machine, which measures the device ceilings, emptied the cache by accident)."""
 import random
 import types
 
@@ -20,7 +22,11 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
     monkeypatch.setattr("profiler.roofline.task_roofline", lambda *a: types.SimpleNamespace(bound="compute"))
     monkeypatch.setattr("profiler.ceilings.get_ceilings", lambda gpu: {})
 
-    def reference_run(inputs):
+    def output_bytes(inputs):
+        events.append("reference's output bytes")
+        return 1 << 20
+
+    def reference_run(inputs):  # the float64 truth: not needed to size the outputs
         events.append("reference (float64 truth included)")
         return types.SimpleNamespace(nbytes=1 << 20)
 
@@ -30,9 +36,28 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
 
     task = types.SimpleNamespace(make_inputs=lambda seed, distribution, device: [torch.zeros(4)], path="t.py",
                                  overrides={})
-    run = types.SimpleNamespace(task=task, device="cuda", rng=random.Random(0),
+    run = types.SimpleNamespace(task=task, device="cuda:0", rng=random.Random(0),  # as _Run.device gives it
                                 options=types.SimpleNamespace(gpu=0, timing_mode="auto", baselines=("eager",)))
-    reference = types.SimpleNamespace(run=reference_run, model=None, model_seed=0)
+    reference = types.SimpleNamespace(run=reference_run, output_bytes=output_bytes, model=None, model_seed=0)
     with pytest.raises(_ChildAsked):
         timing_parent.measure(types.SimpleNamespace(_request=request), run, reference, candidate=True)
-    assert events == ["reference (float64 truth included)", "empty_cache", "child: time"]
+    assert events == ["reference's output bytes", "empty_cache", "child: time"]
+
+
+def test_output_bytes_runs_the_reference_alone_not_its_float64_copy(tmp_path):
+    """Reference.output_bytes: the reference's outputs' bytes, without running the float64 model."""
+    from sandbox.reference import Reference
+    from sandbox.task import load_task
+
+    path = tmp_path / "two_outputs.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                    "    def forward(self, x):\n        return x * 2, x.sum(-1)\n\n\n"
+                    "def get_inputs():\n    return [torch.randn(8, 16)]\n\n\ndef get_init_inputs():\n    return []\n")
+    task = load_task(path)
+    ref = Reference(task, "cpu", 0)
+
+    def boom(*args):
+        raise AssertionError("the float64 reference ran")
+    ref.model64 = boom
+    inputs = task.make_inputs(0, "normal", "cpu")
+    assert ref.output_bytes(inputs) == (8 * 16 + 8) * 4
