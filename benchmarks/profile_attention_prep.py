@@ -1,7 +1,10 @@
 """Where the fp16 working copies' preparation spends its time on the H200 (seeds/attention_gluon_train.py:
-input_amax, the host sync, fp16_copies; one launch over the four tensors, and split: one a tensor), B4 H32 S4096 D128 bf16: the kernels' own CUDA times under
-torch.profiler, next to the wall time of the whole preparation (CUDA events, 20 calls after a warm-up).
-    python3 benchmarks/profile_attention_prep.py      # the H200 (torch 2.11, triton 3.6)"""
+input_amax, the host sync, fp16_copies; one launch over the four tensors, and split: one a tensor), B4 H32 S4096
+D128 bf16: the kernels' own CUDA times under torch.profiler, next to the wall time of the whole preparation (CUDA
+events, 20 calls after a warm-up). --variants instead: what one tensor's copy to fp16 and its largest magnitude
+reach (GB/s, do_bench) as torch's own copy (`.to`, which the harness allows) and as the module's split kernels
+at several block sizes and warp counts (runs BC and BD saw about 1.5-2 TB/s).
+    python3 benchmarks/profile_attention_prep.py [--variants]     # the H200 (torch 2.11, triton 3.6)"""
 import sys
 from pathlib import Path
 
@@ -17,7 +20,32 @@ def prep(q, k, v, do, split):
     return T.fp16_copies(q, k, v, do, T.fp16_exponent(q, k, v, do, split), split)
 
 
+def variants() -> int:
+    """GB/s of one [4, 32, 4096, 128] bf16 tensor's fp16 copy (read + write) and largest magnitude (read)."""
+    import triton
+    from triton.testing import do_bench
+    x = torch.randn(4, 32, 4096, 128, device="cuda").to(torch.bfloat16)
+    y = torch.empty(x.shape, dtype=torch.float16, device="cuda")
+    amax = torch.zeros(1, dtype=torch.float32, device="cuda")
+    n = x.numel()
+    rows = [("torch x.to(float16)", lambda: x.to(torch.float16), 4 * n)]
+    for block in (1024, 2048, 4096, 8192, 16384):
+        for warps in (4, 8, 16):
+            grid = (triton.cdiv(n, block),)
+            rows.append((f"_copy_fp16_kernel BLOCK {block} warps {warps}",
+                         lambda g=grid, b=block, w=warps: T._copy_fp16_kernel[g](x, y, n, 4.0, BLOCK=b, num_warps=w),
+                         4 * n))
+            rows.append((f"_amax_kernel BLOCK {block} warps {warps}",
+                         lambda g=grid, b=block, w=warps: T._amax_kernel[g](x, amax, n, BLOCK=b, num_warps=w), 2 * n))
+    for name, fn, nbytes in rows:
+        ms = do_bench(fn, warmup=10, rep=50, return_mode="median")
+        print(f"{name:44s} {ms * 1e3:8.1f} us {nbytes / ms / 1e6:8.0f} GB/s", flush=True)
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--variants"]:
+        return variants()
     q, k, v, do = (torch.randn(4, 32, 4096, 128, device="cuda").to(torch.bfloat16) for _ in range(4))
     for split in (False, True):
         for _ in range(3):
