@@ -62,7 +62,9 @@ def candidates(causal: bool) -> dict:
             "gluon fp16 delta dP": gluon("fp16"),
             "gluon fp16 delta o": gluon("fp16", "o"),
             "gluon fp16 delta o, bwd dq 128x64": gluon("fp16", "o", bwd=dict()),
-            "gluon fp16 delta o, bwd s4 / dq s3": gluon("fp16", "o", bwd=dict(stages=4, dq_stages=3))}
+            "gluon fp16 delta o, bwd s4 / dq s3": gluon("fp16", "o", bwd=dict(stages=4, dq_stages=3)),
+            "gluon fp16 delta o, dQ ordered": gluon("fp16", "o", bwd=dict(dq_ordered=True)),
+            "gluon fp16 delta o, dQ ordered, bwd s3": gluon("fp16", "o", bwd=dict(dq_ordered=True, stages=3))}
     if causal:
         rows["gluon fp16 delta o, fwd pingpong s2"] = gluon("fp16", "o", fwd=dict(consumers=2))
     else:

@@ -48,6 +48,7 @@ class ModelNew(nn.Module):
     NUMERICS = "auto"
     DELTA = "o"
     PREP_SPLIT = False
+    BWD: dict | None = None  # {causal: the Gluon backward's knobs}; None: seeds/attention_gluon_train.py's
 
     def __init__(self, causal: bool = False):
         super().__init__()
@@ -57,7 +58,8 @@ class ModelNew(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor):
         if self.precise and train_ok(q, k, v, do, self.causal):
             return attention_fwd_bwd_gluon(q, k, v, do, self.causal, numerics=self.NUMERICS, delta=self.DELTA,
-                                           prep_split=self.PREP_SPLIT)
+                                           prep_split=self.PREP_SPLIT,
+                                           bwd_knobs=None if self.BWD is None else self.BWD[self.causal])
         # sm_90 at D = 128: the forward (with its third product) warp-specialised, 128 x 128 x 4 warps x 2 stages
         # (not persistent: 279 KB of shared memory). Run AC: fwd 3.44 -> 2.81 ms, fwd+bwd 12.84 -> 12.33 ms
         ws = bool(hopper_fwd_variant(q, self.causal))

@@ -48,6 +48,16 @@ Why a separate dQ kernel and not FA3's atomics: it is deterministic (the harness
 repeatable results are the primary variant), it needs no fp32 dQ scratch (B H S D x 4 bytes, 256 MB here) nor a
 conversion kernel, and seeds/attention.py's FA2 layout with dQ atomics measured 0.43x (run AC). Its cost is the
 recompute of S and dP (2 of 7 products with the split dS). An atomic / TMA reduce-add dQ is not implemented.
+dq_ordered (NOT MEASURED ON THE GPU YET; compiled for sm_90 under triton 3.6 and 3.9, its maths mirrored on the
+CPU): the dK/dV kernel computes dQ's share too and the dQ kernel is not launched. Per step dS^T (rounded once) goes
+to shared memory, dK += dS^T Q and dQ^T = K^T dS^T are issued from it, and dQ^T is added into an fp32 [B*H*S, D]
+accumulator in key-block order: a ticket per (head, query block); key block n waits (acquire) until it reads n,
+adds (block 0 stores), then a barrier among the consumer's warps and the ticket + 1 (release), as FA3's
+deterministic mode orders its dQ. Fixed order, so bitwise repeatable; deadlock-free where a head's key-block
+programs start in index order. The query blocks run last to first, so a head's key blocks meet each one a step
+apart (causal: key block n's first block is the last query block, like key block 0's). _dq_finish_kernel then
+writes dq = acc * scale. Cost: 5 products a step instead of 4 + the dQ kernel's 3, and 32 KB read + written a
+step in L2; dS rounded once only (split_ds=False), D 128. Stack: 0-8 bytes non-causal, 136 causal under 3.6.
 Knobs (attention_bwd_gluon keywords; VARIANTS names the sweep's set): block_m (64; 128), stages (2; the ring
 within 227 KB: 4 at 64-row blocks), dq_block_n (64 or 128), dq_stages (2; 3 at 64-row blocks), overlap (True;
 False: wait(0) after every issue, the serial control), maxnreg (168), and split_ds. block_n and dq_block_m are 128
@@ -63,13 +73,15 @@ Compatibility: the TMA copies are tma.async_copy_global_to_shared / async_copy_s
 H200's) and tma.async_load / async_store in 3.9, picked by `dir()` as in seeds/attention_gluon.py (crucible's
 static checker refuses getattr and try/except).
 Not done: ping-pong between two consumer partitions, persistent scheduling (causal pairs), deferring dQ's wait into
-the next step (its products retire before the next S is issued), dQ by atomics.
+the next step (its products retire before the next S is issued).
 """
 from __future__ import annotations
 
 import math
 
 import torch
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -78,6 +90,12 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # the TMA copies under their Triton 3.6 or 3.9 names, picked once in the forward's module
 from seeds.attention_gluon import LOG2E, tma_load, tma_store
+
+# a barrier among one partition's warps: gl.thread_barrier in triton 3.6, gl.barrier in 3.9 (picked by name)
+if "thread_barrier" in dir(gl):
+    partition_barrier = gl.thread_barrier
+else:
+    partition_barrier = gl.barrier
 
 
 # ---- shared device code -----------------------------------------------------------------------------------------
@@ -113,10 +131,11 @@ def _dkdv_tile(S, NUM_N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: g
 @gluon.jit
 def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem,
                  kv_bar, q_ready, do_ready, qdo_empty, S, NUM_N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, DESCENDING: gl.constexpr):
     """The producer (1 warp): the program's K and V once, then per query block Q and dO by TMA and its lse2 and
     delta by pointer loads into shared memory (do_ready's second arrival: the consumers read them in the layout of
-    S^T's columns, which would hold 16 registers a thread each if loaded there ahead of use)."""
+    S^T's columns, which would hold 16 registers a thread each if loaded there ahead of use). DESCENDING: the
+    query blocks last to first (DQ_ORDERED)."""
     vec: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_M // 32], threads_per_warp=[32], warps_per_cta=[1],
                                          order=[0])
     offs = gl.arange(0, BLOCK_M, layout=vec)
@@ -127,7 +146,10 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_
     for i in range(n_steps):
         st = i % STAGES
         ph = (i // STAGES) & 1
-        row = q_row0 + (m0 + i) * BLOCK_M
+        if DESCENDING:
+            row = q_row0 + (S // BLOCK_M - 1 - i) * BLOCK_M
+        else:
+            row = q_row0 + (m0 + i) * BLOCK_M
         mbarrier.wait(qdo_empty.index(st), ph ^ 1)
         mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes)
         tma_load(q_desc, [row, 0], q_ready.index(st), q_smem.index(st))
@@ -184,15 +206,84 @@ def _dkdv_step(i, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt
 
 
 @gluon.jit
+def _dq_ordered_add(dqt, DQ_ACC, TICKETS, ticket, q_row, n, layout: gl.constexpr, HEAD_D: gl.constexpr,
+                    BLOCK_M: gl.constexpr):
+    """Key block n's share of dQ^T ([HEAD_D, BLOCK_M] fp32, unscaled) added into the fp32 dQ accumulator's rows
+    q_row .. q_row + BLOCK_M, in key-block order: block 0 stores; block n > 0 waits until the query block's ticket
+    reads n (blocks 0 .. n-1 added; acquire), then adds. Then a barrier among the partition's warps and the ticket
+    + 1 (release). Fixed order, so the sum is bitwise repeatable. Deadlock-free where a head's key-block programs
+    start in index order (block n - 1 before block n), as CTAs are dispatched."""
+    d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))
+    ptrs = DQ_ACC + (gl.expand_dims(d, 1) + gl.expand_dims((q_row + c).to(gl.int64) * HEAD_D, 0))
+    if n == 0:
+        gl.store(ptrs, dqt)
+    else:
+        while gl.atomic_add(TICKETS + ticket, 0, sem="acquire", scope="gpu") != n:
+            pass
+        gl.store(ptrs, gl.load(ptrs, cache_modifier=".cg") + dqt)
+    partition_barrier()
+    gl.atomic_add(TICKETS + ticket, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def _dkdv_step_dq(i, m_blk, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, ds_smem, q_ready,
+                  do_ready, qdo_empty, qk_scale, DQ_ACC, TICKETS, ticket_row, n, q_row0, mma_s: gl.constexpr,
+                  op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                  STAGES: gl.constexpr, MASK: gl.constexpr, OVERLAP: gl.constexpr):
+    """_dkdv_step with dQ's share computed here (DQ_ORDERED, dS rounded once): dS^T goes to shared memory
+    (ds_smem [BLOCK_N, BLOCK_M]), dK += dS^T Q and dQ^T = K^T dS^T are issued from it, and dQ^T is added in
+    key-block order (_dq_ordered_add) once the slot is handed back. m_blk: the query block (descending)."""
+    col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
+    dtype: gl.constexpr = q_smem.dtype
+    st = i % STAGES
+    ph = (i // STAGES) & 1
+    q_t = q_smem.index(st)
+    do_t = do_smem.index(st)
+    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_s)
+    mbarrier.wait(q_ready.index(st), ph)
+    s = warpgroup_mma(k_smem, q_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(st), ph)
+    dp = warpgroup_mma(v_smem, do_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    if OVERLAP:
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+    else:
+        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+    p = gl.exp2(s * qk_scale - gl.expand_dims(lse_smem.index(st).load(col_s), 0))
+    if MASK:
+        r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_s))
+        c = gl.arange(0, BLOCK_M, layout=col_s) + offset
+        p = gl.where(gl.expand_dims(r, 1) <= gl.expand_dims(c, 0), p, 0.0)
+    p_op = gl.convert_layout(p.to(dtype), op_layout)
+    dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
+    if OVERLAP:
+        dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp,))
+    else:
+        dv, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, p_op))
+    ds = p * (dp - gl.expand_dims(dlt_smem.index(st).load(col_s), 0))
+    ds_smem.store(ds.to(dtype))
+    fence_async_shared()
+    dk = warpgroup_mma(ds_smem, q_t, dk, is_async=True)
+    dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, gl.zeros([HEAD_D, BLOCK_M], gl.float32, mma_s),
+                        use_acc=False, is_async=True)
+    dv, dk, dqt, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dqt, p_op))
+    mbarrier.arrive(qdo_empty.index(st), count=1)
+    _dq_ordered_add(dqt, DQ_ACC, TICKETS, ticket_row + m_blk, q_row0 + m_blk * BLOCK_M, n, mma_s, HEAD_D, BLOCK_M)
+    return dk, dv
+
+
+@gluon.jit
 def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, lse_smem, dlt_smem, kv_bar, q_ready,
-                   do_ready, qdo_empty, dk_scale, dv_scale, qk_scale, S, NUM_N, W: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                   CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr, OUT_SEPARATE: gl.constexpr):
+                   do_ready, qdo_empty, dk_scale, dv_scale, qk_scale, S, NUM_N, ds_smem, DQ_ACC, TICKETS,
+                   W: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr,
+                   OUT_SEPARATE: gl.constexpr, DQ_ORDERED: gl.constexpr):
     """The consumer warp groups (W warps, keys on rows, W / 4 warp groups of 64 keys each): per query block,
     S^T = K Q^T and dP^T = V dO^T issued together, P^T = exp2(S^T c - lse2) while dP^T is on the tensor cores
     (OVERLAP), dV += P^T dO issued, dS^T = P^T (dP^T - delta) while it runs, dK += dS^T Q (two products with
     SPLIT_DS: hi, lo). Epilogue: dK dk_scale and dV dv_scale through K's and V's buffers, TMA stores (OUT_SEPARATE:
-    the outputs' dtype is not the inputs', one after the other through out_smem)."""
+    the outputs' dtype is not the inputs', one after the other through out_smem). DQ_ORDERED: the query blocks
+    last to first, dQ's share of each added into DQ_ACC in key-block order (_dkdv_step_dq; no dQ kernel)."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, BLOCK_M, 16])
     mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
@@ -206,11 +297,24 @@ def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, 
     # causal: the first BLOCK_N / BLOCK_M query blocks cross the diagonal (masked, and serial: the mask's column
     # positions would make the overlapped step spill), the rest are whole
     n_diag = BLOCK_N // BLOCK_M if CAUSAL else 0
-    for i in range(0, n_diag):
+    if DQ_ORDERED:  # last query block first: a head's key blocks meet each query block one after the other
+        n = gl.program_id(0) % NUM_N
+        ticket_row = (gl.program_id(0) // NUM_N) * (S // BLOCK_M)
+        m_top = S // BLOCK_M - 1
+        for i in range(0, n_steps - n_diag):
+            dk, dv = _dkdv_step_dq(i, m_top - i, 0, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem,
+                                   ds_smem, q_ready, do_ready, qdo_empty, qk_scale, DQ_ACC, TICKETS, ticket_row, n,
+                                   q_row0, mma_s, op_layout, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, OVERLAP)
+        for i in range(n_steps - n_diag, n_steps):  # the diagonal's blocks, masked and serial
+            dk, dv = _dkdv_step_dq(i, m_top - i, (m_top - i) * BLOCK_M - (k_row - q_row0), dk, dv, k_smem, v_smem,
+                                   q_smem, do_smem, lse_smem, dlt_smem, ds_smem, q_ready, do_ready, qdo_empty,
+                                   qk_scale, DQ_ACC, TICKETS, ticket_row, n, q_row0, mma_s, op_layout, BLOCK_M,
+                                   BLOCK_N, HEAD_D, STAGES, True, False)
+    for i in range(0, n_diag if not DQ_ORDERED else 0):
         dk, dv = _dkdv_step(i, (m0 + i) * BLOCK_M - (k_row - q_row0), dk, dv, k_smem, v_smem, q_smem, do_smem,
                             lse_smem, dlt_smem, q_ready, do_ready, qdo_empty, qk_scale, mma_s, op_layout, BLOCK_M,
                             BLOCK_N, STAGES, True, SPLIT_DS, False)
-    for i in range(n_diag, n_steps):
+    for i in range(n_diag, n_steps if not DQ_ORDERED else 0):
         dk, dv = _dkdv_step(i, 0, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready, do_ready,
                             qdo_empty, qk_scale, mma_s, op_layout, BLOCK_M, BLOCK_N, STAGES, False, SPLIT_DS,
                             OVERLAP)
@@ -234,11 +338,14 @@ def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, 
 
 @gluon.jit
 def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, dk_scale, dv_scale, qk_scale, S,
-                 NUM_N, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr, OUT_SEPARATE: gl.constexpr,
-                 LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
+                 NUM_N, DQ_ACC, TICKETS, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr,
+                 OUT_SEPARATE: gl.constexpr, DQ_ORDERED: gl.constexpr, LOAD_REGS: gl.constexpr,
+                 num_warps: gl.constexpr):
     """One program a (key block, batch x head) tile, NUM_N key blocks a head; descriptors over [B*H*S, D] views.
-    OUT_SEPARATE: dk_desc / dv_desc hold another dtype than the inputs (one more [BLOCK_N, D] buffer)."""
+    OUT_SEPARATE: dk_desc / dv_desc hold another dtype than the inputs (one more [BLOCK_N, D] buffer).
+    DQ_ORDERED: DQ_ACC (fp32 [B*H*S, D]) and TICKETS (int32 [B*H*S / BLOCK_M], zeros) take dQ (one more
+    [BLOCK_N, BLOCK_M] buffer, dS^T's); else LSE stands in for both, unused."""
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_D], v_desc.layout)
     if OUT_SEPARATE:
@@ -250,6 +357,11 @@ def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, 
     vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_smem)
     dlt_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_smem)
+    if DQ_ORDERED:
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    else:
+        ds_smem = k_smem  # not used
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -261,11 +373,12 @@ def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, 
         mbarrier.init(qdo_empty.index(st), count=1)
     gl.warp_specialize([
         (_dkdv_consumer, (dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, lse_smem, dlt_smem, kv_bar,
-                          q_ready, do_ready, qdo_empty, dk_scale, dv_scale, qk_scale, S, NUM_N, num_warps, BLOCK_M,
-                          BLOCK_N, HEAD_D, STAGES, CAUSAL, SPLIT_DS, OVERLAP, OUT_SEPARATE)),
+                          q_ready, do_ready, qdo_empty, dk_scale, dv_scale, qk_scale, S, NUM_N, ds_smem, DQ_ACC,
+                          TICKETS, num_warps, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, SPLIT_DS, OVERLAP,
+                          OUT_SEPARATE, DQ_ORDERED)),
         (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
                         dlt_smem, kv_bar, q_ready, do_ready, qdo_empty, S, NUM_N, BLOCK_M, BLOCK_N, STAGES,
-                        CAUSAL)),
+                        CAUSAL, DQ_ORDERED)),
     ], [1], [LOAD_REGS])
 
 
@@ -416,6 +529,17 @@ def _dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, LSE, DELTA, dq_scale, q
     ], [1], [LOAD_REGS])
 
 
+@triton.jit
+def _dq_finish_kernel(ACC, DQ, N, scale, BLOCK: tl.constexpr):
+    """dq = acc * scale in dq's dtype (dq_ordered's fp32 accumulator; scale = sm_scale x grad_scale)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    tl.store(DQ + offs, (tl.load(ACC + offs, mask=mask) * scale).to(DQ.dtype.element_ty), mask=mask)
+
+
+FINISH_BLOCK = 4096
+
+
 # ---- variants (benchmarks/sweep_attention_gluon_bwd.py checks and times them; tests compile them for sm_90) -----
 # name -> attention_bwd_gluon knobs (split_ds is the call's own argument: every variant runs with either)
 VARIANTS = {
@@ -451,11 +575,15 @@ def fits(knobs: dict, head_dim: int = 128, out_separate: bool = False) -> bool:
 
 def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stages: int = 2, dq_block_m: int = 128,
                       dq_block_n: int = 64, dq_stages: int = 2, overlap: bool = True, split_ds: bool = True,
-                      maxnreg: int | None = None, out_separate: bool = False) -> tuple[dict, dict]:
+                      maxnreg: int | None = None, out_separate: bool = False, dq_ordered: bool = False
+                      ) -> tuple[dict, dict]:
     """(dK/dV kernel's constexprs and launch options, dQ kernel's) of one variant; ValueError where it is not one
     these kernels have: the consumers are 8 warps (two 64-row warp groups) over the 128 rows a program keeps
     (block_n keys in dK/dV, dq_block_m queries in dQ), the streamed blocks 64 or 128 rows, the shared memory
-    within the 227 KB a block may use (out_separate: one more kept-row buffer, for outputs of another dtype)."""
+    within the 227 KB a block may use (out_separate: one more kept-row buffer, for outputs of another dtype).
+    dq_ordered: dQ in the dK/dV kernel (DQ_ORDERED; dS rounded once, D 128; no dQ kernel: its knobs unused)."""
+    if dq_ordered and (split_ds or head_dim != 128):
+        raise ValueError("attention_bwd_gluon: dq_ordered takes dS rounded once (split_ds=False) at head dim 128")
     if head_dim not in (64, 128):
         raise ValueError(f"attention_bwd_gluon: head dim {head_dim} is not 64 or 128")
     if block_n != 128 or dq_block_m != 128:
@@ -468,6 +596,8 @@ def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stag
         raise ValueError(f"attention_bwd_gluon: stages >= 1 (got {stages}, {dq_stages})")
     for what, kept, streamed, st in (("dK/dV", block_n, block_m, stages), ("dQ", dq_block_m, dq_block_n, dq_stages)):
         smem = bwd_smem_bytes(head_dim, kept, streamed, st, what == "dK/dV", out_separate)
+        if dq_ordered and what == "dK/dV":  # dS^T's tile
+            smem += 2 * kept * streamed
         if smem > HOPPER_SMEM:
             raise ValueError(f"attention_bwd_gluon: the {what} kernel's {smem} bytes of shared memory at {kept} kept "
                              f"rows, {streamed} x {st} stages")
@@ -475,7 +605,7 @@ def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stag
         maxnreg = 168
     common = dict(OVERLAP=bool(overlap), SPLIT_DS=bool(split_ds), OUT_SEPARATE=bool(out_separate), LOAD_REGS=24,
                   num_warps=8, maxnreg=maxnreg)
-    return (dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, **common),
+    return (dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_ORDERED=bool(dq_ordered), **common),
             dict(BLOCK_M=dq_block_m, BLOCK_N=dq_block_n, STAGES=dq_stages, **common))
 
 
@@ -490,7 +620,9 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a multiple of every block size; else
     ValueError. split_ds: dS enters the dK and dQ products as two operands (its rounding and the rest: the
     `precise` backward), else rounded once. knobs: bwd_launch_config's (block_m, block_n, stages, dq_block_m,
-    dq_block_n, dq_stages, overlap, maxnreg). out: (dq, dk, dv) to write into (contiguous, q's shape, out_dtype).
+    dq_block_n, dq_stages, overlap, maxnreg, dq_ordered). out: (dq, dk, dv) to write into (contiguous, q's shape,
+    out_dtype). dq_ordered: dQ's share of each step added in key-block order into an fp32 accumulator by the dK/dV
+    kernel (no S and dP recompute; bitwise repeatable), then _dq_finish_kernel; NOT MEASURED ON THE GPU.
     out_dtype (bf16 / fp16; q's by default): the gradients' dtype, e.g. bf16 from fp16 working copies
     (attention_fwd_bwd_gluon). grad_scale: every gradient is multiplied by it before its rounding (the inverse of
     a power-of-two scale the caller gave do)."""
@@ -535,9 +667,20 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
 
     m1, n1 = cfg_kv["BLOCK_M"], cfg_kv["BLOCK_N"]
     num_n = s // n1
+    if cfg_kv["DQ_ORDERED"]:
+        dq_acc = torch.empty((rows, d), dtype=torch.float32, device=q.device)
+        tickets = torch.zeros(rows // m1, dtype=torch.int32, device=q.device)
+    else:
+        dq_acc = tickets = lse2  # not read
     _dkdv_kernel[(num_n * b * h,)](
         desc(q2, m1), desc(do2, m1), desc(k2, n1), desc(v2, n1), desc(dk.view(rows, d), n1), desc(dv.view(rows, d), n1),
-        lse2, delta, scale * grad_scale, grad_scale, scale * LOG2E, s, num_n, HEAD_D=d, CAUSAL=bool(causal), **cfg_kv)
+        lse2, delta, scale * grad_scale, grad_scale, scale * LOG2E, s, num_n, dq_acc, tickets, HEAD_D=d,
+        CAUSAL=bool(causal), **cfg_kv)
+    if cfg_kv["DQ_ORDERED"]:
+        n = rows * d
+        _dq_finish_kernel[(triton.cdiv(n, FINISH_BLOCK),)](dq_acc, dq, n, scale * grad_scale, BLOCK=FINISH_BLOCK,
+                                                            num_warps=8)
+        return dq, dk, dv
     m2, n2 = cfg_q["BLOCK_M"], cfg_q["BLOCK_N"]
     num_m = s // m2
     _dq_kernel[(num_m * b * h,)](

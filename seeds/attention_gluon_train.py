@@ -186,7 +186,7 @@ def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
     numerics: "auto" | "bf16" | "fp16" (the module docstring; "fp16" raises ValueError where fp16_exponent
     refuses). delta: "dp" | "o" (attention_fwd_gluon's delta_from; fp16 only: bf16 always takes the forward's
     dP). fwd_knobs / bwd_knobs: the Gluon
-    kernels' knobs (FWD_KNOBS / BWD_KNOBS of the mode by default). prep_split: the fp16 preparation as a launch a
+    kernels' knobs (FWD_KNOBS / BWD_KNOBS of the mode by default; bwd's dq_ordered applies to the fp16 path). prep_split: the fp16 preparation as a launch a
     tensor (input_amax / fp16_copies split=True). ValueError where train_ok refuses."""
     if numerics not in NUMERICS or delta not in DELTAS:
         raise ValueError(f"attention_fwd_bwd_gluon: numerics is one of {NUMERICS} and delta one of {DELTAS}, not "
@@ -201,7 +201,8 @@ def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
         raise ValueError("attention_fwd_bwd_gluon: these inputs do not fit fp16 working copies (fp16_exponent)")
     if e is None:
         o, lse2, dlt = attention_fwd_gluon(q, k, v, causal, do=do, **fwd)
-        dq, dk, dv = attention_bwd_gluon(do, q, k, v, lse2, dlt, causal, split_ds=True, **bwd)
+        split_bwd = {key: val for key, val in bwd.items() if key != "dq_ordered"}  # dq_ordered: dS once only
+        dq, dk, dv = attention_bwd_gluon(do, q, k, v, lse2, dlt, causal, split_ds=True, **split_bwd)
         return o, dq, dk, dv
     q16, k16, v16, do16 = fp16_copies(q, k, v, do, e, prep_split)
     o16, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do16, delta_from=delta, **fwd)
