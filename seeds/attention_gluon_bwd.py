@@ -57,7 +57,7 @@ deterministic mode orders its dQ. Fixed order, so bitwise repeatable; deadlock-f
 programs start in index order. The query blocks run last to first, so a head's key blocks meet each one a step
 apart (causal: key block n's first block is the last query block, like key block 0's). _dq_finish_kernel then
 writes dq = acc * scale. Cost: 5 products a step instead of 4 + the dQ kernel's 3, and 32 KB read + written a
-step in L2; dS rounded once only (split_ds=False), D 128. Stack: 0-8 bytes non-causal, 136 causal under 3.6.
+step in L2; dS rounded once only (split_ds=False), D 128. Stack: 0-8 bytes non-causal, 136-152 causal (3.6, 3.9).
 Knobs (attention_bwd_gluon keywords; VARIANTS names the sweep's set): block_m (64; 128), stages (2; the ring
 within 227 KB: 4 at 64-row blocks), dq_block_n (64 or 128), dq_stages (2; 3 at 64-row blocks), overlap (True;
 False: wait(0) after every issue, the serial control), maxnreg (168), and split_ds. block_n and dq_block_m are 128

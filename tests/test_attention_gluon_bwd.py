@@ -132,7 +132,7 @@ def _compile_all(only: str = "") -> dict:
     return out
 
 
-# Stack bytes the dq_ordered dK/dV kernel compiled with (triton 3.9: 8 non-causal; 3.6: 0 non-causal, 136 causal,
+# Stack bytes the dq_ordered dK/dV kernel compiled with (triton 3.9: 8 non-causal, 152 causal; 3.6: 0 / 136,
 # its masked loop's copy of the step): a bound that catches a regression, not a goal.
 ORDERED_SPILL_BOUND = 192
 
@@ -144,7 +144,8 @@ def test_variants_compile_for_sm90():
     for name, f in out.items():
         assert f["shared"] <= HOPPER_SMEM, f"{name}: {f['shared']} bytes of shared memory"
         assert f["local"] == 0, f"{name}: local memory ({f})"
-        assert f["stack"] <= (ORDERED_SPILL_BOUND if "dq ordered | dkdv" in name else 0), f"{name}: spills ({f})"
+        ordered_dkdv = "dq ordered" in name and name.endswith("| dkdv")
+        assert f["stack"] <= (ORDERED_SPILL_BOUND if ordered_dkdv else 0), f"{name}: spills ({f})"
         assert 0 < f["regs"] <= f["maxnreg"], f"{name}: {f['regs']} registers a thread at launch"
         assert 24 in f["setmaxnreg"] and 240 in f["setmaxnreg"], f"{name}: setmaxnreg {f['setmaxnreg']}"
         if f["overlap"]:
