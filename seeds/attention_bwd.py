@@ -3,9 +3,9 @@ D = 128 (S a multiple of 128): the Gluon kernels through seeds/attention_gluon_t
 the inputs' range allows (else its precise bf16 numerics), delta from the forward's fp32 o; `crucible bench`
 (run BC) 8.874 ms = 433.7 TFLOP/s non-causal, 5.148 ms = 373.8 causal, 0.805x / 0.781x cuDNN SDPA, against
 12.10 / 6.37 ms (318.0 / 302.1, runs AD-AF) for the Triton path below (targets 450 / 400: not met). Elsewhere
-the FlashAttention-2 kernels of seeds/attention.py: the forward (o, the log-sum-exp, and delta, since do is an input here), then the backward's two
-main launches (dK/dV per key block with the GQA group reduced in registers, dQ per query block). No S x S matrix,
-no atomics.
+the FlashAttention-2 kernels of seeds/attention.py: the forward (o, the log-sum-exp, and delta, since do is an
+input here), then the backward's two main launches (dK/dV per key block with the GQA group reduced in registers,
+dQ per query block). No S x S matrix, no atomics.
 FLOPs: 3.5x the forward's (14 B H S^2 D non-causal, half of it causal).
 The `precise` numerics (PRECISE, the default): delta = sum_j P_ij dP_ij from the forward's own dP = dO V^T
 product (so each row's dS sum to zero) and dS entering the dK / dQ products as two bf16 operands (hi + lo). Without
