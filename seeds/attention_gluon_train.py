@@ -186,8 +186,8 @@ def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
     numerics: "auto" | "bf16" | "fp16" (the module docstring; "fp16" raises ValueError where fp16_exponent
     refuses). delta: "dp" | "o" (attention_fwd_gluon's delta_from; fp16 only: bf16 always takes the forward's
     dP). fwd_knobs / bwd_knobs: the Gluon kernels' knobs (FWD_KNOBS / BWD_KNOBS of the mode by default; bwd's
-    dq_ordered applies to the fp16 path). prep_split: the fp16 preparation as a launch a tensor (input_amax / fp16_copies split=True). ValueError where
-    train_ok refuses."""
+    dq_ordered applies to the fp16 path). prep_split: the fp16 preparation as a launch a tensor (input_amax /
+    fp16_copies split=True). ValueError where train_ok refuses."""
     if numerics not in NUMERICS or delta not in DELTAS:
         raise ValueError(f"attention_fwd_bwd_gluon: numerics is one of {NUMERICS} and delta one of {DELTAS}, not "
                          f"{numerics!r}, {delta!r}")
