@@ -161,14 +161,14 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_
 
 
 @gluon.jit
-def _dkdv_step(i, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready, do_ready, qdo_empty,
-               qk_scale, mma_s: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, MASK: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr):
-    """Query block i of the program's (ring slot i % STAGES): S^T = K Q^T and dP^T = V dO^T issued together,
-    P^T = exp2(S^T c - lse2) while dP^T runs (OVERLAP: wait_group 1), dV += P^T dO issued, dS^T = P^T (dP^T -
-    delta) while it runs, dK += dS^T Q (hi, then lo with SPLIT_DS), all retired before the slot is handed back.
-    MASK: the block crosses the diagonal; offset = its first query's position minus the key block's first (key
-    row r, query column c kept where r <= c + offset)."""
+def _dkdv_front(i, offset, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready, do_ready, qk_scale,
+                mma_s: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, MASK: gl.constexpr, OVERLAP: gl.constexpr):
+    """The first half of a dK/dV step, query block i (ring slot i % STAGES): S^T = K Q^T and dP^T = V dO^T issued
+    together, P^T = exp2(S^T c - lse2) while dP^T runs (OVERLAP: wait_group 1), dV += P^T dO issued (left in flight
+    where OVERLAP), dS^T = P^T (dP^T - delta) while it runs. MASK: the block crosses the diagonal; offset = its
+    first query's position minus the key block's first (key row r, query column c kept where r <= c + offset).
+    Returns (dS^T fp32, dv, P^T's operand: a dependency of dV's product, the slot's Q tile)."""
     col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
     dtype: gl.constexpr = q_smem.dtype
     st = i % STAGES
@@ -196,6 +196,19 @@ def _dkdv_step(i, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt
     else:
         dv, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, p_op))
     ds = p * (dp - gl.expand_dims(dlt_smem.index(st).load(col_s), 0))
+    return ds, dv, p_op, q_t
+
+
+@gluon.jit
+def _dkdv_step(i, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready, do_ready, qdo_empty,
+               qk_scale, mma_s: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, MASK: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr):
+    """Query block i of the program's (ring slot i % STAGES): _dkdv_front (S^T, dP^T, P^T, dV's product issued,
+    dS^T), then dK += dS^T Q (hi, then lo with SPLIT_DS), all retired before the slot is handed back."""
+    dtype: gl.constexpr = q_smem.dtype
+    st = i % STAGES
+    ds, dv, p_op, q_t = _dkdv_front(i, offset, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready,
+                                    do_ready, qk_scale, mma_s, op_layout, BLOCK_M, BLOCK_N, STAGES, MASK, OVERLAP)
     hi_op, lo_op = _ds_operands(ds, op_layout, dtype, SPLIT_DS)
     dk = warpgroup_mma(hi_op, q_t, dk, is_async=True)
     if SPLIT_DS:
@@ -234,33 +247,10 @@ def _dkdv_step_dq(i, m_blk, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse
     """_dkdv_step with dQ's share computed here (DQ_ORDERED, dS rounded once): dS^T goes to shared memory
     (ds_smem [BLOCK_N, BLOCK_M]), dK += dS^T Q and dQ^T = K^T dS^T are issued from it, and dQ^T is added in
     key-block order (_dq_ordered_add) once the slot is handed back. m_blk: the query block (descending)."""
-    col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
     dtype: gl.constexpr = q_smem.dtype
     st = i % STAGES
-    ph = (i // STAGES) & 1
-    q_t = q_smem.index(st)
-    do_t = do_smem.index(st)
-    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_s)
-    mbarrier.wait(q_ready.index(st), ph)
-    s = warpgroup_mma(k_smem, q_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    mbarrier.wait(do_ready.index(st), ph)
-    dp = warpgroup_mma(v_smem, do_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    if OVERLAP:
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-    else:
-        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
-    p = gl.exp2(s * qk_scale - gl.expand_dims(lse_smem.index(st).load(col_s), 0))
-    if MASK:
-        r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_s))
-        c = gl.arange(0, BLOCK_M, layout=col_s) + offset
-        p = gl.where(gl.expand_dims(r, 1) <= gl.expand_dims(c, 0), p, 0.0)
-    p_op = gl.convert_layout(p.to(dtype), op_layout)
-    dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
-    if OVERLAP:
-        dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp,))
-    else:
-        dv, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, p_op))
-    ds = p * (dp - gl.expand_dims(dlt_smem.index(st).load(col_s), 0))
+    ds, dv, p_op, q_t = _dkdv_front(i, offset, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready,
+                                    do_ready, qk_scale, mma_s, op_layout, BLOCK_M, BLOCK_N, STAGES, MASK, OVERLAP)
     ds_smem.store(ds.to(dtype))
     fence_async_shared()
     dk = warpgroup_mma(ds_smem, q_t, dk, is_async=True)
