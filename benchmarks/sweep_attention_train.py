@@ -41,13 +41,8 @@ NAMES = ("o", "dq", "dk", "dv")
 
 
 def triton_fwd_bwd(q, k, v, do, causal):
-    """seeds/attention_bwd.py's Triton path (the seed before the Gluon one): the precise forward with delta and
-    the precise backward with ModelNew's config."""
-    ws = bool(AB.hopper_fwd_variant(q, causal))
-    o, lse, delta = AB.attention_fwd_with_delta(q, k, v, do, causal, precise=True, warp_specialize=ws)
-    config = AB.CAUSAL_BWD_CONFIG if ws and causal else None
-    dq, dk, dv = AB.attention_bwd(do, q, k, v, o, lse, causal, delta=delta, split_ds=True, config=config)
-    return o, dq, dk, dv
+    """seeds/attention_bwd.py's Triton path (the seed before the Gluon one)."""
+    return AB.ModelNew(causal).triton_forward(q, k, v, do)
 
 
 def gluon(numerics: str, delta: str = "dp", fwd: dict | None = None, bwd: dict | None = None):

@@ -60,6 +60,11 @@ class ModelNew(nn.Module):
             return attention_fwd_bwd_gluon(q, k, v, do, self.causal, numerics=self.NUMERICS, delta=self.DELTA,
                                            prep_split=self.PREP_SPLIT,
                                            bwd_knobs=None if self.BWD is None else self.BWD[self.causal])
+        return self.triton_forward(q, k, v, do)
+
+    def triton_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor):
+        """The FlashAttention-2 Triton kernels of seeds/attention.py (every input forward() does not give the Gluon
+        kernels; the sweeps time it as the path before them)."""
         # sm_90 at D = 128: the forward (with its third product) warp-specialised, 128 x 128 x 4 warps x 2 stages
         # (not persistent: 279 KB of shared memory). Run AC: fwd 3.44 -> 2.81 ms, fwd+bwd 12.84 -> 12.33 ms
         ws = bool(hopper_fwd_variant(q, self.causal))
