@@ -5,6 +5,7 @@
 # bandwidth by block size (profile_attention_prep.py --variants), the fwd+bwd sweep with the dq_ordered rows, and,
 # where the test passed, `crucible bench` of the dq_ordered candidate on both fwd+bwd tasks. Logs in $OUT.
 #   bash benchmarks/gpu_session10a.sh      (repo root, one H200, .whl carried; about 9 minutes)
+#   BENCH=0 bash benchmarks/gpu_session10a.sh   (everything but the benches, which then run as a second call)
 set -uo pipefail
 OUT=${OUT:-runs/gpu-session10a}; mkdir -p "$OUT"; export OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
@@ -16,7 +17,7 @@ CRUCIBLE_TEST_DEVICE=cuda timeout 100 python3 -m pytest -q -p no:cacheprovider t
 timeout 60 python3 benchmarks/profile_attention_prep.py --variants > "$OUT/prep.log" 2>&1
 skip=""; [ "$rc" = 0 ] || skip="--skip ordered"
 timeout 240 python3 benchmarks/sweep_attention_train.py --budget 200 $skip > "$OUT/sweep.log" 2>&1
-if [ "$rc" = 0 ]; then
+if [ "$rc" = 0 ] && [ "${BENCH:-1}" = 1 ]; then
   OUT="$OUT/b" SEEDS=benchmarks/candidates bash benchmarks/gpu_bench_tasks.sh \
     "attention_fwd_bwd attention_train_dq_ordered eager 120" \
     "attention_fwd_bwd_causal attention_train_dq_ordered eager 120" > "$OUT/bench.log" 2>&1
