@@ -3,8 +3,10 @@ input_amax, the host sync, fp16_copies; one launch over the four tensors, and sp
 D128 bf16: the kernels' own CUDA times under torch.profiler, next to the wall time of the whole preparation (CUDA
 events, 20 calls after a warm-up). --variants instead: what one tensor's copy to fp16 and its largest magnitude
 reach (GB/s, do_bench) as torch's own copy (`.to`, which the harness allows) and as the module's split kernels
-at several block sizes and warp counts (runs BC and BD saw about 1.5-2 TB/s).
-    python3 benchmarks/profile_attention_prep.py [--variants]     # the H200 (torch 2.11, triton 3.6)"""
+at several block sizes and warp counts (runs BC and BD saw about 1.5-2 TB/s). --timeline: the fwd+bwd seed's
+whole call (seeds/attention_bwd.py ModelNew, both modes), each GPU kernel of the last of 4 back-to-back calls
+with its duration and the idle gap before it (torch.profiler), so the host sync's and the launches' cost shows.
+    python3 benchmarks/profile_attention_prep.py [--variants | --timeline]   # the H200 (torch 2.11, triton 3.6)"""
 import sys
 from pathlib import Path
 
@@ -43,9 +45,43 @@ def variants() -> int:
     return 0
 
 
+def timeline() -> int:
+    """Kernel by kernel, the seed's fwd+bwd call on the GPU: start (us from the call's first kernel), duration,
+    and the gap since the previous kernel ended; the call's GPU span and its idle total last."""
+    from seeds.attention_bwd import ModelNew
+    q, k, v, do = (torch.randn(4, 32, 4096, 128, device="cuda").to(torch.bfloat16) for _ in range(4))
+    for causal in (False, True):
+        model = ModelNew(causal)
+        for _ in range(3):
+            model(q, k, v, do)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(4):
+                model(q, k, v, do)
+            torch.cuda.synchronize()
+        kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
+                         key=lambda e: e.time_range.start)
+        per_call = len(kernels) // 4
+        last = kernels[-per_call:]
+        t0, prev_end, idle = last[0].time_range.start, None, 0.0
+        print(f"\n{'causal' if causal else 'non-causal'}: {per_call} kernels a call; the last call:")
+        for e in last:
+            gap = 0.0 if prev_end is None else e.time_range.start - prev_end
+            idle += max(gap, 0.0)
+            print(f"  {e.time_range.start - t0:9.1f} us  {e.time_range.end - e.time_range.start:9.1f} us  "
+                  f"gap {gap:7.1f} us  {e.name[:70]}")
+            prev_end = e.time_range.end
+        prev_call_end = kernels[-per_call - 1].time_range.end
+        print(f"  span {last[-1].time_range.end - t0:.1f} us, idle inside {idle:.1f} us, "
+              f"gap from the previous call {t0 - prev_call_end:.1f} us")
+    return 0
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--variants"]:
         return variants()
+    if sys.argv[1:2] == ["--timeline"]:
+        return timeline()
     q, k, v, do = (torch.randn(4, 32, 4096, 128, device="cuda").to(torch.bfloat16) for _ in range(4))
     for split in (False, True):
         for _ in range(3):

@@ -45,10 +45,11 @@ def triton_fwd_bwd(q, k, v, do, causal):
     return AB.ModelNew(causal).triton_forward(q, k, v, do)
 
 
-def gluon(numerics: str, delta: str = "dp", fwd: dict | None = None, bwd: dict | None = None):
+def gluon(numerics: str, delta: str = "dp", fwd: dict | None = None, bwd: dict | None = None,
+          prep: str | None = None):
     def run(q, k, v, do, causal):
         return T.attention_fwd_bwd_gluon(q, k, v, do, causal, numerics=numerics, delta=delta, fwd_knobs=fwd,
-                                         bwd_knobs=bwd)
+                                         bwd_knobs=bwd, prep=prep)
     return run
 
 
@@ -56,6 +57,7 @@ def candidates(causal: bool) -> dict:
     rows = {"gluon bf16 precise": gluon("bf16"),
             "gluon fp16 delta dP": gluon("fp16"),
             "gluon fp16 delta o": gluon("fp16", "o"),
+            "gluon fp16 delta o, prep two (session 9)": gluon("fp16", "o", prep="two"),
             "gluon fp16 delta o, bwd dq 128x64": gluon("fp16", "o", bwd=dict()),
             "gluon fp16 delta o, bwd s4 / dq s3": gluon("fp16", "o", bwd=dict(stages=4, dq_stages=3)),
             "gluon fp16 delta o, dQ ordered": gluon("fp16", "o", bwd=dict(dq_ordered=True)),
@@ -69,17 +71,23 @@ def candidates(causal: bool) -> dict:
 
 
 def parts(causal: bool) -> dict:
-    """The fp16 delta-o path's three parts alone (no check: their outputs are the path's), on the first set."""
+    """The fp16 delta-o path's parts alone (no check: their outputs are the path's), on the first set: the
+    fused preparation (and session 9's two kernels), the forward with do's copy in its epilogue and o as bf16."""
     def prep(q, k, v, do, causal):
+        return T.fused_copies(q, k, v, do)
+
+    def prep_two(q, k, v, do, causal):
         return T.fp16_copies(q, k, v, do, T.fp16_exponent(q, k, v, do))
 
-    def fwd(q16, k16, v16, do16, causal):
-        return T.attention_fwd_gluon(q16, k16, v16, causal, do=do16, delta_from="o", **T.FWD_KNOBS[causal])
+    def fwd(q16, k16, v16, do16, causal, do):
+        return T.attention_fwd_gluon(q16, k16, v16, causal, do=do, delta_from="o", o_dtype=torch.bfloat16,
+                                     do16_out=do16, do_scale=4.0, **T.FWD_KNOBS[causal])
 
     def bwd(q16, k16, v16, do16, causal, lse2, dlt):
         return T.attention_bwd_gluon(do16, q16, k16, v16, lse2, dlt, causal, split_ds=False,
                                      out_dtype=torch.bfloat16, grad_scale=0.25, **T.BWD_KNOBS[causal])
-    return {"part: prep (amax, sync, fp16 copies)": prep, "part: fwd fp16 delta o": fwd, "part: bwd fp16": bwd}
+    return {"part: prep fused (copies + amax, sync)": prep, "part: prep two (amax, sync, copies)": prep_two,
+            "part: fwd fp16 delta o, do cast, bf16 o": fwd, "part: bwd fp16": bwd}
 
 
 def log(t0: float, msg: str) -> None:
@@ -152,7 +160,7 @@ def main() -> int:
                                                  **T.FWD_KNOBS[causal])
             for name, fn in parts(causal).items():
                 args_ = (q, k, v, do) if name.startswith("part: prep") else copies
-                extra = (lse2, dlt) if name == "part: bwd fp16" else ()
+                extra = (lse2, dlt) if name == "part: bwd fp16" else (do,) if name.startswith("part: fwd") else ()
                 ms = rotating_median_ms(lambda i: fn(*args_, causal, *extra), 1, False)
                 rows.append(dict(causal=causal, variant=name, ms=ms, tflops=None, status="part"))
                 log(t0, f"{tag} {name}: {ms:.3f} ms")

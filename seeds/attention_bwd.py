@@ -47,7 +47,7 @@ class ModelNew(nn.Module):
     # precise 11.367 / 5.930; the Triton kernels 12.143 / 6.346
     NUMERICS = "auto"
     DELTA = "o"
-    PREP_SPLIT = False
+    PREP: str | None = None  # seeds/attention_gluon_train.py's preparation ("fused" with DELTA "o")
     BWD: dict | None = None  # {causal: the Gluon backward's knobs}; None: seeds/attention_gluon_train.py's
 
     def __init__(self, causal: bool = False):
@@ -58,7 +58,7 @@ class ModelNew(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor):
         if self.precise and train_ok(q, k, v, do, self.causal):
             return attention_fwd_bwd_gluon(q, k, v, do, self.causal, numerics=self.NUMERICS, delta=self.DELTA,
-                                           prep_split=self.PREP_SPLIT,
+                                           prep=self.PREP,
                                            bwd_knobs=None if self.BWD is None else self.BWD[self.causal])
         return self.triton_forward(q, k, v, do)
 

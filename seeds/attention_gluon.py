@@ -237,18 +237,20 @@ def _fa3_loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem
 
 
 @gluon.jit
-def _fa3_consumer(o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
+def _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
                   v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, CID: gl.constexpr, W: gl.constexpr,
                   M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-                  WITH_DELTA: gl.constexpr, DELTA_O: gl.constexpr):
+                  WITH_DELTA: gl.constexpr, DELTA_O: gl.constexpr, DO_CAST: gl.constexpr):
     """One consumer partition (W warps, M_C query rows of each tile from row CID * M_C): the online softmax over key
     blocks n-1 .. 0, S_i's wgmma issued before P_{i-1} V_{i-1}'s and waited alone (FA3's intra-warp-group
     overlap); o through o_smem (PERSISTENT: its own buffer, the store left in flight into the next tile; else the
     Q tile's buffer) by TMA. WITH_DELTA: once block i's softmax is done and P_{i-1} V_{i-1} retired, dP_i =
     dO V_i^T (V_i's stage, waited for then; outside the GEMM token) and dsum = dsum alpha + rowsum(p dP_i) with the
     fp32 p of block i; delta = dsum / l by pointer store, as LSE. DELTA_O: delta = rowsum(dO o o) in the epilogue
-    from the unrounded fp32 o, dO's rows by pointer loads from DO (no dP products, no dO tiles)."""
+    from the unrounded fp32 o, dO's rows by pointer loads from DO (no dP products, no dO tiles); DO_CAST: DO is
+    the upstream gradient in another dtype, its rows written to DO16 as q's dtype of dO * do_scale and delta taken
+    from those (the fp16 working copy of dO made here, not by a copy kernel). o is written in o_desc's dtype."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, BLOCK_N, 16])
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
@@ -335,9 +337,13 @@ def _fa3_consumer(o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_sme
         if DELTA_O:
             r_o = q_row0 + gl.arange(0, M_C, layout=row_o)
             c_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, mma_o))
-            do_rows = gl.load(DO + gl.expand_dims(r_o.to(gl.int64) * HEAD_D, 1) + gl.expand_dims(c_o, 0))
+            offs = gl.expand_dims(r_o.to(gl.int64) * HEAD_D, 1) + gl.expand_dims(c_o, 0)
+            do_rows = gl.load(DO + offs)
+            if DO_CAST:
+                do_rows = (do_rows.to(gl.float32) * do_scale).to(dtype)
+                gl.store(DO16 + offs, do_rows)
             gl.store(DELTA + r_o, gl.sum(o * do_rows.to(gl.float32), axis=1))
-        o_tile.store(o.to(dtype))
+        o_tile.store(o.to(o_desc.dtype))
         fence_async_shared()
         tma_store(o_desc, [q_row0, 0], o_tile)
         if not PERSISTENT:  # o_tile is the Q tile's buffer: free once the store has read it
@@ -349,28 +355,31 @@ def _fa3_consumer(o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_sme
 
 
 @gluon.jit
-def _fa3_consumer1(o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
+def _fa3_consumer1(o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
                    v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                    CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, WITH_DELTA: gl.constexpr,
-                   DELTA_O: gl.constexpr):
+                   DELTA_O: gl.constexpr, DO_CAST: gl.constexpr):
     """The second ping-pong consumer (a 4-warp worker partition): rows M_C .. 2 M_C - 1 of each tile."""
-    _fa3_consumer(o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+    _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
                   k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 1, 4, M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                  CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O)
+                  CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O, DO_CAST)
 
 
 @gluon.jit
-def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, qk_scale, S, NUM_M, TILES,
+def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, DO16, do_scale, qk_scale, S, NUM_M,
+                    TILES,
                     HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                     PERSISTENT: gl.constexpr, WITH_DELTA: gl.constexpr, DELTA_O: gl.constexpr,
-                    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
+                    DO_CAST: gl.constexpr, LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Programs loop over tiles t = program_id, + num_programs, ... < TILES (= NUM_M x B*H; one tile a program
     unless PERSISTENT); see the module docstring. The descriptors view q, k, v, o (and dO) as [B*H*S, D] matrices
     (row bh * S + s); q_desc / o_desc / do_desc blocks are one consumer's M_C = BLOCK_M / CONSUMERS rows.
     WITH_DELTA: do_desc and DELTA ([B*H*S] fp32) are read and written (else q_desc and LSE stand in, unused);
-    DELTA_O: DO (dO's [B*H*S, D] storage) and DELTA (else LSE stands in for both, unused)."""
+    DELTA_O: DO (dO's [B*H*S, D] storage) and DELTA (else LSE stands in for both, unused); DO_CAST: DO16 (dO's
+    copy in q's dtype, times do_scale) written (else LSE stands in, unused). o_desc's dtype may differ from q's
+    (PERSISTENT: o has its own buffer)."""
     M_C: gl.constexpr = BLOCK_M // CONSUMERS
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, M_C, HEAD_D], q_desc.layout)
     if PERSISTENT:
@@ -403,25 +412,27 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, qk_
 
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+            (_fa3_consumer, (o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
                              k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps,
-                             M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT, WITH_DELTA, DELTA_O)),
+                             M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT, WITH_DELTA, DELTA_O,
+                             DO_CAST)),
             (_fa3_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bars, q_empty,
                            k_ready, v_ready, k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES,
                            CONSUMERS, CAUSAL, PERSISTENT, WITH_DELTA)),
         ], [1], [LOAD_REGS])
     else:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+            (_fa3_consumer, (o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
                              k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps,
                              M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA,
-                             DELTA_O)),
+                             DELTA_O, DO_CAST)),
             (_fa3_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bars, q_empty,
                            k_ready, v_ready, k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES,
                            CONSUMERS, CAUSAL, PERSISTENT, WITH_DELTA)),
-            (_fa3_consumer1, (o_desc, LSE, DELTA, DO, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+            (_fa3_consumer1, (o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
                               k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C, BLOCK_M,
-                              BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O)),
+                              BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O,
+                              DO_CAST)),
         ], [1, 4], [LOAD_REGS, MMA_REGS])
 
 
@@ -468,13 +479,16 @@ def fa3_smem_bytes(head_dim: int, block_m: int, block_n: int, stages: int, persi
 
 def fa3_launch_config(head_dim: int, block_m: int = 128, block_n: int = 128, stages: int = 2, consumers: int = 1,
                       pingpong: bool = True, persistent: bool = False, maxnreg: int | None = None,
-                      with_delta: bool = False, delta_o: bool = False) -> dict:
+                      with_delta: bool = False, delta_o: bool = False, do_cast: bool = False) -> dict:
     """The kernel's constexprs and launch options of one variant (num_warps, maxnreg); ValueError where the
     variant is not one this kernel has: wgmma's 64-row warp groups, the ring (and PERSISTENT's own o buffer,
     with_delta's dO tiles) within the 227 KB of shared memory a block may use. delta_o: delta = rowsum(dO o o) in
-    the epilogue instead (not with with_delta: one or the other)."""
+    the epilogue instead (not with with_delta: one or the other); do_cast: with delta_o, dO read in another dtype
+    and its copy in q's dtype written (DO_CAST)."""
     if with_delta and delta_o:
         raise ValueError("attention_fwd_gluon: delta from dP (with_delta) or from o (delta_o), not both")
+    if do_cast and not delta_o:
+        raise ValueError("attention_fwd_gluon: do16_out needs delta_from='o' (the epilogue's dO rows)")
     if head_dim not in (64, 128):
         raise ValueError(f"attention_fwd_gluon: head dim {head_dim} is not 64 or 128")
     if consumers not in (1, 2):
@@ -498,7 +512,7 @@ def fa3_launch_config(head_dim: int, block_m: int = 128, block_n: int = 128, sta
     mma_regs = min(240, ((maxnreg * total_warps - 24 * 4) // (total_warps - 4)) // 8 * 8)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers,
                 PINGPONG=bool(pingpong) and consumers == 2, PERSISTENT=bool(persistent),
-                WITH_DELTA=bool(with_delta), DELTA_O=bool(delta_o), LOAD_REGS=24,
+                WITH_DELTA=bool(with_delta), DELTA_O=bool(delta_o), DO_CAST=bool(do_cast), LOAD_REGS=24,
                 MMA_REGS=mma_regs, num_warps=num_warps, maxnreg=maxnreg)
 
 
@@ -506,7 +520,8 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
                         sm_scale: float | None = None, block_m: int = 128, block_n: int = 128, stages: int = 2,
                         consumers: int = 1, pingpong: bool = True, persistent: bool = False,
                         maxnreg: int | None = None, out: tuple[torch.Tensor, ...] | None = None,
-                        do: torch.Tensor | None = None, delta_from: str = "dp") -> tuple[torch.Tensor, ...]:
+                        do: torch.Tensor | None = None, delta_from: str = "dp", o_dtype: torch.dtype | None = None,
+                        do16_out: torch.Tensor | None = None, do_scale: float = 1.0) -> tuple[torch.Tensor, ...]:
     """(o [B, H, S, D] in q's dtype, lse2 [B, H, S] fp32 base 2) of softmax(q k^T * scale) v, scale 1/sqrt(D) by
     default; causal top-left aligned. Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a
     multiple of block_m and block_n (causal: block_n == block_m); else ValueError. Knobs (see the module
@@ -521,7 +536,11 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     One more wgmma a key block (dO V_i^T on V_i's stage) and the dO tiles in shared memory (block_m x D more: the
     3-stage 128 x 128 variants do not fit, delta_ok); measured on the H200 in runs AZ and BA.
     delta_from="o" (with do): delta = rowsum(dO o o) with the unrounded fp32 o, in the epilogue (dO's rows by
-    pointer loads; no dP product, no dO tiles): seeds/attention_gluon_train.py's fp16 working copies."""
+    pointer loads; no dP product, no dO tiles): seeds/attention_gluon_train.py's fp16 working copies.
+    o_dtype: o's dtype (bf16 or fp16; q's by default; another than q's needs persistent, o's own buffer).
+    do16_out (with delta_from="o"; do then bf16 or fp16): a contiguous tensor like q that the epilogue fills with
+    q's dtype of do * do_scale, the delta taken from those values: the working copy of dO made by the forward,
+    which reads dO's rows anyway (seeds/attention_gluon_train.py)."""
     if delta_from not in ("dp", "o"):
         raise ValueError(f"attention_fwd_gluon: delta_from is 'dp' or 'o', not {delta_from!r}")
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
@@ -530,7 +549,16 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     if q.dtype not in GL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"attention_fwd_gluon: bf16 or fp16 inputs of one dtype, not {q.dtype}, {k.dtype}, {v.dtype}")
     with_delta = do is not None
-    if with_delta and (do.shape != q.shape or do.dtype != q.dtype):
+    do_cast = do16_out is not None
+    o_dtype = q.dtype if o_dtype is None else o_dtype
+    if o_dtype not in GL_DTYPES or (o_dtype != q.dtype and not persistent):
+        raise ValueError(f"attention_fwd_gluon: o_dtype {o_dtype} is bf16 or fp16, and q's ({q.dtype}) unless "
+                         "persistent")
+    if do_cast and (not with_delta or delta_from != "o" or do.shape != q.shape or do.dtype not in GL_DTYPES
+                    or do16_out.shape != q.shape or do16_out.dtype != q.dtype or not do16_out.is_contiguous()):
+        raise ValueError("attention_fwd_gluon: do16_out takes do= (bf16 or fp16, q's shape) with delta_from='o', "
+                         "and is a contiguous tensor like q")
+    if with_delta and not do_cast and (do.shape != q.shape or do.dtype != q.dtype):
         raise ValueError(f"attention_fwd_gluon: do must be like q ({tuple(q.shape)} {q.dtype}), not "
                          f"{tuple(do.shape)} {do.dtype}")
     if out is not None and len(out) != 2 + int(with_delta):
@@ -538,7 +566,7 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     b, h, s, d = q.shape
     delta_o = with_delta and delta_from == "o"
     cfg = fa3_launch_config(d, block_m, block_n, stages, consumers, pingpong, persistent, maxnreg,
-                            with_delta and not delta_o, delta_o)
+                            with_delta and not delta_o, delta_o, do_cast)
     if s % block_m or s % block_n:
         raise ValueError(f"attention_fwd_gluon: S = {s} is not a multiple of block_m {block_m} and block_n {block_n}")
     if causal and block_n != block_m:
@@ -552,24 +580,25 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         raise ValueError("attention_fwd_gluon: Gluon kernels run on CUDA devices only (no CPU interpreter)")
     q2, k2, v2 = (t.contiguous().view(b * h * s, d) for t in (q, k, v))
     if out is None:
-        o = torch.empty((b, h, s, d), dtype=q.dtype, device=q.device)
+        o = torch.empty((b, h, s, d), dtype=o_dtype, device=q.device)
         lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
         delta = torch.empty((b, h, s), dtype=torch.float32, device=q.device) if with_delta else lse
     else:
         o, lse = out[0], out[1]
         delta = out[2] if with_delta else lse
-        if (o.shape != q.shape or o.dtype != q.dtype or not o.is_contiguous()
+        if (o.shape != q.shape or o.dtype != o_dtype or not o.is_contiguous()
                 or any(t.shape != q.shape[:3] or t.dtype != torch.float32 or not t.is_contiguous()
                        for t in (lse, delta))):
-            raise ValueError("attention_fwd_gluon: out must be (o like q, lse [B, H, S] fp32[, delta like lse]), "
-                             "all contiguous")
+            raise ValueError("attention_fwd_gluon: out must be (o of q's shape in o_dtype, lse [B, H, S] fp32[, delta "
+                             "like lse]), all contiguous")
     m_c = block_m // consumers
     gdt = GL_DTYPES[q.dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([m_c, d], gdt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gdt)
     rows = b * h * s
     q_desc = TensorDescriptor(q2, [rows, d], [d, 1], [m_c, d], q_layout)
-    o_desc = TensorDescriptor(o.view(rows, d), [rows, d], [d, 1], [m_c, d], q_layout)
+    o_layout = gl.NVMMASharedLayout.get_default_for([m_c, d], GL_DTYPES[o_dtype])
+    o_desc = TensorDescriptor(o.view(rows, d), [rows, d], [d, 1], [m_c, d], o_layout)
     k_desc = TensorDescriptor(k2, [rows, d], [d, 1], [block_n, d], kv_layout)
     v_desc = TensorDescriptor(v2, [rows, d], [d, 1], [block_n, d], kv_layout)
     # dO's [rows, D] view is addressed with Q's row coordinates (same shape, contiguous); unused without do
@@ -579,6 +608,7 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     num_m = s // block_m
     tiles = num_m * b * h
     grid = (min(tiles // 2 if causal else tiles, sm_count(q.device)) if persistent else tiles,)
-    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, do_desc, delta, do_rows, scale * LOG2E, s, num_m,
-                          tiles, HEAD_D=d, CAUSAL=bool(causal), **cfg)
+    do16 = do16_out if do_cast else lse
+    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, do_desc, delta, do_rows, do16, float(do_scale),
+                          scale * LOG2E, s, num_m, tiles, HEAD_D=d, CAUSAL=bool(causal), **cfg)
     return (o, lse, delta) if with_delta else (o, lse)

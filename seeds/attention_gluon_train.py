@@ -43,6 +43,7 @@ FP16_DS_MAX = 32768.0  # dS's worst case kept below this (fp16's largest finite 
 MAX_EXPONENT = 24
 NUMERICS = ("auto", "bf16", "fp16")
 DELTAS = ("dp", "o")
+PREPS = ("fused", "two", "split")
 
 # The forward's knobs with do= (delta) and the backward's, per mode: measured on the H200, run AZ
 # (sweep_attention_gluon_delta.py, sweep_attention_gluon_bwd.py) and runs BA, BB (sweep_attention_train.py): the
@@ -144,6 +145,42 @@ def _copy_fp16_kernel(X, Y, N, scale, BLOCK: tl.constexpr):
 SPLIT_BLOCK = 8192  # elements a program of the split preparation kernels
 
 
+@triton.jit
+def _copy_amax_kernel(Q, K, V, DO, Q16, K16, V16, AMAX, N, BLOCK: tl.constexpr):
+    """prep="fused": fp16 copies of q, k, v (tensor w of the four on program axis 1) and AMAX[w] = max |x| of all
+    four (NaN as inf; fp32 atomic max from zeros), each tensor read once; do's copy (scaled by 2^e, known only
+    once AMAX is read) is made by the forward. A copy of a value past fp16's range is inf: AMAX flags it, and
+    fp16_exponent_of refuses, before any copy is used."""
+    w = tl.program_id(1)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    if w == 0:
+        x = tl.load(Q + offs, mask=mask, other=0.0)
+        tl.store(Q16 + offs, x.to(tl.float16), mask=mask)
+    elif w == 1:
+        x = tl.load(K + offs, mask=mask, other=0.0)
+        tl.store(K16 + offs, x.to(tl.float16), mask=mask)
+    elif w == 2:
+        x = tl.load(V + offs, mask=mask, other=0.0)
+        tl.store(V16 + offs, x.to(tl.float16), mask=mask)
+    else:
+        x = tl.load(DO + offs, mask=mask, other=0.0)
+    a = tl.abs(x.to(tl.float32))
+    a = tl.where(a == a, a, float("inf"))
+    tl.atomic_max(AMAX + w, tl.max(a, axis=0))
+
+
+def fused_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
+                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], int | None]:
+    """prep="fused": ((q, k, v) as fp16, e) in one launch (_copy_amax_kernel) and the host sync; e is
+    fp16_exponent_of the four largest magnitudes (None: the copies must not be used)."""
+    copies = tuple(torch.empty(q.shape, dtype=torch.float16, device=q.device) for _ in range(3))
+    amax = torch.zeros(4, dtype=torch.float32, device=q.device)
+    n = q.numel()
+    _copy_amax_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, *copies, amax, n, BLOCK=PREP_BLOCK, num_warps=8)
+    return copies, fp16_exponent_of(*amax.tolist(), head_dim=q.shape[-1])
+
+
 def input_amax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, split: bool = False
                ) -> list[float]:
     """[max |q|, max |k|, max |v|, max |do|] (inf where a NaN is) of four contiguous tensors of one size, one
@@ -180,23 +217,30 @@ def fp16_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
 
 def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                             causal: bool = False, numerics: str = "auto", delta: str = "dp",
-                            fwd_knobs: dict | None = None, bwd_knobs: dict | None = None, prep_split: bool = False
+                            fwd_knobs: dict | None = None, bwd_knobs: dict | None = None, prep: str | None = None
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, dq, dk, dv), each like q, of o = softmax(q k^T / sqrt(D)) v and its gradients for the upstream do.
     numerics: "auto" | "bf16" | "fp16" (the module docstring; "fp16" raises ValueError where fp16_exponent
     refuses). delta: "dp" | "o" (attention_fwd_gluon's delta_from; fp16 only: bf16 always takes the forward's
     dP). fwd_knobs / bwd_knobs: the Gluon kernels' knobs (FWD_KNOBS / BWD_KNOBS of the mode by default; bwd's
-    dq_ordered applies to the fp16 path). prep_split: the fp16 preparation as a launch a tensor (input_amax /
-    fp16_copies split=True). ValueError where train_ok refuses."""
-    if numerics not in NUMERICS or delta not in DELTAS:
-        raise ValueError(f"attention_fwd_bwd_gluon: numerics is one of {NUMERICS} and delta one of {DELTAS}, not "
-                         f"{numerics!r}, {delta!r}")
+    dq_ordered applies to the fp16 path). prep: the fp16 path's preparation, one of PREPS: "fused" (q, k, v
+    copied while the four largest magnitudes are taken, one launch; do's copy made by the forward: delta "o"
+    only), "two" (input_amax, then fp16_copies: each input read twice), "split" ("two" as a launch a tensor);
+    None: "fused" with delta "o", else "two". ValueError where train_ok refuses."""
+    prep = ("fused" if delta == "o" else "two") if prep is None else prep
+    if numerics not in NUMERICS or delta not in DELTAS or prep not in PREPS or (prep == "fused" and delta != "o"):
+        raise ValueError(f"attention_fwd_bwd_gluon: numerics is one of {NUMERICS}, delta one of {DELTAS} and prep "
+                         f"one of {PREPS} ('fused' with delta 'o'), not {numerics!r}, {delta!r}, {prep!r}")
     if not train_ok(q, k, v, do, causal):
         raise ValueError("attention_fwd_bwd_gluon: takes dense contiguous bf16 [B, H, S, 128] q, k, v, do of one "
                          "shape on sm_90, S a multiple of 128 (causal: 256)")
     fwd = FWD_KNOBS[bool(causal)] if fwd_knobs is None else fwd_knobs
     bwd = BWD_KNOBS[bool(causal)] if bwd_knobs is None else bwd_knobs
-    e = None if numerics == "bf16" else fp16_exponent(q, k, v, do, prep_split)
+    e = copies = None
+    if numerics != "bf16" and prep == "fused":
+        copies, e = fused_copies(q, k, v, do)
+    elif numerics != "bf16":
+        e = fp16_exponent(q, k, v, do, prep == "split")
     if numerics == "fp16" and e is None:
         raise ValueError("attention_fwd_bwd_gluon: these inputs do not fit fp16 working copies (fp16_exponent)")
     if e is None:
@@ -204,8 +248,16 @@ def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
         split_bwd = {key: val for key, val in bwd.items() if key != "dq_ordered"}  # dq_ordered: dS once only
         dq, dk, dv = attention_bwd_gluon(do, q, k, v, lse2, dlt, causal, split_ds=True, **split_bwd)
         return o, dq, dk, dv
-    q16, k16, v16, do16 = fp16_copies(q, k, v, do, e, prep_split)
-    o16, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do16, delta_from=delta, **fwd)
+    if copies is not None:  # do's copy comes out of the forward's epilogue, and o in q's dtype (persistent)
+        (q16, k16, v16), do16 = copies, torch.empty(q.shape, dtype=torch.float16, device=q.device)
+        o_dtype = q.dtype if fwd.get("persistent") else torch.float16
+        o, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do, delta_from="o", o_dtype=o_dtype,
+                                           do16_out=do16, do_scale=float(2.0 ** e), **fwd)
+        o = o.to(q.dtype)
+    else:
+        q16, k16, v16, do16 = fp16_copies(q, k, v, do, e, prep == "split")
+        o16, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do16, delta_from=delta, **fwd)
+        o = o16.to(q.dtype)
     dq, dk, dv = attention_bwd_gluon(do16, q16, k16, v16, lse2, dlt, causal, split_ds=False, out_dtype=q.dtype,
                                      grad_scale=float(2.0 ** -e), **bwd)
-    return o16.to(q.dtype), dq, dk, dv
+    return o, dq, dk, dv

@@ -109,23 +109,29 @@ def test_sweep_smoke_resolves_every_row():
 
 # ---- compiled for the H200 ----------------------------------------------------------------------------------------
 def compile_variant(knobs: dict, causal: bool, head_dim: int = 128, with_delta: bool = False,
-                    delta_o: bool = False, fp16: bool = False):
+                    delta_o: bool = False, fp16: bool = False, do_cast: bool = False):
     """The kernel compiled for sm_90 at the B4 H32 S4096 specialisation of one variant (GluonASTSource: host
     tensor descriptors as `tensordesc<...>` signature entries), and its launch config; with_delta: the do= option
     (WITH_DELTA: dO's descriptor and the DELTA pointer); delta_o: do= with delta_from="o" (DELTA_O: the DO
-    pointer); fp16: fp16 inputs (seeds/attention_gluon_train.py's working copies)."""
+    pointer); fp16: fp16 inputs (seeds/attention_gluon_train.py's working copies); do_cast: with delta_o and
+    fp16, dO read as bf16 and its fp16 copy written (DO16), o written as bf16 (the train path's forward)."""
     from triton.experimental.gluon import language as gl
 
-    cfg = G.fa3_launch_config(head_dim, **knobs, with_delta=with_delta, delta_o=delta_o)
+    cfg = G.fa3_launch_config(head_dim, **knobs, with_delta=with_delta, delta_o=delta_o, do_cast=do_cast)
     m_c = cfg["BLOCK_M"] // cfg["CONSUMERS"]
     gdt, name = (gl.float16, "fp16") if fp16 else (gl.bfloat16, "bf16")
     q_layout = gl.NVMMASharedLayout.get_default_for([m_c, head_dim], gdt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([cfg["BLOCK_N"], head_dim], gdt)
     q_desc = f"tensordesc<{name}[{m_c},{head_dim}],{q_layout!r}>"
+    o_desc = q_desc
+    if do_cast:
+        o_layout = gl.NVMMASharedLayout.get_default_for([m_c, head_dim], gl.bfloat16)
+        o_desc = f"tensordesc<bf16[{m_c},{head_dim}],{o_layout!r}>"
     kv_desc = f"tensordesc<{name}[{cfg['BLOCK_N']},{head_dim}],{kv_layout!r}>"
     fn = G._fa3_fwd_kernel
-    values = dict(q_desc=q_desc, k_desc=kv_desc, v_desc=kv_desc, o_desc=q_desc, LSE="*fp32", do_desc=q_desc,
-                  DELTA="*fp32", DO=f"*{name}" if delta_o else "*fp32", qk_scale=0.1, S=4096,
+    values = dict(q_desc=q_desc, k_desc=kv_desc, v_desc=kv_desc, o_desc=o_desc, LSE="*fp32", do_desc=q_desc,
+                  DELTA="*fp32", DO=("*bf16" if do_cast else f"*{name}") if delta_o else "*fp32",
+                  DO16=f"*{name}" if do_cast else "*fp32", do_scale=1024.0, qk_scale=0.1, S=4096,
                   NUM_M=4096 // cfg["BLOCK_M"], TILES=128 * 4096 // cfg["BLOCK_M"], HEAD_D=head_dim, CAUSAL=causal,
                   **{k: v for k, v in cfg.items() if k != "maxnreg"})
     kernel = compile_sm90(fn, values, cfg["num_warps"], maxnreg=cfg["maxnreg"])
@@ -205,6 +211,8 @@ def _compile_all_delta_o() -> dict:
     for causal, knobs in FWD_KNOBS.items():
         kernel, cfg = compile_variant(knobs, causal, delta_o=True, fp16=True)
         out[f"{knobs} fp16{' causal' if causal else ''}"] = variant_facts(kernel, cfg)
+        kernel, cfg = compile_variant(knobs, causal, delta_o=True, fp16=True, do_cast=True)
+        out[f"{knobs} fp16 do cast, bf16 o{' causal' if causal else ''}"] = variant_facts(kernel, cfg)
     kernel, cfg = compile_variant({}, False, delta_o=True)
     out["coop 128x128 s2 bf16"] = variant_facts(kernel, cfg)
     return out
@@ -213,9 +221,10 @@ def _compile_all_delta_o() -> dict:
 @pytest.mark.skipif(not nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
 def test_delta_from_o_compiles_for_sm90():
     """delta_from="o": the plain forward's two products, a wgmma left in flight, dO read in the epilogue only
-    (no dO tiles: the plain variant's shared memory), no spills."""
+    (no dO tiles: the plain variant's shared memory), no spills; also with dO's fp16 copy written by the epilogue
+    and o as bf16 (do16_out, o_dtype: the train path)."""
     out = compiled_in_child(__file__, "delta_o")
-    assert len(out) == 3, sorted(out)
+    assert len(out) == 5, sorted(out)
     for name, f in out.items():
         assert f["shared"] <= HOPPER_SMEM, f"{name}: {f['shared']} bytes of shared memory"
         assert f["local"] == 0 and f["stack"] == 0, f"{name}: spills ({f})"

@@ -65,6 +65,29 @@ def test_fp16_copies_are_exact_and_scale_do_by_a_power_of_two(split):
     assert torch.equal(do16.float(), do.float() * 8.0)
 
 
+def test_fused_copies_are_exact_and_take_every_largest_magnitude():
+    """prep="fused": q, k, v copied exactly (from fp16's normal range up), the four largest magnitudes read in the
+    same launch (last partial block, negative, NaN as inf) and e from them; a value past fp16's range makes e None
+    (its copy is inf and must not be used)."""
+    torch.manual_seed(0)
+    shape = (1, 1, 2 * T.PREP_BLOCK // 128 + 1, 128)  # two whole blocks and one of 128 elements
+    q, k, v, do = (torch.randn(shape).to(torch.bfloat16) * 0.5 for _ in range(4))
+    q.view(-1)[-1], k.view(-1)[T.PREP_BLOCK], v.view(-1)[3], do.view(-1)[-9] = -7.5, 3.25, 1.2345e-7, 4.0
+    (q16, k16, v16), e = T.fused_copies(q, k, v, do)
+    for a, b in ((q, q16), (k, k16), (v, v16)):
+        normal = a.float().abs() >= 2.0 ** -14
+        assert b.dtype == torch.float16 and torch.equal(a.float()[normal], b.float()[normal])
+        assert (a.float() - b.float()).abs().max() <= 2.0 ** -25
+    amax = [t.float().abs().max().item() for t in (q, k, v, do)]
+    assert amax[0] == 7.5 and amax[1] == 3.25 and amax[3] == 4.0
+    assert e == T.fp16_exponent_of(*amax, head_dim=128) and e is not None
+    v.view(-1)[0] = float("nan")
+    assert T.fused_copies(q, k, v, do)[1] is None
+    v.view(-1)[0], k.view(-1)[1] = 0.0, 70000.0
+    (_, k16, _), e = T.fused_copies(q, k, v, do)
+    assert e is None and math.isinf(k16.view(-1)[1].item())
+
+
 def test_train_ok_refuses_what_the_kernels_do_not_take():
     x = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     assert not T.train_ok(x, x, x, x, False)  # the CPU
@@ -72,6 +95,8 @@ def test_train_ok_refuses_what_the_kernels_do_not_take():
         T.attention_fwd_bwd_gluon(x, x, x, x)
     with pytest.raises(ValueError, match="numerics"):
         T.attention_fwd_bwd_gluon(x, x, x, x, numerics="fp8")
+    with pytest.raises(ValueError, match="'fused' with delta 'o'"):
+        T.attention_fwd_bwd_gluon(x, x, x, x, delta="dp", prep="fused")
 
 
 def test_module_keeps_crucible_static_rules():
@@ -146,3 +171,19 @@ def test_fwd_bwd_on_the_gpu(numerics, delta, causal, dist):
         assert g.dtype == q.dtype and g.shape == q.shape
         bad = compare(f"{numerics} {n}", g, r, t, alternates=(a,))
         assert bad is None, bad.describe()
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_prep_matches_the_two_kernel_prep_on_the_gpu(causal):
+    """prep="fused" (q, k, v copied with the largest magnitudes, do's copy and delta from the forward's epilogue, o
+    written as bf16 there) against prep="two" (the copy kernels, o through fp16): the same fp16 operands and delta,
+    so dq, dk, dv bitwise equal; o rounded once instead of twice, so within one bf16 step. GPU-only."""
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(2, 3, 512, 128, device="cuda").to(torch.bfloat16) for _ in range(4))
+    fused = T.attention_fwd_bwd_gluon(q, k, v, do, causal, numerics="fp16", delta="o", prep="fused")
+    two = T.attention_fwd_bwd_gluon(q, k, v, do, causal, numerics="fp16", delta="o", prep="two")
+    for name, a, b in zip(("dq", "dk", "dv"), fused[1:], two[1:]):
+        assert torch.equal(a, b), f"{name}: fused and two-kernel preparation differ"
+    step = two[0].float().abs() * 2.0 ** -7 + 2.0 ** -133
+    assert fused[0].dtype == torch.bfloat16 and ((fused[0].float() - two[0].float()).abs() <= step).all()
