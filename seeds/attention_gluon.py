@@ -237,7 +237,7 @@ def _fa3_loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem
 
 
 @gluon.jit
-def _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
+def _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
                   v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, CID: gl.constexpr, W: gl.constexpr,
                   M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
@@ -249,7 +249,7 @@ def _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_sme
     dO V_i^T (V_i's stage, waited for then; outside the GEMM token) and dsum = dsum alpha + rowsum(p dP_i) with the
     fp32 p of block i; delta = dsum / l by pointer store, as LSE. DELTA_O: delta = rowsum(dO o o) in the epilogue
     from the unrounded fp32 o, dO's rows by pointer loads from DO (no dP products, no dO tiles); DO_CAST: DO is
-    the upstream gradient in another dtype, its rows written to DO16 as q's dtype of dO * do_scale and delta taken
+    the upstream gradient in another dtype, its rows written to DO16 as q's dtype of dO * DO_SCALE[0] and delta taken
     from those (the fp16 working copy of dO made here, not by a copy kernel). o is written in o_desc's dtype."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, BLOCK_N, 16])
@@ -340,7 +340,7 @@ def _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_sme
             offs = gl.expand_dims(r_o.to(gl.int64) * HEAD_D, 1) + gl.expand_dims(c_o, 0)
             do_rows = gl.load(DO + offs)
             if DO_CAST:
-                do_rows = (do_rows.to(gl.float32) * do_scale).to(dtype)
+                do_rows = (do_rows.to(gl.float32) * gl.load(DO_SCALE)).to(dtype)
                 gl.store(DO16 + offs, do_rows)
             gl.store(DELTA + r_o, gl.sum(o * do_rows.to(gl.float32), axis=1))
         o_tile.store(o.to(o_desc.dtype))
@@ -355,19 +355,19 @@ def _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_sme
 
 
 @gluon.jit
-def _fa3_consumer1(o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
+def _fa3_consumer1(o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
                    v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                    CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, WITH_DELTA: gl.constexpr,
                    DELTA_O: gl.constexpr, DO_CAST: gl.constexpr):
     """The second ping-pong consumer (a 4-warp worker partition): rows M_C .. 2 M_C - 1 of each tile."""
-    _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+    _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
                   k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 1, 4, M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
                   CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O, DO_CAST)
 
 
 @gluon.jit
-def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, DO16, do_scale, qk_scale, S, NUM_M,
+def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, DO16, DO_SCALE, qk_scale, S, NUM_M,
                     TILES,
                     HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
@@ -378,7 +378,7 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, DO1
     (row bh * S + s); q_desc / o_desc / do_desc blocks are one consumer's M_C = BLOCK_M / CONSUMERS rows.
     WITH_DELTA: do_desc and DELTA ([B*H*S] fp32) are read and written (else q_desc and LSE stand in, unused);
     DELTA_O: DO (dO's [B*H*S, D] storage) and DELTA (else LSE stands in for both, unused); DO_CAST: DO16 (dO's
-    copy in q's dtype, times do_scale) written (else LSE stands in, unused). o_desc's dtype may differ from q's
+    copy in q's dtype, times DO_SCALE[0], an fp32 read on the device) written (else LSE stands in, unused). o_desc's dtype may differ from q's
     (PERSISTENT: o has its own buffer)."""
     M_C: gl.constexpr = BLOCK_M // CONSUMERS
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, M_C, HEAD_D], q_desc.layout)
@@ -412,7 +412,7 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, DO1
 
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+            (_fa3_consumer, (o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
                              k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps,
                              M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT, WITH_DELTA, DELTA_O,
                              DO_CAST)),
@@ -422,14 +422,14 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, DO1
         ], [1], [LOAD_REGS])
     else:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+            (_fa3_consumer, (o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
                              k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps,
                              M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA,
                              DELTA_O, DO_CAST)),
             (_fa3_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bars, q_empty,
                            k_ready, v_ready, k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES,
                            CONSUMERS, CAUSAL, PERSISTENT, WITH_DELTA)),
-            (_fa3_consumer1, (o_desc, LSE, DELTA, DO, DO16, do_scale, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+            (_fa3_consumer1, (o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
                               k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C, BLOCK_M,
                               BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O,
                               DO_CAST)),
@@ -521,7 +521,8 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
                         consumers: int = 1, pingpong: bool = True, persistent: bool = False,
                         maxnreg: int | None = None, out: tuple[torch.Tensor, ...] | None = None,
                         do: torch.Tensor | None = None, delta_from: str = "dp", o_dtype: torch.dtype | None = None,
-                        do16_out: torch.Tensor | None = None, do_scale: float = 1.0) -> tuple[torch.Tensor, ...]:
+                        do16_out: torch.Tensor | None = None, do_scale: float | torch.Tensor = 1.0
+                        ) -> tuple[torch.Tensor, ...]:
     """(o [B, H, S, D] in q's dtype, lse2 [B, H, S] fp32 base 2) of softmax(q k^T * scale) v, scale 1/sqrt(D) by
     default; causal top-left aligned. Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a
     multiple of block_m and block_n (causal: block_n == block_m); else ValueError. Knobs (see the module
@@ -540,7 +541,8 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     o_dtype: o's dtype (bf16 or fp16; q's by default; another than q's needs persistent, o's own buffer).
     do16_out (with delta_from="o"; do then bf16 or fp16): a contiguous tensor like q that the epilogue fills with
     q's dtype of do * do_scale, the delta taken from those values: the working copy of dO made by the forward,
-    which reads dO's rows anyway (seeds/attention_gluon_train.py)."""
+    which reads dO's rows anyway (seeds/attention_gluon_train.py). do_scale: a float, or a 1-element fp32 tensor
+    on q's device that the kernel reads when it runs (so the launch need not wait for a value the GPU computes)."""
     if delta_from not in ("dp", "o"):
         raise ValueError(f"attention_fwd_gluon: delta_from is 'dp' or 'o', not {delta_from!r}")
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
@@ -608,7 +610,13 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     num_m = s // block_m
     tiles = num_m * b * h
     grid = (min(tiles // 2 if causal else tiles, sm_count(q.device)) if persistent else tiles,)
-    do16 = do16_out if do_cast else lse
-    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, do_desc, delta, do_rows, do16, float(do_scale),
+    do16, do_scale_t = lse, lse  # unused without do16_out
+    if do_cast:
+        do16 = do16_out
+        do_scale_t = (do_scale if isinstance(do_scale, torch.Tensor) else
+                      torch.full((1,), float(do_scale), dtype=torch.float32, device=q.device))
+        if do_scale_t.dtype != torch.float32 or do_scale_t.numel() != 1 or do_scale_t.device != q.device:
+            raise ValueError("attention_fwd_gluon: do_scale is a float or a 1-element fp32 tensor on q's device")
+    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, do_desc, delta, do_rows, do16, do_scale_t,
                           scale * LOG2E, s, num_m, tiles, HEAD_D=d, CAUSAL=bool(causal), **cfg)
     return (o, lse, delta) if with_delta else (o, lse)

@@ -170,15 +170,58 @@ def _copy_amax_kernel(Q, K, V, DO, Q16, K16, V16, AMAX, N, BLOCK: tl.constexpr):
     tl.atomic_max(AMAX + w, tl.max(a, axis=0))
 
 
-def fused_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
-                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], int | None]:
-    """prep="fused": ((q, k, v) as fp16, e) in one launch (_copy_amax_kernel) and the host sync; e is
-    fp16_exponent_of the four largest magnitudes (None: the copies must not be used)."""
+@triton.jit
+def _ceil_log2(x):
+    """ceil(log2(x)) of a positive finite fp32 x, exact, from its bits (zero and subnormals: -126)."""
+    bits = x.to(tl.int32, bitcast=True)
+    exp = ((bits >> 23) & 0xFF) - 127
+    return tl.where(exp < -126, -126, exp + ((bits & 0x7FFFFF) != 0).to(tl.int32))
+
+
+@triton.jit
+def _exponent_kernel(AMAX, SCALE, EXP, head_dim, INPUT_MAX_LOG2: tl.constexpr, DS_MAX_LOG2: tl.constexpr,
+                     MAX_E: tl.constexpr):
+    """fp16_exponent_of on the device, one program: from AMAX [4] (q, k, v, do's largest magnitudes, NaN as inf)
+    EXP = [e, 1] where fp16 working copies lose nothing (else [0, 0]) and SCALE = [2^e], for a kernel to read
+    while the host has not yet seen e. Exact: with 2^15 limits, floor(log2(2^15 / x)) = 15 - ceil(log2 x), and
+    2 D max|dO| max|V| is an exact fp32 product of bf16 values (tests: against fp16_exponent_of)."""
+    aq = tl.load(AMAX)
+    ak = tl.load(AMAX + 1)
+    av = tl.load(AMAX + 2)
+    ado = tl.load(AMAX + 3)
+    limit = 2.0 ** INPUT_MAX_LOG2
+    ok = (aq <= limit) & (ak <= limit) & (av <= limit) & (ado <= limit)
+    e = tl.minimum(INPUT_MAX_LOG2 - _ceil_log2(ado), MAX_E)
+    e = tl.where(av > 0.0, tl.minimum(e, DS_MAX_LOG2 - _ceil_log2(2.0 * head_dim * ado * av)), e)
+    e = tl.where(ado > 0.0, e, 0)
+    ok = ok & (e >= 0)
+    e = tl.where(ok, e, 0)
+    tl.store(EXP, e)
+    tl.store(EXP + 1, ok.to(tl.int32))
+    tl.store(SCALE, tl.exp2(e.to(tl.float32)))
+
+
+def fused_prep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
+               ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """prep="fused", no host sync: ((q, k, v) as fp16, scale [2^e] fp32, exp [e, ok] int32), all on the inputs'
+    device, in two launches (_copy_amax_kernel, _exponent_kernel). The copies may be used only where ok is 1."""
     copies = tuple(torch.empty(q.shape, dtype=torch.float16, device=q.device) for _ in range(3))
     amax = torch.zeros(4, dtype=torch.float32, device=q.device)
+    scale = torch.empty(1, dtype=torch.float32, device=q.device)
+    exp = torch.empty(2, dtype=torch.int32, device=q.device)
     n = q.numel()
     _copy_amax_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, *copies, amax, n, BLOCK=PREP_BLOCK, num_warps=8)
-    return copies, fp16_exponent_of(*amax.tolist(), head_dim=q.shape[-1])
+    _exponent_kernel[(1,)](amax, scale, exp, q.shape[-1], INPUT_MAX_LOG2=int(math.log2(FP16_INPUT_MAX)),
+                           DS_MAX_LOG2=int(math.log2(FP16_DS_MAX)), MAX_E=MAX_EXPONENT)
+    return copies, scale, exp
+
+
+def fused_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
+                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], int | None]:
+    """fused_prep with the host sync: ((q, k, v) as fp16, e), e None where the copies must not be used."""
+    copies, _, exp = fused_prep(q, k, v, do)
+    e, ok = exp.tolist()
+    return copies, e if ok else None
 
 
 def input_amax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, split: bool = False
@@ -215,6 +258,26 @@ def fp16_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
     return outs
 
 
+def _fused_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool, fwd: dict
+                   ) -> tuple:
+    """prep="fused" and the forward, one host wait: fused_prep, e copied to pinned host memory behind an event,
+    the forward launched (do's copy scaled by the device's 2^e, o in q's dtype where persistent), then the wait
+    for e alone (the GPU is running the forward meanwhile). (q16, k16, v16, do16, o, lse2, delta, e); e None
+    where the copies must not be used (the forward's results are then garbage, and dropped)."""
+    (q16, k16, v16), scale, exp = fused_prep(q, k, v, do)
+    host = torch.empty(2, dtype=torch.int32, pin_memory=True)
+    host.copy_(exp, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    do16 = torch.empty(q.shape, dtype=torch.float16, device=q.device)
+    o_dtype = q.dtype if fwd.get("persistent") else torch.float16
+    o, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do, delta_from="o", o_dtype=o_dtype, do16_out=do16,
+                                       do_scale=scale, **fwd)
+    ready.synchronize()
+    e, ok = host.tolist()
+    return q16, k16, v16, do16, o.to(q.dtype), lse2, dlt, e if ok else None
+
+
 def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                             causal: bool = False, numerics: str = "auto", delta: str = "dp",
                             fwd_knobs: dict | None = None, bwd_knobs: dict | None = None, prep: str | None = None
@@ -236,9 +299,10 @@ def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
                          "shape on sm_90, S a multiple of 128 (causal: 256)")
     fwd = FWD_KNOBS[bool(causal)] if fwd_knobs is None else fwd_knobs
     bwd = BWD_KNOBS[bool(causal)] if bwd_knobs is None else bwd_knobs
-    e = copies = None
-    if numerics != "bf16" and prep == "fused":
-        copies, e = fused_copies(q, k, v, do)
+    e = fused = None
+    if numerics != "bf16" and prep == "fused":  # the forward is launched before the host reads e (run BG: the
+        fused = _fused_forward(q, k, v, do, causal, fwd)  # launch after the sync left the GPU idle 0.24-0.29 ms)
+        e = fused[-1]
     elif numerics != "bf16":
         e = fp16_exponent(q, k, v, do, prep == "split")
     if numerics == "fp16" and e is None:
@@ -248,12 +312,8 @@ def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
         split_bwd = {key: val for key, val in bwd.items() if key != "dq_ordered"}  # dq_ordered: dS once only
         dq, dk, dv = attention_bwd_gluon(do, q, k, v, lse2, dlt, causal, split_ds=True, **split_bwd)
         return o, dq, dk, dv
-    if copies is not None:  # do's copy comes out of the forward's epilogue, and o in q's dtype (persistent)
-        (q16, k16, v16), do16 = copies, torch.empty(q.shape, dtype=torch.float16, device=q.device)
-        o_dtype = q.dtype if fwd.get("persistent") else torch.float16
-        o, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do, delta_from="o", o_dtype=o_dtype,
-                                           do16_out=do16, do_scale=float(2.0 ** e), **fwd)
-        o = o.to(q.dtype)
+    if fused is not None:
+        q16, k16, v16, do16, o, lse2, dlt, _ = fused
     else:
         q16, k16, v16, do16 = fp16_copies(q, k, v, do, e, prep == "split")
         o16, lse2, dlt = attention_fwd_gluon(q16, k16, v16, causal, do=do16, delta_from=delta, **fwd)

@@ -131,7 +131,7 @@ def compile_variant(knobs: dict, causal: bool, head_dim: int = 128, with_delta: 
     fn = G._fa3_fwd_kernel
     values = dict(q_desc=q_desc, k_desc=kv_desc, v_desc=kv_desc, o_desc=o_desc, LSE="*fp32", do_desc=q_desc,
                   DELTA="*fp32", DO=("*bf16" if do_cast else f"*{name}") if delta_o else "*fp32",
-                  DO16=f"*{name}" if do_cast else "*fp32", do_scale=1024.0, qk_scale=0.1, S=4096,
+                  DO16=f"*{name}" if do_cast else "*fp32", DO_SCALE="*fp32", qk_scale=0.1, S=4096,
                   NUM_M=4096 // cfg["BLOCK_M"], TILES=128 * 4096 // cfg["BLOCK_M"], HEAD_D=head_dim, CAUSAL=causal,
                   **{k: v for k, v in cfg.items() if k != "maxnreg"})
     kernel = compile_sm90(fn, values, cfg["num_warps"], maxnreg=cfg["maxnreg"])

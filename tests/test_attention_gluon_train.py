@@ -18,7 +18,7 @@ from tests.test_attention_gluon_bwd import float64_reference, mirror_dkdv, mirro
 LN2 = math.log(2.0)
 
 
-@pytest.mark.parametrize("amax,want", [
+EXPONENT_CASES = [
     ((1.0, 1.0, 1.0, 1.0), 7),  # 2 x 128 x 1 x 1 x 2^7 = 2^15
     ((5.0, 5.0, 5.0, 5.0), 2),  # 6400 x 4 <= 2^15 < 6400 x 8
     ((1.0, 1.0, 1.0, 0.0), 0),  # do = 0: dS = 0 whatever e
@@ -28,9 +28,35 @@ LN2 = math.log(2.0)
     ((40000.0, 1.0, 1.0, 1.0), None),  # q past 2^15: not every bf16 value is an fp16 one
     ((1.0, math.inf, 1.0, 1.0), None),  # inf (or NaN, read as inf)
     ((1.0, 1.0, 1.0, math.nan), None),
-])
+]
+
+
+@pytest.mark.parametrize("amax,want", EXPONENT_CASES)
 def test_fp16_exponent_rule(amax, want):
     assert T.fp16_exponent_of(*amax, head_dim=128) == want
+
+
+def device_exponent(amax, head_dim: int = 128):
+    """_exponent_kernel (through fused_prep's launch arguments) on a 4-vector of largest magnitudes: (e, ok, 2^e)."""
+    scale, exp = torch.empty(1), torch.empty(2, dtype=torch.int32)
+    T._exponent_kernel[(1,)](torch.tensor(amax, dtype=torch.float32), scale, exp, head_dim, INPUT_MAX_LOG2=15,
+                             DS_MAX_LOG2=15, MAX_E=T.MAX_EXPONENT)
+    return int(exp[0]), int(exp[1]), scale.item()
+
+
+def test_device_exponent_is_the_host_rule():
+    """The kernel the fused preparation reads e from gives fp16_exponent_of's e (or refuses where it does) on the
+    rule's edge cases and on bf16 magnitudes drawn over 40 octaves, and its 2^e scale."""
+    torch.manual_seed(0)
+    cases = [c for c, _ in EXPONENT_CASES] + [(1.0, 1.0, 16.0, 2.0 ** 15), (2.0 ** 15, 1.0, 1.0, 1.0),
+                                              (1.0, 1.0, 1.0, 2.0 ** 15 + 256), (0.0, 0.0, 0.0, 0.0)]
+    draws = torch.exp2(torch.rand(300, 4) * 40 - 30).to(torch.bfloat16).float()
+    cases += [tuple(r) for r in draws.tolist()]
+    for amax in cases:
+        want = T.fp16_exponent_of(*amax, head_dim=128)
+        e, ok, scale = device_exponent(amax)
+        assert (e if ok else None) == want, (amax, e, ok, want)
+        assert scale == 2.0 ** e
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -185,5 +211,5 @@ def test_fused_prep_matches_the_two_kernel_prep_on_the_gpu(causal):
     two = T.attention_fwd_bwd_gluon(q, k, v, do, causal, numerics="fp16", delta="o", prep="two")
     for name, a, b in zip(("dq", "dk", "dv"), fused[1:], two[1:]):
         assert torch.equal(a, b), f"{name}: fused and two-kernel preparation differ"
-    step = two[0].float().abs() * 2.0 ** -7 + 2.0 ** -133
+    step = two[0].float().abs() * 2.0 ** -7 + 2.0 ** -24  # fp16's subnormals round to 2^-25 first
     assert fused[0].dtype == torch.bfloat16 and ((fused[0].float() - two[0].float()).abs() <= step).all()
