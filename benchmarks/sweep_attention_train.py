@@ -60,8 +60,9 @@ def candidates(causal: bool) -> dict:
             "gluon fp16 delta o, prep two (session 9)": gluon("fp16", "o", prep="two"),
             "gluon fp16 delta o, bwd dq 128x64": gluon("fp16", "o", bwd=dict()),
             "gluon fp16 delta o, bwd s4 / dq s3": gluon("fp16", "o", bwd=dict(stages=4, dq_stages=3)),
-            "gluon fp16 delta o, dQ ordered": gluon("fp16", "o", bwd=dict(dq_ordered=True)),
-            "gluon fp16 delta o, dQ ordered, bwd s3": gluon("fp16", "o", bwd=dict(dq_ordered=True, stages=3))}
+            "gluon fp16 delta o, dQ ordered v2": gluon("fp16", "o", bwd=dict(dq_ordered=True, dq_defer=False)),
+            "gluon fp16 delta o, dQ ordered v2 deferred": gluon("fp16", "o", bwd=dict(dq_ordered=True,
+                                                                                     dq_defer=True))}
     if causal:
         rows["gluon fp16 delta o, fwd pingpong s2"] = gluon("fp16", "o", fwd=dict(consumers=2))
     else:

@@ -48,16 +48,49 @@ Why a separate dQ kernel and not FA3's atomics: it is deterministic (the harness
 repeatable results are the primary variant), it needs no fp32 dQ scratch (B H S D x 4 bytes, 256 MB here) nor a
 conversion kernel, and seeds/attention.py's FA2 layout with dQ atomics measured 0.43x (run AC). Its cost is the
 recompute of S and dP (2 of 7 products with the split dS). An atomic / TMA reduce-add dQ is not implemented.
-dq_ordered (NOT MEASURED ON THE GPU YET; compiled for sm_90 under triton 3.6 and 3.9, its maths mirrored on the
-CPU): the dK/dV kernel computes dQ's share too and the dQ kernel is not launched. Per step dS^T (rounded once) goes
-to shared memory, dK += dS^T Q and dQ^T = K^T dS^T are issued from it, and dQ^T is added into an fp32 [B*H*S, D]
-accumulator in key-block order: a ticket per (head, query block); key block n waits (acquire) until it reads n,
-adds (block 0 stores), then a barrier among the consumer's warps and the ticket + 1 (release), as FA3's
-deterministic mode orders its dQ. Fixed order, so bitwise repeatable; deadlock-free where a head's key-block
-programs start in index order. The query blocks run last to first, so a head's key blocks meet each one a step
-apart (causal: key block n's first block is the last query block, like key block 0's). _dq_finish_kernel then
-writes dq = acc * scale. Cost: 5 products a step instead of 4 + the dQ kernel's 3, and 32 KB read + written a
-step in L2; dS rounded once only (split_ds=False), D 128. Stack: 0-8 bytes non-causal, 136-152 causal (3.6, 3.9).
+dq_ordered: the dK/dV kernel computes dQ's share too and the dQ kernel is not launched. Per step dS^T (rounded once)
+goes to shared memory, dK += dS^T Q and dQ^T = K^T dS^T are issued from it, and dQ^T is added into an fp32
+accumulator in a fixed order per query block, through a ticket per (head, query block): rank 0 stores, rank r > 0
+spins (one acquire atomic, gpu scope) until the ticket reads r, adds (loads .cg), then a barrier among the
+consumer's warps and the ticket + 1 (release), as FA3's deterministic mode and CUTLASS's generic barrier order
+theirs. Fixed order, so bitwise repeatable; dS rounded once only (split_ds=False), D 128. _dq_finish_kernel then
+writes dq = acc^T * scale. Cost: 5 products a step instead of 4 + the dQ kernel's 3, 32 KB read + written a step in
+L2.
+- v1, measured on the H200 (run BF; B4 H32 S4096 D128, fp16 working copies, bf16 gradients): correct (dq, dk, dv
+  within tolerance of float64, dq bitwise repeatable) but slow: fwd+bwd 12.42 ms against 9.08 with the dQ kernel
+  (non-causal), 7.60 against 5.15 causal; the backward alone ~9.7 ms against ~6.4. Every key block walked the query
+  blocks last to first, so a head's N programs wanted the same block's ticket at once and queued (rank = key block
+  index); and the accumulator was [B*H*S, D] row-major while the wgmma layout's threads hold pairs of consecutive
+  columns of dQ^T [D, BLOCK_M] (queries), 512 bytes apart there: one 32-byte sector an element, 8x the traffic.
+- v2 (this code; NOT MEASURED ON THE GPU YET). Rotated order: with c = BLOCK_N / BLOCK_M (2), M = S / BLOCK_M query
+  blocks and N = S / BLOCK_N key blocks (M = c N), key block n at step i takes query block m = (c n + i) mod M
+  (non-causal, i = 0 .. M-1; causal: m = c n + i, i = 0 .. M-1-c n, from its diagonal on, the first c steps the
+  diagonal's masked ones as in the plain path). Algebra: write m = c a + b (0 <= b < c). Non-causal, the step at
+  which n meets m is i = (m - c n) mod M = c ((a - n) mod N) + b, distinct for distinct n, and i // c = (a - n)
+  mod N: the ranks 0 .. N-1, each once, rank 0 key block a. Causal, n meets m where c n <= m, i.e. n <= a, at
+  i = m - c n = c (a - n) + b: i // c = a - n, the ranks 0 .. a, rank 0 the diagonal's key block a. So a program's
+  rank at its step i is i // c in both modes, and rank r's predecessor (rank r - 1: n' = n + 1 mod N) met the
+  block at its own step i - c: in steady state the programs advance together and it released c steps ago; no
+  two programs of a head want one block at one step. The loader streams Q / dO in the same order
+  (_dq_ordered_block). Transposed accumulator: [B*H, D, S] fp32 (dQ^T a head), so a quad's 8 consecutive columns
+  are one whole 32-byte sector; _dq_finish_kernel transposes it back (Triton, a [64, D] tile a program).
+  dq_defer (the default; DQ_DEFER): the share goes to a 32 KB fp32 shared buffer instead and is added by the next
+  step once its S^T and dP^T are issued (the ticket wait and the L2 round trip under their tensor-core time; the
+  causal masked steps add at once; the last step's after the loop), read back in 32-row chunks of 16-byte
+  vectors, one chunk's L2 round trip after the other (a register-held share instead spilled 300-340 bytes).
+  Deadlock: the waits form (n, i) -> (n + 1 mod N, i - c), the step strictly decreasing, so among a head's programs
+  all resident the one blocked at the least step waits on one that is not blocked: the head finishes. The wrap
+  (non-causal: N-1 waits on 0) and causal's n -> n + 1 (a later program) make this need all N of a head resident
+  at once (v1's n -> n - 1 only needed in-order starts): the grid is head-major with n fastest and a head only
+  waits on itself, so if CTAs start in grid order (as the hardware dispatches; CUDA does not promise it) and
+  N <= the SMs (one CTA an SM: the launcher raises ValueError otherwise, check_co_resident), the lowest unfinished
+  head's programs are all started (fewer than N resident CTAs precede its last one, so an SM is free for it) and
+  it finishes, then the next: by induction every head does. Not covered: other kernels holding SMs while this one
+  runs (MPS, concurrent streams) could leave fewer than N SMs to a head.
+  Stack (tests/test_attention_gluon_bwd.py's compile check, bound ORDERED_SPILL_BOUND): triton 3.6 0 bytes
+  non-causal / 0 causal, deferred 0 / 0; 3.9 8 / 0, deferred 8 / 8 (v1: 0 / 136 and 8 / 152; the counts move by
+  tens of bytes with small changes of the code); 168 registers at launch; shared memory 181.5 KB at 2 stages with
+  bf16 outputs (214.3 KB deferred); ptxas (3.6) reports no serialised wgmma.
 Knobs (attention_bwd_gluon keywords; VARIANTS names the sweep's set): block_m (64; 128), stages (2; the ring
 within 227 KB: 4 at 64-row blocks), dq_block_n (64 or 128), dq_stages (2; 3 at 64-row blocks), overlap (True;
 False: wait(0) after every issue, the serial control), maxnreg (168), and split_ds. block_n and dq_block_m are 128
@@ -131,11 +164,11 @@ def _dkdv_tile(S, NUM_N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: g
 @gluon.jit
 def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem,
                  kv_bar, q_ready, do_ready, qdo_empty, S, NUM_N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, DESCENDING: gl.constexpr):
+                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, ROTATED: gl.constexpr):
     """The producer (1 warp): the program's K and V once, then per query block Q and dO by TMA and its lse2 and
     delta by pointer loads into shared memory (do_ready's second arrival: the consumers read them in the layout of
-    S^T's columns, which would hold 16 registers a thread each if loaded there ahead of use). DESCENDING: the
-    query blocks last to first (DQ_ORDERED)."""
+    S^T's columns, which would hold 16 registers a thread each if loaded there ahead of use). ROTATED
+    (DQ_ORDERED): step i's query block is _dq_ordered_block's."""
     vec: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_M // 32], threads_per_warp=[32], warps_per_cta=[1],
                                          order=[0])
     offs = gl.arange(0, BLOCK_M, layout=vec)
@@ -146,8 +179,8 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_
     for i in range(n_steps):
         st = i % STAGES
         ph = (i // STAGES) & 1
-        if DESCENDING:
-            row = q_row0 + (S // BLOCK_M - 1 - i) * BLOCK_M
+        if ROTATED:
+            row = q_row0 + _dq_ordered_block(i, NUM_N, S, BLOCK_M, BLOCK_N) * BLOCK_M
         else:
             row = q_row0 + (m0 + i) * BLOCK_M
         mbarrier.wait(qdo_empty.index(st), ph ^ 1)
@@ -161,25 +194,31 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_
 
 
 @gluon.jit
-def _dkdv_front(i, offset, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready, do_ready, qk_scale,
-                mma_s: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, MASK: gl.constexpr, OVERLAP: gl.constexpr):
-    """The first half of a dK/dV step, query block i (ring slot i % STAGES): S^T = K Q^T and dP^T = V dO^T issued
-    together, P^T = exp2(S^T c - lse2) while dP^T runs (OVERLAP: wait_group 1), dV += P^T dO issued (left in flight
-    where OVERLAP), dS^T = P^T (dP^T - delta) while it runs. MASK: the block crosses the diagonal; offset = its
-    first query's position minus the key block's first (key row r, query column c kept where r <= c + offset).
-    Returns (dS^T fp32, dv, P^T's operand: a dependency of dV's product, the slot's Q tile)."""
+def _dkdv_issue(i, k_smem, v_smem, q_smem, do_smem, q_ready, do_ready, mma_s: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """S^T = K Q^T and dP^T = V dO^T of query block i (ring slot i % STAGES) issued, each once its tile landed;
+    both left in flight."""
+    st = i % STAGES
+    ph = (i // STAGES) & 1
+    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_s)
+    mbarrier.wait(q_ready.index(st), ph)
+    s = warpgroup_mma(k_smem, q_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(st), ph)
+    dp = warpgroup_mma(v_smem, do_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    return s, dp
+
+
+@gluon.jit
+def _dkdv_softmax(i, offset, s, dp, dv, q_smem, do_smem, lse_smem, dlt_smem, qk_scale, mma_s: gl.constexpr,
+                  op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  MASK: gl.constexpr, OVERLAP: gl.constexpr):
+    """The rest of _dkdv_front once S^T and dP^T are issued: P^T = exp2(S^T c - lse2) while dP^T runs (OVERLAP:
+    wait_group 1), dV += P^T dO issued (left in flight where OVERLAP), dS^T = P^T (dP^T - delta) while it runs."""
     col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
     dtype: gl.constexpr = q_smem.dtype
     st = i % STAGES
-    ph = (i // STAGES) & 1
     q_t = q_smem.index(st)
     do_t = do_smem.index(st)
-    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_s)
-    mbarrier.wait(q_ready.index(st), ph)
-    s = warpgroup_mma(k_smem, q_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    mbarrier.wait(do_ready.index(st), ph)
-    dp = warpgroup_mma(v_smem, do_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)
     if OVERLAP:
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
     else:
@@ -197,6 +236,21 @@ def _dkdv_front(i, offset, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_sm
         dv, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, p_op))
     ds = p * (dp - gl.expand_dims(dlt_smem.index(st).load(col_s), 0))
     return ds, dv, p_op, q_t
+
+
+@gluon.jit
+def _dkdv_front(i, offset, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready, do_ready, qk_scale,
+                mma_s: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, MASK: gl.constexpr, OVERLAP: gl.constexpr):
+    """The first half of a dK/dV step, query block i (ring slot i % STAGES): S^T = K Q^T and dP^T = V dO^T issued
+    together (_dkdv_issue), P^T = exp2(S^T c - lse2) while dP^T runs (OVERLAP: wait_group 1), dV += P^T dO issued
+    (left in flight where OVERLAP), dS^T = P^T (dP^T - delta) while it runs (_dkdv_softmax). MASK: the block
+    crosses the diagonal; offset = its first query's position minus the key block's first (key row r, query
+    column c kept where r <= c + offset). Returns (dS^T fp32, dv, P^T's operand: a dependency of dV's product, the
+    slot's Q tile)."""
+    s, dp = _dkdv_issue(i, k_smem, v_smem, q_smem, do_smem, q_ready, do_ready, mma_s, BLOCK_M, BLOCK_N, STAGES)
+    return _dkdv_softmax(i, offset, s, dp, dv, q_smem, do_smem, lse_smem, dlt_smem, qk_scale, mma_s, op_layout,
+                         BLOCK_M, BLOCK_N, STAGES, MASK, OVERLAP)
 
 
 @gluon.jit
@@ -219,38 +273,95 @@ def _dkdv_step(i, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt
 
 
 @gluon.jit
-def _dq_ordered_add(dqt, DQ_ACC, TICKETS, ticket, q_row, n, layout: gl.constexpr, HEAD_D: gl.constexpr,
-                    BLOCK_M: gl.constexpr):
-    """Key block n's share of dQ^T ([HEAD_D, BLOCK_M] fp32, unscaled) added into the fp32 dQ accumulator's rows
-    q_row .. q_row + BLOCK_M, in key-block order: block 0 stores; block n > 0 waits until the query block's ticket
-    reads n (blocks 0 .. n-1 added; acquire), then adds. Then a barrier among the partition's warps and the ticket
-    + 1 (release). Fixed order, so the sum is bitwise repeatable. Deadlock-free where a head's key-block programs
-    start in index order (block n - 1 before block n), as CTAs are dispatched."""
-    d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(1, layout))
-    c = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))
-    ptrs = DQ_ACC + (gl.expand_dims(d, 1) + gl.expand_dims((q_row + c).to(gl.int64) * HEAD_D, 0))
-    if n == 0:
-        gl.store(ptrs, dqt)
-    else:
-        while gl.atomic_add(TICKETS + ticket, 0, sem="acquire", scope="gpu") != n:
-            pass
-        gl.store(ptrs, gl.load(ptrs, cache_modifier=".cg") + dqt)
-    partition_barrier()
-    gl.atomic_add(TICKETS + ticket, 1, sem="release", scope="gpu")
+def _dq_ordered_block(i, NUM_N, S, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """DQ_ORDERED's query block at the program's step i: (c n + i) mod M for key block n, c = BLOCK_N / BLOCK_M,
+    M = S / BLOCK_M query blocks (causal: c n + i < M, the steps from the key block's diagonal on)."""
+    return ((BLOCK_N // BLOCK_M) * (gl.program_id(0) % NUM_N) + i) % (S // BLOCK_M)
 
 
 @gluon.jit
-def _dkdv_step_dq(i, m_blk, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, ds_smem, q_ready,
-                  do_ready, qdo_empty, qk_scale, DQ_ACC, TICKETS, ticket_row, n, q_row0, mma_s: gl.constexpr,
-                  op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                  STAGES: gl.constexpr, MASK: gl.constexpr, OVERLAP: gl.constexpr):
+def _ticket_wait(ticket, rank):
+    """Spin until the query block's ticket reads rank (ranks 0 .. rank-1 added; acquire, gpu scope)."""
+    while gl.atomic_add(ticket, 0, sem="acquire", scope="gpu") != rank:
+        pass
+
+
+@gluon.jit
+def _ticket_release(ticket):
+    """A barrier among the partition's warps (every warp's adds issued before it), then the ticket + 1 (release:
+    the adds visible to whoever acquires the next value)."""
+    partition_barrier()
+    gl.atomic_add(ticket, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def _dq_ordered_add(dqt, acc_head, ticket, m_blk, rank, S, layout: gl.constexpr, HEAD_D: gl.constexpr,
+                    BLOCK_M: gl.constexpr):
+    """A key block's share of dQ^T ([HEAD_D, BLOCK_M] fp32 in registers, unscaled, query block m_blk) added into
+    the head's columns of the transposed fp32 accumulator (acc_head: [HEAD_D, S], row-major), at its rank in the
+    block's fixed order: rank 0 stores; rank r > 0 waits until the block's ticket reads r, then adds; then the
+    ticket + 1. The wgmma layout's threads hold pairs of consecutive columns (queries): consecutive addresses
+    here, a quad's 8 columns one whole 32-byte sector."""
+    d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))
+    ptrs = acc_head + (gl.expand_dims(d * S, 1) + gl.expand_dims(m_blk * BLOCK_M + c, 0))
+    if rank == 0:
+        gl.store(ptrs, dqt)
+    else:
+        _ticket_wait(ticket, rank)
+        gl.store(ptrs, gl.load(ptrs, cache_modifier=".cg") + dqt)
+    _ticket_release(ticket)
+
+
+@gluon.jit
+def _dq_ordered_add_staged(dqt_smem, acc_head, ticket, m_blk, rank, S, W: gl.constexpr, HEAD_D: gl.constexpr,
+                           BLOCK_M: gl.constexpr):
+    """_dq_ordered_add from shared memory (DQ_DEFER: dqt_smem [HEAD_D, BLOCK_M] fp32, the previous step's share),
+    read in row chunks of 4 W rows in a layout of 16-byte vectors along the queries (a warp's two rows two whole
+    256-byte segments), 8 values a thread, so that it takes few registers while S^T and dP^T are in flight (2 W
+    rows: 16-40 bytes of stack, 8 W: 48-56, one chunk: 168-208). The compiled code keeps each chunk's loads after
+    the previous chunk's stores (it cannot tell them apart), so a rank > 0 add is 4 L2 round trips in a row."""
+    CHUNK: gl.constexpr = 4 * W
+    blk: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[2, 16], warps_per_cta=[W, 1],
+                                         order=[1, 0])
+    d = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, blk))
+    c = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, blk))
+    offs = gl.expand_dims(d * S, 1) + gl.expand_dims(m_blk * BLOCK_M + c, 0)
+    partition_barrier()  # every warp's share stored (the previous step, in the wgmma layout)
+    if rank == 0:
+        for j in gl.static_range(HEAD_D // CHUNK):
+            gl.store(acc_head + j * CHUNK * S + offs, dqt_smem.slice(j * CHUNK, CHUNK).load(blk))
+    else:
+        _ticket_wait(ticket, rank)
+        for j in gl.static_range(HEAD_D // CHUNK):
+            ptrs = acc_head + j * CHUNK * S + offs
+            gl.store(ptrs, gl.load(ptrs, cache_modifier=".cg") + dqt_smem.slice(j * CHUNK, CHUNK).load(blk))
+    _ticket_release(ticket)
+
+
+@gluon.jit
+def _dkdv_step_dq(i, i0, m_blk, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, ds_smem, dqt_smem,
+                  q_ready, do_ready, qdo_empty, qk_scale, acc_head, tickets_head, S, W: gl.constexpr,
+                  mma_s: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_D: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, OVERLAP: gl.constexpr,
+                  DEFER: gl.constexpr):
     """_dkdv_step with dQ's share computed here (DQ_ORDERED, dS rounded once): dS^T goes to shared memory
-    (ds_smem [BLOCK_N, BLOCK_M]), dK += dS^T Q and dQ^T = K^T dS^T are issued from it, and dQ^T is added in
-    key-block order (_dq_ordered_add) once the slot is handed back. m_blk: the query block (descending)."""
+    (ds_smem [BLOCK_N, BLOCK_M]), dK += dS^T Q and dQ^T = K^T dS^T are issued from it, and dQ^T is added at rank
+    i // c (_dq_ordered_add) once the slot is handed back. DEFER: the share goes to dqt_smem instead and is added
+    (_dq_ordered_add_staged) by the next step once its S^T and dP^T are issued, the L2 round trip and any ticket
+    wait under their tensor-core time (the last step's: _dkdv_consumer, after the loop); i0: the loop's first step,
+    which has none to add. m_blk: the query block (_dq_ordered_block)."""
     dtype: gl.constexpr = q_smem.dtype
+    C: gl.constexpr = BLOCK_N // BLOCK_M
     st = i % STAGES
-    ds, dv, p_op, q_t = _dkdv_front(i, offset, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem, q_ready,
-                                    do_ready, qk_scale, mma_s, op_layout, BLOCK_M, BLOCK_N, STAGES, MASK, OVERLAP)
+    s, dp = _dkdv_issue(i, k_smem, v_smem, q_smem, do_smem, q_ready, do_ready, mma_s, BLOCK_M, BLOCK_N, STAGES)
+    if DEFER:
+        if i > i0:  # the previous step's share
+            m_prev = (m_blk + S // BLOCK_M - 1) % (S // BLOCK_M)
+            _dq_ordered_add_staged(dqt_smem, acc_head, tickets_head + m_prev, m_prev, (i - 1) // C, S, W, HEAD_D,
+                                   BLOCK_M)
+    ds, dv, p_op, q_t = _dkdv_softmax(i, offset, s, dp, dv, q_smem, do_smem, lse_smem, dlt_smem, qk_scale, mma_s,
+                                      op_layout, BLOCK_M, BLOCK_N, STAGES, MASK, OVERLAP)
     ds_smem.store(ds.to(dtype))
     fence_async_shared()
     dk = warpgroup_mma(ds_smem, q_t, dk, is_async=True)
@@ -258,22 +369,26 @@ def _dkdv_step_dq(i, m_blk, offset, dk, dv, k_smem, v_smem, q_smem, do_smem, lse
                         use_acc=False, is_async=True)
     dv, dk, dqt, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dqt, p_op))
     mbarrier.arrive(qdo_empty.index(st), count=1)
-    _dq_ordered_add(dqt, DQ_ACC, TICKETS, ticket_row + m_blk, q_row0 + m_blk * BLOCK_M, n, mma_s, HEAD_D, BLOCK_M)
+    if DEFER:  # the add above has read the previous share (its release barrier)
+        dqt_smem.store(dqt)
+    else:
+        _dq_ordered_add(dqt, acc_head, tickets_head + m_blk, m_blk, i // C, S, mma_s, HEAD_D, BLOCK_M)
     return dk, dv
 
 
 @gluon.jit
 def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, lse_smem, dlt_smem, kv_bar, q_ready,
-                   do_ready, qdo_empty, dk_scale, dv_scale, qk_scale, S, NUM_N, ds_smem, DQ_ACC, TICKETS,
-                   W: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                   do_ready, qdo_empty, dk_scale, dv_scale, qk_scale, S, NUM_N, ds_smem, dqt_smem, DQ_ACC,
+                   TICKETS, W: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr,
-                   OUT_SEPARATE: gl.constexpr, DQ_ORDERED: gl.constexpr):
+                   OUT_SEPARATE: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_DEFER: gl.constexpr):
     """The consumer warp groups (W warps, keys on rows, W / 4 warp groups of 64 keys each): per query block,
     S^T = K Q^T and dP^T = V dO^T issued together, P^T = exp2(S^T c - lse2) while dP^T is on the tensor cores
     (OVERLAP), dV += P^T dO issued, dS^T = P^T (dP^T - delta) while it runs, dK += dS^T Q (two products with
     SPLIT_DS: hi, lo). Epilogue: dK dk_scale and dV dv_scale through K's and V's buffers, TMA stores (OUT_SEPARATE:
-    the outputs' dtype is not the inputs', one after the other through out_smem). DQ_ORDERED: the query blocks
-    last to first, dQ's share of each added into DQ_ACC in key-block order (_dkdv_step_dq; no dQ kernel)."""
+    the outputs' dtype is not the inputs', one after the other through out_smem). DQ_ORDERED: the query blocks in
+    the rotated order (_dq_ordered_block), dQ's share of each added into DQ_ACC at the program's rank there
+    (_dkdv_step_dq; no dQ kernel); DQ_DEFER: each share added during the next step."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, BLOCK_M, 16])
     mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
@@ -287,19 +402,27 @@ def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, 
     # causal: the first BLOCK_N / BLOCK_M query blocks cross the diagonal (masked, and serial: the mask's column
     # positions would make the overlapped step spill), the rest are whole
     n_diag = BLOCK_N // BLOCK_M if CAUSAL else 0
-    if DQ_ORDERED:  # last query block first: a head's key blocks meet each query block one after the other
-        n = gl.program_id(0) % NUM_N
-        ticket_row = (gl.program_id(0) // NUM_N) * (S // BLOCK_M)
-        m_top = S // BLOCK_M - 1
-        for i in range(0, n_steps - n_diag):
-            dk, dv = _dkdv_step_dq(i, m_top - i, 0, dk, dv, k_smem, v_smem, q_smem, do_smem, lse_smem, dlt_smem,
-                                   ds_smem, q_ready, do_ready, qdo_empty, qk_scale, DQ_ACC, TICKETS, ticket_row, n,
-                                   q_row0, mma_s, op_layout, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, OVERLAP)
-        for i in range(n_steps - n_diag, n_steps):  # the diagonal's blocks, masked and serial
-            dk, dv = _dkdv_step_dq(i, m_top - i, (m_top - i) * BLOCK_M - (k_row - q_row0), dk, dv, k_smem, v_smem,
-                                   q_smem, do_smem, lse_smem, dlt_smem, ds_smem, q_ready, do_ready, qdo_empty,
-                                   qk_scale, DQ_ACC, TICKETS, ticket_row, n, q_row0, mma_s, op_layout, BLOCK_M,
-                                   BLOCK_N, HEAD_D, STAGES, True, False)
+    if DQ_ORDERED:  # key block n at step i: query block (c n + i) mod M, rank i // c there
+        num_m = S // BLOCK_M
+        bh = gl.program_id(0) // NUM_N
+        acc_head = DQ_ACC + bh.to(gl.int64) * (HEAD_D * S)
+        tickets_head = TICKETS + bh * num_m
+        for i in range(0, n_diag):  # causal: the diagonal's blocks first, masked and serial
+            m_blk = _dq_ordered_block(i, NUM_N, S, BLOCK_M, BLOCK_N)
+            dk, dv = _dkdv_step_dq(i, 0, m_blk, m_blk * BLOCK_M - (k_row - q_row0), dk, dv, k_smem, v_smem, q_smem,
+                                   do_smem, lse_smem, dlt_smem, ds_smem, dqt_smem, q_ready, do_ready, qdo_empty,
+                                   qk_scale, acc_head, tickets_head, S, W, mma_s, op_layout, BLOCK_M, BLOCK_N, HEAD_D,
+                                   STAGES, True, False, False)
+        for i in range(n_diag, n_steps):
+            dk, dv = _dkdv_step_dq(i, n_diag, _dq_ordered_block(i, NUM_N, S, BLOCK_M, BLOCK_N), 0, dk, dv, k_smem,
+                                   v_smem, q_smem, do_smem, lse_smem, dlt_smem, ds_smem, dqt_smem, q_ready, do_ready,
+                                   qdo_empty, qk_scale, acc_head, tickets_head, S, W, mma_s, op_layout, BLOCK_M,
+                                   BLOCK_N, HEAD_D, STAGES, False, OVERLAP, DQ_DEFER)
+        if DQ_DEFER:  # the last step's share, where the loop above ran (causal's last key block: masked only)
+            if n_steps > n_diag:
+                m_last = _dq_ordered_block(n_steps - 1, NUM_N, S, BLOCK_M, BLOCK_N)
+                _dq_ordered_add_staged(dqt_smem, acc_head, tickets_head + m_last, m_last,
+                                       (n_steps - 1) // (BLOCK_N // BLOCK_M), S, W, HEAD_D, BLOCK_M)
     for i in range(0, n_diag if not DQ_ORDERED else 0):
         dk, dv = _dkdv_step(i, (m0 + i) * BLOCK_M - (k_row - q_row0), dk, dv, k_smem, v_smem, q_smem, do_smem,
                             lse_smem, dlt_smem, q_ready, do_ready, qdo_empty, qk_scale, mma_s, op_layout, BLOCK_M,
@@ -330,12 +453,13 @@ def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, 
 def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, dk_scale, dv_scale, qk_scale, S,
                  NUM_N, DQ_ACC, TICKETS, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr,
-                 OUT_SEPARATE: gl.constexpr, DQ_ORDERED: gl.constexpr, LOAD_REGS: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 OUT_SEPARATE: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_DEFER: gl.constexpr,
+                 LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
     """One program a (key block, batch x head) tile, NUM_N key blocks a head; descriptors over [B*H*S, D] views.
     OUT_SEPARATE: dk_desc / dv_desc hold another dtype than the inputs (one more [BLOCK_N, D] buffer).
-    DQ_ORDERED: DQ_ACC (fp32 [B*H*S, D]) and TICKETS (int32 [B*H*S / BLOCK_M], zeros) take dQ (one more
-    [BLOCK_N, BLOCK_M] buffer, dS^T's); else LSE stands in for both, unused."""
+    DQ_ORDERED: DQ_ACC (fp32 [B*H, D, S]: dQ^T a head) and TICKETS (int32 [B*H*S / BLOCK_M], zeros) take dQ (one
+    more [BLOCK_N, BLOCK_M] buffer, dS^T's); else LSE stands in for both, unused. The grid is head-major, key
+    blocks fastest (_dkdv_tile), so a head's programs start before any later head's (the deadlock argument)."""
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_D], v_desc.layout)
     if OUT_SEPARATE:
@@ -352,6 +476,11 @@ def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, 
         ds_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, BLOCK_M], ds_layout)
     else:
         ds_smem = k_smem  # not used
+    if DQ_DEFER:  # 8-byte pairs swizzled by row: the wgmma layout's stores (8 rows x 4 pairs) hit distinct banks
+        dqt_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])
+        dqt_smem = gl.allocate_shared_memory(gl.float32, [HEAD_D, BLOCK_M], dqt_layout)
+    else:
+        dqt_smem = k_smem  # not used
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -363,9 +492,9 @@ def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, 
         mbarrier.init(qdo_empty.index(st), count=1)
     gl.warp_specialize([
         (_dkdv_consumer, (dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, lse_smem, dlt_smem, kv_bar,
-                          q_ready, do_ready, qdo_empty, dk_scale, dv_scale, qk_scale, S, NUM_N, ds_smem, DQ_ACC,
-                          TICKETS, num_warps, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, SPLIT_DS, OVERLAP,
-                          OUT_SEPARATE, DQ_ORDERED)),
+                          q_ready, do_ready, qdo_empty, dk_scale, dv_scale, qk_scale, S, NUM_N, ds_smem,
+                          dqt_smem, DQ_ACC, TICKETS, num_warps, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, SPLIT_DS,
+                          OVERLAP, OUT_SEPARATE, DQ_ORDERED, DQ_DEFER)),
         (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
                         dlt_smem, kv_bar, q_ready, do_ready, qdo_empty, S, NUM_N, BLOCK_M, BLOCK_N, STAGES,
                         CAUSAL, DQ_ORDERED)),
@@ -520,14 +649,36 @@ def _dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, LSE, DELTA, dq_scale, q
 
 
 @triton.jit
-def _dq_finish_kernel(ACC, DQ, N, scale, BLOCK: tl.constexpr):
-    """dq = acc * scale in dq's dtype (dq_ordered's fp32 accumulator; scale = sm_scale x grad_scale)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    tl.store(DQ + offs, (tl.load(ACC + offs, mask=mask) * scale).to(DQ.dtype.element_ty), mask=mask)
+def _dq_finish_kernel(ACC, DQ, S, scale, HEAD_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """dq[bh, s, d] = acc[bh, d, s] * scale in dq's dtype: dq_ordered's fp32 dQ^T accumulator [B*H, D, S]
+    transposed (scale = sm_scale x grad_scale). Program (j, bh): queries j BLOCK_S .. + BLOCK_S of head bh, a
+    [BLOCK_S, HEAD_D] tile loaded through the transposed strides (Triton's coalescing gives the load and the store
+    each its contiguous dimension, the transpose going through shared memory); queries past S masked."""
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    cols = tl.arange(0, HEAD_D)
+    mask = rows[:, None] < S
+    acc = tl.load(ACC + bh * HEAD_D * S + (cols[None, :] * S + rows[:, None]), mask=mask)
+    tl.store(DQ + bh * S * HEAD_D + (rows[:, None] * HEAD_D + cols[None, :]), (acc * scale).to(DQ.dtype.element_ty),
+             mask=mask)
 
 
-FINISH_BLOCK = 4096
+FINISH_BLOCK_S = 64  # queries a _dq_finish_kernel program (32 fp32 a thread at D 128, 8 warps)
+
+
+def dq_finish(acc: torch.Tensor, dq: torch.Tensor, scale: float, block_s: int = FINISH_BLOCK_S) -> torch.Tensor:
+    """dq [B, H, S, D] (contiguous; bf16, fp16 or fp32) = acc [B*H, D, S] fp32 transposed, times scale."""
+    bh, d, s = acc.shape
+    _dq_finish_kernel[(triton.cdiv(s, block_s), bh)](acc, dq, s, scale, HEAD_D=d, BLOCK_S=block_s, num_warps=8)
+    return dq
+
+
+def dq_ordered_schedule(num_n: int, num_m: int, causal: bool) -> list[list[tuple[int, int]]]:
+    """dq_ordered's schedule, as the kernel computes it: for key block n, its steps' (query block, rank) in order,
+    query block (c n + i) mod M at step i (c = M / N), rank i // c (non-causal: i in 0 .. M-1; causal:
+    i in 0 .. M-1-c n, from the diagonal on). The mirror in tests/test_attention_gluon_bwd.py adds in this order."""
+    c = num_m // num_n
+    return [[((c * n + i) % num_m, i // c) for i in range(num_m - (c * n if causal else 0))] for n in range(num_n)]
 
 
 # ---- variants (benchmarks/sweep_attention_gluon_bwd.py checks and times them; tests compile them for sm_90) -----
@@ -541,6 +692,7 @@ VARIANTS = {
 
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 HOPPER_SMEM = 232448  # bytes of shared memory a block may use on sm_90
+DQ_DEFER_DEFAULT = True  # dq_ordered's dq_defer when not given (the guess at the faster; not measured)
 
 
 def bwd_smem_bytes(head_dim: int, kept: int, streamed: int, stages: int, dkdv: bool, out_separate: bool) -> int:
@@ -563,15 +715,27 @@ def fits(knobs: dict, head_dim: int = 128, out_separate: bool = False) -> bool:
                               out_separate)) <= HOPPER_SMEM
 
 
+def check_co_resident(key_blocks: int, sm_count: int) -> None:
+    """dq_ordered's programs of a head wait on each other (the module docstring's deadlock argument), so a head's
+    key_blocks programs must be resident at once: ValueError where they are more than the device's SMs (the dK/dV
+    kernel runs one program an SM)."""
+    if key_blocks > sm_count:
+        raise ValueError(f"attention_bwd_gluon: dq_ordered needs a head's {key_blocks} key-block programs resident "
+                         f"at once, more than the device's {sm_count} SMs: use S <= {128 * sm_count} or "
+                         "dq_ordered=False")
+
+
 def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stages: int = 2, dq_block_m: int = 128,
                       dq_block_n: int = 64, dq_stages: int = 2, overlap: bool = True, split_ds: bool = True,
-                      maxnreg: int | None = None, out_separate: bool = False, dq_ordered: bool = False
-                      ) -> tuple[dict, dict]:
+                      maxnreg: int | None = None, out_separate: bool = False, dq_ordered: bool = False,
+                      dq_defer: bool = DQ_DEFER_DEFAULT) -> tuple[dict, dict]:
     """(dK/dV kernel's constexprs and launch options, dQ kernel's) of one variant; ValueError where it is not one
     these kernels have: the consumers are 8 warps (two 64-row warp groups) over the 128 rows a program keeps
     (block_n keys in dK/dV, dq_block_m queries in dQ), the streamed blocks 64 or 128 rows, the shared memory
     within the 227 KB a block may use (out_separate: one more kept-row buffer, for outputs of another dtype).
-    dq_ordered: dQ in the dK/dV kernel (DQ_ORDERED; dS rounded once, D 128; no dQ kernel: its knobs unused)."""
+    dq_ordered: dQ in the dK/dV kernel (DQ_ORDERED; dS rounded once, D 128; no dQ kernel: its knobs unused);
+    dq_defer: each step's dQ share added during the next step (DQ_DEFER; ignored without dq_ordered, so that a
+    knob set can carry it to the bf16 path, which drops dq_ordered)."""
     if dq_ordered and (split_ds or head_dim != 128):
         raise ValueError("attention_bwd_gluon: dq_ordered takes dS rounded once (split_ds=False) at head dim 128")
     if head_dim not in (64, 128):
@@ -586,8 +750,8 @@ def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stag
         raise ValueError(f"attention_bwd_gluon: stages >= 1 (got {stages}, {dq_stages})")
     for what, kept, streamed, st in (("dK/dV", block_n, block_m, stages), ("dQ", dq_block_m, dq_block_n, dq_stages)):
         smem = bwd_smem_bytes(head_dim, kept, streamed, st, what == "dK/dV", out_separate)
-        if dq_ordered and what == "dK/dV":  # dS^T's tile
-            smem += 2 * kept * streamed
+        if dq_ordered and what == "dK/dV":  # dS^T's tile (and dq_defer's fp32 dQ^T)
+            smem += 2 * kept * streamed + (4 * head_dim * streamed if dq_defer else 0)
         if smem > HOPPER_SMEM:
             raise ValueError(f"attention_bwd_gluon: the {what} kernel's {smem} bytes of shared memory at {kept} kept "
                              f"rows, {streamed} x {st} stages")
@@ -595,7 +759,8 @@ def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stag
         maxnreg = 168
     common = dict(OVERLAP=bool(overlap), SPLIT_DS=bool(split_ds), OUT_SEPARATE=bool(out_separate), LOAD_REGS=24,
                   num_warps=8, maxnreg=maxnreg)
-    return (dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_ORDERED=bool(dq_ordered), **common),
+    return (dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_ORDERED=bool(dq_ordered),
+                 DQ_DEFER=bool(dq_ordered and dq_defer), **common),
             dict(BLOCK_M=dq_block_m, BLOCK_N=dq_block_n, STAGES=dq_stages, **common))
 
 
@@ -610,9 +775,11 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a multiple of every block size; else
     ValueError. split_ds: dS enters the dK and dQ products as two operands (its rounding and the rest: the
     `precise` backward), else rounded once. knobs: bwd_launch_config's (block_m, block_n, stages, dq_block_m,
-    dq_block_n, dq_stages, overlap, maxnreg, dq_ordered). out: (dq, dk, dv) to write into (contiguous, q's shape,
-    out_dtype). dq_ordered: dQ's share of each step added in key-block order into an fp32 accumulator by the dK/dV
-    kernel (no S and dP recompute; bitwise repeatable), then _dq_finish_kernel; NOT MEASURED ON THE GPU.
+    dq_block_n, dq_stages, overlap, maxnreg, dq_ordered, dq_defer). out: (dq, dk, dv) to write into (contiguous,
+    q's shape, out_dtype). dq_ordered: dQ's share of each step added at the program's rank (the module docstring's
+    rotated order) into a transposed fp32 accumulator by the dK/dV kernel (no S and dP recompute; bitwise
+    repeatable), then _dq_finish_kernel; ValueError where a head's key blocks outnumber the SMs (check_co_resident);
+    v2 NOT MEASURED ON THE GPU.
     out_dtype (bf16 / fp16; q's by default): the gradients' dtype, e.g. bf16 from fp16 working copies
     (attention_fwd_bwd_gluon). grad_scale: every gradient is multiplied by it before its rounding (the inverse of
     a power-of-two scale the caller gave do)."""
@@ -640,6 +807,8 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
         raise ValueError(f"attention_bwd_gluon: sm_scale must be positive, not {scale}")
     if not all(t.is_cuda for t in (do, q, k, v, lse2, delta)):
         raise ValueError("attention_bwd_gluon: Gluon kernels run on CUDA devices only (no CPU interpreter)")
+    if cfg_kv["DQ_ORDERED"]:
+        check_co_resident(s // cfg_kv["BLOCK_N"], torch.cuda.get_device_properties(q.device).multi_processor_count)
     if out is None:
         dq, dk, dv = (torch.empty(q.shape, dtype=out_dtype, device=q.device) for _ in range(3))
     else:
@@ -657,8 +826,8 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
 
     m1, n1 = cfg_kv["BLOCK_M"], cfg_kv["BLOCK_N"]
     num_n = s // n1
-    if cfg_kv["DQ_ORDERED"]:
-        dq_acc = torch.empty((rows, d), dtype=torch.float32, device=q.device)
+    if cfg_kv["DQ_ORDERED"]:  # every column of the accumulator has a rank-0 store: no zeroing
+        dq_acc = torch.empty((b * h, d, s), dtype=torch.float32, device=q.device)
         tickets = torch.zeros(rows // m1, dtype=torch.int32, device=q.device)
     else:
         dq_acc = tickets = lse2  # not read
@@ -667,9 +836,7 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
         lse2, delta, scale * grad_scale, grad_scale, scale * LOG2E, s, num_n, dq_acc, tickets, HEAD_D=d,
         CAUSAL=bool(causal), **cfg_kv)
     if cfg_kv["DQ_ORDERED"]:
-        n = rows * d
-        _dq_finish_kernel[(triton.cdiv(n, FINISH_BLOCK),)](dq_acc, dq, n, scale * grad_scale, BLOCK=FINISH_BLOCK,
-                                                            num_warps=8)
+        dq_finish(dq_acc, dq, scale * grad_scale)
         return dq, dk, dv
     m2, n2 = cfg_q["BLOCK_M"], cfg_q["BLOCK_N"]
     num_m = s // m2
