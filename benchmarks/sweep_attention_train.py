@@ -65,6 +65,9 @@ def candidates(causal: bool) -> dict:
                                                                                      dq_defer=True))}
     if causal:
         rows["gluon fp16 delta o, fwd pingpong s2"] = gluon("fp16", "o", fwd=dict(consumers=2))
+        for g in (4, 8):  # the causal programs heaviest first across groups of heads (_group_order)
+            rows[f"gluon fp16 delta o, bwd grouped by {g}"] = gluon("fp16", "o", bwd=dict(dq_block_n=128,
+                                                                                       group_heads=g))
     else:
         rows["gluon fp16 delta o, fwd persistent"] = gluon("fp16", "o", fwd=dict(consumers=2, pingpong=False,
                                                                                 persistent=True))

@@ -237,8 +237,9 @@ def _fa3_loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem
 
 
 @gluon.jit
-def _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
-                  v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, CID: gl.constexpr, W: gl.constexpr,
+def _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+                  k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, CID: gl.constexpr,
+                  W: gl.constexpr,
                   M_C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
                   WITH_DELTA: gl.constexpr, DELTA_O: gl.constexpr, DO_CAST: gl.constexpr):
@@ -355,15 +356,15 @@ def _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_sme
 
 
 @gluon.jit
-def _fa3_consumer1(o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready,
-                   v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C: gl.constexpr,
+def _fa3_consumer1(o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+                   k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                    CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, WITH_DELTA: gl.constexpr,
                    DELTA_O: gl.constexpr, DO_CAST: gl.constexpr):
     """The second ping-pong consumer (a 4-warp worker partition): rows M_C .. 2 M_C - 1 of each tile."""
-    _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                  k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 1, 4, M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                  CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O, DO_CAST)
+    _fa3_consumer(o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
+                  k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 1, 4, M_C, BLOCK_M,
+                  BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O, DO_CAST)
 
 
 @gluon.jit
@@ -378,8 +379,8 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, DO1
     (row bh * S + s); q_desc / o_desc / do_desc blocks are one consumer's M_C = BLOCK_M / CONSUMERS rows.
     WITH_DELTA: do_desc and DELTA ([B*H*S] fp32) are read and written (else q_desc and LSE stand in, unused);
     DELTA_O: DO (dO's [B*H*S, D] storage) and DELTA (else LSE stands in for both, unused); DO_CAST: DO16 (dO's
-    copy in q's dtype, times DO_SCALE[0], an fp32 read on the device) written (else LSE stands in, unused). o_desc's dtype may differ from q's
-    (PERSISTENT: o has its own buffer)."""
+    copy in q's dtype, times DO_SCALE[0], an fp32 read on the device) written (else LSE stands in, unused).
+    o_desc's dtype may differ from q's (PERSISTENT: o has its own buffer)."""
     M_C: gl.constexpr = BLOCK_M // CONSUMERS
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, M_C, HEAD_D], q_desc.layout)
     if PERSISTENT:
@@ -412,27 +413,27 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, do_desc, DELTA, DO, DO1
 
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
-                             k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps,
-                             M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT, WITH_DELTA, DELTA_O,
-                             DO_CAST)),
+            (_fa3_consumer, (o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars,
+                             q_empty, k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0,
+                             num_warps, M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, False, PERSISTENT, WITH_DELTA,
+                             DELTA_O, DO_CAST)),
             (_fa3_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bars, q_empty,
                            k_ready, v_ready, k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES,
                            CONSUMERS, CAUSAL, PERSISTENT, WITH_DELTA)),
         ], [1], [LOAD_REGS])
     else:
         gl.warp_specialize([
-            (_fa3_consumer, (o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
-                             k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0, num_warps,
-                             M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA,
-                             DELTA_O, DO_CAST)),
+            (_fa3_consumer, (o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars,
+                             q_empty, k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, 0,
+                             num_warps, M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT,
+                             WITH_DELTA, DELTA_O, DO_CAST)),
             (_fa3_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bars, q_empty,
                            k_ready, v_ready, k_empty, v_empty, S, NUM_M, TILES, M_C, BLOCK_M, BLOCK_N, STAGES,
                            CONSUMERS, CAUSAL, PERSISTENT, WITH_DELTA)),
-            (_fa3_consumer1, (o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem, q_bars, q_empty,
-                              k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M, TILES, M_C, BLOCK_M,
-                              BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA, DELTA_O,
-                              DO_CAST)),
+            (_fa3_consumer1, (o_desc, LSE, DELTA, DO, DO16, DO_SCALE, q_smem, o_smem, do_smem, k_smem, v_smem,
+                              q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, turn_bars, qk_scale, S, NUM_M,
+                              TILES, M_C, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL, PINGPONG, PERSISTENT, WITH_DELTA,
+                              DELTA_O, DO_CAST)),
         ], [1, 4], [LOAD_REGS, MMA_REGS])
 
 

@@ -188,6 +188,8 @@ def compile_cases() -> list[tuple[str, dict, bool, int]]:
     cases += [(f"{name} fp16 dq ordered{' deferred' if defer else ''}{' causal' if causal else ''}",
                dict(kw, split_ds=False, out_separate=True, dq_ordered=True, dq_defer=defer), causal, 128)
               for name, kw in list(GB.VARIANTS.items())[:1] for defer in (False, True) for causal in (False, True)]
+    cases += [(f"{name} fp16 grouped by 4 causal", dict(kw, split_ds=False, out_separate=True, group_heads=4), True,
+               128) for name, kw in list(GB.VARIANTS.items())[:1]]
     return cases
 
 
@@ -469,6 +471,25 @@ def test_sweep_smoke_resolves_every_row():
         auto = torch.autograd.grad(o, leaves, do)
         for got, want in zip(SWEEP.truth(q, k, v, do, causal, chunk=1), auto):
             assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+@needs_sm90
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_grouped_order_is_bitwise_the_head_order_on_the_gpu(group):
+    """group_heads only reorders the causal programs (heaviest first across groups of heads; the last group smaller
+    where the heads do not divide): each program's maths is unchanged, so dq, dk and dv are bitwise the head-major
+    call's, and every tile is written (the outputs are NaN-poisoned first). GPU-only."""
+    from seeds.attention_gluon import attention_fwd_gluon
+
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(2, 5, 1024, 128, device="cuda").to(torch.float16) for _ in range(4))
+    _, lse2, delta = attention_fwd_gluon(q, k, v, True, do=do, delta_from="o")
+    kw = dict(split_ds=False, out_dtype=torch.bfloat16)
+    plain = GB.attention_bwd_gluon(do, q, k, v, lse2, delta, True, **kw)
+    out = tuple(torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    got = GB.attention_bwd_gluon(do, q, k, v, lse2, delta, True, out=out, group_heads=group, **kw)
+    for name, a, b in zip(("dq", "dk", "dv"), got, plain):
+        assert torch.equal(a, b), f"group_heads={group}: {name} differs from the head-major order's"
 
 
 @needs_sm90
