@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # The next H200 call for issue 6's causal fwd+bwd target (written in session 10 when its device time was spent;
-# NOT RUN YET): the grouped program order's GPU-only test (group_heads: bitwise the head-major order's), the causal
-# sweep's fp16 delta-o rows (head-major against grouped by 4 and 8), and `crucible bench` of the grouped candidate
-# on the causal task next to the seed. Logs in $OUT.
-#   bash benchmarks/gpu_session11a.sh      (repo root, one H200, .whl carried; about 6 minutes)
+# NOT RUN YET): the GPU-only test of the program order and of pdl (group_heads, the dQ kernel by programmatic
+# dependent launch: bitwise the plain call's), the sweep's fp16 delta-o rows (head-major against grouped by 4 and
+# 8, pdl), and `crucible bench` of the seed, the grouped candidate (causal) and the pdl candidate (both tasks).
+# Logs in $OUT.
+#   bash benchmarks/gpu_session11a.sh      (repo root, one H200, .whl carried; about 10 minutes: past one call's
+#   600 s, so run it as two calls: BENCH=0 (tests and sweep), then BENCH=only (tests and benches))
 set -uo pipefail
 OUT=${OUT:-runs/gpu-session11a}; mkdir -p "$OUT"; export OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 CRUCIBLE_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_attention_gluon_bwd.py \
-  -k grouped_order > "$OUT/tests.log" 2>&1; rc=$?; echo "grouped tests rc=$rc" >> "$OUT/tests.log"
-skip=ordered; [ "$rc" = 0 ] || skip="ordered,grouped"
-timeout 200 python3 benchmarks/sweep_attention_train.py --budget 150 --mode causal --only "fp16 delta o" \
-  --skip "$skip" > "$OUT/sweep.log" 2>&1
-OUT="$OUT/b" bash benchmarks/gpu_bench_tasks.sh "attention_fwd_bwd_causal attention_bwd eager 100" > "$OUT/bench.log" 2>&1
-if [ "$rc" = 0 ]; then
+  -k program_order_and_pdl > "$OUT/tests.log" 2>&1; rc=$?; echo "order / pdl tests rc=$rc" >> "$OUT/tests.log"
+skip=ordered; [ "$rc" = 0 ] || skip="ordered,grouped,pdl"
+[ "${BENCH:-1}" = only ] || timeout 240 python3 benchmarks/sweep_attention_train.py --budget 200 \
+  --only "fp16 delta o" --skip "$skip,prep two,s4" > "$OUT/sweep.log" 2>&1
+[ "${BENCH:-1}" = 0 ] || OUT="$OUT/b" bash benchmarks/gpu_bench_tasks.sh \
+  "attention_fwd_bwd_causal attention_bwd eager 100" > "$OUT/bench.log" 2>&1
+if [ "$rc" = 0 ] && [ "${BENCH:-1}" != 0 ]; then
   OUT="$OUT/c" SEEDS=benchmarks/candidates bash benchmarks/gpu_bench_tasks.sh \
-    "attention_fwd_bwd_causal attention_train_grouped eager 100" >> "$OUT/bench.log" 2>&1
+    "attention_fwd_bwd_causal attention_train_grouped eager 100" \
+    "attention_fwd_bwd_causal attention_train_pdl eager 100" "attention_fwd_bwd attention_train_pdl eager 100" \
+    >> "$OUT/bench.log" 2>&1
 fi
-tail -3 "$OUT/tests.log"; grep -v "^\[" "$OUT/sweep.log" | tail -14; cat "$OUT/bench.log"
+tail -3 "$OUT/tests.log"; grep -v "^\[" "$OUT/sweep.log" 2>/dev/null | tail -24; cat "$OUT/bench.log" 2>/dev/null

@@ -63,11 +63,12 @@ def candidates(causal: bool) -> dict:
             "gluon fp16 delta o, dQ ordered v2": gluon("fp16", "o", bwd=dict(dq_ordered=True, dq_defer=False)),
             "gluon fp16 delta o, dQ ordered v2 deferred": gluon("fp16", "o", bwd=dict(dq_ordered=True,
                                                                                      dq_defer=True))}
+    rows["gluon fp16 delta o, bwd pdl"] = gluon("fp16", "o", bwd=dict(dq_block_n=128, pdl=True))
     if causal:
         rows["gluon fp16 delta o, fwd pingpong s2"] = gluon("fp16", "o", fwd=dict(consumers=2))
-        for g in (4, 8):  # the causal programs heaviest first across groups of heads (_group_order)
-            rows[f"gluon fp16 delta o, bwd grouped by {g}"] = gluon("fp16", "o", bwd=dict(dq_block_n=128,
-                                                                                       group_heads=g))
+        for g, pdl in ((4, False), (8, False), (4, True)):  # causal programs heaviest first across groups of heads
+            rows[f"gluon fp16 delta o, bwd grouped by {g}{' + pdl' if pdl else ''}"] = gluon(
+                "fp16", "o", bwd=dict(dq_block_n=128, group_heads=g, pdl=pdl))
     else:
         rows["gluon fp16 delta o, fwd persistent"] = gluon("fp16", "o", fwd=dict(consumers=2, pingpong=False,
                                                                                 persistent=True))

@@ -62,7 +62,9 @@ L2.
   blocks last to first, so a head's N programs wanted the same block's ticket at once and queued (rank = key block
   index); and the accumulator was [B*H*S, D] row-major while the wgmma layout's threads hold pairs of consecutive
   columns of dQ^T [D, BLOCK_M] (queries), 512 bytes apart there: one 32-byte sector an element, 8x the traffic.
-- v2 (this code; NOT MEASURED ON THE GPU YET). Rotated order: with c = BLOCK_N / BLOCK_M (2), M = S / BLOCK_M query
+- v2 (this code; run BI: correct on 8 GPU configurations, no hang at 64 key blocks a head, but still slower than
+  the dQ kernel: `crucible bench` deferred 11.21 ms non-causal, 6.03 causal, against 8.54 / 4.88 for the seed;
+  the seed does not take it). Rotated order: with c = BLOCK_N / BLOCK_M (2), M = S / BLOCK_M query
   blocks and N = S / BLOCK_N key blocks (M = c N), key block n at step i takes query block m = (c n + i) mod M
   (non-causal, i = 0 .. M-1; causal: m = c n + i, i = 0 .. M-1-c n, from its diagonal on, the first c steps the
   diagonal's masked ones as in the plain path). Algebra: write m = c a + b (0 <= b < c). Non-causal, the step at
@@ -93,7 +95,11 @@ L2.
   bf16 outputs (214.3 KB deferred); ptxas (3.6) reports no serialised wgmma.
 Knobs (attention_bwd_gluon keywords; VARIANTS names the sweep's set): block_m (64; 128), stages (2; the ring
 within 227 KB: 4 at 64-row blocks), dq_block_n (64 or 128), dq_stages (2; 3 at 64-row blocks), overlap (True;
-False: wait(0) after every issue, the serial control), maxnreg (168), and split_ds. block_n and dq_block_m are 128
+False: wait(0) after every issue, the serial control), maxnreg (168), split_ds, and group_heads (0: head by head;
+G: causal programs heaviest first across groups of G heads, _group_order; NOT MEASURED ON THE GPU), and pdl (the
+dQ kernel's programs on the SMs the dK/dV grid's last wave leaves idle; NOT MEASURED ON THE GPU). The dQ
+kernel's causal diagonal blocks take dS as hi + lo whatever split_ds (run BH: dS rounded once lost dq's few-key
+rows, where the dS sum to zero). block_n and dq_block_m are 128
 (the two consumer warp groups).
 Compiled for sm_90 (tests/test_attention_gluon_bwd.py, triton 3.9 and, by hand, 3.6): every variant at 168
 registers a thread at launch (setmaxnreg 240 consumer / 24 producer), no spills (local 0, stack 0), wgmma.wait_group
@@ -472,12 +478,18 @@ def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, 
                  NUM_N, DQ_ACC, TICKETS, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DS: gl.constexpr, OVERLAP: gl.constexpr,
                  OUT_SEPARATE: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_DEFER: gl.constexpr,
-                 GROUP: gl.constexpr, LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
+                 GROUP: gl.constexpr, PDL: gl.constexpr, LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
     """One program a (key block, batch x head) tile, NUM_N key blocks a head; descriptors over [B*H*S, D] views.
     OUT_SEPARATE: dk_desc / dv_desc hold another dtype than the inputs (one more [BLOCK_N, D] buffer).
     DQ_ORDERED: DQ_ACC (fp32 [B*H, D, S]: dQ^T a head) and TICKETS (int32 [B*H*S / BLOCK_M], zeros) take dQ (one
     more [BLOCK_N, BLOCK_M] buffer, dS^T's); else LSE stands in for both, unused. The grid is head-major, key
-    blocks fastest (_dkdv_tile), so a head's programs start before any later head's (the deadlock argument)."""
+    blocks fastest (_dkdv_tile), so a head's programs start before any later head's (the deadlock argument).
+    PDL: each program lets the next kernel launch as soon as it has started (griddepcontrol.launch_dependents):
+    the dQ kernel, launched with programmatic dependent launch, reads nothing this one writes, so its programs
+    may take the SMs this grid's last wave leaves idle."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_D], v_desc.layout)
     if OUT_SEPARATE:
@@ -747,7 +759,8 @@ def check_co_resident(key_blocks: int, sm_count: int) -> None:
 def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stages: int = 2, dq_block_m: int = 128,
                       dq_block_n: int = 64, dq_stages: int = 2, overlap: bool = True, split_ds: bool = True,
                       maxnreg: int | None = None, out_separate: bool = False, dq_ordered: bool = False,
-                      dq_defer: bool = DQ_DEFER_DEFAULT, group_heads: int = 0) -> tuple[dict, dict]:
+                      dq_defer: bool = DQ_DEFER_DEFAULT, group_heads: int = 0, pdl: bool = False
+                      ) -> tuple[dict, dict]:
     """(dK/dV kernel's constexprs and launch options, dQ kernel's) of one variant; ValueError where it is not one
     these kernels have: the consumers are 8 warps (two 64-row warp groups) over the 128 rows a program keeps
     (block_n keys in dK/dV, dq_block_m queries in dQ), the streamed blocks 64 or 128 rows, the shared memory
@@ -756,7 +769,8 @@ def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stag
     dq_defer: each step's dQ share added during the next step (DQ_DEFER; ignored without dq_ordered, so that a
     knob set can carry it to the bf16 path, which drops dq_ordered). group_heads: causal programs ordered
     heaviest first across groups of that many heads (GROUP, _group_order; 0: head by head; not with dq_ordered,
-    whose tickets need a head's programs to start together)."""
+    whose tickets need a head's programs to start together). pdl: the dQ kernel launched with programmatic
+    dependent launch once every dK/dV program has started (PDL; its launch option launch_pdl)."""
     if group_heads < 0 or (group_heads and dq_ordered):
         raise ValueError(f"attention_bwd_gluon: group_heads is 0 or a positive head count, and 0 with dq_ordered "
                          f"(got {group_heads})")
@@ -784,7 +798,7 @@ def bwd_launch_config(head_dim: int, block_m: int = 64, block_n: int = 128, stag
     common = dict(OVERLAP=bool(overlap), SPLIT_DS=bool(split_ds), OUT_SEPARATE=bool(out_separate), LOAD_REGS=24,
                   num_warps=8, maxnreg=maxnreg, GROUP=int(group_heads))
     return (dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_ORDERED=bool(dq_ordered),
-                 DQ_DEFER=bool(dq_ordered and dq_defer), **common),
+                 DQ_DEFER=bool(dq_ordered and dq_defer), PDL=bool(pdl and not dq_ordered), **common),
             dict(BLOCK_M=dq_block_m, BLOCK_N=dq_block_n, STAGES=dq_stages, **common))
 
 
@@ -799,7 +813,7 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     Dense [B, H, S, D] bf16/fp16 CUDA tensors of one shape, D 64 or 128, S a multiple of every block size; else
     ValueError. split_ds: dS enters the dK and dQ products as two operands (its rounding and the rest: the
     `precise` backward), else rounded once. knobs: bwd_launch_config's (block_m, block_n, stages, dq_block_m,
-    dq_block_n, dq_stages, overlap, maxnreg, dq_ordered, dq_defer, group_heads). out: (dq, dk, dv) to write into
+    dq_block_n, dq_stages, overlap, maxnreg, dq_ordered, dq_defer, group_heads, pdl). out: (dq, dk, dv) to write into
     (contiguous, q's shape, out_dtype). dq_ordered: dQ's share of each step added at the program's rank (the
     module docstring's rotated order) into a transposed fp32 accumulator by the dK/dV kernel (no S and dP
     recompute; bitwise repeatable), then _dq_finish_kernel; ValueError where a head's key blocks outnumber the SMs
@@ -866,5 +880,6 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     num_m = s // m2
     _dq_kernel[(num_m * b * h,)](
         desc(q2, m2), desc(do2, m2), desc(k2, n2), desc(v2, n2), desc(dq.view(rows, d), m2), lse2, delta,
-        scale * grad_scale, scale * LOG2E, s, num_m, HEAD_D=d, CAUSAL=bool(causal), **cfg_q)
+        scale * grad_scale, scale * LOG2E, s, num_m, HEAD_D=d, CAUSAL=bool(causal), **cfg_q,
+        **({"launch_pdl": True} if cfg_kv["PDL"] else {}))
     return dq, dk, dv

@@ -14,15 +14,23 @@ fails there):
   written as bf16 (q's dtype). delta comes from the forward's dP (delta="dp") or as rowsum(dO o O) from the
   forward's unrounded fp32 o in its epilogue (delta="o": the forward's 2 products alone).
   Taken only where it loses nothing: every input finite, within 2^15, and e >= 0 (fp16_exponent); else "bf16".
-"auto" picks fp16 where fp16_exponent allows it, else bf16. The fp16 path's preparation is two Triton launches
-over the four inputs: _amax4_kernel (the largest magnitudes, NaN counted as inf; one host sync to read them) and
-_to_fp16_kernel (the copies, do times 2^e); o comes back as fp16 and is copied to bf16.
-Measured on the H200 (docs/BENCHMARKS.md runs BA-BD; B4 H32 S4096 D128; the fwd+bwd tasks accepted every variant
-`crucible check` / `crucible bench` saw): `crucible bench` fp16 + delta from o 8.874 ms = 433.7 TFLOP/s
-non-causal (0.805x cuDNN SDPA), 5.148 ms = 373.8 causal (0.781x); do_bench bf16 precise 11.367 / 5.930 ms, fp16
-+ dP 10.058 / 5.728, fp16 + o 8.852 / 5.056. Where the time goes (fp16 + o, do_bench): preparation 0.53 ms
-(the two kernels at about 1.5-2 TB/s: 170 + 255 us; a launch a tensor, prep_split, is no faster), forward
-1.84 / 0.99, backward 6.47 / 3.46 (7 products: the dQ kernel recomputes S and dP).
+"auto" picks fp16 where fp16_exponent allows it, else bf16. The fp16 path's preparation (prep="fused", the
+default with delta "o"): one Triton launch copies q, k, v to fp16 while it takes the four inputs' largest
+magnitudes (_copy_amax_kernel, NaN counted as inf: each input read once), _exponent_kernel computes e from them on
+the device, and the forward is launched before the host has e: its epilogue reads bf16 dO, writes dO's fp16 copy
+times 2^e (read from device memory) and takes delta from it, and writes o as bf16. e reaches the host through
+pinned memory behind an event, waited on only after the forward's launch; then the backward (2^-e an argument).
+Where e is refused, the forward's results are dropped and the bf16 path runs. prep="two" / "split" (session 9):
+_amax4_kernel (or a launch a tensor), the host sync, _to_fp16_kernel (do times 2^e), o copied from fp16 to bf16.
+Measured on the H200 (docs/BENCHMARKS.md runs BA-BI; B4 H32 S4096 D128; the fwd+bwd tasks accepted every variant
+`crucible check` / `crucible bench` saw, except run BH's causal dq, below): `crucible bench` fp16 + delta from o
+with the fused preparation 8.536 ms = 450.9 TFLOP/s non-causal (0.853x cuDNN SDPA, run BH), 4.884 ms = 394.0
+causal (0.844x, run BI); session 9's preparation 8.874 / 5.148 (run BC). do_bench (run BH): 8.527 / 4.785 ms
+against 9.019 / 5.085 with prep="two"; the parts alone: fused preparation with its host sync 0.42 / 0.36 ms
+(two: 0.60 / 0.54), forward 1.89 / 1.06, backward 6.48 / 3.52 (7 products: the dQ kernel recomputes S and dP).
+With the host reading e before the forward's launch the GPU sat idle 0.24-0.29 ms a call (run BG's timeline).
+Run BH's causal bench rejected 2 of dq's 67M elements on a uniform draw (row 1: two keys, dS rounded once); the
+dQ kernel's diagonal blocks now take dS as hi + lo (seeds/attention_gluon_bwd.py), accepted in run BI.
 Inputs: dense contiguous [B, H, S, D] bf16 q, k, v, do of one shape (no GQA), D 128, S a multiple of 128 (causal:
 an even number of 128-row tiles); train_ok says whether a call fits, else the Triton kernels of
 seeds/attention.py run (seeds/attention_bwd.py's ModelNew decides).

@@ -173,8 +173,10 @@ def compile_kernel(fn, cfg: dict, kept: int, streamed: int, causal: bool, head_d
 
 
 def variant_facts(kernel, cfg) -> dict:
-    """tests/sm90.py's kernel facts, the launch's register cap and whether the variant overlaps its products."""
-    return dict(kernel_facts(kernel), maxnreg=cfg["maxnreg"], overlap=cfg["OVERLAP"])
+    """tests/sm90.py's kernel facts, the launch's register cap, whether the variant overlaps its products, and
+    whether its PTX lets the next kernel launch early (griddepcontrol.launch_dependents: pdl)."""
+    return dict(kernel_facts(kernel), maxnreg=cfg["maxnreg"], overlap=cfg["OVERLAP"],
+                pdl="griddepcontrol.launch_dependents" in kernel.asm["ptx"])
 
 
 def compile_cases() -> list[tuple[str, dict, bool, int]]:
@@ -190,6 +192,8 @@ def compile_cases() -> list[tuple[str, dict, bool, int]]:
               for name, kw in list(GB.VARIANTS.items())[:1] for defer in (False, True) for causal in (False, True)]
     cases += [(f"{name} fp16 grouped by 4 causal", dict(kw, split_ds=False, out_separate=True, group_heads=4), True,
                128) for name, kw in list(GB.VARIANTS.items())[:1]]
+    cases += [(f"{name} fp16 pdl", dict(kw, split_ds=False, out_separate=True, pdl=True), False, 128)
+              for name, kw in list(GB.VARIANTS.items())[:1]]
     return cases
 
 
@@ -223,6 +227,7 @@ def test_variants_compile_for_sm90():
         assert f["stack"] <= (ORDERED_SPILL_BOUND if ordered_dkdv else 0), f"{name}: spills ({f})"
         assert 0 < f["regs"] <= f["maxnreg"], f"{name}: {f['regs']} registers a thread at launch"
         assert 24 in f["setmaxnreg"] and 240 in f["setmaxnreg"], f"{name}: setmaxnreg {f['setmaxnreg']}"
+        assert f["pdl"] == (" pdl" in name and name.endswith("| dkdv")), f"{name}: griddepcontrol {f['pdl']}"
         if f["overlap"]:
             assert 1 in f["waits"], f"{name}: no wgmma left in flight (wait_group {f['waits']})"
         else:
@@ -474,22 +479,24 @@ def test_sweep_smoke_resolves_every_row():
 
 
 @needs_sm90
-@pytest.mark.parametrize("group", [1, 3, 4])
-def test_grouped_order_is_bitwise_the_head_order_on_the_gpu(group):
+@pytest.mark.parametrize("causal,group,pdl", [(True, 1, False), (True, 3, False), (True, 4, False), (True, 4, True),
+                                              (False, 0, True), (True, 0, True)])
+def test_program_order_and_pdl_are_bitwise_the_plain_call_on_the_gpu(causal, group, pdl):
     """group_heads only reorders the causal programs (heaviest first across groups of heads; the last group smaller
-    where the heads do not divide): each program's maths is unchanged, so dq, dk and dv are bitwise the head-major
-    call's, and every tile is written (the outputs are NaN-poisoned first). GPU-only."""
+    where the heads do not divide), and pdl only lets the dQ kernel start on SMs the dK/dV grid has left (it reads
+    nothing that grid writes): each program's maths is unchanged, so dq, dk and dv are bitwise the plain call's,
+    and every tile is written (the outputs are NaN-poisoned first). GPU-only."""
     from seeds.attention_gluon import attention_fwd_gluon
 
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(2, 5, 1024, 128, device="cuda").to(torch.float16) for _ in range(4))
-    _, lse2, delta = attention_fwd_gluon(q, k, v, True, do=do, delta_from="o")
+    _, lse2, delta = attention_fwd_gluon(q, k, v, causal, do=do, delta_from="o")
     kw = dict(split_ds=False, out_dtype=torch.bfloat16)
-    plain = GB.attention_bwd_gluon(do, q, k, v, lse2, delta, True, **kw)
+    plain = GB.attention_bwd_gluon(do, q, k, v, lse2, delta, causal, **kw)
     out = tuple(torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(3))
-    got = GB.attention_bwd_gluon(do, q, k, v, lse2, delta, True, out=out, group_heads=group, **kw)
+    got = GB.attention_bwd_gluon(do, q, k, v, lse2, delta, causal, out=out, group_heads=group, pdl=pdl, **kw)
     for name, a, b in zip(("dq", "dk", "dv"), got, plain):
-        assert torch.equal(a, b), f"group_heads={group}: {name} differs from the head-major order's"
+        assert torch.equal(a, b), f"group_heads={group} pdl={pdl}: {name} differs from the plain call's"
 
 
 @needs_sm90
