@@ -21,7 +21,8 @@ the device, and the forward is launched before the host has e: its epilogue read
 times 2^e (read from device memory) and takes delta from it, and writes o as bf16. e reaches the host through
 pinned memory behind an event, waited on only after the forward's launch; then the backward (2^-e an argument).
 Where e is refused, the forward's results are dropped and the bf16 path runs. prep="two" / "split" (session 9):
-_amax4_kernel (or a launch a tensor), the host sync, _to_fp16_kernel (do times 2^e), o copied from fp16 to bf16.
+_copy_amax_kernel without the copies (or a launch a tensor), the host sync, _to_fp16_kernel (do times 2^e), o
+copied from fp16 to bf16.
 Measured on the H200 (docs/BENCHMARKS.md runs BA-BI; B4 H32 S4096 D128; the fwd+bwd tasks accepted every variant
 `crucible check` / `crucible bench` saw, except run BH's causal dq, below): `crucible bench` fp16 + delta from o
 with the fused preparation 8.536 ms = 450.9 TFLOP/s non-causal (0.853x cuDNN SDPA, run BH), 4.884 ms = 394.0
@@ -96,26 +97,6 @@ PREP_BLOCK = 4096  # elements a program of the two preparation kernels
 
 
 @triton.jit
-def _amax4_kernel(Q, K, V, DO, AMAX, N, BLOCK: tl.constexpr):
-    """AMAX[w] = max |x| over tensor w of (q, k, v, do) (program axis 1), N elements each; NaN counts as inf so
-    that a NaN input reads as not finite. AMAX starts at zeros; fp32 atomic max of non-negative values."""
-    w = tl.program_id(1)
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    if w == 0:
-        x = tl.load(Q + offs, mask=mask, other=0.0)
-    elif w == 1:
-        x = tl.load(K + offs, mask=mask, other=0.0)
-    elif w == 2:
-        x = tl.load(V + offs, mask=mask, other=0.0)
-    else:
-        x = tl.load(DO + offs, mask=mask, other=0.0)
-    a = tl.abs(x.to(tl.float32))
-    a = tl.where(a == a, a, float("inf"))
-    tl.atomic_max(AMAX + w, tl.max(a, axis=0))
-
-
-@triton.jit
 def _to_fp16_kernel(Q, K, V, DO, Q16, K16, V16, DO16, N, do_scale, BLOCK: tl.constexpr):
     """fp16 copies of q, k, v (exact: fp16_exponent_of checked their range) and of do * do_scale (a power of
     two), tensor w of the four on program axis 1."""
@@ -154,23 +135,27 @@ SPLIT_BLOCK = 8192  # elements a program of the split preparation kernels
 
 
 @triton.jit
-def _copy_amax_kernel(Q, K, V, DO, Q16, K16, V16, AMAX, N, BLOCK: tl.constexpr):
-    """prep="fused": fp16 copies of q, k, v (tensor w of the four on program axis 1) and AMAX[w] = max |x| of all
-    four (NaN as inf; fp32 atomic max from zeros), each tensor read once; do's copy (scaled by 2^e, known only
-    once AMAX is read) is made by the forward. A copy of a value past fp16's range is inf: AMAX flags it, and
-    fp16_exponent_of refuses, before any copy is used."""
+def _copy_amax_kernel(Q, K, V, DO, Q16, K16, V16, AMAX, N, BLOCK: tl.constexpr, COPY: tl.constexpr):
+    """AMAX[w] = max |x| over tensor w of (q, k, v, do) (program axis 1), N elements each, NaN counted as inf so
+    that a NaN input reads as not finite (fp32 atomic max from zeros); COPY (prep="fused"): also q, k, v's fp16
+    copies, each tensor read once (do's copy, scaled by 2^e, known only once AMAX is read, is made by the
+    forward). A copy of a value past fp16's range is inf: AMAX flags it, and fp16_exponent_of refuses, before any
+    copy is used. Without COPY (prep="two": input_amax) the copies' pointers are not touched."""
     w = tl.program_id(1)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     if w == 0:
         x = tl.load(Q + offs, mask=mask, other=0.0)
-        tl.store(Q16 + offs, x.to(tl.float16), mask=mask)
+        if COPY:
+            tl.store(Q16 + offs, x.to(tl.float16), mask=mask)
     elif w == 1:
         x = tl.load(K + offs, mask=mask, other=0.0)
-        tl.store(K16 + offs, x.to(tl.float16), mask=mask)
+        if COPY:
+            tl.store(K16 + offs, x.to(tl.float16), mask=mask)
     elif w == 2:
         x = tl.load(V + offs, mask=mask, other=0.0)
-        tl.store(V16 + offs, x.to(tl.float16), mask=mask)
+        if COPY:
+            tl.store(V16 + offs, x.to(tl.float16), mask=mask)
     else:
         x = tl.load(DO + offs, mask=mask, other=0.0)
     a = tl.abs(x.to(tl.float32))
@@ -218,7 +203,8 @@ def fused_prep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     scale = torch.empty(1, dtype=torch.float32, device=q.device)
     exp = torch.empty(2, dtype=torch.int32, device=q.device)
     n = q.numel()
-    _copy_amax_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, *copies, amax, n, BLOCK=PREP_BLOCK, num_warps=8)
+    _copy_amax_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, *copies, amax, n, BLOCK=PREP_BLOCK, COPY=True,
+                                                       num_warps=8)
     _exponent_kernel[(1,)](amax, scale, exp, q.shape[-1], INPUT_MAX_LOG2=int(math.log2(FP16_INPUT_MAX)),
                            DS_MAX_LOG2=int(math.log2(FP16_DS_MAX)), MAX_E=MAX_EXPONENT)
     return copies, scale, exp
@@ -242,7 +228,8 @@ def input_amax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
         for i, t in enumerate((q, k, v, do)):
             _amax_kernel[(triton.cdiv(n, SPLIT_BLOCK),)](t, amax[i:], n, BLOCK=SPLIT_BLOCK, num_warps=8)
     else:
-        _amax4_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, amax, n, BLOCK=PREP_BLOCK, num_warps=8)
+        _copy_amax_kernel[(triton.cdiv(n, PREP_BLOCK), 4)](q, k, v, do, q, k, v, amax, n, BLOCK=PREP_BLOCK,
+                                                           COPY=False, num_warps=8)
     return amax.tolist()
 
 
