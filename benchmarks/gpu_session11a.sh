@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The next H200 call for issue 6's causal fwd+bwd target (written in session 10 when its device time was spent;
-# NOT RUN YET): the GPU-only test of the program order and of pdl (group_heads, the dQ kernel by programmatic
-# dependent launch: bitwise the plain call's), the sweep's fp16 delta-o rows (head-major against grouped by 4 and
-# 8, pdl), and `crucible bench` of the seed, the grouped candidate (causal) and the pdl candidate (both tasks).
+# Issue 6's causal fwd+bwd target (written in session 10; session 11 ran BENCH=0 as run BJ and measured the benches
+# as gpu_session11b.sh's A/B): the GPU-only test of the program order and of pdl (group_heads, the dQ kernel by
+# programmatic dependent launch: bitwise the plain call's), the sweep's fp16 delta-o rows (head-major against
+# grouped by 4 and 8, pdl), and `crucible bench` of the seed, the grouped candidate (causal) and the plain
+# candidate (both tasks).
 # Logs in $OUT.
 #   bash benchmarks/gpu_session11a.sh      (repo root, one H200, .whl carried; about 10 minutes: past one call's
 #   600 s, so run it as two calls: BENCH=0 (tests and sweep), then BENCH=only (tests and benches))
@@ -20,7 +21,7 @@ skip=ordered; [ "$rc" = 0 ] || skip="ordered,grouped,pdl"
 if [ "$rc" = 0 ] && [ "${BENCH:-1}" != 0 ]; then
   OUT="$OUT/c" SEEDS=benchmarks/candidates bash benchmarks/gpu_bench_tasks.sh \
     "attention_fwd_bwd_causal attention_train_grouped eager 100" \
-    "attention_fwd_bwd_causal attention_train_pdl eager 100" "attention_fwd_bwd attention_train_pdl eager 100" \
+    "attention_fwd_bwd_causal attention_train_plain eager 100" "attention_fwd_bwd attention_train_plain eager 100" \
     >> "$OUT/bench.log" 2>&1
 fi
 tail -3 "$OUT/tests.log"; grep -v "^\[" "$OUT/sweep.log" 2>/dev/null | tail -24; cat "$OUT/bench.log" 2>/dev/null

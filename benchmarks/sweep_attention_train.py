@@ -63,6 +63,7 @@ def candidates(causal: bool) -> dict:
             "gluon fp16 delta o, dQ ordered v2": gluon("fp16", "o", bwd=dict(dq_ordered=True, dq_defer=False)),
             "gluon fp16 delta o, dQ ordered v2 deferred": gluon("fp16", "o", bwd=dict(dq_ordered=True,
                                                                                      dq_defer=True))}
+    rows["gluon fp16 delta o, bwd plain (session 10)"] = gluon("fp16", "o", bwd=dict(dq_block_n=128))
     rows["gluon fp16 delta o, bwd pdl"] = gluon("fp16", "o", bwd=dict(dq_block_n=128, pdl=True))
     if causal:
         rows["gluon fp16 delta o, fwd pingpong s2"] = gluon("fp16", "o", fwd=dict(consumers=2))

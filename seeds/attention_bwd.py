@@ -43,8 +43,8 @@ CAUSAL_BWD_CONFIG = (64, 64, 64, 64, 4, 2)  # (dkdv BLOCK_M, BLOCK_N, dq BLOCK_M
 class ModelNew(nn.Module):
     # sm_90, dense bf16 at D = 128: the Gluon kernels (seeds/attention_gluon_train.py), fp16 working copies where
     # the inputs' range allows them (else the precise bf16 numerics) with delta from the forward's fp32 o and the
-    # fused preparation. `crucible bench` (runs BH, BI): 8.536 ms = 450.9 TFLOP/s non-causal, 4.884 = 394.0 causal
-    # (0.853x / 0.844x cuDNN SDPA); run BB (do_bench): bf16 precise 11.367 / 5.930; the Triton kernels 12.143 / 6.346
+    # fused preparation. `crucible bench` (run BL): 8.478 ms = 453.9 TFLOP/s non-causal, 4.702 = 409.2 causal
+    # (0.856x / 0.864x cuDNN SDPA); run BB (do_bench): bf16 precise 11.367 / 5.930; the Triton kernels 12.143 / 6.346
     NUMERICS = "auto"
     DELTA = "o"
     PREP: str | None = None  # seeds/attention_gluon_train.py's preparation ("fused" with DELTA "o")

@@ -23,12 +23,14 @@ pinned memory behind an event, waited on only after the forward's launch; then t
 Where e is refused, the forward's results are dropped and the bf16 path runs. prep="two" / "split" (session 9):
 _copy_amax_kernel without the copies (or a launch a tensor), the host sync, _to_fp16_kernel (do times 2^e), o
 copied from fp16 to bf16.
-Measured on the H200 (docs/BENCHMARKS.md runs BA-BI; B4 H32 S4096 D128; the fwd+bwd tasks accepted every variant
+Measured on the H200 (docs/BENCHMARKS.md runs BA-BM; B4 H32 S4096 D128; the fwd+bwd tasks accepted every variant
 `crucible check` / `crucible bench` saw, except run BH's causal dq, below): `crucible bench` fp16 + delta from o
-with the fused preparation 8.536 ms = 450.9 TFLOP/s non-causal (0.853x cuDNN SDPA, run BH), 4.884 ms = 394.0
-causal (0.844x, run BI); session 9's preparation 8.874 / 5.148 (run BC). do_bench (run BH): 8.527 / 4.785 ms
-against 9.019 / 5.085 with prep="two"; the parts alone: fused preparation with its host sync 0.42 / 0.36 ms
-(two: 0.60 / 0.54), forward 1.89 / 1.06, backward 6.48 / 3.52 (7 products: the dQ kernel recomputes S and dP).
+with the fused preparation and the backward's dQ kernel by programmatic dependent launch (causal: programs grouped
+by 4 heads) 8.478 ms = 453.9 TFLOP/s non-causal (0.856x cuDNN SDPA), 4.702-4.717 ms = 408-409 causal (0.859-0.864x,
+run BL); without pdl and grouping 8.536 / 4.884 (runs BH, BI); session 9's preparation 8.874 / 5.148 (run BC).
+do_bench (run BH): 8.527 / 4.785 ms against 9.019 / 5.085 with prep="two"; the parts alone: fused preparation
+with its host sync 0.42 / 0.36 ms (two: 0.60 / 0.54), forward 1.89 / 1.06, backward 6.48 / 3.52 (7 products: the
+dQ kernel recomputes S and dP).
 With the host reading e before the forward's launch the GPU sat idle 0.24-0.29 ms a call (run BG's timeline).
 Run BH's causal bench rejected 2 of dq's 67M elements on a uniform draw (row 1: two keys, dS rounded once); the
 dQ kernel's diagonal blocks now take dS as hi + lo (seeds/attention_gluon_bwd.py), accepted in run BI.
@@ -56,10 +58,12 @@ PREPS = ("fused", "two", "split")
 
 # The forward's knobs with do= (delta) and the backward's, per mode: measured on the H200, run AZ
 # (sweep_attention_gluon_delta.py, sweep_attention_gluon_bwd.py) and runs BA, BB (sweep_attention_train.py): the
-# persistent forward 8.852 ms fwd+bwd against 9.062 not persistent (fp16, delta from o, non-causal).
+# persistent forward 8.852 ms fwd+bwd against 9.062 not persistent (fp16, delta from o, non-causal). The backward's
+# dQ kernel by programmatic dependent launch (pdl) and, causal, programs heaviest first across groups of 4 heads:
+# `crucible bench` 8.478 ms against 8.534 and causal 4.702-4.717 against 4.820, interleaved in one call (run BL).
 FWD_KNOBS = {False: dict(consumers=2, pingpong=False, persistent=True),
              True: dict(consumers=2, pingpong=True, persistent=True)}
-BWD_KNOBS = {False: dict(dq_block_n=128), True: dict(dq_block_n=128)}
+BWD_KNOBS = {False: dict(dq_block_n=128, pdl=True), True: dict(dq_block_n=128, group_heads=4, pdl=True)}
 
 
 def train_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> bool:
