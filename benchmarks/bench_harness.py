@@ -2,6 +2,11 @@
 
     python3 benchmarks/bench_harness.py --device cuda --n 5          # on the H200
     python3 benchmarks/bench_harness.py --device cpu --n 5           # here (interpreter)
+    python3 benchmarks/bench_harness.py --root OLD_TREE --label before --csv benchmarks/data/check_cost.csv
+
+`--root` measures the harness of another checkout of crucible (e.g. `git archive REV | tar -x -C OLD_TREE`) with
+this same script, so a change's cost is measured before and after on one machine in one run; `--csv` appends one
+row per (tree, task, candidate) with the device, versions and the measured tree's commit.
 
 The parent-side phases (spawn, inputs, reference, request = a call's round trip, compare, rebuild, close) are
 printed too.
@@ -12,35 +17,61 @@ A fresh Python process per candidate would cost ~5.7 s before doing any work (AN
 from __future__ import annotations
 
 import argparse
+import csv
+import datetime
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent.parent
+CSV_FIELDS = ["date", "label", "commit", "device", "torch", "triton", "task", "candidate", "n", "accepted",
+              "total_s", "harness_s", "candidate_calls_s", "calls", "timing_stage_s", "total_s_min", "total_s_max"]
+
+
+def _commit(root: Path) -> str:
+    stamp = root / "COMMIT"  # an exported tree carries its commit in this file
+    if stamp.exists():
+        return stamp.read_text().strip()[:12]
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--n", type=int, default=5)
-    ap.add_argument("--task", default=str(ROOT / "tasks" / "rmsnorm_fwd.py"))
-    ap.add_argument("--candidate", default=str(ROOT / "tests" / "candidates" / "rmsnorm_honest.py"))
+    ap.add_argument("--root", default=str(HERE), help="the crucible checkout whose harness is measured")
+    ap.add_argument("--task", default="tasks/rmsnorm_fwd.py", help="relative to --root, or absolute")
+    ap.add_argument("--candidate", default="tests/candidates/rmsnorm_honest.py")
     ap.add_argument("--timing", action="store_true", help="include the timing stage")
+    ap.add_argument("--label", default="", help="a word for the CSV row (e.g. before / after)")
+    ap.add_argument("--csv", default="", help="append the medians as one row to this CSV file")
     args = ap.parse_args()
+    root = Path(args.root).resolve()
+    sys.path.insert(0, str(root))
+    os.chdir(root)
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    import triton
     from sandbox.harness import CheckOptions, Harness
 
     t0 = time.monotonic()
     harness = Harness(args.device)
     start_s = time.monotonic() - t0
-    rows = []
+    rows, accepted = [], 0
     for i in range(args.n):
         r = harness.check(args.task, args.candidate, CheckOptions(timing=args.timing))
-        assert r.accepted, r.message
+        if not r.accepted:
+            print(f"run {i}: rejected: {r.message}", flush=True)
+            continue
+        accepted += 1
         stages = {s.stage.value: s.seconds for s in r.stages}
         laps = {k: v for k, v in r.stages[1].details.items() if k.endswith("_s")}
         tlaps = {f"timing.{k}": v for k, v in ((r.timing or {}).get("laps") or {}).items()}
@@ -51,12 +82,31 @@ def main() -> None:
               f"{r.costs['harness_s']:.2f} s | " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
               + " | compile: " + ", ".join(f"{k} {v:.2f}" for k, v in laps.items()), flush=True)
     harness.close()
+    if not rows:
+        sys.exit("every check was rejected: nothing to measure")
     keys = sorted({k for row in rows for k in row}, key=lambda k: (not k.endswith("_s") or "." in k, k))
     med = {k: statistics.median(row.get(k, 0.0) for row in rows) for k in keys}
     print(f"\nharness start (zygote: imports torch+triton once): {start_s:.2f} s")
-    print(f"{'metric':28s} median over {args.n} checks ({args.device}, {Path(args.task).name})")
+    print(f"{'metric':28s} median over {len(rows)} checks ({args.device}, {Path(args.task).name}, {_commit(root)})")
     for k, v in med.items():
         print(f"{k:28s} {v:8.3f}")
+    if args.csv:
+        device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (Triton interpreter)"
+        totals = [row["total_s"] for row in rows]
+        row = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "label": args.label, "commit": _commit(root), "device": device, "torch": torch.__version__,
+               "triton": triton.__version__, "task": args.task, "candidate": args.candidate, "n": args.n,
+               "accepted": accepted, "total_s_min": f"{min(totals):.3f}", "total_s_max": f"{max(totals):.3f}",
+               **{k: f"{med.get(k, 0.0):.3f}" for k in ("total_s", "harness_s", "candidate_calls_s", "calls",
+                                                         "timing_stage_s")}}
+        path = Path(args.csv) if os.path.isabs(args.csv) else HERE / args.csv
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = not path.exists()
+        with path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
 
 
 if __name__ == "__main__":
