@@ -266,19 +266,32 @@ class _Coordinator:
                 self.issued += 1
                 self._accept_reply(*proposal)
             else:
-                if len(self.requests) >= self.config.concurrency or len(self.ready) >= self.slots:
+                if len(self._outstanding()) >= self.config.concurrency or not self._request():
                     return
-                self._request()
 
-    def _request(self) -> None:
+    def _outstanding(self) -> list[Pending]:
+        """The LLM's proposals whose outcome is not known yet: requests in flight and candidates still waiting for
+        or in their check. `--concurrency` bounds these, so a request is never sent while more than that many
+        verdicts it could have learnt from are still on their way."""
+        return [p for p in [*self.requests.values(), *self.ready, *self.evals.values()] if p.origin == "llm"]
+
+    def _request(self) -> bool:
+        """Compose a request from every verdict known now and send it; False (nothing sent) when the prompt is one
+        already waiting for an outcome `samples` times: the next verdict will change it, so wait for that."""
         assert self.provider is not None
         sel = self.search.select_for_llm(self.elites, self.failures)
         messages = llm_messages(self.task, sel, self.elites, timed=self.timed)
-        pending = Pending("llm", self.provider.name, sel, prompt=messages_text(messages))
+        prompt = messages_text(messages)
+        if sum(p.prompt == prompt for p in self._outstanding()) >= max(1, self.config.samples):
+            if sel.kind == "fix":
+                self.search.fixes[sel.parents[0].id] -= 1  # not attempted after all
+            return False
+        pending = Pending("llm", self.provider.name, sel, prompt=prompt)
         provider, c = self.provider, self.config
         future = _spawn(lambda: provider.complete(messages, max_tokens=c.reply_max_tokens, temperature=c.temperature))
         self.requests[future] = pending
         self.issued += 1
+        return True
 
     def _accept_reply(self, pending: Pending, reply: Reply) -> None:
         pending.reply = reply

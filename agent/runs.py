@@ -39,7 +39,8 @@ class RunConfig:
     polish: int | None = None  # tuner proposals at the end of an LLM run (default: a fifth of the budget)
     reply_max_tokens: int = 8192
     temperature: float = 0.7
-    concurrency: int = 4  # LLM requests in flight
+    concurrency: int = 4  # LLM proposals whose outcome is not known yet: requests and candidates being checked
+    samples: int = 1  # requests that may share one prompt at a time (parallel sampling)
     seed: int = 0
     check_timeout_s: float = 300.0
     baselines: tuple[str, ...] = ("eager",)  # each candidate's timing (torch.compile alone costs ~20 s a check)

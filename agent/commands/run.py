@@ -51,7 +51,15 @@ def add_search_options(p: argparse.ArgumentParser, *,
     p.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop proposing after this wall time")
     p.add_argument("--target-roofline", type=float, metavar="PCT", help="stop once a kernel reaches PCT%% of roofline")
     p.add_argument("--polish", type=int, help="tuner proposals at the end of an LLM run (default: a fifth of budget)")
-    p.add_argument("--concurrency", type=int, default=4, help="LLM requests in flight (default 4)")
+    p.add_argument("--concurrency", type=int, default=4,
+                   help="LLM proposals whose outcome is not known yet, counting those still being checked "
+                        "(default 4; 1: every request sees the previous one's verdict)")
+    p.add_argument("--samples", type=int, default=1,
+                   help="requests that may share one prompt at a time (parallel sampling; default 1)")
+    p.add_argument("--max-output-tokens", type=int, default=8192,
+                   help="the most tokens one reply may have (default 8192); a reply cut off there is reported "
+                        "to the model as cut off")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     p.add_argument("--seed", type=int, default=0, help="seed of the search and the tuner (default 0)")
     p.add_argument("--baselines", default="eager",
                    help="what each candidate is timed against on the GPU: eager, compile, liger, vendor (default "
@@ -68,7 +76,8 @@ def config_from(args: argparse.Namespace, task: Path, **over: Any):
                      start_from=Path(args.start_from) if getattr(args, "start_from", None) else None,
                      resume=getattr(args, "resume", None), max_tokens=args.max_tokens, max_cost=args.max_cost,
                      time_limit_s=args.time_limit, target_roofline=args.target_roofline, polish=args.polish,
-                     concurrency=args.concurrency, seed=args.seed,
+                     concurrency=args.concurrency, samples=args.samples, seed=args.seed,
+                     reply_max_tokens=args.max_output_tokens, temperature=args.temperature,
                      baselines=_names(args.baselines), final_baselines=_names(args.final_baselines), **over)
 
 
@@ -78,6 +87,17 @@ def baselines_problem(args: argparse.Namespace) -> str | None:
         if not _names(text) or set(_names(text)) - set(BASELINES):
             return (f"{flag} {text!r}: unknown baseline; name one or more of {', '.join(BASELINES)}, "
                     "separated by commas")
+    return None
+
+
+def options_problem(args: argparse.Namespace) -> str | None:
+    """One sentence when a proposing option is out of range."""
+    if args.concurrency < 1 or args.samples < 1:
+        return "--concurrency and --samples must be at least 1"
+    if args.max_output_tokens < 256:
+        return f"--max-output-tokens {args.max_output_tokens}: give at least 256 tokens, room for one kernel edit"
+    if not 0.0 <= args.temperature <= 2.0:
+        return f"--temperature {args.temperature}: give a value from 0 to 2"
     return None
 
 
@@ -114,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.budget is not None and args.budget < 0 or args.gpus < 1:
         err_console.print("--budget must be 0 or more and --gpus at least 1")
+        return 2
+    problem = options_problem(args)
+    if problem:
+        err_console.print(problem, markup=False, emoji=False)
         return 2
     problem = baselines_problem(args)
     if problem:
