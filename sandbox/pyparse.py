@@ -1,9 +1,15 @@
-"""ast.parse behind one process-wide lock.
+"""ast.parse behind one process-wide lock, with bounds on what it will try to analyse.
 
 CPython's AST constructor keeps its recursion depth in interpreter-wide state, so two threads parsing at once can
 corrupt it (3.11.7 here: "SystemError: AST constructor recursion depth mismatch"), and the lanes of `crucible batch
 --gpus N` parse candidates, tuner variants and LLM replies on several threads. Every parse in crucible goes through
 `parse`; the trees it returns are ordinary and may be walked anywhere.
+
+Sources come from LLMs and users, so a parse must end in a tree or a SyntaxError, never in another exception: a
+megabyte of `1+1+...` makes CPython raise RecursionError while it builds the tree, a long run of unary operators
+MemoryError, and a tree that does parse can still be too deep for the recursive walkers downstream (ast.unparse,
+NodeVisitor, the compiler). Such sources raise `Unanalysable`, a SyntaxError, so every caller that refuses bad
+code already refuses these. Real kernels nest about 20 deep (the seeds, tests and benchmarks at most 20).
 """
 from __future__ import annotations
 
@@ -11,9 +17,48 @@ import ast
 import threading
 
 _LOCK = threading.Lock()
+MAX_SOURCE_CHARS = 1_000_000  # the largest file in the repository is under 100 kB
+MAX_AST_DEPTH = 100
+
+
+class Unanalysable(SyntaxError):
+    """The source is too large or too deeply nested to analyse safely."""
 
 
 def parse(source: str, filename: str = "<unknown>") -> ast.Module:
-    """ast.parse(source, filename), one thread at a time; SyntaxError as ast.parse raises it."""
+    """ast.parse(source, filename), one thread at a time; SyntaxError as ast.parse raises it, and Unanalysable (a
+    SyntaxError) for a source past the size or nesting bounds."""
+    if len(source) > MAX_SOURCE_CHARS:
+        raise _unanalysable(f"the source has {len(source):,} characters, more than the {MAX_SOURCE_CHARS:,} "
+                            "that are analysed", filename)
     with _LOCK:
-        return ast.parse(source, filename=filename)
+        try:
+            tree = ast.parse(source, filename=filename)
+        except SyntaxError:
+            raise
+        except (RecursionError, MemoryError):
+            raise _unanalysable("the source nests expressions too deeply to analyse", filename) from None
+        except ValueError as exc:  # e.g. null bytes, on Pythons that raise ValueError for them
+            raise _unanalysable(f"the source cannot be parsed: {exc}", filename) from None
+    depth, line = _depth(tree)
+    if depth > MAX_AST_DEPTH:
+        raise _unanalysable(f"the source nests {depth} levels deep (near line {line}), more than the "
+                            f"{MAX_AST_DEPTH} that are analysed", filename, line)
+    return tree
+
+
+def _depth(tree: ast.AST) -> tuple[int, int]:
+    """The tree's depth and a line at its deepest point, without recursion (the tree may be very deep)."""
+    best, line = 0, 0
+    stack = [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        if d > best:
+            best, line = d, getattr(node, "lineno", line)
+        if d <= MAX_AST_DEPTH:  # past the bound the answer is known; do not walk a huge chain to its end
+            stack.extend((child, d + 1) for child in ast.iter_child_nodes(node))
+    return best, line
+
+
+def _unanalysable(msg: str, filename: str, line: int = 1) -> Unanalysable:
+    return Unanalysable(msg, (filename, line, 0, None))

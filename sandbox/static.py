@@ -59,6 +59,8 @@ def check_source(source: str, filename: str = "candidate.py") -> StaticFinding |
     """None when the source passes; else the first finding, with its line."""
     try:
         tree = pyparse.parse(source, filename=filename)
+    except pyparse.Unanalysable as exc:
+        return StaticFinding(Reason.SYNTAX_ERROR, f"the candidate cannot be analysed: {exc.msg}", exc.lineno or 0)
     except SyntaxError as exc:
         return StaticFinding(Reason.SYNTAX_ERROR, f"syntax error at line {exc.lineno}: {exc.msg}", exc.lineno or 0)
 

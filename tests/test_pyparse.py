@@ -6,6 +6,8 @@ import ast
 import threading
 from pathlib import Path
 
+import pytest
+
 from sandbox import pyparse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,3 +50,28 @@ def test_no_module_parses_around_the_lock():
             if p.name != "pyparse.py"
             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "ast.parse(" in line]
     assert not bare, f"ast.parse outside sandbox/pyparse.py: {bare}"
+
+
+BOMBS = {
+    "a long sum": "x = " + "1+" * 100_000 + "1\n",
+    "unary operators": "x = " + "-" * 100_000 + "1\n",
+    "nested lists": "x = " + "[" * 100_000 + "]" * 100_000 + "\n",
+    "nested parentheses": "x = " + "(" * 100_000 + "1" + ")" * 100_000 + "\n",
+    "a chain of calls": "x = f" + "()" * 100_000 + "\n",
+    "a sum that parses but nests past the bound": "x = " + "1+" * 300 + "1\n",
+    "a null byte": "x = 1\0\n",
+    "over a megabyte": "x = 1\n" * 200_000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+def test_sources_past_the_bounds_raise_a_syntax_error(name):
+    """Whatever the source, the parse ends in a tree or a SyntaxError: never RecursionError or MemoryError."""
+    with pytest.raises(SyntaxError):
+        pyparse.parse(BOMBS[name], filename="bomb.py")
+    assert pyparse.parse("x = 1 + 2\n").body  # the parser's state is intact afterwards
+
+
+def test_deep_but_real_code_parses():
+    src = "x = " + "1+" * (pyparse.MAX_AST_DEPTH - 10) + "1\n"
+    assert pyparse.parse(src).body
