@@ -15,19 +15,30 @@ constants. KernelBench's own files load unmodified. A task may also declare, all
     CRUCIBLE_FLOPS = "lambda c: ..."       # FLOPs, from the constants dict c (else counted on the reference)
 
 The task file is the user's own code and is trusted: it runs in the harness's process, never the candidate's.
+
+Sizes. A task at another size is the file executed again with some constants replaced where the file assigns them, so
+values the file derives from them (`bias_shape = (out_channels, 1, 1)`, `hidden = 4 * dim`) follow. Constants the file
+computes from others are never rescaled on their own. On the CPU, `scaled_for_cpu` halves the largest literal
+constants until the inputs are small, then checks that the smaller task still runs and still depends on its inputs;
+where it does not, it backs off step by step towards the task's own size and says so in `rescale_note`. Constants the
+user set (`--set`, `pin=True`) are never rescaled, and `rescale=False` (`--no-rescale`) keeps the task's own size.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
-import importlib.util
+import logging
 import math
 import sys
 import types
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+log = logging.getLogger(__name__)
 
 DISTRIBUTIONS = ("normal", "uniform", "large", "outliers", "constant_rows")
 CPU_ELEMENT_BUDGET = 1 << 17  # largest input tensor on the CPU interpreter
@@ -61,41 +72,70 @@ class Task:
     constants: dict[str, int]  # the module-level integer constants as the file declares them
     source_hash: str = ""
     overrides: dict[str, int] = field(default_factory=dict)
+    derived: frozenset[str] = frozenset()  # constants the file computes from other names: they follow, never rescaled
+    pinned: frozenset[str] = frozenset()  # constants the user set: never rescaled
+    rescale: bool = True  # False: the CPU runs the task at the size it is given
+    rescale_note: str = ""  # one sentence when the CPU rescaling had to back off towards the task's own size
 
     # ---- shapes -------------------------------------------------------------------------------------------
     def scalable(self) -> list[str]:
-        return [k for k, v in self.constants.items() if v >= MIN_SCALABLE and k not in self.meta.fixed]
+        return [k for k, v in self.constants.items() if v >= MIN_SCALABLE and k not in self.meta.fixed
+                and k not in self.derived and k not in self.pinned]
 
-    def with_constants(self, overrides: dict[str, int]) -> "Task":
-        """The same task with some module-level constants replaced (the module is re-executed, never mutated)."""
-        merged = {**self.overrides, **overrides}
+    def with_constants(self, overrides: dict[str, int], *, pin: bool = False) -> "Task":
+        """The same task with some module-level constants replaced (the file is executed again with the new values
+        in place, so the values it derives from them follow). `pin`: the user chose them; never rescale them."""
         unknown = set(overrides) - set(self.constants)
         if unknown:
-            raise TaskError(f"{self.path.name}: no integer constant named {sorted(unknown)}")
-        return _load(self.path, merged)
+            raise TaskError(f"{self.path.name}: no integer constant named {', '.join(sorted(unknown))}; "
+                            f"its constants are {', '.join(sorted(self.constants)) or 'none'}")
+        merged = {**self.overrides, **overrides}
+        merged = {k: v for k, v in merged.items() if v != self.constants[k] or k in self.pinned or pin}
+        pinned = self.pinned | frozenset(overrides) if pin else self.pinned
+        return _load(self.path, merged, base=self.constants, pinned=pinned, rescale=self.rescale)
+
+    def without_rescaling(self) -> "Task":
+        """This task, run on the CPU at the size it is given (`--no-rescale`)."""
+        return dataclasses.replace(self, rescale=False)
 
     def current_constants(self) -> dict[str, int]:
         return {k: int(getattr(self.module, k)) for k in self.constants}
 
     def scaled_for_cpu(self, budget: int = CPU_ELEMENT_BUDGET) -> "Task":
-        """Shrink scalable constants (largest first, halving) until every input has at most `budget` elements."""
-        consts = self.current_constants()
+        """The task at a size the CPU interpreter checks in seconds, still consistent and still depending on its
+        inputs (module docstring); TaskError where the task fails at its own size too (the task's own fault)."""
+        if not self.rescale:
+            return self
+        key = (str(self.path), self.source_hash, tuple(sorted(self.overrides.items())), self.pinned, budget)
+        if key not in _FITTED:
+            _FITTED[key] = _fit(self, budget)
+        overrides, note = _FITTED[key]
+        if overrides == self.overrides:
+            return self
+        task = _load(self.path, overrides, base=self.constants, pinned=self.pinned, rescale=self.rescale)
+        task.rescale_note = note
+        return task
+
+    def _halvings(self, consts: dict[str, int], frozen: set[str], budget: int) -> list[dict[str, int]]:
+        """The constants after each halving (largest scalable first) until every input fits `budget` elements."""
+        steps: list[dict[str, int]] = []
+        consts = dict(consts)
         for _ in range(64):
             sizes = [t.numel() for t in self._shape_probe(consts) if isinstance(t, torch.Tensor)]
             if not sizes or max(sizes) <= budget:
                 break
-            candidates = [k for k in self.scalable() if consts[k] >= 2 * 2]
+            candidates = [k for k in self.scalable() if consts[k] >= 2 * 2 and k not in frozen]
             if not candidates:
                 break
             biggest = max(candidates, key=lambda k: consts[k])
             consts[biggest] = max(1, consts[biggest] // 2)
-        changed = {k: v for k, v in consts.items() if v != self.constants[k]}
-        return self.with_constants(changed) if changed else self
+            steps.append(dict(consts))
+        return steps
 
     def _shape_probe(self, consts: dict[str, int]) -> list[Any]:
         # Shapes only: run get_inputs under the meta device so that probing costs nothing.
-        task = self if consts == self.current_constants() else self.with_constants(
-            {k: v for k, v in consts.items() if v != self.constants[k]})
+        task = self if consts == self.current_constants() else _load(
+            self.path, _diff(consts, self.constants, self.pinned), base=self.constants, pinned=self.pinned)
         with torch.device("meta"):
             try:
                 return list(task.module.get_inputs())
@@ -104,18 +144,27 @@ class Task:
         return list(task.module.get_inputs())
 
     def shape_variants(self) -> list[dict[str, int]]:
-        """Odd shapes for the robustness stage: declared ones, else derived (1, primes, non-multiples of a block)."""
+        """Odd shapes for the robustness stage: declared ones, else derived (1, primes, non-multiples of a block),
+        each kept only where the reference itself runs and depends on its inputs there (a prime channel count
+        breaks `groups=8`: that is no test of the candidate)."""
         if self.meta.extra_shapes:
             return [dict(v) for v in self.meta.extra_shapes]
         consts = self.current_constants()
         names = [k for k in self.scalable() if consts[k] >= MIN_SCALABLE]
         if not names:
             return []
-        primes = {k: _prime_below(consts[k]) for k in names}
-        variants = [primes]
-        first = names[0]
-        variants.append({first: 1, **{k: consts[k] // 2 + 1 for k in names[1:]}})
-        return variants
+        key = (str(self.path), self.source_hash, tuple(sorted(self.overrides.items())), self.pinned)
+        if key not in _VARIANTS:
+            primes = {k: _prime_below(consts[k]) for k in names}
+            wanted = [primes, {names[0]: 1, **{k: consts[k] // 2 + 1 for k in names[1:]}}]
+            if _runs_on_meta(self, consts):  # else shapes cannot be tried for free: keep them all, as declared
+                allowed = [v for v in wanted if _runs_on_meta(self, {**consts, **v})]
+                if len(allowed) < len(wanted):  # one constant at a time, for the shapes that the task allows
+                    allowed += [v for v in ({k: p} for k, p in primes.items())
+                                if _runs_on_meta(self, {**consts, **v})][:len(wanted) - len(allowed)]
+                wanted = allowed
+            _VARIANTS[key] = wanted
+        return [dict(v) for v in _VARIANTS[key]]
 
     # ---- instances ----------------------------------------------------------------------------------------
     def init_inputs(self) -> list[Any]:
@@ -148,33 +197,170 @@ class Task:
         return out
 
 
-def load_task(path: str | Path) -> Task:
-    """Load a task file; TaskError with one sentence saying what to fix when it cannot be used."""
+def load_task(path: str | Path, constants: dict[str, int] | None = None, *, rescale: bool = True) -> Task:
+    """Load a task file, with `constants` (the user's --set) replaced and pinned, and `rescale=False` to keep its
+    size on the CPU; TaskError with one sentence saying what to fix when it cannot be used."""
     path = Path(path).resolve()
     if not path.exists():
         raise TaskError(f"task file {path} does not exist; pass the path of a .py file that defines Model, "
                         "get_inputs() and get_init_inputs()")
     if path.suffix != ".py":
         raise TaskError(f"{path} is not a .py task file")
-    return _load(path, {})
+    task = _load(path, {}, rescale=rescale)
+    return task.with_constants(constants, pin=True) if constants else task
 
 
-def _load(path: Path, overrides: dict[str, int]) -> Task:
+# (path, source hash, overrides, pinned, budget) -> the rescaled task's overrides and its note
+_FITTED: dict[tuple, tuple[dict[str, int], str]] = {}
+# (path, source hash, overrides, pinned) -> the robustness stage's shape variants that the reference allows
+_VARIANTS: dict[tuple, list[dict[str, int]]] = {}
+
+
+def _diff(consts: dict[str, int], base: dict[str, int], pinned: frozenset[str]) -> dict[str, int]:
+    return {k: v for k, v in consts.items() if v != base[k] or k in pinned}
+
+
+def _fit(task: Task, budget: int) -> tuple[dict[str, int], str]:
+    """Halve towards `budget`; where the smaller task fails or stops depending on its inputs, step back to the last
+    size that works and keep the constant whose halving broke it at that size (module docstring)."""
+    from .reference import check_task  # reference imports this module
+
+    start = task.current_constants()
+    consts, frozen, notes = dict(start), set(), []
+    for _ in range(len(task.constants) + 1):
+        steps = task._halvings(consts, frozen, budget)
+        if not steps:
+            break
+        error = _probe(task, steps[-1], check_task)
+        if error is None:
+            consts = steps[-1]
+            break
+        first_error = error
+        good = -1  # the size this round started from works: probed before, or the task's own size probed here
+        for i in range(len(steps) - 2, -1, -1):  # back off towards it
+            if _probe(task, steps[i], check_task) is None:
+                good = i
+                break
+        if good < 0 and consts == start and not notes:
+            error = _probe(task, start, check_task)
+            if error is not None:  # the task fails at its own size: its own fault, said as such
+                raise TaskError(f"{task.path.name} fails at its own size, without crucible's CPU rescaling: "
+                                f"{_short(error)}")
+        kept = steps[good] if good >= 0 else consts
+        culprit = next(k for k in kept if steps[good + 1][k] != kept[k])
+        notes.append((culprit, steps[good + 1][culprit], first_error))
+        consts = kept
+        frozen.add(culprit)
+    note = ""
+    if notes:
+        culprit, bad, error = notes[0]
+        kept = ", ".join(f"{k}={consts[k]}" for k, _, _ in notes)
+        note = (f"rescaled for the CPU with {culprit}={bad}, {task.path.name} failed ({_short(error)}), so crucible "
+                f"keeps {kept} and rescales the rest")
+        log.info("%s", note)
+    return _diff(consts, task.constants, task.pinned), note
+
+
+def _probe(task: Task, consts: dict[str, int], check_task: Callable[..., Any]) -> str | None:
+    """None where the task at `consts` loads, runs and depends on its inputs (on the CPU), else why not."""
+    try:
+        sized = _load(task.path, _diff(consts, task.constants, task.pinned), base=task.constants,
+                      pinned=task.pinned, rescale=False)
+        check_task(sized, "cpu")
+    except TaskError as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - the task's own code, at a size it was not written for
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _runs_on_meta(task: Task, consts: dict[str, int]) -> bool:
+    """Whether the reference builds and runs at `consts` on the meta device (shapes only, no data, no time)."""
+    try:
+        sized = _load(task.path, _diff(consts, task.constants, task.pinned), base=task.constants,
+                      pinned=task.pinned, rescale=False)
+        with torch.device("meta"):
+            model = sized.module.Model(*sized.init_inputs())
+            inputs = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in sized.module.get_inputs()]
+            model(*inputs)
+    except Exception:  # noqa: BLE001 - the task's own code at a size it may not allow
+        return False
+    return True
+
+
+def _short(message: str, limit: int = 200) -> str:
+    """An error without the task file's name in front, cut to `limit` characters."""
+    head, sep, rest = message.partition(".py: ")
+    message = rest if sep and " " not in head else message
+    return message if len(message) <= limit else message[:limit - 3] + "..."
+
+
+def _pin_assignments(tree: ast.Module, overrides: dict[str, int]) -> set[str]:
+    """Insert `NAME = value` after each top-level assignment to an overridden NAME; the names placed."""
+    placed: set[str] = set()
+    body = []
+    for stmt in tree.body:
+        body.append(stmt)
+        names = _assigned_names(stmt)
+        for name in sorted(names & set(overrides)):
+            pin = ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=ast.Constant(overrides[name]))
+            body.append(ast.copy_location(pin, stmt))
+            placed.add(name)
+    tree.body = body
+    ast.fix_missing_locations(tree)
+    return placed
+
+
+def _assigned_names(stmt: ast.stmt) -> set[str]:
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign):
+        targets = list(stmt.targets)
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+        targets = [stmt.target]
+    names = set()
+    for t in targets:
+        names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def _derived_names(tree: ast.Module) -> set[str]:
+    """Top-level names the file computes from its own earlier names or assigns more than once: they follow their
+    sources when those are rescaled and are never rescaled on their own (`int(1e6)` or `2**20` stays literal)."""
+    assigned: set[str] = set()
+    derived: set[str] = set()
+    for stmt in tree.body:
+        names = _assigned_names(stmt)
+        value = getattr(stmt, "value", None)
+        reads = value is not None and any(isinstance(n, ast.Name) and n.id in assigned for n in ast.walk(value))
+        if isinstance(stmt, ast.AugAssign) or reads or names & assigned:
+            derived |= names
+        assigned |= names
+    return derived
+
+
+def _load(path: Path, overrides: dict[str, int], *, base: dict[str, int] | None = None,
+          pinned: frozenset[str] = frozenset(), rescale: bool = True) -> Task:
     source = path.read_text(encoding="utf-8", errors="replace")
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     name = f"crucible_task_{digest}_{abs(hash(tuple(sorted(overrides.items())))) % 10**8}"
     module = types.ModuleType(name)
     module.__file__ = str(path)
     try:
-        code = compile(source, str(path), "exec")
+        tree = ast.parse(source, str(path))
     except SyntaxError as exc:
         raise TaskError(f"{path.name} has a syntax error at line {exc.lineno}: {exc.msg}") from None
-    # Constants are overridden by executing the file with the new values pinned after each assignment:
-    # the module is executed once, then the overrides are applied, then module-level code that derives
-    # from them (rare in task files) is not re-run — get_inputs() reads the globals at call time.
+    # Overrides are pinned right after the file's own assignments, so that the values it derives from them at the
+    # top level follow; one the file never assigns at the top level is set after the whole file has run.
+    derived = _derived_names(tree)  # of the file as written
+    placed = _pin_assignments(tree, overrides) if overrides else set()
+    code = compile(tree, str(path), "exec")
     sys.modules[name] = module
     try:
         exec(code, module.__dict__)
+    except ModuleNotFoundError as exc:
+        sys.modules.pop(name, None)
+        raise TaskError(f"{path.name} needs the module {exc.name!r}, which is not installed; install it (for "
+                        f"KernelBench's tasks: pip install 'kernel-crucible[kernelbench]')") from None
     except Exception as exc:
         sys.modules.pop(name, None)
         raise TaskError(f"{path.name} failed to load: {type(exc).__name__}: {exc}") from None
@@ -182,14 +368,16 @@ def _load(path: Path, overrides: dict[str, int]) -> Task:
         if not hasattr(module, attr):
             raise TaskError(f"{path.name} does not define {attr}; a task file needs Model, get_inputs() "
                             "and get_init_inputs() (KernelBench's format)")
-    constants = {k: int(v) for k, v in vars(module).items()
-                 if type(v) is int and not k.startswith("_") and not k.startswith("CRUCIBLE_")}
+    found = {k: int(v) for k, v in vars(module).items()
+             if type(v) is int and not k.startswith("_") and not k.startswith("CRUCIBLE_")}
+    constants = dict(base) if base is not None else found
     for k, v in overrides.items():
-        setattr(module, k, v)
+        if k not in placed:
+            setattr(module, k, v)
     meta = _read_meta(module, path)
-    task = Task(path=path, name=path.stem, module=module, meta=meta, constants=constants,
-                source_hash=digest, overrides=dict(overrides))
-    return task
+    return Task(path=path, name=path.stem, module=module, meta=meta, constants=constants,
+                source_hash=digest, overrides=dict(overrides), derived=frozenset(derived & set(constants)),
+                pinned=pinned, rescale=rescale)
 
 
 def _read_meta(module: types.ModuleType, path: Path) -> TaskMeta:

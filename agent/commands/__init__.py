@@ -15,9 +15,12 @@ def add_timing_mode(p: argparse.ArgumentParser) -> None:
 
 
 def add_constants(p: argparse.ArgumentParser) -> None:
-    """--set NAME=VALUE (repeatable), shared by `check` and `bench`: the task at another size."""
+    """--set NAME=VALUE (repeatable) and --no-rescale, shared by every command that loads a task."""
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="constants",
-                   help="replace one of the task's integer constants (repeatable), e.g. --set N0=250000000")
+                   help="replace one of the task's integer constants (repeatable), e.g. --set N0=250000000; "
+                        "values the task file derives from it follow, and the CPU never rescales it")
+    p.add_argument("--no-rescale", action="store_true",
+                   help="on the CPU, keep the task's own sizes instead of shrinking them for the interpreter")
 
 
 def parse_constants(items: list[str]) -> dict[str, int]:

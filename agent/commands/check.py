@@ -54,9 +54,7 @@ def run(args: argparse.Namespace) -> int:
         err_console.print("--device cuda needs a CUDA GPU and none is visible; use --device cpu")
         return 2
     try:
-        task = load_task(args.task)
-        constants = parse_constants(args.constants)
-        task = task.with_constants(constants) if constants else task
+        task = load_task(args.task, parse_constants(args.constants), rescale=not args.no_rescale)
     except (TaskError, ValueError) as exc:
         return _bad(args, str(exc))
 
@@ -66,12 +64,20 @@ def run(args: argparse.Namespace) -> int:
             summary = check_task(sized, device)
         except TaskError as exc:
             return _bad(args, str(exc))
+        rescaled = {k: v for k, v in sized.overrides.items() if k not in sized.pinned}
         if args.json:
-            print(json.dumps({"verdict": "usable", "task": str(task.path), **summary}))
+            print(json.dumps({"verdict": "usable", "task": str(task.path), **summary, "rescaled": rescaled,
+                              "note": sized.rescale_note or None}))
         else:
             console.print(f"[green]usable[/green] {task.path.name}: outputs "
                           + ", ".join(f"{o['dtype']}{o['shape']}" for o in summary["outputs"])
-                          + ("" if summary["float64_reference"] else " (no float64 reference: compared in its own dtype)"))
+                          + ("" if summary["float64_reference"] else " (no float64 reference: compared in its own dtype)"),
+                          markup=False if "[" in task.path.name else None, highlight=False, soft_wrap=True)
+            if rescaled:
+                console.print("rescaled for the CPU: " + ", ".join(f"{k}={v}" for k, v in rescaled.items())
+                              + " (--no-rescale keeps the task's own size)", highlight=False, soft_wrap=True)
+            if sized.rescale_note:
+                console.print(sized.rescale_note, markup=False, highlight=False, soft_wrap=True)
         return 0
 
     if not args.candidate:
