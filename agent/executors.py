@@ -105,6 +105,14 @@ class HarnessEvaluator:
             self._harness.close()
 
 
+def sized(task: Task, config: "RunConfig") -> Task:
+    """The task at the run's size: its --set constants in place (pinned) and --no-rescale kept."""
+    constants = getattr(config, "constants", None) or {}
+    if constants:
+        task = task.with_constants(constants, pin=True)
+    return task if getattr(config, "rescale", True) else task.without_rescaling()
+
+
 def _resolve_local(device: str) -> str:
     from sandbox.harness import resolve_device
     try:
@@ -130,6 +138,7 @@ class LocalExecutor:
 
     def session(self, task: Task, config: "RunConfig", workdir: Path) -> "LocalSession":
         device = self.resolve_device(config.device)
+        task = sized(task, config)
         factory = self.factory or (lambda t, d, gpu: HarnessEvaluator(
             t, d, gpu, timeout_s=config.check_timeout_s, baselines=config.baselines, workdir=workdir))
         if device != "cuda":
@@ -228,6 +237,10 @@ class _EvaluationActor:
         try:
             if self.harness is None:
                 self.harness = Harness(self.device, workdir=self.workdir)
+            if job.get("constants") or not job.get("rescale", True):
+                from sandbox.task import load_task
+                loaded = load_task(task, job.get("constants") or None, rescale=job.get("rescale", True))
+                return self.harness.check(loaded, candidate, options)
             return self.harness.check(task, candidate, options)
         except BaseException:
             self._drop_harness()  # as the local executor does: the next candidate gets a fresh one
@@ -489,7 +502,9 @@ class RaySession:
         self.pool, self.device, self.slots = pool, pool.device, max(pool.live, 1)
         self.task_fields = {"task_name": task.path.name, "task_hash": task.source_hash, "task_path": str(task.path),
                             "task_source": task.path.read_text(encoding="utf-8"),
-                            "timeout_s": config.check_timeout_s, "baselines": list(config.baselines)}
+                            "timeout_s": config.check_timeout_s, "baselines": list(config.baselines),
+                            "constants": dict(getattr(config, "constants", None) or {}),
+                            "rescale": bool(getattr(config, "rescale", True))}
 
     def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None) -> cf.Future:
         future: cf.Future = cf.Future()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ class RunConfig:
     check_timeout_s: float = 300.0
     baselines: tuple[str, ...] = ("eager",)  # each candidate's timing (torch.compile alone costs ~20 s a check)
     final_baselines: tuple[str, ...] = ("eager", "compile", "liger", "vendor")  # the best's final re-check
+    constants: dict[str, int] = field(default_factory=dict)  # --set: the task's constants replaced (and pinned)
+    rescale: bool = True  # False (--no-rescale): the CPU checks the task at its own size
 
     def stored(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("resume", "time_limit_s")}

@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from . import BASELINES
+from . import BASELINES, add_constants, parse_constants
 
 console = Console()
 err_console = Console(stderr=True)
@@ -61,6 +61,7 @@ def add_search_options(p: argparse.ArgumentParser, *,
                         "to the model as cut off")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     p.add_argument("--seed", type=int, default=0, help="seed of the search and the tuner (default 0)")
+    add_constants(p)
     p.add_argument("--baselines", default="eager",
                    help="what each candidate is timed against on the GPU: eager, compile, liger, vendor (default "
                         "eager: torch.compile adds ~20 s to every check)")
@@ -78,7 +79,9 @@ def config_from(args: argparse.Namespace, task: Path, **over: Any):
                      time_limit_s=args.time_limit, target_roofline=args.target_roofline, polish=args.polish,
                      concurrency=args.concurrency, samples=args.samples, seed=args.seed,
                      reply_max_tokens=args.max_output_tokens, temperature=args.temperature,
-                     baselines=_names(args.baselines), final_baselines=_names(args.final_baselines), **over)
+                     baselines=_names(args.baselines), final_baselines=_names(args.final_baselines),
+                     constants=parse_constants(getattr(args, "constants", [])),
+                     rescale=not getattr(args, "no_rescale", False), **over)
 
 
 def baselines_problem(args: argparse.Namespace) -> str | None:
@@ -94,6 +97,10 @@ def options_problem(args: argparse.Namespace) -> str | None:
     """One sentence when a proposing option is out of range."""
     if args.concurrency < 1 or args.samples < 1:
         return "--concurrency and --samples must be at least 1"
+    try:
+        parse_constants(args.constants)
+    except ValueError as exc:
+        return str(exc)
     if args.max_output_tokens < 256:
         return f"--max-output-tokens {args.max_output_tokens}: give at least 256 tokens, room for one kernel edit"
     if not 0.0 <= args.temperature <= 2.0:
