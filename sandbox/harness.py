@@ -20,8 +20,8 @@ from typing import Any, Iterator
 
 import torch
 
-from . import channel, static, tolerance, wire
-from .process import REPO_ROOT, Child, Zygote
+from . import channel, pyparse, static, tolerance, wire
+from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
 from .records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict
 from .reference import Expected, Reference
 from .task import Task, TaskError, load_task
@@ -107,8 +107,8 @@ class Harness:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.triton_shared = self.workdir / "triton-driver"  # Triton's own driver stub, built before any candidate runs
         self.triton_shared.mkdir(exist_ok=True)
-        env = {"TRITON_INTERPRET": "1" if self.device == "cpu" else "0"}
-        self.zygote = Zygote(env)
+        self._zygote_env = {"TRITON_INTERPRET": "1" if self.device == "cpu" else "0"}
+        self.zygote = Zygote(self._zygote_env)
         self._tasks: dict[tuple[str, float], Task] = {}
         self._reapers: list[threading.Thread] = []
 
@@ -136,17 +136,29 @@ class Harness:
         return self._tasks[key]
 
     # ---- the check ------------------------------------------------------------------------------------------
+    def _ensure_zygote(self) -> None:
+        """A fresh zygote in place of one that was lost (killed or stopped by a candidate, or wedged)."""
+        if self.zygote.health() is not None:
+            log.warning("starting a fresh sandbox worker process: the last one %s", self.zygote.health())
+            self.zygote.close()
+            self.zygote = Zygote(self._zygote_env)
+
     def check(self, task: str | Path | Task, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:
+        """The verdict on one candidate. Whatever the candidate does, this returns a verdict (it raises only for the
+        caller's own errors: a bad task, options for another device) within about options.timeout_s plus
+        process.CLOSE_GRACE_S + process.CONTROL_TIMEOUT_S."""
         options = options or CheckOptions()
         if options.device not in ("auto", self.device):
             raise ValueError(f"this harness runs on {self.device}; make another for {options.device}")
+        self._ensure_zygote()  # before the clock starts: a restart is not the candidate's time
         start = time.monotonic()
         candidate = Path(candidate).resolve()
         task_obj = self.load(task)
         seed = options.seed if options.seed is not None else secrets.randbits(31)
         stages: list[StageResult] = []
 
-        source = candidate.read_text(encoding="utf-8", errors="replace")
+        with open(candidate, "rb") as f:  # no more than the parser would look at
+            source = f.read(4 * pyparse.MAX_SOURCE_CHARS + 4).decode("utf-8", errors="replace")
         t0 = time.monotonic()
         finding = static.check_source(source, candidate.name)
         if finding is not None:
@@ -157,7 +169,13 @@ class Harness:
 
         options = replace(options, device=self.device)
         t0 = time.monotonic()
-        child = self.zygote.spawn()
+        try:
+            child = self._spawn(start + options.timeout_s)
+        except ZygoteLost as exc:  # before any candidate code ran: not the candidate's doing
+            stages.append(StageResult(Stage.COMPILE, False, Reason.HARNESS_ERROR,
+                                      f"{exc}; the candidate's process could not be started, which says nothing "
+                                      "about the candidate", seconds=time.monotonic() - t0))
+            return self._result(task_obj, candidate, stages, start, None)
         run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages)
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
@@ -180,11 +198,42 @@ class Harness:
                                       "inputs, outputs and their float64 references did not fit beside what else "
                                       "runs on the GPU); this says nothing about the candidate: free the GPU or "
                                       "check the task at a smaller shape", seconds=time.monotonic() - run.stage_start))
+        except Exception as exc:  # noqa: BLE001 - a verdict, never a traceback: the harness's own failure, named
+            log.error("the harness failed at the %s stage of %s: %s: %s", run.stage.value, candidate.name,
+                      type(exc).__name__, exc, exc_info=exc)
+            stages.append(StageResult(run.stage, False, Reason.HARNESS_ERROR,
+                                      f"the harness failed at the {run.stage.value} stage: {type(exc).__name__}: "
+                                      f"{str(exc)[:500]}", seconds=time.monotonic() - run.stage_start,
+                                      error=ErrorInfo.from_exception(exc)))
         finally:
+            lost = self.zygote.health()  # what the candidate did to the zygote, before its process is ended
             with run.lap("close"):
                 self._retire(child, run.exported)
+            lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
+        if lost is not None:
+            self._blame_for_zygote(run, lost)
         return self._result(task_obj, candidate, stages, start, timing, network_isolated=run.network_isolated,
                             run=run)
+
+    def _spawn(self, deadline: float) -> Child:
+        """The candidate's process; one retry with a fresh zygote if the warm one turns out lost."""
+        try:
+            return self.zygote.spawn(deadline)
+        except ZygoteLost:
+            self._ensure_zygote()
+            return self.zygote.spawn(deadline)
+
+    def _blame_for_zygote(self, run: _Run, how: str) -> None:
+        """The zygote was lost while this candidate ran: nothing but the candidate's process could reach it, so the
+        candidate is rejected whatever else it did (the next check starts a fresh zygote)."""
+        message = (f"the sandbox's worker process {how} while the candidate's process ran; the candidate was "
+                   "rejected (its process must not signal the process that started it)")
+        failed = replace(run.stages[-1], passed=False, reason=Reason.SANDBOX_VIOLATION, message=message) \
+            if run.stages and not run.stages[-1].passed else None
+        if failed is not None:
+            run.stages[-1] = failed
+        else:
+            run.stages.append(StageResult(run.stage, False, Reason.SANDBOX_VIOLATION, message))
 
     def bench(self, task: str | Path | Task, candidate: str | Path | None, *, baselines: tuple[str, ...] = ("eager",),
               gpu: int = 0, timeout_s: float = 600.0, timing_mode: str = "auto") -> dict[str, Any]:
@@ -228,6 +277,14 @@ class Harness:
     def _request(self, run: _Run, stage: Stage, msg: dict[str, Any], max_bytes: int = 1 << 30) -> dict[str, Any]:
         try:
             reply = run.child.request(msg, run.deadline, max_bytes)
+        except ZygoteLost as exc:
+            run.child.close(graceful=False)
+            raise _Reject(stage, Reason.SANDBOX_VIOLATION, f"{exc} while the candidate's process ran; the candidate "
+                          "was rejected (its process must not signal the process that started it)") from None
+        except ChildStopped:
+            run.child.close(graceful=False)
+            raise _Reject(stage, Reason.SANDBOX_VIOLATION, "the candidate's process stopped itself (SIGSTOP) and "
+                          "would never answer; it was killed") from None
         except channel.ChannelTimeout:
             run.child.close(graceful=False)
             raise _Reject(stage, Reason.TIMEOUT, f"the candidate did not finish within {run.options.timeout_s:.0f} s "

@@ -9,7 +9,10 @@ copies them out after checking that offset and size lie inside the buffer.
 """
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import re
 import struct
 import warnings
 from typing import Any
@@ -22,6 +25,18 @@ _DTYPES = {str(d): d for d in (
 )}
 MAX_MESSAGE = 1 << 36  # 64 GiB: far above any output; a guard against a forged length
 SHARED_MIN_BYTES = 1 << 16  # tensors at least this large travel through the shared buffer, when there is one
+# Bounds on the JSON header (tensors travel outside it): far above any honest reply, whose header holds a trace
+# summary, an error's traceback (8 kB) or the timing stage's measurements (tens of kB).
+MAX_HEADER = 16 << 20
+MAX_DEPTH = 32
+MAX_ELEMENTS = 1 << 20
+MAX_DIMS = 16
+_SPECIAL_FLOATS = ("nan", "inf", "-inf")
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_STEP = [0] * 256
+_STEP[ord("[")] = _STEP[ord("{")] = 1
+_STEP[ord("]")] = _STEP[ord("}")] = -1
 
 
 class WireError(ValueError):
@@ -65,16 +80,26 @@ def encode(obj: Any, shared: Any = None) -> bytes:
 
 
 def decode(data: bytes, shared: Any = None) -> Any:
+    """The message's body, with tensors rebuilt; WireError for anything malformed. The JSON header is bounded in size,
+    nesting and element count before it is parsed (json.loads recurses: deep nesting raises RecursionError)."""
     if len(data) < 8:
         raise WireError("message too short")
     (hlen,) = struct.unpack("<Q", data[:8])
     if hlen > len(data) - 8:
         raise WireError("header length exceeds message")
+    if hlen > MAX_HEADER:
+        raise WireError(f"header of {hlen} bytes exceeds the limit of {MAX_HEADER}")
+    raw = bytes(data[8:8 + hlen])
+    _check_shape(raw)
     try:
-        header = json.loads(data[8:8 + hlen])
-        sizes = [int(s) for s in header["sizes"]]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise WireError(f"malformed header: {exc}") from None
+        header = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError, MemoryError, UnicodeDecodeError) as exc:
+        raise WireError(f"malformed header: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(header, dict) or "body" not in header or not isinstance(header.get("sizes"), list):
+        raise WireError("malformed header: it must hold a body and a list of buffer sizes")
+    sizes = header["sizes"]
+    if not all(type(s) is int for s in sizes):
+        raise WireError("malformed header: buffer sizes must be integers")
     offsets, pos = [], 8 + hlen
     for s in sizes:
         if s < 0 or pos + s > len(data):
@@ -88,24 +113,20 @@ def decode(data: bytes, shared: Any = None) -> Any:
             if "__shared__" in x:
                 return _from_shared(x, shared)
             if "__tensor__" in x:
-                dtype = _DTYPES.get(x.get("dtype"))
-                shape = x.get("shape")
-                idx = x.get("__tensor__")
-                if dtype is None or not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape) \
-                        or not isinstance(idx, int) or not 0 <= idx < len(offsets):
+                dtype, shape, idx = _DTYPES.get(x.get("dtype")), _shape(x.get("shape")), x.get("__tensor__")
+                if dtype is None or shape is None or type(idx) is not int or not 0 <= idx < len(offsets):
                     raise WireError("malformed tensor descriptor")
                 start, size = offsets[idx]
-                numel = 1
-                for s in shape:
-                    numel *= s
-                itemsize = torch.empty((), dtype=dtype).element_size()
-                if numel * itemsize != size:
+                numel = math.prod(shape)
+                if numel * _itemsize(dtype) != size:
                     raise WireError("tensor buffer size does not match its shape")
                 if numel == 0:
                     return torch.empty(shape, dtype=dtype)
                 raw = torch.frombuffer(bytearray(view[start:start + size]), dtype=torch.uint8)
                 return raw.view(dtype).reshape(shape)
             if "__float__" in x:
+                if x.get("__float__") not in _SPECIAL_FLOATS or len(x) != 1:
+                    raise WireError("malformed float marker")
                 return float(x["__float__"])
             return {k: walk(v) for k, v in x.items()}
         if isinstance(x, list):
@@ -115,15 +136,38 @@ def decode(data: bytes, shared: Any = None) -> Any:
     return walk(header["body"])
 
 
+def _check_shape(header: bytes) -> None:
+    """Refuse a header nested deeper than MAX_DEPTH or holding more than MAX_ELEMENTS values, before parsing it.
+    Brackets and commas inside strings do not count: strings are cut out first."""
+    skeleton = _STRINGS.sub(b"", header)
+    if skeleton.count(b",") + skeleton.count(b":") > MAX_ELEMENTS:
+        raise WireError(f"header holds more than {MAX_ELEMENTS} values")
+    brackets = skeleton.translate(None, _NOT_BRACKETS)
+    if len(brackets) > 2 * MAX_ELEMENTS:
+        raise WireError(f"header holds more than {MAX_ELEMENTS} values")
+    if brackets and max(itertools.accumulate(map(_STEP.__getitem__, brackets))) > MAX_DEPTH:
+        raise WireError(f"header nests deeper than {MAX_DEPTH} levels")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (non-finite floats travel as markers)")
+
+
+def _shape(shape: Any) -> list[int] | None:
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(type(s) is int and s >= 0 for s in shape):
+        return None
+    return shape
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def _from_shared(x: dict[str, Any], shared: Any) -> torch.Tensor:
-    dtype, shape, offset = _DTYPES.get(x.get("dtype")), x.get("shape"), x.get("__shared__")
-    if shared is None or dtype is None or not isinstance(offset, int) or not isinstance(shape, list) \
-            or not all(isinstance(s, int) and s >= 0 for s in shape):
+    dtype, shape, offset = _DTYPES.get(x.get("dtype")), _shape(x.get("shape")), x.get("__shared__")
+    if shared is None or dtype is None or type(offset) is not int or shape is None:
         raise WireError("malformed shared tensor descriptor")
-    numel = 1
-    for s in shape:
-        numel *= s
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * _itemsize(dtype)
     if offset < 0 or offset + nbytes > len(shared):
         raise WireError("shared tensor lies outside the shared buffer")
     # A copy of our own: the child can still write into the shared buffer. (The parent's mapping is read-only, which
