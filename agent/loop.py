@@ -39,7 +39,9 @@ from agent.archive import Archive, Candidate, Duel, Reverification, Run, Timings
 from agent.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
                              HarnessEvaluator, LocalExecutor)
 from agent.executors import spawn as _spawn
-from agent.extract import NoCode, extract_code
+from agent import diffs
+from agent.extract import NoCode, extract_code, normal_form
+from agent.flatten import flatten
 from agent.llm import Provider, ProviderError, Reply
 from agent.prepare import new_run_id, open_task, prepare, resolve_start
 from agent.proposing import Pending, llm_messages, messages_text, rank, speed, tuner_proposal
@@ -51,6 +53,8 @@ from sandbox.records import CheckResult
 log = logging.getLogger(__name__)
 MAX_PROVIDER_ERRORS = 5  # consecutive failed requests before the run stops: the endpoint is not coming back
 MAX_HARNESS_ERRORS = 3
+TRUNCATED = ("length", "max_tokens")  # finish reasons of a reply cut off at the output limit (OpenAI, Anthropic)
+PROPOSE_REASONS = ("no_code", "provider_error", "duplicate", "truncated", "edit_failed")  # failed before a check
 
 
 def run_search(config: RunConfig, archive: Archive, *, provider: Provider | None = None,
@@ -162,6 +166,13 @@ class _Coordinator:
         self.elites = [self.archive.with_source(c) for c in self.archive.elites(task.source_hash, timed=self.timed)]
         self.failures = [self.archive.with_source(c) for c in mine
                          if c.verdict == "rejected" and c.source_sha and c.stage != "propose"]
+        self.history = list(mine)  # this run's records: the attempts each prompt lists (agent/proposing.py)
+        self.normal_forms: dict[str, int] = {}  # normal form -> the first candidate with it (near-duplicates)
+        for c in self.archive.candidates(task_hash=task.source_hash, timed=self.timed):
+            if c.source_sha and c.verdict != "interrupted" and c.reason != "harness_error":
+                form = normal_form(self.archive.with_source(c).source or "")
+                if form is not None:
+                    self.normal_forms.setdefault(form, c.id)
         # A challenger no duel crowned is not the best, however its own check ranked it; nor the search's pick.
         self.uncrowned = self.archive.uncrowned(task.source_hash) if self.timed else set()
         self.search.held = self.uncrowned
@@ -184,6 +195,13 @@ class _Coordinator:
             self._emit(EventKind.NOTE, "no seed kernel for this task: the LLM starts from the reference")
             return
         source = self.start_path.read_text(encoding="utf-8", errors="replace")
+        flat = flatten(source)  # the model sees and may edit the seed code it imports
+        if flat.modules:
+            self._emit(EventKind.NOTE, f"the starting kernel includes the seed code it imports "
+                                       f"({', '.join(flat.modules)}), so that the model sees every kernel that runs")
+        elif flat.problem:
+            self._emit(EventKind.NOTE, f"the starting kernel keeps its imports of seed code: {flat.problem}")
+        source = flat.source
         sha = sha256(source)
         prior = [c for c in self.archive.candidates(task_hash=self.task.source_hash, timed=self.timed)
                  if c.source_sha == sha and c.verdict != "interrupted"]
@@ -280,7 +298,9 @@ class _Coordinator:
         already waiting for an outcome `samples` times: the next verdict will change it, so wait for that."""
         assert self.provider is not None
         sel = self.search.select_for_llm(self.elites, self.failures)
-        messages = llm_messages(self.task, sel, self.elites, timed=self.timed)
+        best = self.archive.with_source(self.best) if self.best is not None else None
+        messages = llm_messages(self.task, sel, self.elites, timed=self.timed, history=self.history, best=best,
+                                max_output_tokens=self.config.reply_max_tokens)
         prompt = messages_text(messages)
         if sum(p.prompt == prompt for p in self._outstanding()) >= max(1, self.config.samples):
             if sel.kind == "fix":
@@ -298,22 +318,61 @@ class _Coordinator:
         self.tokens_in += reply.usage.input_tokens
         self.tokens_out += reply.usage.output_tokens
         self.cost += reply.cost_usd or 0.0
-        code = extract_code(reply.text)
-        if isinstance(code, NoCode):
-            self._record(self._base(pending, "no_code", code.reason))
+        if (reply.finish_reason or "").lower() in TRUNCATED:
+            limit = self.config.reply_max_tokens
+            self._record(self._base(pending, "truncated", f"the reply was cut off at the output limit ({limit} tokens, "
+                                                          f"finish_reason {reply.finish_reason}), so nothing of it "
+                                                          "was checked; answer with SEARCH/REPLACE edits or a "
+                                                          "shorter file"))
             return
-        sha = sha256(code.source)
+        source = self._proposed_source(pending, reply.text)
+        if source is None:
+            return
+        flat = flatten(source)
+        source = flat.source
+        sha = sha256(source)
         if sha in self.known or sha in self.in_flight:
             self._record(self._base(pending, "duplicate", "the same file was already evaluated for this task",
-                                    source=code.source))
+                                    source=source))
             return
-        self._admit(pending, code.source)
+        form = normal_form(source)
+        if form is not None and form in self.normal_forms:
+            first = self.normal_forms[form]
+            same = f"#{first}, already evaluated" if first >= 0 else "a candidate being checked now"
+            self._record(self._base(pending, "duplicate", f"the same code as {same} (up to comments and formatting)",
+                                    source=source))
+            return
+        self._admit(pending, source)
+
+    def _proposed_source(self, pending: Pending, text: str) -> str | None:
+        """The file a reply proposes: its SEARCH/REPLACE edits applied to the kernel the request showed, else the
+        file it contains; None when it has neither (recorded, and shown to the model on its next turn)."""
+        if diffs.has_edits(text):
+            parent = pending.selection.parent
+            base = self.archive.with_source(parent).source if parent is not None else None
+            if not base:
+                self._record(self._base(pending, "edit_failed", "the reply has SEARCH/REPLACE edits but the request "
+                                                                "showed no kernel to edit; write the whole file"))
+                return None
+            try:
+                return diffs.apply_edits(base, diffs.parse_edits(text))
+            except diffs.EditError as exc:
+                self._record(self._base(pending, "edit_failed", str(exc)))
+                return None
+        code = extract_code(text)
+        if isinstance(code, NoCode):
+            self._record(self._base(pending, "no_code", code.reason))
+            return None
+        return code.source
 
     def _admit(self, pending: Pending, source: str) -> None:
         pending.source, pending.sha = source, sha256(source)
         pending.path = self.run_dir / "candidates" / f"{pending.sha[:16]}.py"
         pending.path.write_text(source, encoding="utf-8")
         self.in_flight.add(pending.sha)
+        form = normal_form(source)
+        if form is not None:
+            self.normal_forms.setdefault(form, -1)  # in flight; the record's id replaces it
         self.ready.append(pending)
 
     # ---- evaluating ------------------------------------------------------------------------------------------
@@ -417,13 +476,21 @@ class _Coordinator:
             verdict="accepted" if reason == "ok" else "rejected", reason=reason, run_id=self.run_id, source=source,
             parent_id=parents[0].id if parents else None, parent2_id=parents[1].id if len(parents) > 1 else None,
             niche=niche(source) if source else None, prompt=p.prompt, reply=p.reply.text if p.reply else None,
-            stage="propose" if reason in ("no_code", "provider_error", "duplicate") else None, message=message,
+            stage="propose" if reason in PROPOSE_REASONS else None, message=message,
             input_tokens=usage.input_tokens if usage else 0, output_tokens=usage.output_tokens if usage else 0,
             cost_usd=p.reply.cost_usd if p.reply else None, latency_s=p.reply.latency_s if p.reply else None)
 
     def _record(self, cand: Candidate) -> None:
         cand = self.archive.add(cand)
         self._last_recorded = cand
+        self.history.append(cand)
+        if cand.source and cand.reason != "duplicate":
+            form = normal_form(cand.source)
+            if form is not None:
+                if cand.verdict == "interrupted" or cand.reason == "harness_error":
+                    self.normal_forms.pop(form, None)  # not evaluated: may come again
+                elif self.normal_forms.get(form, -1) == -1:
+                    self.normal_forms[form] = cand.id
         if cand.source_sha and cand.verdict != "interrupted" and cand.reason != "harness_error":
             self.known.add(cand.source_sha)
         proposed = cand.origin != "seed"  # the counters are of proposals; the starting kernel is reported apart

@@ -68,43 +68,55 @@ def example_source(name: str = "rmsnorm_fwd") -> str:
 
 
 # ---- the conversation the loop sends --------------------------------------------------------------------------------
-def system_prompt(*, gpu: str = "h200", allow_torch_compute: bool = False) -> str:
-    """The rules (from the harness's own lists), the GPU's facts ("h200" or "cpu") and the example."""
+def system_prompt(*, gpu: str = "h200", allow_torch_compute: bool = False, max_output_tokens: int = 8192,
+                  gpu_facts: str | None = None, example: tuple[str, str] | None = None) -> str:
+    """The rules (from the harness's own lists), the answer formats, the GPU's facts and an example.
+
+    `gpu_facts` replaces the template agent/prompts/gpu_{gpu}.md where the loop measured the facts; `example` is
+    (what it is, its source), by default the RMSNorm forward kept with the prompts.
+    """
     from sandbox.static import ALLOWED_IMPORTS, FORBIDDEN_NAMES
 
     torch_compute = ("This task allows PyTorch compute besides your kernels, but the speed of your own kernels is "
                      "what is being measured." if allow_torch_compute else "")
     rules = render("_rules", allowed_imports=", ".join(sorted(ALLOWED_IMPORTS)),
                    forbidden_names=", ".join(sorted(FORBIDDEN_NAMES)), torch_compute=torch_compute).strip()
-    return render("system", rules=rules, gpu_facts=render(f"gpu_{gpu}").strip(), example=example_source())
+    title, source = example or ("a different reference: RMSNorm forward", example_source())
+    example_text = f"# An example of a valid file ({title})\n```python\n{source.strip()}\n```"
+    facts = gpu_facts if gpu_facts is not None else render(f"gpu_{gpu}").strip()
+    return render("system", rules=rules, gpu_facts=facts.strip(), example=example_text,
+                  max_output_tokens=max_output_tokens)
 
 
 def propose_messages(*, task_name: str, task_source: str, parent_source: str, parent_diagnostics: str,
-                     elites: Sequence[tuple[str, str]] = (), goal: str = DEFAULT_GOAL, gpu: str = "h200",
-                     allow_torch_compute: bool = False) -> list[Message]:
-    """Improve `parent_source`; `elites` are (summary, source) pairs of other verified kernels, best first."""
+                     elites: Sequence[tuple[str, str]] = (), goal: str = DEFAULT_GOAL, attempts: str = "None yet.",
+                     system: str | None = None, **system_kw: Any) -> list[Message]:
+    """Improve `parent_source`; `elites` are (summary, source) pairs of other verified kernels, best first;
+    `attempts` is what was tried from this kernel so far and how it went."""
     elite_text = "\n".join(render("_elite", rank=i + 1, summary=summary, source=src.strip())
                            for i, (summary, src) in enumerate(elites)) or "None yet."
     user = render("propose", task_name=task_name, task_source=task_source.strip(), parent_source=parent_source.strip(),
-                  parent_diagnostics=parent_diagnostics.strip(), elites=elite_text.strip(), goal=goal)
-    return [Message(role="system", content=system_prompt(gpu=gpu, allow_torch_compute=allow_torch_compute)),
-            Message(role="user", content=user)]
+                  parent_diagnostics=parent_diagnostics.strip(), elites=elite_text.strip(), goal=goal,
+                  attempts=attempts.strip() or "None yet.")
+    return [Message(role="system", content=system or system_prompt(**system_kw)), Message(role="user", content=user)]
 
 
-def fix_messages(*, task_name: str, task_source: str, broken_source: str, diagnostics: str, gpu: str = "h200",
-                 allow_torch_compute: bool = False) -> list[Message]:
+def fix_messages(*, task_name: str, task_source: str, broken_source: str, diagnostics: str,
+                 attempts: str = "None yet.", best: tuple[str, str] | None = None, system: str | None = None,
+                 **system_kw: Any) -> list[Message]:
+    """Repair `broken_source`; `best` is (summary, source) of the best verified kernel, when there is one."""
+    best_text = (f"{best[0]}\n```python\n{best[1].strip()}\n```" if best else
+                 "None verified yet.")
     user = render("fix", task_name=task_name, task_source=task_source.strip(), broken_source=broken_source.strip(),
-                  diagnostics=diagnostics.strip())
-    return [Message(role="system", content=system_prompt(gpu=gpu, allow_torch_compute=allow_torch_compute)),
-            Message(role="user", content=user)]
+                  diagnostics=diagnostics.strip(), attempts=attempts.strip() or "None yet.", best=best_text)
+    return [Message(role="system", content=system or system_prompt(**system_kw)), Message(role="user", content=user)]
 
 
 def crossover_messages(*, task_name: str, task_source: str, source_a: str, diagnostics_a: str, source_b: str,
-                       diagnostics_b: str, gpu: str = "h200", allow_torch_compute: bool = False) -> list[Message]:
+                       diagnostics_b: str, system: str | None = None, **system_kw: Any) -> list[Message]:
     user = render("crossover", task_name=task_name, task_source=task_source.strip(), source_a=source_a.strip(),
                   diagnostics_a=diagnostics_a.strip(), source_b=source_b.strip(), diagnostics_b=diagnostics_b.strip())
-    return [Message(role="system", content=system_prompt(gpu=gpu, allow_torch_compute=allow_torch_compute)),
-            Message(role="user", content=user)]
+    return [Message(role="system", content=system or system_prompt(**system_kw)), Message(role="user", content=user)]
 
 
 # ---- the verdict, written out -----------------------------------------------------------------------------------

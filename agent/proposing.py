@@ -6,11 +6,13 @@ A proposal travels through the loop as a `Pending` until its candidate has a ver
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
-from agent import prompting
+from agent import diffs, prompting
 from agent import tuner as tuner_mod
 from agent.archive import Candidate
 from agent.llm import Message, Reply
@@ -56,14 +58,25 @@ def tuner_proposal(search: Search, tuner: tuner_mod.Tuner, elites: list[Candidat
         exhausted.add(sel.parents[0].id)
 
 
-def llm_messages(task: Task, sel: Selection, elites: list[Candidate], *, timed: bool) -> list[Message]:
-    """The messages asking for the kernel `sel` calls for: a fix, a crossover, a first kernel or an improvement."""
+def llm_messages(task: Task, sel: Selection, elites: list[Candidate], *, timed: bool,
+                 history: Sequence[Candidate] = (), best: Candidate | None = None, max_output_tokens: int = 8192,
+                 system: str | None = None) -> list[Message]:
+    """The messages asking for the kernel `sel` calls for: a fix, a crossover, a first kernel or an improvement.
+
+    `history` is this run's proposals so far (with their replies): the attempts made from the kernel shown are
+    listed with what changed, the outcome and the time change. A fix also shows `best`, the best verified kernel.
+    `system` is the system prompt when the caller made it (with measured facts and a retrieved example).
+    """
     task_source = task.path.read_text(encoding="utf-8", errors="replace")
-    common = {"task_name": task.name, "task_source": task_source, "gpu": "h200" if timed else "cpu",
-              "allow_torch_compute": task.meta.allow_torch_compute}
+    common = {"task_name": task.name, "task_source": task_source, "system": system, "gpu": "h200" if timed else "cpu",
+              "allow_torch_compute": task.meta.allow_torch_compute, "max_output_tokens": max_output_tokens}
+    if system is not None:
+        common = {k: v for k, v in common.items() if k in ("task_name", "task_source", "system")}
     if sel.kind == "fix":
         p = sel.parents[0]
-        return prompting.fix_messages(broken_source=p.source or "", diagnostics=_diagnostics(p), **common)
+        shown = (_one_line(best), best.source or "") if best is not None and best.source else None
+        return prompting.fix_messages(broken_source=p.source or "", diagnostics=_diagnostics(p),
+                                      attempts=attempts_text(p, history), best=shown, **common)
     if sel.kind == "crossover":
         a, b = sel.parents
         return prompting.crossover_messages(source_a=a.source or "", diagnostics_a=_diagnostics(a),
@@ -72,11 +85,72 @@ def llm_messages(task: Task, sel: Selection, elites: list[Candidate], *, timed: 
         return prompting.propose_messages(
             parent_source="# No kernel yet.", elites=(),
             parent_diagnostics="There is no kernel for this task yet: write the first one from the reference.",
-            **common)
+            attempts=attempts_text(None, history), **common)
     parent = sel.parents[0]
     others = sorted((e for e in elites if e.id != parent.id), key=rank, reverse=True)[:2]
     return prompting.propose_messages(parent_source=parent.source or "", parent_diagnostics=_diagnostics(parent),
-                                      elites=[(_one_line(e), e.source or "") for e in others], **common)
+                                      elites=[(_one_line(e), e.source or "") for e in others],
+                                      attempts=attempts_text(parent, history), **common)
+
+
+MAX_ATTEMPTS = 8  # the most recent attempts listed per kernel
+
+
+def attempts_text(parent: Candidate | None, history: Sequence[Candidate]) -> str:
+    """The proposals made from `parent` (None: from scratch), oldest first: what changed, outcome, time change."""
+    pid = parent.id if parent is not None else None
+    mine = [c for c in history if c.parent_id == pid and c.origin in ("llm", "tuner")
+            and c.reason not in ("provider_error",) and c.verdict != "interrupted"]
+    lines = [f"- #{c.id}: {what_changed(c)} -> {outcome(c, parent)}" for c in mine[-MAX_ATTEMPTS:]]
+    if len(mine) > MAX_ATTEMPTS:
+        lines.insert(0, f"({len(mine) - MAX_ATTEMPTS} earlier attempts not listed)")
+    return "\n".join(lines) or "None yet."
+
+
+def what_changed(c: Candidate) -> str:
+    """The attempt's own one-line summary: the first sentence of the reply's prose (and the edits' size), or the
+    tuner's description."""
+    if c.origin == "tuner" or not c.reply:
+        return (c.prompt or "?").split("\n")[0][:160]
+    prose = []
+    fence = False
+    for line in c.reply.split("\n"):
+        stripped = line.strip()
+        if stripped.startswith(("```", "~~~")):
+            fence = not fence
+            continue
+        if fence or not stripped or stripped.startswith(("<<<<<<<", "=======", ">>>>>>>", "<think", "</think")):
+            continue
+        prose.append(stripped)
+        break
+    text = prose[0] if prose else "(no summary)"
+    text = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
+    edits = f" [{diffs.summary(diffs.parse_edits(c.reply))}]" if _parsable_edits(c.reply) else " [whole file]"
+    return f'"{text[:160]}"' + (edits if c.stage != "propose" or c.reason == "duplicate" else "")
+
+
+def _parsable_edits(reply: str) -> bool:
+    try:
+        return diffs.has_edits(reply) and bool(diffs.parse_edits(reply))
+    except diffs.EditError:
+        return False
+
+
+def outcome(c: Candidate, parent: Candidate | None) -> str:
+    if c.accepted:
+        text = f"verified, {speed(c)}" if c.timed else "verified (not timed)"
+        p_ms, c_ms = (parent.timings.candidate_ms if parent is not None else None), c.timings.candidate_ms
+        if p_ms and c_ms:
+            text += f"; time {100.0 * (c_ms - p_ms) / p_ms:+.1f}% vs #{parent.id}"
+        return text
+    first = (c.message or "").strip().split("\n")[0][:300]
+    if c.reason == "truncated":
+        return f"cut off: {first}"
+    if c.reason == "edit_failed":
+        return f"the edits did not apply: {first}"
+    if c.reason == "duplicate":
+        return f"not checked: {first}"
+    return f"rejected at the {c.stage or '?'} stage ({c.reason}): {first}"
 
 
 def messages_text(messages: list[Message]) -> str:

@@ -118,3 +118,92 @@ def test_the_same_prompt_is_not_sent_twice_unless_sampling_is_asked_for(tmp_path
     with Archive(tmp_path / "b.db") as archive:
         run(task, archive, fake, budget=2, concurrency=2, samples=2)
     assert fake.prompts[0] == fake.prompts[1]  # parallel sampling, as asked
+
+
+# ---- diffs, standalone files, truncation ----------------------------------------------------------------------------
+def edit(search: str, replace: str, note: str = "Edit.") -> str:
+    return f"{note}\n\n<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE\n"
+
+
+FIX = edit("    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK) + tl.no_such_function(1)",
+           "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "Drop the call that does not exist.")
+
+
+def test_edits_are_offered_applied_and_a_failed_edit_is_reported_with_its_reason(tmp_path, task):
+    fake = FakeProvider("fake:m").enqueue(fenced(COMPILE_ERROR, "first"))
+    fake.enqueue(edit("    offs = not_in_the_kernel()", "    offs = 0", "A wrong edit."))
+    fake.enqueue(FIX)
+    with Archive(tmp_path / "a.db") as archive:
+        s = run(task, archive, fake, budget=3)
+        failed = [c for c in archive.candidates() if c.reason == "edit_failed"]
+    assert "SEARCH/REPLACE" in fake.calls[0].messages[0].content  # the system prompt offers edits
+    assert len(failed) == 1 and "does not occur" in failed[0].message and failed[0].stage == "propose"
+    third = fake.prompts[2]
+    assert "the edits did not apply" in third and "not_in_the_kernel" in third and "no_such_function" in third
+    assert Judge.checked[-1] == GOOD and s.progress.accepted == 1  # the edit applied to the kernel shown
+
+
+def test_a_truncated_reply_is_recognised_and_the_model_told(tmp_path, task):
+    fake = FakeProvider("fake:m").enqueue(fenced(COMPILE_ERROR, "first"))
+    fake.enqueue("I will rewrite it.\n```python\nimport torch\ndef f(", finish_reason="length")
+    fake.enqueue(FIX)
+    with Archive(tmp_path / "a.db") as archive:
+        run(task, archive, fake, budget=3, reply_max_tokens=1234)
+        cut = [c for c in archive.candidates() if c.reason == "truncated"]
+    assert len(cut) == 1 and "cut off at the output limit (1234 tokens" in cut[0].message
+    assert all(c.max_tokens == 1234 for c in fake.calls) and "at most 1234 tokens" in fake.prompts[0]
+    assert "cut off" in fake.prompts[2] and "missing" not in cut[0].message
+    assert len(Judge.checked) == 2  # the cut reply was not checked
+
+
+def test_seed_code_a_kernel_imports_is_shown_and_editable(tmp_path, task):
+    start = tmp_path / "start.py"
+    start.write_text(GOOD.replace("import triton.language as tl\n",
+                                  "import triton.language as tl\nfrom seeds._common import row_warps\n")
+                     .replace("num_warps=4", "num_warps=row_warps(1024, 4)"))
+    fake = FakeProvider("fake:m").enqueue(edit("    return max(4, min(32, block * elem_bytes // 1024))",
+                                                "    return max(2, min(32, block * elem_bytes // 1024))", "Fewer."))
+    with Archive(tmp_path / "a.db") as archive:
+        run(task, archive, fake, budget=1, start_from=start)
+        seed, child = (archive.with_source(c) for c in archive.candidates())
+    assert "from seeds." not in seed.source and "def row_warps(" in seed.source
+    assert "def row_warps(" in fake.prompts[0] and "from seeds." not in Judge.checked[0]
+    assert child.accepted and "return max(2, min(32" in child.source  # an edit inside the imported seed code
+
+
+def test_near_duplicates_are_recognised_and_not_checked_again(tmp_path, task):
+    same = GOOD.replace("class ModelNew(nn.Module):", "# a comment\n\nclass ModelNew(nn.Module):\n    \"\"\"Doc.\"\"\"\n")
+    fake = FakeProvider("fake:m").enqueue(fenced(GOOD, "first")).enqueue(fenced(same, "again"))
+    with Archive(tmp_path / "a.db") as archive:
+        run(task, archive, fake, budget=2)
+        dup = [c for c in archive.candidates() if c.reason == "duplicate"]
+    assert len(Judge.checked) == 1 and len(dup) == 1 and "up to comments and formatting" in dup[0].message
+
+
+def test_edit_blocks_apply_tolerantly_and_say_why_they_do_not():
+    from agent.diffs import EditError, apply_edits, parse_edits
+
+    src = "def f(x):\n    if x:\n        return 1   \n    return 2\n"
+    loose = "<<<<<<< SEARCH\nif x:\n    return 1\n=======\nif x:\n    return 3\n>>>>>>> REPLACE\n"
+    assert apply_edits(src, parse_edits(loose)) == "def f(x):\n    if x:\n        return 3\n    return 2\n"
+    with pytest.raises(EditError, match="occurs 2 times"):
+        apply_edits("a = 1\na = 1\n", parse_edits("<<<<<<< SEARCH\na = 1\n=======\na = 2\n>>>>>>> REPLACE"))
+    with pytest.raises(EditError, match="not closed"):
+        parse_edits("<<<<<<< SEARCH\na = 1\n=======\na = 2\n")
+
+
+def test_every_seed_flattens_or_says_why():
+    from agent.flatten import SEEDS_DIR, flatten
+
+    flattened = 0
+    for path in sorted(SEEDS_DIR.glob("*.py")):
+        if path.name.startswith("_") or path.name == "registry.py":
+            continue
+        flat = flatten(path.read_text())
+        if flat.problem:
+            assert "from seeds." in flat.source  # left as it was, with the reason
+            continue
+        assert "\nfrom seeds." not in flat.source
+        compile(flat.source, str(path), "exec")
+        flattened += bool(flat.modules)
+    assert flattened >= 15

@@ -1,0 +1,223 @@
+"""One standalone file from a kernel that imports seed code: the model must see, and may edit, every kernel that runs.
+
+The seeds share code (`from seeds._common import sm_count`, `from seeds.swiglu import glu_fwd`). A prompt that showed
+only the importing file would hide the kernels that actually run, and the model could not change them. `flatten`
+replaces each `from seeds.X import a, b as c` at the top level by the definitions it needs from seeds/X.py: `a` and
+`b`, and, transitively, every top-level definition, import and constant they use (imports from further seed modules
+resolved the same way), in the modules' own order, dependencies first; `c = b` keeps an alias.
+
+The result runs the same code (the definitions are copied verbatim). Where it cannot be made safely — a name defined
+differently by two of the modules, a seed module that is not a file, an import of a whole seed module — the file is
+returned unchanged with the reason, and the run goes on with the file as it was.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+from dataclasses import dataclass
+from pathlib import Path
+
+SEEDS_DIR = Path(__file__).resolve().parent.parent / "seeds"
+_BUILTINS = set(dir(builtins)) | {"__name__", "__file__", "__doc__"}
+
+
+@dataclass(frozen=True)
+class Flat:
+    source: str
+    modules: tuple[str, ...] = ()  # the seed modules code was taken from, e.g. ("seeds._common",)
+    problem: str | None = None  # why the file was left as it was, when it imports seed code
+
+
+class _Cant(Exception):
+    pass
+
+
+def flatten(source: str, seeds_dir: Path = SEEDS_DIR) -> Flat:
+    """`source` with its top-level imports of seed code replaced by the code they import."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return Flat(source)
+    imports = [n for n in tree.body if _seed_import(n)]
+    if not imports and not any(isinstance(n, ast.Import) and any(a.name.startswith("seeds.") or a.name == "seeds"
+                                                                  for a in n.names) for n in tree.body):
+        return Flat(source)
+    try:
+        return _flatten(source, tree, imports, seeds_dir)
+    except _Cant as exc:
+        return Flat(source, problem=str(exc))
+
+
+def _seed_import(node: ast.stmt) -> bool:
+    return isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("seeds.")
+
+
+class _Module:
+    def __init__(self, name: str, seeds_dir: Path):
+        path = seeds_dir / f"{name.split('.', 1)[1].replace('.', '/')}.py"
+        if not path.is_file():
+            raise _Cant(f"{name} is not a file in {seeds_dir}")
+        self.name, self.text = name, path.read_text(encoding="utf-8")
+        self.lines = self.text.split("\n")
+        self.body = ast.parse(self.text).body
+        self.future = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in self.body)
+        self.defines: dict[str, list[int]] = {}
+        for i, node in enumerate(self.body):
+            for name_ in _defines(node):
+                self.defines.setdefault(name_, []).append(i)
+
+    def segment(self, i: int) -> str:
+        node = self.body[i]
+        first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+        return "\n".join(self.lines[first - 1:node.end_lineno])
+
+
+def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: Path) -> Flat:
+    if any(isinstance(n, ast.Import) and any(a.name.startswith("seeds") for a in n.names) for n in tree.body):
+        raise _Cant("it imports a whole seed module (import seeds.X); only `from seeds.X import name` is inlined")
+    modules: dict[str, _Module] = {}
+    taken: dict[str, set[int]] = {}  # module -> statement indexes to copy
+    aliases: list[tuple[str, str]] = []  # (alias, name) assignments after the copied code
+    deps: dict[str, set[str]] = {}  # module -> seed modules it takes names from
+
+    def module(name: str) -> _Module:
+        if name not in modules:
+            modules[name] = _Module(name, seeds_dir)
+            taken[name], deps[name] = set(), set()
+        return modules[name]
+
+    work: list[tuple[str, str]] = []
+    for node in imports:
+        for a in node.names:
+            if a.name == "*":
+                raise _Cant(f"`from {node.module} import *` does not say which names it needs")
+            work.append((node.module, a.name))
+            if a.asname and a.asname != a.name:
+                aliases.append((a.asname, a.name))
+    done: set[tuple[str, str]] = set()
+    while work:
+        mod_name, name = work.pop()
+        if (mod_name, name) in done:
+            continue
+        done.add((mod_name, name))
+        m = module(mod_name)
+        if name not in m.defines:
+            raise _Cant(f"{mod_name} defines no top-level {name!r}")
+        for i in m.defines[name]:
+            if i in taken[mod_name]:
+                continue
+            node = m.body[i]
+            if _seed_import(node):
+                for a in node.names:
+                    if (a.asname or a.name) == name:
+                        work.append((node.module, a.name))
+                        deps[mod_name].add(node.module)
+                        if a.asname and a.asname != a.name:
+                            raise _Cant(f"{mod_name} imports {a.name} as {a.asname}; aliases inside seed modules "
+                                        "are not inlined")
+                continue
+            taken[mod_name].add(i)
+            for free in _free(node):
+                if free in m.defines:
+                    work.append((mod_name, free))
+    order = _topological(deps)
+    own = {n for node in tree.body if not _seed_import(node) for n in _defines(node)}
+    seen_imports = {ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
+    defined_by: dict[str, tuple[str, str]] = {}
+    future = False
+    head: list[str] = []
+    sections: list[str] = []
+    for mod_name in order:
+        m = modules[mod_name]
+        future |= m.future
+        body: list[str] = []
+        for i in sorted(taken[mod_name]):
+            node = m.body[i]
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+                    continue
+                text = ast.unparse(node)
+                if text not in seen_imports:
+                    seen_imports.add(text)
+                    head.append(text)
+                continue
+            segment = m.segment(i)
+            for name in _defines(node):
+                if name in own:
+                    raise _Cant(f"the file and {mod_name} both define {name!r}")
+                if name in defined_by and defined_by[name][1] != segment:
+                    raise _Cant(f"{defined_by[name][0]} and {mod_name} define {name!r} differently")
+                defined_by[name] = (mod_name, segment)
+            body.append(segment)
+        if body:
+            sections.append(f"# ---- copied from the seed module {mod_name.replace('.', '/')}.py ----\n" + "\n\n\n".join(body))
+    lines = source.split("\n")
+    first = imports[0]
+    before = lines[:first.lineno - 1]
+    skip = {ln for node in imports for ln in range(node.lineno, node.end_lineno + 1)}
+    after = [line for ln, line in enumerate(lines[first.lineno - 1:], first.lineno) if ln not in skip]
+    inlined = (["\n".join(head)] if head else []) + sections + (
+        ["\n".join(f"{alias} = {name}" for alias, name in aliases)] if aliases else [])
+    text = "\n".join(before).rstrip("\n") + "\n" + ("\n\n\n".join(inlined)) + "\n\n\n" + "\n".join(after).lstrip("\n")
+    if future and "from __future__ import annotations" not in source:
+        text = _with_future(text)
+    try:
+        ast.parse(text)
+    except SyntaxError as exc:  # pragma: no cover - the copied statements parsed where they came from
+        raise _Cant(f"the flattened file does not parse ({exc.msg})") from None
+    return Flat(text if text.endswith("\n") else text + "\n", tuple(order))
+
+
+def _with_future(text: str) -> str:
+    """`from __future__ import annotations` after the module docstring, where Python requires it."""
+    tree = ast.parse(text)
+    at = 0
+    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
+        at = tree.body[0].end_lineno
+    lines = text.split("\n")
+    return "\n".join(lines[:at] + ["from __future__ import annotations"] + lines[at:])
+
+
+def _topological(deps: dict[str, set[str]]) -> list[str]:
+    order: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name in path:
+            raise _Cant(f"seed modules import each other in a cycle ({' -> '.join(path + (name,))})")
+        for dep in sorted(deps.get(name, ())):
+            visit(dep, path + (name,))
+        order.append(name)
+
+    for name in sorted(deps):
+        visit(name, ())
+    return order
+
+
+def _defines(node: ast.stmt) -> set[str]:
+    """Names a top-level statement binds in the module's namespace."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    if isinstance(node, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
+        names: set[str] = set()
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            for child in getattr(node, field, []) or []:
+                if isinstance(child, ast.ExceptHandler):
+                    for c in child.body:
+                        names |= _defines(c)
+                else:
+                    names |= _defines(child)
+        return names
+    return set()
+
+
+def _free(node: ast.stmt) -> set[str]:
+    """Names a statement reads that it does not bind itself (over-approximated: never misses one)."""
+    loaded = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return loaded - _BUILTINS
