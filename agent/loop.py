@@ -168,11 +168,11 @@ class _Coordinator:
                          if c.verdict == "rejected" and c.source_sha and c.stage != "propose"]
         self.history = list(mine)  # this run's records: the attempts each prompt lists (agent/proposing.py)
         self.normal_forms: dict[str, int] = {}  # normal form -> the first candidate with it (near-duplicates)
-        for c in self.archive.candidates(task_hash=task.source_hash, timed=self.timed):
-            if c.source_sha and c.verdict != "interrupted" and c.reason != "harness_error":
-                form = normal_form(self.archive.with_source(c).source or "")
+        for prior in self.archive.candidates(task_hash=task.source_hash, timed=self.timed):
+            if prior.source_sha and prior.verdict != "interrupted" and prior.reason != "harness_error":
+                form = normal_form(self.archive.with_source(prior).source or "")
                 if form is not None:
-                    self.normal_forms.setdefault(form, c.id)
+                    self.normal_forms.setdefault(form, prior.id)
         # A challenger no duel crowned is not the best, however its own check ranked it; nor the search's pick.
         self.uncrowned = self.archive.uncrowned(task.source_hash) if self.timed else set()
         self.search.held = self.uncrowned
