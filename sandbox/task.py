@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 DISTRIBUTIONS = ("normal", "uniform", "large", "outliers", "constant_rows")
 CPU_ELEMENT_BUDGET = 1 << 17  # largest input tensor on the CPU interpreter
+CPU_PROBE_LIMIT = 1 << 26  # the largest input the rescaling's back-off runs a reference on (float64 too)
 MIN_SCALABLE = 16  # integer constants below this are structural (dims, kernel sizes) and never rescaled
 
 
@@ -115,6 +116,9 @@ class Task:
         task = _load(self.path, overrides, base=self.constants, pinned=self.pinned, rescale=self.rescale)
         task.rescale_note = note
         return task
+
+    def _largest_input(self, consts: dict[str, int]) -> int:
+        return max((t.numel() for t in self._shape_probe(consts) if isinstance(t, torch.Tensor)), default=0)
 
     def _halvings(self, consts: dict[str, int], frozen: set[str], budget: int) -> list[dict[str, int]]:
         """The constants after each halving (largest scalable first) until every input fits `budget` elements."""
@@ -238,10 +242,14 @@ def _fit(task: Task, budget: int) -> tuple[dict[str, int], str]:
         first_error = error
         good = -1  # the size this round started from works: probed before, or the task's own size probed here
         for i in range(len(steps) - 2, -1, -1):  # back off towards it
+            if task._largest_input(steps[i]) > CPU_PROBE_LIMIT:
+                raise TaskError(_too_big(task, steps[-1], steps[i], first_error))
             if _probe(task, steps[i], check_task) is None:
                 good = i
                 break
         if good < 0 and consts == start and not notes:
+            if task._largest_input(start) > CPU_PROBE_LIMIT:
+                raise TaskError(_too_big(task, steps[-1], start, first_error))
             error = _probe(task, start, check_task)
             if error is not None:  # the task fails at its own size: its own fault, said as such
                 raise TaskError(f"{task.path.name} fails at its own size, without crucible's CPU rescaling: "
@@ -259,6 +267,14 @@ def _fit(task: Task, budget: int) -> tuple[dict[str, int], str]:
                 f"keeps {kept} and rescales the rest")
         log.info("%s", note)
     return _diff(consts, task.constants, task.pinned), note
+
+
+def _too_big(task: Task, failed: dict[str, int], larger: dict[str, int], error: str) -> str:
+    changed = ", ".join(f"{k}={v}" for k, v in failed.items() if v != task.constants[k])
+    return (f"{task.path.name} fails once crucible shrinks it for the CPU ({changed}: {_short(error)}), and the "
+            f"next larger size has an input of {task._largest_input(larger):,} elements, more than the CPU "
+            f"interpreter can check; check it on a GPU (--device cuda), or pass --set NAME=VALUE with sizes it "
+            f"runs at")
 
 
 def _probe(task: Task, consts: dict[str, int], check_task: Callable[..., Any]) -> str | None:

@@ -2,9 +2,15 @@
 
 On one GPU the tasks run one after another. With --gpus N on CUDA, N tasks run at once, one per GPU: each GPU is a
 lane that takes the next task not yet started (so the GPUs stay busy when tasks take unequal times) and runs it with
-one evaluation worker on its GPU. A task that cannot start (no seed and no model, a broken file) is reported and
-skipped. The summary lists the tasks in their folder's order, whatever order they finished in; it can also be
-written as JSON (--json-out) and CSV (--csv).
+one evaluation worker on its GPU. A task that cannot start (a broken file) is reported and skipped. The summary
+lists the tasks in their folder's order, whatever order they finished in, with KernelBench's metrics (fast_0/1/2
+against eager and torch.compile, geometric-mean speedup, tokens per correct kernel: agent/batch_summary.py); it can
+also be written as JSON (--json-out, or --json on stdout) and CSV (--csv).
+
+Where each task starts: --from DIR gives each task the kernel in DIR named after it (KernelBench's
+`level1/19_ReLU.py` matches `19_ReLU.py`, `19_ReLU_anything.py` or `level_1_problem_19_...py`), else the seed
+registered for it. A task with neither, and no model to write one, gets its reference checked (and, on a GPU, its
+eager and torch.compile baselines timed) instead of a search; --reference-only does that for every task.
 
 With --executor ray the candidates are evaluated across a Ray cluster (--address; one worker per GPU of the cluster,
 docs/ray.md) while the search, the LLM requests and the archive stay in this process; the tasks run one after
@@ -16,7 +22,6 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import csv
 import json
 import re
 from dataclasses import replace
@@ -27,14 +32,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agent.commands import parse_constants
 from agent.commands.run import StopOnSignal, add_search_options, baselines_problem, config_from
+from agent import batch_summary as summary_mod
 from agent.lanes import run_lanes
 from sandbox import pyparse
 
 console = Console()
 err_console = Console(stderr=True)
-CSV_FIELDS = ["task", "status", "run_id", "proposals", "accepted", "rejected", "timed", "best_id", "speedup_eager",
-              "eager_ci_low", "eager_ci_high", "speedup_compile", "pct_roofline", "final_check", "best_path", "note"]
+CSV_FIELDS = summary_mod.CSV_FIELDS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,8 +56,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "`ray start` made on this machine, else a new local one")
     p.add_argument("--resume", dest="resume_all", action="store_true",
                    help="continue each task's latest run in the archive instead of starting new ones")
-    p.add_argument("--json-out", type=Path, metavar="FILE", help="write the summary as JSON")
-    p.add_argument("--csv", type=Path, metavar="FILE", help="write the summary as CSV")
+    p.add_argument("--from", dest="from_dir", type=Path, metavar="DIR",
+                   help="start each task from the kernel (a file defining ModelNew) in DIR named after it")
+    p.add_argument("--reference-only", action="store_true",
+                   help="only check each task's reference (on a GPU, also time its eager and torch.compile "
+                        "baselines): the folder's usable count")
+    p.add_argument("--json-out", type=Path, metavar="FILE", help="write the summary and the metrics as JSON")
+    p.add_argument("--csv", type=Path, metavar="FILE", help="write the summary and the metrics as CSV")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     p.set_defaults(func=run)
 
 
@@ -77,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from agent.llm import ProviderError, make_provider
     from agent.loop import LoopError, prepare, run_search
 
+    out = err_console if args.json else console  # with --json, stdout carries the one JSON object alone
     if args.gpus < 1:
         err_console.print("--gpus must be at least 1")
         return 2
@@ -96,14 +109,33 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         lanes = _lane_count(args, len(tasks))
-    except ExecutorError as exc:
+        constants = parse_constants(args.constants)
+    except (ExecutorError, ValueError) as exc:
         err_console.print(str(exc))
         return 2
+    starts: dict[Path, Path] = {}
+    if args.from_dir is not None:
+        if not args.from_dir.is_dir():
+            err_console.print(f"--from {args.from_dir} is not a folder; pass the folder of kernels (files that "
+                              "define ModelNew, named after the tasks)")
+            return 2
+        starts = match_kernels(tasks, args.from_dir)
+        out.print(f"--from {args.from_dir}: kernels for {len(starts)} of {len(tasks)} tasks", highlight=False,
+                  soft_wrap=True)
     try:
-        provider = make_provider(args.model)
+        provider = None if args.reference_only else make_provider(args.model)
     except ProviderError as exc:
         err_console.print(str(exc))
         return 2
+    from seeds.registry import seed_for_task
+    searchable = [t for t in tasks if t in starts or provider is not None or seed_for_task(t) is not None]
+    if args.reference_only or not searchable:
+        if not args.reference_only:
+            out.print("no model and no kernel to start from: checking each task's reference (and timing its "
+                      "baselines on a GPU); to propose kernels, pass --model openai:NAME or anthropic:NAME, or "
+                      "--from DIR with kernels named after the tasks", highlight=False, soft_wrap=True)
+        rows = reference_rows(tasks, args, constants, err_console)
+        return _finish(args, rows, reference_only=True)
     try:
         archive = Archive(args.archive)
     except Exception as exc:  # noqa: BLE001 - a file the user pointed at: one sentence, no traceback
@@ -116,15 +148,15 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(str(exc), markup=False, soft_wrap=True)  # "kernel-crucible[ray]" is not markup
         return 2
     if lanes > 1:
-        console.print(f"{len(tasks)} tasks on {lanes} GPUs: one task per GPU at a time")
+        out.print(f"{len(tasks)} tasks on {lanes} GPUs: one task per GPU at a time")
     elif args.gpus > 1 and args.executor == "local" and not _visible_gpus(args.device):
-        console.print(f"no GPU to use here: --gpus {args.gpus} is ignored and the tasks run one after another on the "
-                      "CPU")
+        out.print(f"no GPU to use here: --gpus {args.gpus} is ignored and the tasks run one after another on the "
+                  "CPU")
     # Each lane evaluates on its own GPU; one lane keeps the loop's own executor (None) or the Ray one.
     executors = [LocalExecutor(gpu_ids=(k,)) for k in range(lanes)] if lanes > 1 else [executor]
     with archive, _closing(executor), StopOnSignal() as stop, Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(), console=console) as bars:
+            TimeElapsedColumn(), console=out, disable=not out.is_terminal) as bars:
         ids = {t: bars.add_task(t.name, total=args.budget or 20, status="waiting") for t in tasks}
 
         def one_task(task: Path, lane: int) -> dict[str, Any]:
@@ -137,16 +169,21 @@ def run(args: argparse.Namespace) -> int:
                           f"{best.timings.speedup_eager:.2f}x" if best and best.timings.speedup_eager else "")
                 bars.update(bar, completed=p.proposals, total=max(p.budget, 1),
                             status=f"{p.accepted} verified {status}".strip())
+            if task not in searchable:
+                bars.update(bar, status="reference only")
+                return reference_rows([task], args, constants, None)[0]
             try:
                 resume = "latest" if args.resume_all and _has_run(archive, task) else None
-                config = replace(config_from(args, task), resume=resume, **({"gpus": 1} if lanes > 1 else {}))
+                config = replace(config_from(args, task), resume=resume, start_from=starts.get(task),
+                                 **({"gpus": 1} if lanes > 1 else {}))
                 config = prepare(config, archive)
                 summary = run_search(config, archive, provider=provider, on_event=on_event, stop=stop,
                                      executor=executors[lane])
             except LoopError as exc:
-                bars.update(bar, status="[yellow]skipped[/yellow]")
+                bars.update(bar, status="skipped")
                 return _row(task, "skipped", note=str(exc))
             row = _row(task, "interrupted" if summary.stop_reason == "interrupted" else "done", summary)
+            row["start_from"] = str(starts[task]) if task in starts else None
             bars.update(bar, status=row["status"] + (" · best #%s" % summary.best.id if summary.best else ""))
             return row
 
@@ -155,25 +192,107 @@ def run(args: argparse.Namespace) -> int:
             return _row(task, "interrupted", note="not started")
 
         def failed(task: Path, exc: Exception) -> dict[str, Any]:
-            bars.update(ids[task], status="[red]failed[/red]")
+            bars.update(ids[task], status="failed")
             what = (str(exc).splitlines() or [""])[0][:200]
             return _row(task, "failed", note=f"crucible failed on this task ({type(exc).__name__}: {what}); this is "
                                              "a bug in crucible, rerun with -v for the traceback")
 
         rows = run_lanes(tasks, lanes, one_task, not_started=not_started, failed=failed, stop=stop)
-    _table(rows)
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-    if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        with args.csv.open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
+    code = _finish(args, rows, reference_only=False)
     if any(r["status"] == "interrupted" for r in rows):
         return 130
+    return code
+
+
+def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], *, reference_only: bool) -> int:
+    """Print and write the summary; exit 0 when every task is usable (reference only) or has a verified kernel."""
+    summary = summary_mod.metrics(rows)
+    if args.json:
+        print(json.dumps({"tasks": rows, "metrics": summary}, default=str))
+    else:
+        summary_mod.render(console, rows, summary, reference_only=reference_only)
+    if args.json_out:
+        summary_mod.write_json(args.json_out, rows, summary)
+    if args.csv:
+        summary_mod.write_csv(args.csv, rows, summary)
+    if reference_only:
+        return 0 if all(r["status"] == "usable" for r in rows) else 1
     return 0 if all(r["best_id"] is not None for r in rows) else 1
+
+
+def match_kernels(tasks: list[Path], folder: Path) -> dict[Path, Path]:
+    """Each task's kernel in `folder` (recursively): a file defining ModelNew whose name is the task's
+    (`19_ReLU.py`), starts with it (`19_ReLU_v2.py`) or names KernelBench's problem number (`..._problem_19_...`);
+    the first in name order where several match."""
+    kernels = []
+    for path in sorted(folder.rglob("*.py")):
+        try:
+            tree = pyparse.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except (SyntaxError, OSError):
+            continue
+        if any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):
+            kernels.append(path)
+    found: dict[Path, Path] = {}
+    for task in tasks:
+        stem = task.stem
+        number = re.match(r"(\d+)_", task.name)
+        level = re.search(r"level_?(\d+)", str(task.parent.name))
+
+        def score(path: Path) -> int:
+            k = path.stem
+            if k == stem:
+                return 3
+            if k.startswith(stem) and k[len(stem)] in "_-.":
+                return 2
+            if number and re.search(rf"(?:^|[_-])problem_?{number.group(1)}(?:\D|$)", k):
+                wanted = level.group(1) if level else None
+                other = re.search(r"level_?(\d+)", k)
+                return 1 if wanted is None or other is None or other.group(1) == wanted else 0
+            return 0
+        ranked = sorted((p for p in kernels if score(p)), key=lambda p: (-score(p), str(p)))
+        if ranked:
+            found[task] = ranked[0]
+    return found
+
+
+def reference_rows(tasks: list[Path], args: argparse.Namespace, constants: dict[str, int],
+                   progress: Console | None) -> list[dict[str, Any]]:
+    """Each task's reference checked (on the CPU at the rescaled size) and, on a GPU, its baselines timed."""
+    import torch
+
+    from sandbox.reference import check_task
+    from sandbox.task import TaskError, load_task
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    rows = []
+    harness = None
+    try:
+        for path in tasks:
+            row = summary_mod.empty_row(path, "usable")
+            try:
+                task = load_task(path, {k: v for k, v in constants.items()} or None, rescale=not args.no_rescale)
+                sized = task.scaled_for_cpu() if device == "cpu" else task
+                check_task(sized, device)
+                row["note"] = sized.rescale_note or ""
+            except TaskError as exc:
+                row.update(status="refused", note=str(exc))
+            except Exception as exc:  # noqa: BLE001 - the task's own code: its failure is reported, not raised
+                row.update(status="refused", note=f"{path.name}: {type(exc).__name__}: {exc}")
+            if row["status"] == "usable" and device == "cuda":
+                from sandbox.harness import Harness
+                harness = harness or Harness(device="cuda")
+                timing = harness.bench(sized, None, baselines=("eager", "compile"), gpu=0)
+                for r in timing.get("rows", []):
+                    if r.get("impl") in ("eager", "compile"):
+                        row[f"{r['impl']}_ms"] = r.get("ms")
+                row["timed"] = row["eager_ms"] is not None
+            rows.append(row)
+            if progress is not None:  # a long folder: each task as it is checked, on stderr
+                progress.print(f"[{len(rows)}/{len(tasks)}] {path.name}: {row['status']}", markup=False,
+                               highlight=False, soft_wrap=True)
+    finally:
+        if harness is not None:
+            harness.close()
+    return rows
 
 
 def _executor(args: argparse.Namespace) -> Any:
@@ -229,42 +348,20 @@ def _has_run(archive: Any, task: Path) -> bool:
 
 
 def _row(task: Path, status: str, summary: Any = None, note: str = "") -> dict[str, Any]:
-    row: dict[str, Any] = {k: None for k in CSV_FIELDS}
-    row.update(task=str(task), status=status, note=note)
+    row = summary_mod.empty_row(task, status, note)
     if summary is None:
         return row
     p, best = summary.progress, summary.best
     row.update(run_id=summary.run_id, proposals=p.proposals, accepted=p.accepted, rejected=p.rejected,
-               timed=summary.timed, note=summary.stop_reason)
+               timed=summary.timed, note=summary.stop_reason, tokens=p.input_tokens + p.output_tokens,
+               cost_usd=p.cost_usd)
     if best is not None:
         # The final re-check's numbers where there is one: it is timed against torch.compile, the others are not.
         final = summary.final if summary.final is not None and summary.final.candidate_id == best.id else None
         t = final.timings if final is not None and final.timed else best.timings
-        row.update(final_check=final.status if final is not None else None)
+        row.update(final_check=final.status if final is not None else None, correct=True)
         row.update(best_id=best.id, speedup_eager=t.speedup_eager, eager_ci_low=t.eager_ci_low,
-                   eager_ci_high=t.eager_ci_high, speedup_compile=t.speedup_compile, pct_roofline=t.pct_roofline,
+                   eager_ci_high=t.eager_ci_high, speedup_compile=t.speedup_compile,
+                   compile_ci_low=t.compile_ci_low, compile_ci_high=t.compile_ci_high, pct_roofline=t.pct_roofline,
                    best_path=str(summary.best_path))
     return row
-
-
-def _table(rows: list[dict[str, Any]]) -> None:
-    table = Table("task", "status", "proposals", "verified", "best", "vs eager", "vs compile", "roofline", "note")
-    for r in rows:
-        if r["best_id"] is None:
-            eager = comp = roof = ""
-        elif not r["timed"]:
-            eager, comp, roof = "not timed", "not timed", "not timed"
-        else:
-            eager = _ci(r["speedup_eager"], r["eager_ci_low"], r["eager_ci_high"])
-            comp = "not measured" if r["speedup_compile"] is None else f"{r['speedup_compile']:.2f}x"
-            roof = "not measured" if r["pct_roofline"] is None else f"{r['pct_roofline']:.0f}%"
-        table.add_row(Path(r["task"]).name, r["status"], str(r["proposals"] or 0), str(r["accepted"] or 0),
-                      (f"#{r['best_id']}" + (f" ({r['final_check']})" if r.get("final_check") else ""))
-                      if r["best_id"] else "none", eager, comp, roof, r["note"] or "")
-    console.print(table)
-
-
-def _ci(v: float | None, low: float | None, high: float | None) -> str:
-    if v is None:
-        return "not measured"
-    return f"{v:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
