@@ -529,6 +529,7 @@ class _Checker:
             _refuse(node, f"`{shown}` is not allowed in a candidate", reason)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        self.visit(node.value)  # inner names first: `torch.sys.modules` is refused for `.sys`
         path = self._module_rooted(node)
         if node.attr == "untyped_storage" and id(node) not in self.storage_ok:
             _refuse(node, "`.untyped_storage()` is allowed only as `.untyped_storage().data_ptr()`; "
@@ -537,7 +538,6 @@ class _Checker:
         if isinstance(node.ctx, ast.Store) and node.attr in _tensor_methods():
             _refuse(node, f"assigning `.{node.attr}`, the name of a Triton tensor method, is not allowed (a kernel "
                     "could call it as Python); choose another attribute name")
-        self.visit(node.value)
 
     # ---- calls ----------------------------------------------------------------------------------------------------
     def visit_Call(self, node: ast.Call) -> None:
