@@ -297,7 +297,8 @@ class _Coordinator:
         """Compose a request from every verdict known now and send it; False (nothing sent) when the prompt is one
         already waiting for an outcome `samples` times: the next verdict will change it, so wait for that."""
         assert self.provider is not None
-        sel = self.search.select_for_llm(self.elites, self.failures)
+        fixed = {c.parent_id for c in self.history if c.accepted}  # a failure with a verified fix needs no other
+        sel = self.search.select_for_llm(self.elites, [f for f in self.failures if f.id not in fixed])
         best = self.archive.with_source(self.best) if self.best is not None else None
         messages = llm_messages(self.task, sel, self.elites, timed=self.timed, history=self.history, best=best,
                                 max_output_tokens=self.config.reply_max_tokens)

@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -105,7 +105,11 @@ class Request:
 
 
 class ScriptedServer:
-    def __init__(self) -> None:
+    """`responder`, when given, answers each request the script has no action left for: it gets the JSON body and
+    returns an Action (a model that answers from what it is shown)."""
+
+    def __init__(self, responder: Callable[[dict | None], Action] | None = None) -> None:
+        self.responder = responder
         self.script: list[Action] = []
         self.requests: list[Request] = []
         self._lock = threading.Lock()
@@ -125,7 +129,9 @@ class ScriptedServer:
                 with server._lock:
                     server.requests.append(Request(self.path, {k.lower(): v for k, v in self.headers.items()},
                                                    body, time.monotonic()))
-                    action = server.script.pop(0) if server.script else json_reply(
+                    action = server.script.pop(0) if server.script else None
+                if action is None:
+                    action = server.responder(body) if server.responder is not None else json_reply(
                         {"error": {"message": "the test server ran out of scripted replies"}}, status=418)
                 server._answer(self, action)
 

@@ -207,3 +207,53 @@ def test_every_seed_flattens_or_says_why():
         compile(flat.source, str(path), "exec")
         flattened += bool(flat.modules)
     assert flattened >= 15
+
+
+# ---- the acceptance run: `crucible run` with a model that learns only from what each request shows it ------------
+def learner(body: dict | None):
+    """A model that repeats a broken kernel until a request shows it that kernel with its error; then it fixes it
+    with an edit; shown a verified kernel, it tries a block size the request does not mention yet, by an edit."""
+    from tests.llm_server import json_reply, openai_completion
+
+    user = body["messages"][-1]["content"]
+    text = "\n".join(m["content"] for m in body["messages"])
+    shown, _, why = user.partition("# Why it was rejected")
+    if "no_such_function(1)" in shown and "no_such_function" in why:
+        reply = FIX
+    elif "# How the harness judged it\nAccepted" in user or "# Verified kernel A" in user:
+        size = next((b for b in (512, 256, 2048, 128, 64, 4096, 32) if f"BLOCK_SIZE = {b}" not in text), 16)
+        current = next(line for line in user.split("\n") if line.startswith("BLOCK_SIZE = "))
+        reply = edit(current, f"BLOCK_SIZE = {size}", f"Use BLOCK_SIZE = {size} instead.")
+    else:
+        reply = fenced(COMPILE_ERROR, "A first kernel.")
+    return json_reply(openai_completion(reply, model="learner", prompt_tokens=len(text) // 4,
+                                        completion_tokens=len(reply) // 4))
+
+
+def test_crucible_run_learns_from_its_diagnostics(tmp_path, task):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.llm_server import ScriptedServer
+
+    db = tmp_path / "archive.db"
+    env = {k: v for k, v in os.environ.items() if k not in ("CRUCIBLE_MODEL", "CRUCIBLE_ARCHIVE", "CRUCIBLE_PRICES")}
+    with ScriptedServer(responder=learner) as server:
+        env.update(OPENAI_BASE_URL=server.url + "/v1", OPENAI_API_KEY="test-key")
+        out = subprocess.run([sys.executable, "-m", "agent.cli", "run", str(task), "--model", "openai:learner",
+                              "--concurrency", "2", "--budget", "12", "--device", "cpu", "--archive", str(db),
+                              "--json"], cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True,
+                             text=True, timeout=400)
+        sent = [r.body for r in server.requests]
+    assert out.returncode == 0, out.stderr + out.stdout
+    summary = json.loads(out.stdout)
+    with Archive(db) as archive:
+        llm = [c for c in archive.candidates() if c.origin == "llm"]
+    assert len(llm) == len(sent) <= 12
+    first = next(i for i, c in enumerate(llm, 1) if c.accepted)
+    assert first <= 8, [(c.id, c.reason) for c in llm]
+    assert sum(c.accepted for c in llm) >= 3 and summary["accepted"] >= 3
+    assert "SEARCH/REPLACE" in sent[0]["messages"][0]["content"]  # edits offered
+    assert sum(c.accepted and "<<<<<<< SEARCH" in (c.reply or "") for c in llm) >= 3  # and applied
