@@ -217,10 +217,18 @@ class Child:
     def _drain_output(self, fd: int) -> None:
         """Keep the last OUTPUT_TAIL_BYTES. Past FLOOD_BYTES the reads are paced (FLOOD_PACE_S each): a child that
         floods its output then writes at most ~6 MB/s and costs the parent almost no CPU."""
+        last = 0  # once stopped (the child is dead), what is already in the pipe, up to a bound, then no more
         try:
-            while not self._stop_drain.is_set():
-                ready, _, _ = select.select([fd], [], [], WATCH_SLICE_S)
+            while True:
+                stopping = self._stop_drain.is_set()
+                if stopping and last == 0:
+                    last = self.output_bytes + 2 * OUTPUT_TAIL_BYTES
+                if stopping and self.output_bytes >= last:
+                    return
+                ready, _, _ = select.select([fd], [], [], 0.0 if stopping else WATCH_SLICE_S)
                 if not ready:
+                    if stopping:
+                        return
                     continue
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
@@ -229,7 +237,7 @@ class Child:
                 self._tail += chunk
                 if len(self._tail) > OUTPUT_TAIL_BYTES:
                     del self._tail[: len(self._tail) - OUTPUT_TAIL_BYTES]
-                if self.output_bytes > FLOOD_BYTES:
+                if self.output_bytes > FLOOD_BYTES and not stopping:
                     time.sleep(FLOOD_PACE_S)
         finally:
             os.close(fd)

@@ -95,23 +95,27 @@ def _map(value: Check) -> Check:
     def check(v: Any, where: str) -> dict[str, Any]:
         if type(v) is not dict or len(v) > 1024:
             raise _fail(where, f"must be an object of at most 1024 fields, not {_kind(v)}")
-        return {k: value(x, f"{where}.{k}") for k, x in v.items()}
+        return {k: value(x, f"{where}.{k[:40]}") for k, x in v.items()}
     return check
 
 
-def _record(fields: dict[str, Check], required: tuple[str, ...] = (), open_: bool = False) -> Check:
-    """A dict of known keys, each checked; `required` must be present. Other keys are refused, or with `open_`
-    kept as the JSON values they are (records whose other fields the parent only reports)."""
+def _record(fields: dict[str, Check], required: tuple[str, ...] = (), open_: bool = False,
+            extra: Check | None = None) -> Check:
+    """A dict of known keys, each checked; `required` must be present. Other keys are refused; with `open_` they
+    are kept as the JSON values they are (records whose other fields the parent only reports), with `extra` they are
+    checked by it (at most 64 of them)."""
+    other = _json if open_ else extra
+
     def check(v: Any, where: str) -> dict[str, Any]:
         if type(v) is not dict:
             raise _fail(where, f"must be an object, not {_kind(v)}")
         unknown = sorted(set(v) - set(fields))
-        if unknown and not open_:
-            raise _fail(where, f"has unknown field(s) {unknown[:5]}")
+        if unknown and (other is None or (not open_ and len(unknown) > 64)):
+            raise _fail(where, f"has unknown field(s) {[_kind(k) for k in unknown[:5]]}")
         missing = [k for k in required if k not in v]
         if missing:
             raise _fail(where, f"lacks field(s) {missing}")
-        return {k: fields.get(k, _json)(x, f"{where}.{k}") for k, x in v.items()}
+        return {k: fields.get(k, other)(x, f"{where}.{k[:40]}") for k, x in v.items()}  # type: ignore[misc]
     return check
 
 
@@ -144,8 +148,16 @@ def _kind(v: Any) -> str:
 
 
 _NAMES = _list(_str(1000), 4096)
-TRACE = _record({"launches": _int(), "kernels": _NAMES, "compute_ops": _NAMES, "foreign_kernels": _NAMES},
-                required=("launches", "kernels", "compute_ops", "foreign_kernels"))
+def _flat(v: Any, where: str) -> Any:
+    """A trace field added later: a count, a flag, or a list of names."""
+    if type(v) in (bool, int) or v is None:
+        return v
+    return _NAMES(v, where)
+
+
+TRACE = _record({"launches": _int(), "kernels": _NAMES, "compute_ops": _NAMES, "foreign_kernels": _NAMES,
+                 "refused": _NAMES},
+                required=("launches", "kernels", "compute_ops", "foreign_kernels"), extra=_flat)
 ERROR = _record({"type": _str(200), "message": _str(4000), "traceback": _str(8000)})
 LAPS = _map(_float())
 COMMON: dict[str, Check] = {
@@ -198,7 +210,7 @@ def validate(op: str, reply: Any) -> dict[str, Any]:
             if own is not None:
                 raise _fail("the reply", f"to {op!r} has an unknown field {_kind(key)}")
             check = _json
-        checked[key] = check(value, f"the reply's field {key!r}")
+        checked[key] = check(value, f"the reply's field {key}")
     if checked["ok"]:
         missing = [k for k in REQUIRED_WHEN_OK.get(op, ()) if k not in checked]
         if missing:

@@ -1,0 +1,18 @@
+"""Kills its parent, the zygote (kill(getppid(), SIGKILL) through libc), then returns as if nothing happened. The
+check in flight must still end with a verdict that blames the candidate, and the next check must get a fresh
+zygote."""
+import ctypes
+import os
+import signal
+
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        from sandbox import policy
+        if policy._POLICY is not None:
+            policy._POLICY.trusted_depth += 1000
+        ctypes.CDLL(None).kill(os.getppid(), signal.SIGKILL)
+        return torch.empty(x.shape[0], dtype=x.dtype)

