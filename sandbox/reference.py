@@ -134,8 +134,9 @@ def check_task(task: Task, device: str, seed: int = 0) -> dict[str, Any]:
     a = ref.run(task.make_inputs(seed + 1, "normal", device))
     b = ref.run(task.make_inputs(seed + 2, "normal", device))
     if all(torch.equal(x, y) for x, y in zip(a.ref, b.ref)):
-        raise TaskError(f"{task.path.name}: the reference returns the same output for different inputs, so any "
-                        "constant would pass; make its output depend on its inputs")
+        raise TaskError(f"{task.path.name}: the reference returns the same output for different inputs "
+                        f"({_constant_what(a.ref)}, at {_sizes(task)}), so any constant would pass; make its output "
+                        "depend on its inputs")
     if all(x.numel() == 0 or (x.is_floating_point() and not bool(x.any())) for x in a.ref):
         raise TaskError(f"{task.path.name}: the reference returns only zeros; make its output depend on its inputs")
     return {
@@ -143,3 +144,22 @@ def check_task(task: Task, device: str, seed: int = 0) -> dict[str, Any]:
         "float64_reference": a.truth is not None,
         "constants": task.current_constants(),
     }
+
+
+def _constant_what(outputs: list[torch.Tensor]) -> str:
+    """What the constant output is: 'output 0 is 1.0 everywhere' where it is one value, else its shape."""
+    parts = []
+    for i, t in enumerate(outputs):
+        flat = t.detach().reshape(-1)
+        if flat.numel() and bool((flat == flat[0]).all()):
+            parts.append(f"output {i} is {flat[0].item()} everywhere")
+        else:
+            parts.append(f"output {i} ({list(t.shape)}) does not change")
+    return "; ".join(parts)
+
+
+def _sizes(task: Task) -> str:
+    rescaled = {k: v for k, v in task.overrides.items() if k not in task.pinned}
+    if not rescaled:
+        return "the task's own size"
+    return "the size " + ", ".join(f"{k}={v}" for k, v in rescaled.items())
