@@ -7,7 +7,7 @@ order the allow-lists below appear:
 1. Imports: only ALLOWED_IMPORTS (exact module names). `__future__` and `dataclasses` give only the names in
    IMPORT_NAMES; `import dataclasses` as a module would hand over its `sys`, `inspect` and `copy` attributes.
    `from seeds.X import name` takes a function, class or constant that seeds/X.py defines itself (never a module
-   that file imported): the seeds package is crucible's own reviewed code, trusted like torch and Triton, so its
+   that file imported), and X must be a kernel file (seeds.registry, which holds paths, is not): the seeds package is crucible's own reviewed code, trusted like torch and Triton, so its
    files are not held to these rules; the check guards the boundary, which names a candidate may take from it.
 2. Names: every name read must be bound by the candidate (import, def, class, assignment, parameter) or be one of
    ALLOWED_BUILTINS. Names the Triton interpreter injects into a kernel's module after its first launch (`np`,
@@ -242,7 +242,11 @@ def _seed_module_kinds(module: str, node: ast.AST) -> dict[str, str]:
     if len(parts) < 2 or not all(p.isidentifier() and not p.startswith("__") for p in parts) or not path.is_file():
         _refuse(node, f"`{module}` is not a module of crucible's seeds package; import names from one of its kernel "
                 "files (`from seeds.rmsnorm import rmsnorm_fwd`)", Reason.FORBIDDEN_IMPORT)
-    return _seed_exports(module, path.stat().st_mtime)
+    kinds = _seed_exports(module, path.stat().st_mtime)
+    if "kernel" not in kinds.values() and kinds.get("ModelNew") != "class":  # seeds.registry: paths, file readers
+        _refuse(node, f"`{module}` defines no kernel; a candidate may import only from the seeds' kernel files",
+                Reason.FORBIDDEN_IMPORT)
+    return kinds
 
 
 def _kernel_decorator(fn: ast.FunctionDef) -> bool:

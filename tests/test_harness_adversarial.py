@@ -31,8 +31,8 @@ EXPECTED = {
     "reads_gc.py": (Stage.STATIC, Reason.FORBIDDEN_IMPORT),                     # 19
     "nan_output.py": (Stage.CORRECTNESS, Reason.NONFINITE_MISMATCH),            # 20
     "global_flags.py": (Stage.SMOKE, Reason.GLOBAL_FLAGS_CHANGED),              # 21
-    "fake_verdict.py": (Stage.SMOKE, Reason.CRASH),                             # 24
-    "writes_outside.py": (Stage.SMOKE, Reason.SANDBOX_VIOLATION),               # 25
+    "fake_verdict.py": (Stage.STATIC, Reason.FORBIDDEN_CALL),                   # 24: SystemExit (runtime: crash.py)
+    "writes_outside.py": (Stage.STATIC, Reason.FORBIDDEN_CALL),                 # 25: torch.save (runtime: test_policy)
     "network.py": (Stage.STATIC, Reason.FORBIDDEN_CALL),                        # 25: torch.hub (runtime: test_policy)
     "spawns_process.py": (Stage.STATIC, Reason.FORBIDDEN_CALL),                 # 25: a module attribute (test_policy)
     "crash.py": (Stage.SMOKE, Reason.CRASH),                                    # 26

@@ -134,6 +134,7 @@ REFUSED = [
     ("from __future__ import barry_as_FLUFL", "", "", "only annotations"),
     ("import seeds._common", "", "", "import names from it"),
     ("from seeds import registry", "", "", "not a module of crucible's seeds"),
+    ("from seeds.registry import SEEDS_DIR", "", "", "defines no kernel"),
     ("from seeds._common import torch", "", "", "`torch` is not a function"),
     ("import triton.runtime", "", "", "`triton.runtime`"),
     ("import triton.knobs", "", "", "`triton.knobs`"),
