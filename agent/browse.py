@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.archive import Archive, Candidate
-from agent.search import fitness
+from agent.search import best_key
 
 SORTS = ("id", "speedup", "created")
 FINGERPRINT_KEYS = ("device", "gpu", "driver", "cuda", "torch", "triton")
@@ -98,7 +98,7 @@ def select(archive: Archive, query: Query) -> list[Candidate]:
         cands = [c for c in cands if c.created and parse_date(c.created) <= hi]
     if query.sort == "speedup":
         # Fastest first by the lower end of the CI (as the search ranks them); untimed and rejected ones after.
-        cands = sorted(cands, key=lambda c: (fitness(c), c.speedup or 0.0, -c.id), reverse=True)
+        cands = sorted(cands, key=best_key, reverse=True)
     elif query.sort == "created":
         cands = sorted(cands, key=lambda c: (c.created, c.id))
     return cands[:query.limit] if query.limit else cands
@@ -220,7 +220,7 @@ class TaskSummary:
     tried: int                # candidates with a verdict (interrupted ones excluded)
     verified: int             # accepted by the harness
     timed: int                # verified and timed on a GPU
-    best: Candidate | None    # the fastest timed kernel by the lower end of its CI, else the newest verified one
+    best: Candidate | None    # the fastest timed kernel by the lower end of its CI, else the earliest verified one (search.best_key)
     proposals: int            # LLM and tuner proposals (seeds excluded)
 
     @property
@@ -238,7 +238,7 @@ def task_summaries(archive: Archive, task: str | None = None) -> list[TaskSummar
         groups.setdefault(task_name(c), []).append(c)
     out = []
     for name, cands in sorted(groups.items()):
-        ranked = winners(cands)
+        ranked = winners(cands, uncrowned(archive, cands))
         out.append(TaskSummary(
             task=name, task_paths=tuple(sorted({c.task_path for c in cands})),
             tried=sum(c.verdict != "interrupted" for c in cands), verified=sum(c.accepted for c in cands),
@@ -247,8 +247,13 @@ def task_summaries(archive: Archive, task: str | None = None) -> list[TaskSummar
     return out
 
 
-def winners(cands: list[Candidate]) -> list[Candidate]:
-    """Verified candidates, best first: timed ones by the lower end of their CI, then untimed ones, newest first."""
-    verified = [c for c in cands if c.accepted]
-    return sorted(verified, key=lambda c: (c.timed, fitness(c), c.id), reverse=True)
+def winners(cands: list[Candidate], held: frozenset[int] | set[int] = frozenset()) -> list[Candidate]:
+    """Verified candidates, best first, in the order the run crowns its best (agent/search.py's `best_key`): timed
+    ones by the lower end of their CI, then untimed ones, earliest first; challengers no duel crowned after."""
+    return sorted((c for c in cands if c.accepted), key=lambda c: best_key(c, held), reverse=True)
+
+
+def uncrowned(archive: Archive, cands: list[Candidate]) -> set[int]:
+    """The challengers among `cands`' tasks that no duel crowned."""
+    return set().union(*(archive.uncrowned(h) for h in {c.task_hash for c in cands}))
 

@@ -47,7 +47,7 @@ from agent.prepare import new_run_id, open_task, prepare, resolve_start
 from agent.proposing import Pending, llm_messages, messages_text, rank, speed, tuner_proposal
 from agent.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
                         RunConfig, RunSummary)
-from agent.search import Search, Selection, niche
+from agent.search import Search, Selection, best_of, niche
 from sandbox.records import CheckResult
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,12 @@ class _Coordinator:
             raise LoopError(f"no seed kernel is registered for {self.task.path.name} and no model is configured: the "
                             "tuner needs a kernel to tune; pass --from KERNEL.py, or --model openai:NAME / "
                             "anthropic:NAME to let an LLM write the first one")
+        price = getattr(provider, "price", None) if provider is not None else None
+        if provider is not None and config.max_cost is not None and price is None:
+            raise LoopError(f"--max-cost needs a price for {provider.name}, and none is configured: add it to "
+                            'CRUCIBLE_PRICES (a JSON file like {"openai:NAME": {"input": 2.5, "output": 10}}, USD per '
+                            "million tokens) or drop --max-cost")
+        self.priced = provider is None or price is not None
         try:
             self.session = executor.session(self.task, config, archive.path.parent / "sandbox")
         except ExecutorError as exc:
@@ -162,6 +168,10 @@ class _Coordinator:
         self.accepted = sum(c.accepted for c in mine if c.origin != "seed")
         self.rejected = sum(c.verdict == "rejected" for c in mine if c.origin != "seed")
         self.counted_before = self.accepted + self.rejected
+        self.llm_requests = sum(c.origin == "llm" for c in mine)
+        self.verified_llm = sum(c.origin == "llm" and c.accepted for c in mine)
+        if any(c.origin == "llm" and c.output_tokens and c.cost_usd is None for c in mine):
+            self.priced = False
         self.known = self.archive.known_sources(task.source_hash, timed=self.timed)
         self.elites = [self.archive.with_source(c) for c in self.archive.elites(task.source_hash, timed=self.timed)]
         self.failures = [self.archive.with_source(c) for c in mine
@@ -176,8 +186,7 @@ class _Coordinator:
         # A challenger no duel crowned is not the best, however its own check ranked it; nor the search's pick.
         self.uncrowned = self.archive.uncrowned(task.source_hash) if self.timed else set()
         self.search.held = self.uncrowned
-        self.best = max((e for e in self.elites if e.id not in self.uncrowned), key=rank, default=None) or \
-            max(self.elites, key=rank, default=None)
+        self.best = best_of(self.elites, self.uncrowned)
         who = (f"{self.provider.name} proposes" + (f"; the tuner polishes the last {self.polish}" if self.polish
                                                    else "")) if self.provider else \
             "the offline tuner proposes (no model configured)"
@@ -312,6 +321,7 @@ class _Coordinator:
         future = _spawn(lambda: provider.complete(messages, max_tokens=c.reply_max_tokens, temperature=c.temperature))
         self.requests[future] = pending
         self.issued += 1
+        self.llm_requests += 1
         return True
 
     def _accept_reply(self, pending: Pending, reply: Reply) -> None:
@@ -319,6 +329,8 @@ class _Coordinator:
         self.tokens_in += reply.usage.input_tokens
         self.tokens_out += reply.usage.output_tokens
         self.cost += reply.cost_usd or 0.0
+        if reply.cost_usd is None:
+            self.priced = False  # unknown, never shown as $0
         if (reply.finish_reason or "").lower() in TRUNCATED:
             limit = self.config.reply_max_tokens
             self._record(self._base(pending, "truncated", f"the reply was cut off at the output limit ({limit} tokens, "
@@ -497,6 +509,7 @@ class _Coordinator:
         proposed = cand.origin != "seed"  # the counters are of proposals; the starting kernel is reported apart
         if cand.accepted:
             self.accepted += proposed
+            self.verified_llm += cand.origin == "llm"
             self.elites.append(cand)
         elif cand.verdict == "rejected":
             self.rejected += proposed
@@ -628,7 +641,8 @@ class _Coordinator:
                         in_flight=len(self.requests) + len(self.ready) + len(self.evals) + self._dueling(),
                         accepted=self.accepted,
                         rejected=self.rejected, input_tokens=self.tokens_in, output_tokens=self.tokens_out,
-                        cost_usd=self.cost, elapsed_s=time.monotonic() - self.started,
+                        cost_usd=self.cost if self.priced else None, requests=self.llm_requests,
+                        verified_llm=self.verified_llm, elapsed_s=time.monotonic() - self.started,
                         check_s=sum(self.check_times) / len(self.check_times) if self.check_times else None,
                         proposer="tuner" if self._tuner_turn() else (self.provider.name if self.provider else ""),
                         best=self.best)

@@ -16,7 +16,7 @@ from agent import diffs, prompting
 from agent import tuner as tuner_mod
 from agent.archive import Candidate
 from agent.llm import Message, Reply
-from agent.search import Search, Selection, fitness
+from agent.search import Search, Selection, rank
 from sandbox.task import Task
 
 
@@ -155,10 +155,6 @@ def outcome(c: Candidate, parent: Candidate | None) -> str:
 
 def messages_text(messages: list[Message]) -> str:
     return "\n\n".join(f"[{m.role}]\n{m.content}" for m in messages)
-
-
-def rank(c: Candidate) -> tuple:
-    return (*fitness(c), -c.id)  # ties (nothing timed): the earliest verified kernel
 
 
 def speed(c: Candidate) -> str:

@@ -17,7 +17,8 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer, PythonLexer
 
 from agent.archive import Archive, Candidate, Reverification
-from agent.browse import (TaskSummary, diff, env_text, speed_text, task_name, task_summaries, winners)
+from agent.browse import (TaskSummary, diff, env_text, speed_text, task_name, task_summaries, uncrowned,
+                          winners)
 
 LEADERBOARD_ROWS = 10
 LINEAGE_LIMIT = 300  # past this many candidates a task shows only its winner's ancestry
@@ -77,7 +78,7 @@ def _task_section(archive: Archive, s: TaskSummary, status: dict[int, Reverifica
     out = [f"<section class='task' id='task-{_e(s.task)}'><h2>{_e(s.task)}</h2>",
            f"<p class='muted'>{s.tried} tried ({s.proposals} proposals, seeds excluded), {s.verified} verified, "
            f"{s.timed} timed on a GPU. Task file: {_e(', '.join(s.task_paths))}</p>",
-           "<h3>Leaderboard</h3>", _leaderboard(winners(cands), status),
+           "<h3>Leaderboard</h3>", _leaderboard(winners(cands, uncrowned(archive, cands)), status),
            "<h3>Speedup over proposals</h3>", plot(cands),
            "<h3>Lineage</h3>", _lineage(cands, s.best)]
     if s.best is not None:

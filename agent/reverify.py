@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.archive import Archive, Candidate, Reverification, Timings, sha256
-from agent.browse import fingerprint, speed_text, task_name, winners
+from agent.browse import fingerprint, speed_text, task_name, uncrowned, winners
 
 log = logging.getLogger(__name__)
 REPO_TASKS = Path(__file__).resolve().parents[1] / "tasks"
@@ -77,7 +77,7 @@ def targets(archive: Archive, *, task: str | None = None, every: bool = False) -
     if every:
         return cands
     best: dict[tuple[str, bool], Candidate] = {}
-    for c in winners(cands):
+    for c in winners(cands, uncrowned(archive, cands)):
         best.setdefault((task_name(c), c.timed), c)
     return sorted(best.values(), key=lambda c: c.id)
 

@@ -72,7 +72,9 @@ class Progress:
     rejected: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: unknown, a model with no configured price answered
+    requests: int = 0  # LLM requests sent (this run, resumed parts included)
+    verified_llm: int = 0  # verified kernels the LLM proposed (this run)
     elapsed_s: float = 0.0
     check_s: float | None = None  # mean harness seconds per candidate evaluated in this invocation
     per_minute: float | None = None  # proposals evaluated per minute in this invocation

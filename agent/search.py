@@ -54,6 +54,23 @@ def fitness(c: Candidate) -> tuple[int, float, int]:
     return (1 if c.accepted else 0, speed, STAGE_RANK.get(c.stage or "propose", 0))
 
 
+def rank(c: Candidate) -> tuple:
+    """The one order of "best" (the run's best and best.py, `archive tasks`, `archive list --sort speedup`, the
+    report): verified first, timed before untimed, then fitness; ties (nothing timed) go to the earliest kernel."""
+    return (*fitness(c), -c.id)
+
+
+def best_key(c: Candidate, held: frozenset[int] | set[int] = frozenset()) -> tuple:
+    """Sort key, highest best: a challenger no duel crowned (`held`) ranks after the kernels that were not held."""
+    return (c.accepted, c.accepted and c.id not in held, c.timed, *rank(c))
+
+
+def best_of(cands: list[Candidate], held: frozenset[int] | set[int] = frozenset()) -> Candidate | None:
+    """The best verified candidate, or None."""
+    verified = [c for c in cands if c.accepted]
+    return max(verified, key=lambda c: best_key(c, held), default=None)
+
+
 @dataclass(frozen=True)
 class Selection:
     """What to propose next: `kind` is fresh (from the reference), improve, fix or crossover."""

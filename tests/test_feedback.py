@@ -11,6 +11,7 @@ import pytest
 
 from agent.archive import Archive
 from agent.fake import FakeProvider
+from agent.llm import Usage
 from agent.loop import RunConfig, run_search
 from sandbox.records import CheckResult, Reason, Stage, StageResult, Verdict
 from tests.test_loop import COMPILE_ERROR, GOOD, TASK, WRONG, fenced
@@ -257,3 +258,48 @@ def test_crucible_run_learns_from_its_diagnostics(tmp_path, task):
     assert sum(c.accepted for c in llm) >= 3 and summary["accepted"] >= 3
     assert "SEARCH/REPLACE" in sent[0]["messages"][0]["content"]  # edits offered
     assert sum(c.accepted and "<<<<<<< SEARCH" in (c.reply or "") for c in llm) >= 3  # and applied
+
+
+# ---- honest accounting --------------------------------------------------------------------------------------------
+def test_an_unpriced_model_costs_unknown_and_max_cost_is_refused(tmp_path, task):
+    from agent.commands.run import summary_dict
+    from agent.loop import LoopError
+
+    fake = FakeProvider("fake:m").enqueue(fenced(GOOD, "one"), usage=Usage(input_tokens=900, output_tokens=500))
+    with Archive(tmp_path / "a.db") as archive:
+        s = run(task, archive, fake, budget=1)
+        with pytest.raises(LoopError, match="--max-cost needs a price for fake:m"):
+            run(task, archive, FakeProvider("fake:m"), budget=1, max_cost=1.0)
+    assert s.progress.cost_usd is None  # unknown, not $0
+    d = summary_dict(s, tmp_path / "a.db")
+    assert d["cost_usd"] is None and d["requests"] == 1 and d["verified_per_1k_output_tokens"] == 2.0
+
+
+def test_cli_refuses_max_cost_unpriced_and_prints_model_names_literally(tmp_path, task):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CRUCIBLE_MODEL", "CRUCIBLE_PRICES")}
+    env.update(OPENAI_API_KEY="test-key", COLUMNS="300")
+    out = subprocess.run([sys.executable, "-m", "agent.cli", "run", str(task), "--model", "openai:m:[red]x",
+                          "--max-cost", "1", "--device", "cpu", "--archive", str(tmp_path / "a.db")],
+                         cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--max-cost needs a price for openai:m:[red]x" in out.stderr
+    assert len(out.stderr.strip().split("\n")) <= 2  # one sentence (wrapped at most once)
+
+
+def test_one_definition_of_best_for_the_run_and_the_archive(tmp_path, task):
+    from agent.browse import Query, select, task_summaries
+
+    fake = FakeProvider("fake:m").enqueue(fenced(GOOD, "one"))
+    fake.enqueue(fenced(GOOD.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 512"), "two"))
+    with Archive(tmp_path / "a.db") as archive:
+        s = run(task, archive, fake, budget=2)
+        (summary,) = task_summaries(archive)
+        listed = select(archive, Query(sort="speedup"))
+    assert s.progress.accepted == 2
+    assert summary.best.id == s.best.id == listed[0].id
+    assert s.best_path.read_text() == GOOD  # nothing timed: the earliest verified kernel, everywhere

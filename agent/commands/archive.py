@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.tree import Tree
 
-console = Console()
-err_console = Console(stderr=True)
+# No emoji codes: a model named `openai:m:` prints as itself; user and model text goes through escape().
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 STATUS_STYLE = {"confirmed": "green", "stale": "red"}
 
 
@@ -128,7 +130,7 @@ def _list(archive: Any, args: argparse.Namespace) -> int:
         speed = _short(c.speedup, t.eager_ci_low, t.eager_ci_high) if c.timed else ("not timed" if c.accepted else "")
         verdict = _verdict(c.verdict) + ("" if c.accepted else f" {c.stage or ''} {c.reason}")
         rev = status.get(c.id)
-        table.add_row(str(c.id), Path(c.task_path).stem, verdict, c.proposer, speed,
+        table.add_row(str(c.id), escape(Path(c.task_path).stem), verdict, escape(c.proposer), speed,
                       "" if t.pct_roofline is None else f"{t.pct_roofline:.0f}%",
                       _status(rev.status) if rev else "", c.created[:16].replace("T", " "))
     console.print(table)
@@ -152,7 +154,7 @@ def _show(archive: Any, args: argparse.Namespace) -> int:
     kids = archive.children(cand.id)
     info = Table(show_header=False, box=None, padding=(0, 1))
     rows = [("candidate", f"#{cand.id} ({cand.uid})"), ("task", cand.task_path), ("run", cand.run_id or ""),
-            ("proposer", f"{cand.proposer} ({cand.origin})"), ("niche", cand.niche or ""),
+            ("proposer", escape(f"{cand.proposer} ({cand.origin})")), ("niche", cand.niche or ""),
             ("verdict", f"{_verdict(cand.verdict)} at {cand.stage or '-'} ({cand.reason})"),
             ("message", cand.message), ("result", result_text(cand)), ("environment", env_text(cand.env)),
             ("lineage", " -> ".join([f"#{a.id}" for a in line] + [f"[bold]#{cand.id}[/bold]"])
@@ -249,7 +251,7 @@ def _node_label(c: Any, *, second: bool = False) -> str:
     speed = f" {c.speedup:.2f}x" if c.speedup is not None else ""
     cross = f" (crossover, also from #{c.parent_id})" if second else \
         (f" (crossover with #{c.parent2_id})" if c.parent2_id else "")
-    return f"#{c.id} {c.proposer} {_verdict(c.verdict)}{speed}{cross}"
+    return f"#{c.id} {escape(c.proposer)} {_verdict(c.verdict)}{speed}{cross}"
 
 
 def _tasks(archive: Any, args: argparse.Namespace) -> int:

@@ -22,8 +22,10 @@ from rich.text import Text
 
 from . import BASELINES, add_constants, parse_constants
 
-console = Console()
-err_console = Console(stderr=True)
+# Model names, paths and messages are the user's or a model's text: printed literally (no console markup, no
+# emoji codes: a model named `openai:m:` stays `openai:m:`).
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False, markup=False, highlight=False)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -226,7 +228,7 @@ class LiveView:
             parts.append(Text(
                 f"proposals {p.proposals}/{p.budget} ({p.proposer}) · in flight {p.in_flight} · "
                 f"verified {p.accepted} · rejected {p.rejected} · tokens {p.input_tokens + p.output_tokens} · "
-                f"${p.cost_usd:.4f} · {p.elapsed_s:.0f} s"))
+                f"{cost_text(p.cost_usd)} · {p.elapsed_s:.0f} s"))
             parts.append(Text("best so far: " + _best_text(p.best)))
         parts.extend(self.last)
         return Group(*parts)
@@ -275,7 +277,8 @@ def summary_dict(s: Any, archive_path: Path) -> dict[str, Any]:
     return {"run_id": s.run_id, "task": s.task_path, "device": s.device, "timed": s.timed, "proposer": s.proposer,
             "stop_reason": s.stop_reason, "proposals": p.proposals, "budget": p.budget, "accepted": p.accepted,
             "rejected": p.rejected, "input_tokens": p.input_tokens, "output_tokens": p.output_tokens,
-            "cost_usd": p.cost_usd, "elapsed_s": round(p.elapsed_s, 2),
+            "cost_usd": p.cost_usd, "requests": p.requests, "verified_per_1k_output_tokens": per_1k(p),
+            "elapsed_s": round(p.elapsed_s, 2),
             "proposals_per_minute": p.per_minute, "mean_check_s": p.check_s,
             "start": None if s.start is None else {"id": s.start.id, "verdict": s.start.verdict,
                                                    "reason": s.start.reason},
@@ -295,15 +298,19 @@ def final_speedups(rev: Any) -> dict[str, dict[str, Any]]:
 def render_summary(s: Any, archive_path: Path) -> None:
     p = s.progress
     table = Table(show_header=False, box=None, padding=(0, 1))
-    table.add_row("run", f"{s.run_id} ({s.stop_reason})")
-    table.add_row("proposals", f"{p.proposals}/{p.budget} by {s.proposer}: {p.accepted} verified, "
-                               f"{p.rejected} rejected")
+    table.add_row("run", Text(f"{s.run_id} ({s.stop_reason})"))
+    table.add_row("proposals", Text(f"{p.proposals}/{p.budget} by {s.proposer}: {p.accepted} verified, "
+                                    f"{p.rejected} rejected"))
     rate = p.per_minute
     table.add_row("pace", f"{p.elapsed_s:.0f} s"
                   + (f", {rate:.1f} proposals/min" if rate is not None else "")
                   + (f", {p.check_s:.1f} s of harness per candidate" if p.check_s is not None else ""))
-    if p.input_tokens or p.output_tokens:
-        table.add_row("tokens", f"{p.input_tokens} in, {p.output_tokens} out, ${p.cost_usd:.4f}")
+    if p.requests or p.input_tokens or p.output_tokens:
+        rate = per_1k(p)
+        table.add_row("requests", Text(f"{p.requests} to the model; tokens {p.input_tokens} in, {p.output_tokens} out; "
+                                       f"cost {cost_text(p.cost_usd)}"
+                                       + (f"; {rate:.2f} verified kernels per 1k output tokens" if rate is not None
+                                          else "")))
     if s.start is not None:
         table.add_row("starting kernel", f"#{s.start.id} {s.start.verdict} ({s.start.reason})")
     b = s.best
@@ -311,11 +318,11 @@ def render_summary(s: Any, archive_path: Path) -> None:
         table.add_row("best kernel", "[red]none verified[/red]")
     else:
         t = b.timings
-        table.add_row("best kernel", f"#{b.id} ({b.origin}, {b.proposer}) → {s.best_path}")
+        table.add_row("best kernel", Text(f"#{b.id} ({b.origin}, {b.proposer}) → {s.best_path}"))
         if b.timed and s.final is not None:
             f = s.final
             colour = "green" if f.status == "confirmed" else "red"
-            table.add_row("final re-check", f"[{colour}]{f.status}[/{colour}]: {f.note}")
+            table.add_row("final re-check", Text.assemble((f.status, colour), f": {f.note}"))
             labels = {"eager": "vs eager", "compile": "vs torch.compile", "liger": "vs Liger",
                       "vendor": "vs vendor library"}
             for name, v in final_speedups(f).items():
@@ -338,6 +345,16 @@ def render_summary(s: Any, archive_path: Path) -> None:
                                    "verified kernels are not ranked, best.py is the earliest verified one")
     console.print(table)
     for line in s.not_measured:
-        console.print(f"[yellow]not measured[/yellow]: {line}")
-    console.print(f"archive: {archive_path}; continue with: crucible run {s.task_path} --resume {s.run_id}"
-                  + (f" --archive {archive_path}" if archive_path != Path("runs/archive.db") else ""))
+        console.print(Text.assemble(("not measured", "yellow"), f": {line}"))
+    console.print(Text(f"archive: {archive_path}; continue with: crucible run {s.task_path} --resume {s.run_id}"
+                       + (f" --archive {archive_path}" if archive_path != Path("runs/archive.db") else "")))
+
+
+def cost_text(cost: float | None) -> str:
+    """Dollars, or why not: a model without a configured price costs an unknown amount, never $0."""
+    return "unknown (no price configured: CRUCIBLE_PRICES)" if cost is None else f"${cost:.4f}"
+
+
+def per_1k(p: Any) -> float | None:
+    """Verified kernels the model proposed per 1,000 output tokens."""
+    return round(1000.0 * p.verified_llm / p.output_tokens, 3) if p.output_tokens else None
