@@ -332,7 +332,8 @@ class Harness:
         laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
         return reference, {"network_isolated": run.network_isolated, "reference_s": reference_s,
                            "filesystem_read_only": bool(reply.get("filesystem_read_only")),
-                           "capabilities_dropped": bool(reply.get("capabilities_dropped")), **laps}
+                           "capabilities_dropped": bool(reply.get("capabilities_dropped")),
+                           "walls": reply.get("walls") if isinstance(reply.get("walls"), dict) else {}, **laps}
 
     def _retire(self, child: Child, exported: list[torch.Tensor]) -> None:
         """End the child and remove its scratch directory. On the CPU, at once; on a GPU, where a process takes a

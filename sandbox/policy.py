@@ -1,16 +1,24 @@
 """Confinement of the candidate's process, applied by trusted code after fork and before the candidate is imported.
 
-Layers (each stands on its own; none relies on the candidate behaving):
+Walls the operating system enforces (they hold after the candidate has switched off every Python-level layer and
+calls libc through ctypes), in the order they are raised:
   - resource limits: CPU seconds, open files, file size, no core dumps. Not address space: CUDA reserves virtual
-    memory of about twice device memory and fails to start under RLIMIT_AS.
-  - no network: a fresh network namespace where the kernel allows it (root), and in any case the audit hook below
-    refuses every socket.
-  - a read-only view of the file system except the scratch directory (a private mount namespace, where allowed).
-  - an audit hook (PEP 578; Python code cannot remove one): writes only under the scratch directory; no sockets, no
-    new processes, no signals, no loading of native libraries, no gc walks (reading other objects' memory), no
-    further audit hooks. While trusted code runs (Triton compiling a kernel, the baselines) only the network stays
-    closed: they start compilers and load libraries.
-The process group is killed by the parent on timeout, so nothing the candidate starts outlives the check.
+    memory of about twice device memory and fails to start under RLIMIT_AS; memory is bounded by a control group
+    instead (sandbox.memory, joined by the zygote's fork before this process existed).
+  - namespaces: network (no route anywhere; abstract Unix sockets are per network namespace), mount, IPC (System V
+    and POSIX message queues of its own), PID (sandbox.namespaces: the candidate sees only its own processes, and
+    everything it starts dies with it). The zygote's fork enters them; `apply` enters those still missing.
+  - mounts: every mount read-only except the scratch directory, /proc, /sys and /dev included (device nodes stay
+    usable on a read-only mount: /dev/null, and /dev/nvidia* for CUDA); a fresh /proc of the PID namespace; a
+    private, size-limited tmpfs on /dev/shm, gone with the namespace.
+  - seccomp (sandbox.seccomp): no socket of any family, no ptrace, no mount or namespace calls, no new session.
+  - capabilities: an empty bounding set and no effective/permitted capabilities, so even a root child cannot undo
+    the above (remount, setns, raise limits); then no_new_privs.
+Python-level layer (a speed bump, not a wall: candidate code in this process can reach it): an audit hook (PEP 578)
+allowing writes only under the scratch directory, and refusing sockets, new processes, signals, native libraries, gc
+walks and further audit hooks. While trusted code runs (Triton compiling a kernel, the baselines) only the network
+stays closed: they start compilers and load libraries.
+`Policy.walls()` reports which walls stood; the setup reply carries it to the verdict.
 """
 from __future__ import annotations
 
@@ -22,14 +30,23 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CLONE_NEWNET = 0x40000000
-CLONE_NEWNS = 0x00020000
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+from . import seccomp
+
+CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWIPC = 0x40000000, 0x00020000, 0x08000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+SHM_BYTES = 64 << 20  # the private /dev/shm: nothing under test needs more, and it counts against the memory bound
+# What the zygote's fork raised before this process ran the worker (sandbox.namespaces.enter).
+ZYGOTE_WALLS: dict[str, object] = {}
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, _LINUX_CAPABILITY_VERSION_3 = 38, 24, 0x20080522
 # The CUDA stack's own libraries, which torch and the profiler load lazily (NVML for device queries, the driver for
 # the persisting-L2 reset): loading them gives a candidate nothing torch does not already have.
 CUDA_LIBRARY_PREFIXES = ("libcuda.", "libnvidia-ml.", "libcudart.", "libnvrtc", "libcublas", "libcudnn",
                          "libnvJitLink", "libcusparse", "libcufft", "libcurand", "libcusolver", "libnvToolsExt")
+
+
+WALLS = ("network_isolated", "filesystem_read_only", "capabilities_dropped", "ipc_namespace", "pid_namespace",
+         "proc_private", "shm_private", "proc_sys_read_only", "seccomp", "memory_bound_bytes")
 
 
 class SandboxViolation(PermissionError):
@@ -47,8 +64,19 @@ class Policy:
     network_isolated: bool = False
     filesystem_read_only: bool = False
     capabilities_dropped: bool = False
+    ipc_namespace: bool = False
+    pid_namespace: bool = False
+    proc_private: bool = False  # /proc shows only the PID namespace
+    shm_private: bool = False  # /dev/shm is a private tmpfs
+    proc_sys_read_only: bool = False  # /proc (with /proc/sys) and /sys read-only
+    seccomp: bool = False
+    memory_bound_bytes: int = 0  # 0: no bound on this machine
     # True while trusted code (Triton compiling, the harness itself) is running, so tools may be invoked.
     trusted_depth: int = 0
+
+    def walls(self) -> dict[str, object]:
+        """Which OS-enforced walls stood when confinement finished (the memory bound in bytes, 0 where none)."""
+        return {name: getattr(self, name) for name in WALLS}
 
 
 _POLICY: Policy | None = None
@@ -57,8 +85,22 @@ _POLICY: Policy | None = None
 def apply(policy: Policy) -> Policy:
     global _POLICY
     _set_limits(policy)
-    policy.network_isolated = _isolate_network()
-    policy.filesystem_read_only = _read_only_filesystem(policy.write_roots)
+    libc = ctypes.CDLL(None, use_errno=True)
+    entered = ZYGOTE_WALLS
+    policy.network_isolated = bool(entered.get("network_namespace")) or libc.unshare(CLONE_NEWNET) == 0
+    policy.ipc_namespace = bool(entered.get("ipc_namespace")) or libc.unshare(CLONE_NEWIPC) == 0
+    policy.pid_namespace = bool(entered.get("pid_namespace"))
+    policy.proc_private = bool(entered.get("proc_private"))
+    policy.memory_bound_bytes = int(entered.get("memory_bound_bytes") or 0)
+    private_ns = bool(entered.get("mount_namespace")) or (
+        libc.unshare(CLONE_NEWNS) == 0 and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0)
+    if private_ns:
+        policy.shm_private = _private_shm(libc)
+        policy.filesystem_read_only = _read_only_mounts(libc, policy.write_roots, policy.shm_private)
+        policy.proc_sys_read_only = all(_read_only(p) for p in ("/proc/sys", "/sys") if os.path.exists(p))
+    # After the mounts (the filter refuses mount) and before the capabilities go (installing it needs CAP_SYS_ADMIN,
+    # or no_new_privs where the process never had it).
+    policy.seccomp = seccomp.install()
     # Last: without capabilities even a root process cannot undo the namespaces (remount, setns) or raise limits,
     # whatever the candidate later does to the Python-level checks below.
     policy.capabilities_dropped = _drop_capabilities()
@@ -91,46 +133,50 @@ def _set_limits(p: Policy) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _isolate_network() -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.unshare(CLONE_NEWNET) == 0
-    except (OSError, AttributeError):
+def _private_shm(libc: ctypes.CDLL) -> bool:
+    """An empty tmpfs of its own on /dev/shm: what the candidate writes there is seen by nobody and gone with it."""
+    if not os.path.isdir("/dev/shm"):
         return False
+    options = f"size={SHM_BYTES},mode=1777".encode()
+    return libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) == 0
 
 
-def _read_only_filesystem(write_roots: list[Path]) -> bool:
-    """A private mount namespace where every mount is read-only except the write roots (bind-mounted on
-    themselves first). This also stops writes made from C (torch.save, numpy.tofile) that no audit event sees."""
+def _read_only_mounts(libc: ctypes.CDLL, write_roots: list[Path], shm_private: bool) -> bool:
+    """Every mount read-only except the write roots (bind-mounted on themselves first) and the private /dev/shm.
+    This also stops writes made from C (torch.save, numpy.tofile) that no audit event sees. /proc, /sys and /dev
+    too: the NVIDIA driver only reads /proc/driver/nvidia and /sys, and a device node opens for writing on a
+    read-only mount (/dev/null, /dev/nvidia*), so CUDA works."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWNS) != 0:
-            return False
-        if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-            return False
         roots = [os.path.realpath(r) for r in write_roots]
         for root in roots:
             if libc.mount(root.encode(), root.encode(), None, MS_BIND | MS_REC, None) != 0:
                 return False
         with open("/proc/self/mountinfo") as f:
             targets = [line.split()[4] for line in f]
-        ok = True
-        for target in targets:
-            if target in roots or target.startswith(("/proc", "/sys", "/dev")):
-                continue
-            target_b = target.encode().decode("unicode_escape").encode()
-            if libc.mount(None, target_b, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None) != 0:
-                ok = ok and target != "/"
-        return ok
-    except (OSError, AttributeError):
+    except OSError:
+        return False
+    keep = set(roots) | ({"/dev/shm"} if shm_private else set())
+    ok = True
+    for target in dict.fromkeys(targets):
+        if target in keep or any(target.startswith(root + os.sep) for root in roots):
+            continue
+        target_b = target.encode().decode("unicode_escape").encode()
+        if libc.mount(None, target_b, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None) != 0:
+            ok = ok and target != "/"  # e.g. a mount hidden under another one, which nothing can reach
+    return ok and _read_only("/")
+
+
+def _read_only(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
         return False
 
 
 def _drop_capabilities() -> bool:
-    """No new privileges, an empty bounding set, and empty effective/permitted/inheritable capability sets."""
+    """An empty bounding set and empty effective/permitted/inheritable capability sets, then no_new_privs."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         for cap in range(64):
             libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # past the last capability this fails harmlessly
 
@@ -141,7 +187,8 @@ def _drop_capabilities() -> bool:
             _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
                         ("inheritable", ctypes.c_uint32)]
 
-        return libc.capset(ctypes.byref(Header(_LINUX_CAPABILITY_VERSION_3, 0)), (Data * 2)()) == 0
+        dropped = libc.capset(ctypes.byref(Header(_LINUX_CAPABILITY_VERSION_3, 0)), (Data * 2)()) == 0
+        return libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 and dropped
     except (OSError, AttributeError):
         return False
 

@@ -182,7 +182,7 @@ MEASURED = _record({
 }, ("fns",), open_=True)
 SCHEMAS: dict[str, dict[str, Check]] = {
     "setup": {"network_isolated": _bool, "filesystem_read_only": _bool, "capabilities_dropped": _bool,
-              "laps": LAPS},
+              "laps": LAPS, "walls": _map(lambda v, w: v if type(v) in (bool, int) else _bool(v, w))},
     "rebuild": {},
     "call": {"trace": TRACE, "seconds": _float(), "outputs": _list(_output, 4096),
              "strides": _list(_list(_int(-(1 << 62)), MAX_DIMS), 4096), "structure": _one_of({"tuple", "tensor"})},

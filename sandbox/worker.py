@@ -89,11 +89,12 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # compile in this process: no worker pool to start
     state["policy"] = policy.apply(pol)
     laps["confine_s"] = lap()
+    walls = pol.walls()  # taken before any candidate code runs
     state.update(device=device, allow_compute=msg["allow_compute"])
     state["flags"] = _flags()
     if msg["candidate"] is None:  # timing the baselines alone
         return {"ok": True, "network_isolated": pol.network_isolated, "filesystem_read_only": pol.filesystem_read_only,
-                "laps": laps}
+                "laps": laps, "walls": walls}
     trace.install(msg["candidate"], msg["seeds_dir"])
 
     spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, msg["candidate"])
@@ -111,6 +112,7 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     reply["network_isolated"] = pol.network_isolated
     reply["filesystem_read_only"] = pol.filesystem_read_only
     reply["capabilities_dropped"] = pol.capabilities_dropped
+    reply["walls"] = walls
     return reply
 
 

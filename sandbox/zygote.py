@@ -4,8 +4,11 @@ and every candidate still gets a process (and, on the GPU, a CUDA context) of it
 
 Protocol on a SOCK_SEQPACKET control socket (JSON messages; descriptors passed with SCM_RIGHTS):
   {"op": "spawn"} + [child's socket, child's stdout/stderr pipe, shared output buffer]  ->  {"pid": N}
-  {"op": "wait", "pid": N}                                        ->  {"pid": N, "status": raw wait status}
-Each child starts a new session (its own process group) so the parent can kill everything it starts at once.
+  {"op": "wait", "pid": N}             ->  {"pid": N, "status": raw wait status, "oom": bool, "memory_bound_bytes": B}
+Each child starts a new session (its own process group) so the parent can kill everything it starts at once, and
+gets its own PID namespace, control group and namespaces (sandbox.namespaces): killing the pid reported here ends
+everything the candidate started. `oom` is true when the kernel killed a process of the candidate for exceeding its
+memory bound of B bytes (sandbox.memory; B is 0 where the machine gives no bound). The group is removed on `wait`.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ def serve(ctrl_fd: int) -> None:
 
     import profiler.timing  # noqa: F401 - captures the timer functions before any candidate can replace them
     from profiler import env
-    from sandbox import trace, worker
+    from sandbox import memory, namespaces, policy, trace, worker
 
     # Versions and the driver (an nvidia-smi call) are asked once here; every candidate's timing report reuses them.
     for dist in ("triton", "liger-kernel"):
@@ -33,43 +36,58 @@ def serve(ctrl_fd: int) -> None:
     with trace.tracing():
         torch.nn.Linear(4, 4)(torch.empty(2, 4).fill_(1.0))
 
+    groups = memory.Groups()
     ctrl = socket.socket(fileno=ctrl_fd)
     statuses: dict[int, int] = {}
+    cgroups: dict[int, memory.Group | None] = {}
     ctrl.send(json.dumps({"ready": True}).encode())
-    while True:
-        try:
-            msg, fds, _, _ = socket.recv_fds(ctrl, 1 << 16, 4)
-        except OSError:
-            return
-        if not msg:
-            return
-        req = json.loads(msg)
-        if req["op"] == "spawn":
-            pid = os.fork()
-            if pid == 0:
-                code = 0
-                try:
-                    ctrl.close()
-                    os.setsid()
-                    worker.main(fds[0], fds[1], fds[2])
-                except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
-                    import traceback
-                    traceback.print_exc()  # into the captured output tail the verdict carries
-                    code = 70
-                finally:
-                    os._exit(code)
-            for fd in fds:
-                os.close(fd)
-            ctrl.send(json.dumps({"pid": pid}).encode())
-        elif req["op"] == "wait":
-            pid = int(req["pid"])
-            if pid not in statuses:
-                try:
-                    _, status = os.waitpid(pid, 0)
-                except ChildProcessError:
-                    status = -1
-                statuses[pid] = status
-            ctrl.send(json.dumps({"pid": pid, "status": statuses.pop(pid)}).encode())
+    try:
+        while True:
+            try:
+                msg, fds, _, _ = socket.recv_fds(ctrl, 1 << 16, 4)
+            except OSError:
+                return
+            if not msg:
+                return
+            req = json.loads(msg)
+            if req["op"] == "spawn":
+                group = groups.create()
+                pid = os.fork()
+                if pid == 0:
+                    code = 0
+                    try:
+                        ctrl.close()
+                        os.setsid()
+                        policy.ZYGOTE_WALLS.update(namespaces.enter(group, fds[:3]))
+                        worker.main(fds[0], fds[1], fds[2])
+                    except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
+                        import traceback
+                        traceback.print_exc()  # into the captured output tail the verdict carries
+                        code = 70
+                    finally:
+                        os._exit(code)
+                for fd in fds:
+                    os.close(fd)
+                cgroups[pid] = group
+                ctrl.send(json.dumps({"pid": pid}).encode())
+            elif req["op"] == "wait":
+                pid = int(req["pid"])
+                if pid not in statuses:
+                    try:
+                        _, status = os.waitpid(pid, 0)
+                    except ChildProcessError:
+                        status = -1
+                    statuses[pid] = status
+                group = cgroups.pop(pid, None)
+                oom = group is not None and group.oom_killed()
+                if group is not None:
+                    group.remove()
+                ctrl.send(json.dumps({"pid": pid, "status": statuses.pop(pid), "oom": oom,
+                                      "memory_bound_bytes": group.bound_bytes if group is not None else 0}).encode())
+    finally:
+        for group in cgroups.values():  # children the parent never waited for: it went away
+            if group is not None:
+                group.remove()
 
 
 if __name__ == "__main__":
