@@ -50,6 +50,9 @@ class Reason(str, enum.Enum):
     NO_TRITON_LAUNCH = "no_triton_launch"
     FOREIGN_KERNEL = "foreign_kernel"
     TORCH_COMPUTE = "torch_compute"
+    FOREIGN_COMPUTE = "foreign_compute"      # numpy / Python compute, or Python run inside a Triton launch
+    TRACE_TAMPERED = "trace_tampered"        # the launch trace's hooks or modes were replaced
+    STATE_CARRIED = "state_carried"          # Python state changed between calls (a counter, a cache of outputs)
     THREADS_LEFT_RUNNING = "threads_left_running"
     GLOBAL_FLAGS_CHANGED = "global_flags_changed"
     # outputs

@@ -1,12 +1,25 @@
-"""The launch trace: which Triton kernels a call launched, and which torch ops it ran besides.
+"""The launch trace: which Triton kernels a call launched, which torch ops it ran besides, and whether it took data
+out of torch to compute elsewhere.
 
-Two hooks, installed by trusted code in the candidate's process before the candidate is imported:
-  - Triton's `JITFunction.run` (and the interpreter's `InterpretedFunction.run`) are wrapped: each launch records
-    the file and name of the kernel's Python function. Kernels must come from the candidate's file or from the
-    `seeds` package (crucible's own verified kernels).
+`install` (trusted code, in the candidate's process, before the candidate is imported) returns a `Tracer`. Its
+state lives in closures, not in module globals, so a candidate that reaches this module finds no switch to turn:
+  - Triton's `JITFunction.run` (and the interpreter's `InterpretedFunction.run`, the autotuner's `Autotuner.run`)
+    are wrapped: each launch records the file and name of the kernel's Python function. Kernels must come from the
+    candidate's file or from the `seeds` package (crucible's own verified kernels).
   - a TorchDispatchMode sees every aten op on every device, CPU included. The policy below splits them into glue
-    (allowed always) and compute (allowed only where the task says CRUCIBLE_ALLOW_TORCH_COMPUTE). While a Triton
-    launch is in progress the mode stands aside: the interpreter's own tensor copies are not the candidate's.
+    (allowed always) and compute (allowed only where the task says CRUCIBLE_ALLOW_TORCH_COMPUTE).
+  - a TorchFunctionMode refuses the ways out of torch: `.numpy()`, `__array__`, storages read from Python,
+    `torch.from_numpy` / `torch.frombuffer`, tensors built from Python floats or arrays beyond a few values, and more
+    than a few scalar reads (`.item()`, `.tolist()`, `float(t)`) a call. Results computed in numpy or Python beside
+    a decoy launch are refused whatever the launch did.
+While a Triton launch is in progress both modes stand aside: the launcher's own tensor copies (on the interpreter,
+every argument) are Triton's, not the candidate's. So the wrapper first refuses what would run the candidate's own
+Python inside that window: pre-run hooks, the autotuner's user hooks, Triton's launch and compile hooks, and on the
+CPU interpreter (where a kernel body is plain Python) arguments that are callables, modules or tensors as
+constexprs, and bodies that refer to anything but Triton, other @triton.jit functions and constants (a plain Python
+helper, torch, numpy, `.handle` — the interpreter's raw arrays). A callable grid runs watched.
+`Tracer.verify` then checks, after each call, that the wrappers and modes are still the ones installed.
+
 The mode also poisons every fresh allocation (NaN for floating tensors, the dtype's minimum for integers), so an
 output the candidate allocates but does not fully write shows up as NaN, and memory freed by anything earlier can
 never pass as a result.
@@ -14,18 +27,21 @@ never pass as a result.
 Glue policy (write it down, since the LLM is told the same): allocation (empty/zeros/ones/full and *_like, new_*,
 arange), fills (fill_, zero_), copies and dtype/device conversion (copy_, clone, contiguous, .to), views and shape
 changes (view, reshape, transpose, permute, expand, squeeze/unsqueeze, slicing, select, split/chunk/unbind, as_strided),
-concatenation (cat, stack) and reading a scalar (.item()). Everything else is compute.
+concatenation (cat, stack) and reading a few scalars (.item(), at most SCALAR_READS a call). Everything else is
+compute.
 """
 from __future__ import annotations
 
+import builtins
+import dis
 import os
+import types
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from . import policy
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 GLUE_OPS = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
@@ -37,6 +53,23 @@ GLUE_OPS = frozenset({
     "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "record_stream", "set_",
 })
 ALLOCATING_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+# Values a forward may read into Python a call (an exponent, a count for a grid): enough for control, too few to
+# compute an output from.
+SCALAR_READS = 16
+# Python data a tensor may be built from: any number of ints (index tables, offsets), at most this many floats.
+PY_FLOATS = 16
+_SCALAR_FUNCS = frozenset({"item", "__float__", "__int__", "__bool__", "__index__", "__complex__"})
+_BUILDERS = frozenset({"tensor", "as_tensor", "asarray", "new_tensor"})
+_REFUSED_FUNCS = {"numpy": "Tensor.numpy()", "__array__": "converting a tensor to a numpy array"}
+# Names a kernel body must not touch on the interpreter: the raw numpy data behind its tensors and pointers.
+_BODY_ATTRS = frozenset({"handle", "numpy", "tolist", "item", "data_ptr", "untyped_storage", "storage"})
+_BODY_BUILTINS_REFUSED = frozenset({"eval", "exec", "open", "__import__", "getattr", "setattr", "delattr", "globals",
+                                    "vars", "locals", "compile", "breakpoint", "input", "memoryview", "type", "object"})
+_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype)
+
+
+class ForeignCompute(RuntimeError):
+    """Raised inside the candidate's forward at the point it leaves torch and Triton (also recorded in the trace)."""
 
 
 @dataclass
@@ -44,6 +77,8 @@ class CallTrace:
     launches: list[tuple[str, str]] = field(default_factory=list)  # (file, kernel name)
     compute_ops: list[str] = field(default_factory=list)
     foreign: list[tuple[str, str]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # computation outside torch and Triton, refused launches
+    scalar_reads: int = 0
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -51,75 +86,18 @@ class CallTrace:
             "kernels": sorted({name for _, name in self.launches}),
             "compute_ops": sorted(set(self.compute_ops)),
             "foreign_kernels": sorted({f"{name} ({os.path.basename(f)})" for f, name in self.foreign}),
+            "refused": self.refused[:3],
         }
 
 
-class _State:
-    active: CallTrace | None = None
-    in_launch: int = 0
-    allowed_files: set[str] = set()
-    allowed_dirs: tuple[str, ...] = ()
-    poison: bool = True
+class _Cell:
+    """The tracer's mutable state, held only by the closures `install` makes."""
+    __slots__ = ("active", "in_launch", "poison")
 
-
-def install(candidate_file: str, seeds_dir: str) -> None:
-    """Wrap Triton's launch entry points. Call once, before the candidate is imported."""
-    _State.allowed_files = {os.path.realpath(candidate_file)}
-    _State.allowed_dirs = (os.path.realpath(seeds_dir) + os.sep,)
-    from triton.runtime import jit as _jit
-    _wrap(_jit.JITFunction)
-    try:
-        from triton.runtime import interpreter as _interp
-    except ImportError:  # pragma: no cover - every supported Triton has it
-        return
-    _wrap(_interp.InterpretedFunction)
-
-
-def _wrap(cls: type) -> None:
-    original = cls.run
-    if getattr(original, "_crucible_wrapped", False):
-        return
-
-    def run(self, *args, **kwargs):
-        trace = _State.active
-        if trace is not None and _State.in_launch == 0:
-            fn = getattr(self, "fn", None)
-            code = getattr(fn, "__code__", None)
-            origin = os.path.realpath(code.co_filename) if code else "?"
-            record = (origin, getattr(fn, "__name__", "?"))
-            trace.launches.append(record)
-            if origin not in _State.allowed_files and not origin.startswith(_State.allowed_dirs):
-                trace.foreign.append(record)
-        _State.in_launch += 1
-        try:
-            with policy.trusted():
-                return original(self, *args, **kwargs)
-        finally:
-            _State.in_launch -= 1
-
-    run._crucible_wrapped = True  # type: ignore[attr-defined]
-    cls.run = run
-
-
-class TraceMode(TorchDispatchMode):
-    """Records compute ops and poisons fresh allocations while the candidate runs."""
-
-    def __init__(self, trace: CallTrace, poison: bool = True):
-        super().__init__()
-        self.trace = trace
-        self.poison = poison
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if _State.in_launch:
-            return out
-        name = func.__name__.split(".")[0]
-        if name not in GLUE_OPS:
-            self.trace.compute_ops.append(name)
-        elif self.poison and name in ALLOCATING_OPS and isinstance(out, torch.Tensor):
-            _poison(out)
-        return out
+    def __init__(self) -> None:
+        self.active: CallTrace | None = None
+        self.in_launch = 0
+        self.poison = True
 
 
 def _poison(t: torch.Tensor) -> None:
@@ -132,18 +110,387 @@ def _poison(t: torch.Tensor) -> None:
             t.fill_(torch.iinfo(t.dtype).min)
 
 
-class tracing:
-    """Context manager: trace one call of the candidate."""
+def _py_data_problem(data: Any) -> str | None:
+    """Why a tensor must not be built from `data` (Python values or an array), or None."""
+    if isinstance(data, torch.Tensor) or isinstance(data, _PLAIN):
+        return None
+    if hasattr(data, "__array_interface__") or hasattr(data, "__array__") or isinstance(data, (bytearray, memoryview)):
+        return f"building a tensor from a {type(data).__name__}"
+    floats, stack, seen = 0, [data], 0
+    while stack:
+        x = stack.pop()
+        seen += 1
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, (float, complex)):
+            floats += 1
+        elif isinstance(x, torch.Tensor):
+            floats += x.numel() if x.is_floating_point() else 0
+        elif not isinstance(x, (int, bool)):
+            return f"building a tensor from a {type(x).__name__}"
+        if floats > PY_FLOATS:
+            return f"building a tensor from more than {PY_FLOATS} Python floats"
+    return None
+
+
+def _make_modes(cell: _Cell) -> tuple[type, type]:
+    """The dispatch and function mode classes, closing over `cell` (instances carry no state of their own)."""
+
+    class TraceMode(TorchDispatchMode):
+        """Records compute ops and poisons fresh allocations while the candidate runs."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            trace = cell.active
+            if cell.in_launch or trace is None:
+                return out
+            name = func.__name__.split(".")[0]
+            if name not in GLUE_OPS:
+                trace.compute_ops.append(name)
+            elif cell.poison and name in ALLOCATING_OPS and isinstance(out, torch.Tensor):
+                _poison(out)
+            return out
+
+    def refuse(trace: CallTrace, what: str) -> None:
+        trace.refused.append(what)
+        raise ForeignCompute(f"{what} is not allowed in the forward: compute in your Triton kernels")
+
+    class GuardMode(TorchFunctionMode):
+        """Refuses the ways out of torch (numpy, Python lists, raw storages) while the candidate runs."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            trace = cell.active
+            if trace is not None and not cell.in_launch:
+                name = getattr(func, "__name__", "")
+                if name in _REFUSED_FUNCS:
+                    refuse(trace, _REFUSED_FUNCS[name])
+                elif name in _SCALAR_FUNCS or name == "tolist":
+                    this = args[0] if args else None
+                    trace.scalar_reads += this.numel() if name == "tolist" and isinstance(this, torch.Tensor) else 1
+                    if trace.scalar_reads > SCALAR_READS:
+                        refuse(trace, f"reading more than {SCALAR_READS} tensor values into Python (.item(), "
+                                      ".tolist(), float(t)) in one call")
+                elif name in _BUILDERS:
+                    data = args[1] if name == "new_tensor" and len(args) > 1 else (args[0] if args else None)
+                    problem = _py_data_problem(data)
+                    if problem:
+                        refuse(trace, problem)
+            return func(*args, **kwargs)
+
+    return TraceMode, GuardMode
+
+
+class _Standalone:
+    """tracing() without an installed tracer (the zygote warms the mode machinery with it)."""
 
     def __init__(self, poison: bool = True):
+        self.cell = _Cell()
+        self.cell.poison = poison
+        dispatch, function = _make_modes(self.cell)
+        self.modes = (function(), dispatch())
         self.trace = CallTrace()
-        self.mode = TraceMode(self.trace, poison)
 
     def __enter__(self) -> CallTrace:
-        _State.active = self.trace
-        self.mode.__enter__()
+        self.cell.active = self.trace
+        for m in self.modes:
+            m.__enter__()
         return self.trace
 
     def __exit__(self, *exc: object) -> None:
-        self.mode.__exit__(*exc)
-        _State.active = None
+        for m in reversed(self.modes):
+            m.__exit__(*exc)
+        self.cell.active = None
+
+
+tracing = _Standalone
+
+
+class Tracer:
+    """What `install` hands the worker: a context manager per call and a check that nothing was switched off."""
+    __slots__ = ("_enter", "_verify")
+
+    def __init__(self, enter: Callable[[bool], Any], verify: Callable[[], str | None]):
+        self._enter, self._verify = enter, verify
+
+    def tracing(self, poison: bool = True) -> Any:
+        return self._enter(poison)
+
+    def verify(self) -> str | None:
+        """None while every hook is the one installed; else what was replaced."""
+        return self._verify()
+
+
+def install(candidate_file: str, seeds_dir: str) -> Tracer:
+    """Wrap Triton's launch entry points and build the modes. Call once, before the candidate is imported."""
+    import triton
+    import triton.language as tl
+    from triton import knobs
+    from triton.runtime import autotuner as _autotuner
+    from triton.runtime import jit as _jit
+
+    from . import policy
+
+    trusted = policy.trusted
+    allowed_files = {os.path.realpath(candidate_file)}
+    allowed_dirs = (os.path.realpath(seeds_dir) + os.sep,)
+    cell = _Cell()
+    dispatch_cls, function_cls = _make_modes(cell)
+    try:
+        from triton.runtime import interpreter as _interp
+    except ImportError:  # pragma: no cover - every supported Triton has it
+        _interp = None
+    kernel_types: tuple[type, ...] = (_jit.JITFunction,) + ((_interp.InterpretedFunction,) if _interp else ())
+    code_names: dict[types.CodeType, tuple[frozenset, frozenset]] = {}
+
+    def names_of(code: types.CodeType) -> tuple[frozenset, frozenset]:
+        if code not in code_names:
+            globs, attrs = set(), set()
+            for ins in dis.get_instructions(code):
+                if ins.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME"):
+                    globs.add(ins.argval)
+                elif ins.opname in ("LOAD_ATTR", "STORE_ATTR", "DELETE_ATTR", "LOAD_METHOD"):
+                    attrs.add(ins.argval)
+            for const in code.co_consts:
+                if isinstance(const, types.CodeType):
+                    g, a = names_of(const)
+                    globs |= g
+                    attrs |= a
+            code_names[code] = (frozenset(globs), frozenset(attrs))
+        return code_names[code]
+
+    def triton_defined(v: Any) -> bool:
+        mod = getattr(v, "__module__", None) if isinstance(v, (type, types.FunctionType, types.BuiltinFunctionType)) \
+            else type(v).__module__
+        return isinstance(mod, str) and (mod == "triton" or mod.startswith("triton."))
+
+    def value_problem(v: Any, attrs: frozenset, seen: set[int], depth: int = 0) -> str | None:
+        if isinstance(v, _PLAIN) or isinstance(v, (tl.constexpr, tl.dtype)):
+            return None
+        if isinstance(v, tuple):
+            return next((p for p in (value_problem(x, attrs, seen, depth) for x in v) if p), None)
+        if isinstance(v, _jit.KernelInterface):
+            inner = v
+            while not isinstance(inner, kernel_types) and hasattr(inner, "fn"):
+                inner = inner.fn
+            fn = getattr(inner, "fn", None)
+            return body_problem(fn, seen) if isinstance(fn, types.FunctionType) else None
+        if isinstance(v, types.ModuleType):
+            name = v.__name__
+            if not (name == "triton" or name.startswith(("triton.", "seeds.")) or name == "seeds"):
+                return f"the module {name}"
+            if id(v) in seen or depth > 6:
+                return None
+            seen.add(id(v))
+            for a in attrs:
+                if a in v.__dict__:
+                    p = value_problem(v.__dict__[a], attrs, seen, depth + 1)
+                    if p:
+                        return p
+            return None
+        if triton_defined(v):
+            return None
+        what = "function" if callable(v) else type(v).__name__
+        return f"{getattr(v, '__name__', what)} (a {what} from {getattr(v, '__module__', None) or type(v).__module__})"
+
+    def body_problem(fn: types.FunctionType, seen: set[int]) -> str | None:
+        if id(fn) in seen:
+            return None
+        seen.add(id(fn))
+        globs, attrs = names_of(fn.__code__)
+        bad_attrs = sorted(attrs & _BODY_ATTRS)
+        if bad_attrs:
+            return f"the kernel {fn.__name__} reads `.{bad_attrs[0]}` (the interpreter's raw data)"
+        if fn.__closure__:
+            return f"the kernel {fn.__name__} closes over local variables"
+        for d in (fn.__defaults__ or ()):
+            p = value_problem(d, attrs, seen)
+            if p:
+                return f"the kernel {fn.__name__} has a default argument {p}"
+        for name in globs:
+            if name in fn.__globals__:
+                p = value_problem(fn.__globals__[name], attrs, seen)
+                if p:
+                    return f"the kernel {fn.__name__} refers to `{name}`, {p}"
+            elif name in _BODY_BUILTINS_REFUSED and hasattr(builtins, name):
+                return f"the kernel {fn.__name__} calls the builtin {name}"
+        return None
+
+    def arg_problem(v: Any, seen: set[int]) -> str | None:
+        if type(v) in (torch.Tensor, torch.nn.Parameter) or isinstance(v, _PLAIN) or isinstance(v, tl.dtype):
+            return None
+        if isinstance(v, tl.constexpr):
+            return arg_problem(v.value, seen)
+        if isinstance(v, (tuple, list)):
+            return next((p for p in (arg_problem(x, seen) for x in v) if p), None)
+        if isinstance(v, _jit.KernelInterface):
+            return value_problem(v, frozenset(), seen)
+        if type(v).__name__ in ("TensorDescriptor", "TensorDescriptorIm2Col") and triton_defined(v):
+            return arg_problem(getattr(v, "base", None), seen)
+        return f"an argument of type {type(v).__module__}.{type(v).__name__}"
+
+    def hooks_problem(kernel: Any) -> str | None:
+        for hook in getattr(kernel, "pre_run_hooks", None) or ():
+            if not triton_defined(hook):
+                return "the kernel has a pre-run hook"
+        if getattr(kernel, "launch_metadata", None) is not None:
+            return "the kernel has a launch_metadata callback"
+        rt = knobs.runtime
+        for name in ("launch_enter_hook", "launch_exit_hook"):
+            chain = getattr(rt, name, None)
+            if chain is not None and getattr(chain, "calls", None):
+                return f"triton.knobs.runtime.{name} is set"
+        for name in ("jit_cache_hook", "jit_post_compile_hook", "add_stages_inspection_hook"):
+            if getattr(rt, name, None) is not None:
+                return f"triton.knobs.runtime.{name} is set"
+        if getattr(knobs.autotuning, "listener", None) is not None:
+            return "triton.knobs.autotuning.listener is set"
+        return None
+
+    def refuse_launch(trace: CallTrace, name: str, problem: str) -> None:
+        trace.refused.append(f"launching {name}: {problem}")
+        raise ForeignCompute(f"launching {name} is refused: {problem}. A launch may run only Triton code: no hooks, "
+                             "no Python callables or tensors as constexprs, and kernel bodies that call only Triton "
+                             "and other @triton.jit functions")
+
+    def watched(grid: Any) -> Any:
+        if not callable(grid):
+            return grid
+
+        def run_grid(*a: Any, **k: Any) -> Any:
+            depth, cell.in_launch = cell.in_launch, 0  # the grid function is the candidate's code: watch it
+            try:
+                return grid(*a, **k)
+            finally:
+                cell.in_launch = depth
+        return run_grid
+
+    def wrap(cls: type, interpreted: bool) -> Callable:
+        original = cls.run
+
+        def run(self, *args, **kwargs):
+            trace = cell.active
+            if trace is not None and cell.in_launch == 0:
+                fn = getattr(self, "fn", None)
+                code = getattr(fn, "__code__", None)
+                origin = os.path.realpath(code.co_filename) if code else "?"
+                name = getattr(fn, "__name__", "?")
+                record = (origin, name)
+                trace.launches.append(record)
+                if origin not in allowed_files and not origin.startswith(allowed_dirs):
+                    trace.foreign.append(record)
+                problem = hooks_problem(self)
+                if problem is None and interpreted:
+                    seen: set[int] = set()
+                    problem = next((p for p in (arg_problem(v, seen) for k, v in
+                                                list(enumerate(args)) + [kv for kv in kwargs.items() if kv[0] != "grid"])
+                                    if p), None)
+                    if problem is None and isinstance(fn, types.FunctionType):
+                        problem = body_problem(fn, seen)
+                if problem is not None:
+                    refuse_launch(trace, name, problem)
+                if "grid" in kwargs:
+                    kwargs["grid"] = watched(kwargs["grid"])
+            cell.in_launch += 1
+            try:
+                with trusted():
+                    return original(self, *args, **kwargs)
+            finally:
+                cell.in_launch -= 1
+
+        cls.run = run
+        return run
+
+    def wrap_autotuner(cls: type) -> Callable:
+        original = cls.run
+
+        def run(self, *args, **kwargs):
+            trace = cell.active
+            if trace is not None and cell.in_launch == 0:
+                user = [h for h in (getattr(self, "pre_hook", None), getattr(self, "post_hook", None))
+                        if h is not None and not triton_defined(h)]
+                user += [c.pre_hook for c in getattr(self, "configs", ()) if getattr(c, "pre_hook", None)]
+                if user or getattr(self, "user_defined_pre_hook", False) or getattr(self, "user_defined_post_hook",
+                                                                                    False):
+                    fn = getattr(self, "base_fn", None) or getattr(self, "fn", None)
+                    refuse_launch(trace, getattr(fn, "__name__", "?"), "the autotuner has a pre_hook or post_hook")
+            return original(self, *args, **kwargs)
+
+        cls.run = run
+        return run
+
+    runs = {_jit.JITFunction: wrap(_jit.JITFunction, False)}
+    if _interp is not None:
+        runs[_interp.InterpretedFunction] = wrap(_interp.InterpretedFunction, True)
+    runs[_autotuner.Autotuner] = wrap_autotuner(_autotuner.Autotuner)
+    getitem = _jit.KernelInterface.__getitem__
+    grid_call = _interp.GridExecutor.__call__ if _interp is not None else None
+
+    def guarded(original: Callable, what: str) -> Callable:
+        def guard(*args: Any, **kwargs: Any) -> Any:
+            trace = cell.active
+            if trace is not None and not cell.in_launch:
+                trace.refused.append(what)
+                raise ForeignCompute(f"{what} is not allowed in the forward: compute in your Triton kernels")
+            return original(*args, **kwargs)
+        return guard
+
+    # Not torch functions, so the function mode never sees them: guarded where they live.
+    torch_guards = {name: guarded(getattr(torch, name), f"torch.{name}") for name in ("from_numpy", "frombuffer")}
+    for name, guard in torch_guards.items():
+        setattr(torch, name, guard)
+    storage_guards = {}
+    for name in ("__getitem__", "__iter__", "tolist"):
+        if hasattr(torch.UntypedStorage, name):
+            storage_guards[name] = guarded(getattr(torch.UntypedStorage, name), "reading a storage from Python")
+            setattr(torch.UntypedStorage, name, storage_guards[name])
+    dispatch_hook = dispatch_cls.__dict__["__torch_dispatch__"]
+    function_hook = function_cls.__dict__["__torch_function__"]
+
+    def verify() -> str | None:
+        for cls, run in runs.items():
+            if cls.run is not run:
+                return f"{cls.__name__}.run was replaced"
+        if _jit.KernelInterface.__getitem__ is not getitem:
+            return "KernelInterface.__getitem__ was replaced"
+        if grid_call is not None and _interp.GridExecutor.__call__ is not grid_call:
+            return "the interpreter's GridExecutor was replaced"
+        for name, guard in torch_guards.items():
+            if getattr(torch, name) is not guard:
+                return f"torch.{name} was replaced"
+        for name, guard in storage_guards.items():
+            if getattr(torch.UntypedStorage, name) is not guard:
+                return f"torch.UntypedStorage.{name} was replaced"
+        if dispatch_cls.__dict__.get("__torch_dispatch__") is not dispatch_hook or \
+                function_cls.__dict__.get("__torch_function__") is not function_hook:
+            return "the trace's modes were changed"
+        return None
+
+    class Call:
+        __slots__ = ("trace", "modes", "poison")
+
+        def __init__(self, poison: bool):
+            self.trace = CallTrace()
+            self.modes = (function_cls(), dispatch_cls())
+            self.poison = poison
+
+        def __enter__(self) -> CallTrace:
+            cell.active, cell.in_launch, cell.poison = self.trace, 0, self.poison
+            for m in self.modes:
+                m.__enter__()
+            return self.trace
+
+        def __exit__(self, *exc: object) -> None:
+            # The modes must still be the innermost ones: a mode the candidate pushed and left would otherwise be
+            # popped in ours' place, and ours would stay.
+            stack = _get_current_dispatch_mode_stack()
+            if not stack or stack[-1] is not self.modes[1]:
+                self.trace.refused.append("the forward left a torch dispatch mode of its own installed")
+            cell.active = None
+            for m in reversed(self.modes):
+                m.__exit__(*exc)
+            if cell.in_launch:
+                self.trace.refused.append("the forward ended inside a Triton launch")
+                cell.in_launch = 0
+
+    return Tracer(Call, verify)

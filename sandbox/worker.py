@@ -16,10 +16,13 @@ from typing import Any
 
 import torch
 
-from . import channel, policy, trace
+from . import carry, channel, policy, timing_child, trace
 from .records import ErrorInfo, Reason
 
 CANDIDATE_MODULE = "crucible_candidate"
+# Modules hidden from the candidate (sys.modules) while it can run: the trace's, the policy's and the timer's code
+# stays referenced by the worker, but a candidate cannot name it to switch it off.
+HIDDEN_PREFIXES = ("sandbox", "profiler")
 
 
 def main(sock_fd: int, out_fd: int, shared_fd: int) -> None:
@@ -95,7 +98,9 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     if msg["candidate"] is None:  # timing the baselines alone
         return {"ok": True, "network_isolated": pol.network_isolated, "filesystem_read_only": pol.filesystem_read_only,
                 "laps": laps, "walls": walls}
-    trace.install(msg["candidate"], msg["seeds_dir"])
+    state["tracer"] = trace.install(msg["candidate"], msg["seeds_dir"])
+    state["scramble"] = torch.Generator(device=device).manual_seed(int(msg["seed"]) ^ 0x5C4A3B1E)
+    state["hidden"] = _hide_modules()
 
     spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, msg["candidate"])
     module = importlib.util.module_from_spec(spec)
@@ -123,7 +128,7 @@ def _build(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         return _failure(Reason.NO_MODEL_NEW, "the candidate module has no ModelNew")
     torch.manual_seed(msg["seed"])
     try:
-        with trace.tracing(poison=True):
+        with state["tracer"].tracing(poison=True):
             model = cls(*msg["init_inputs"])
     except BaseException as exc:
         return _failure(Reason.INIT_ERROR, f"ModelNew(*get_init_inputs()) failed: {type(exc).__name__}: {exc}", exc)
@@ -135,7 +140,18 @@ def _build(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     state["model"] = model.to(state["device"])
     state["threads"] = threading.active_count()
     state["tasks"] = None
+    state["calls"] = 0  # calls of this model: the first may fill caches, later ones must leave the state alone
+    state["watch"] = None
     return {"ok": True}
+
+
+def _hide_modules() -> dict[str, Any]:
+    """Take the harness's modules out of sys.modules (the worker keeps its references); returned to put back while
+    trusted code that imports lazily runs (the timing stage)."""
+    hidden = {name: mod for name, mod in sys.modules.items() if name.split(".")[0] in HIDDEN_PREFIXES}
+    for name in hidden:
+        del sys.modules[name]
+    return hidden
 
 
 def _load_parameters(model: torch.nn.Module, ref_state: dict[str, torch.Tensor]) -> str | None:
@@ -195,54 +211,143 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
 
 def _call(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     """Run the candidate once on the given inputs and report its outputs and behaviour."""
-    device, model = state["device"], state["model"]
-    inputs = [_fresh(x, device) for x in msg["inputs"]]
+    inputs = [_fresh(x, state["device"]) for x in msg["inputs"]]
+    reply, out = _run_call(state, inputs)
+    if not reply["ok"]:
+        return reply
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    reply["outputs"] = _hand_back(outs, msg.get("out_buffers") or [])
+    reply["strides"] = [list(o.stride()) for o in outs]
+    reply["structure"] = "tuple" if isinstance(out, (tuple, list)) else "tensor"
+    _scramble_written(state)
+    return reply
+
+
+def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    """`n` calls back to back on inputs derived from the base sets (timing_child.derive, which the parent repeats);
+    the outputs of the calls in `checked` come back, every call is checked here as `_call` checks one. Nothing in a
+    call says whether its output will be verified."""
+    device = state["device"]
+    base = [[_fresh(x, device) for x in s] for s in msg["base"]]
+    checked, fixed = set(msg["checked"]), tuple(msg["fixed"])
+    outputs: list[torch.Tensor] = []
+    strides: list[list[int]] = []
+    seconds, keep, structure = 0.0, None, "tensor"
+    for k in range(int(msg["n"])):
+        inputs = timing_child.derive(base, k, fixed)
+        reply, out = _run_call(state, inputs)
+        seconds += reply.get("seconds", 0.0)
+        if not reply["ok"]:
+            reply["message"] = f"soak call {k + 1} of {msg['n']}: {reply['message']}"
+            return reply
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        structure = "tuple" if isinstance(out, (tuple, list)) else "tensor"
+        if k in checked:
+            outputs += [o.detach().to("cpu", copy=True) for o in outs]
+            strides += [list(o.stride()) for o in outs]
+        keep = inputs  # the next call's inputs do not reuse these addresses
+        _scramble_written(state)
+    del keep
+    return {"ok": True, "outputs": outputs, "strides": strides, "structure": structure, "seconds": seconds,
+            "calls": int(msg["n"])}
+
+
+def _run_call(state: dict[str, Any], inputs: list[Any]) -> tuple[dict[str, Any], Any]:
+    """One traced call and every check the child can make on it; (reply, the forward's return value)."""
+    device, model, tracer = state["device"], state["model"], state["tracer"]
     pristine = [_int_view(x).clone() if isinstance(x, torch.Tensor) else None for x in inputs]
     tasks_before = _native_threads()
+    watch = state["watch"] or _watch(state)
+    call = tracer.tracing(poison=True)
     start = time.perf_counter()
-    with trace.tracing(poison=True) as tr:
-        out = model(*inputs)
+    raised: BaseException | None = None
+    out = None
+    with call as tr:
+        try:
+            out = model(*inputs)
+        except BaseException as exc:  # noqa: BLE001 - reported below, after the trace says what the call did
+            raised = exc
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     reply: dict[str, Any] = {"ok": True, "trace": tr.summary(), "seconds": seconds}
+    state["calls"] += 1
 
+    tampered = tracer.verify()
+    if tampered:
+        return {**reply, **_failure(Reason.TRACE_TAMPERED, f"the forward switched off the harness's checks: "
+                                    f"{tampered}")}, None
+    if tr.refused:
+        return {**reply, **_failure(Reason.FOREIGN_COMPUTE, f"{tr.refused[0]}: the forward computed outside its "
+                                    "Triton kernels (numpy, Python, or Python code run inside a launch)",
+                                    raised)}, None
+    if raised is not None:
+        raise raised
     if state["policy"].violations:
-        return {**reply, **_failure(Reason.SANDBOX_VIOLATION, state["policy"].violations[0])}
+        return {**reply, **_failure(Reason.SANDBOX_VIOLATION, state["policy"].violations[0])}, None
     if not tr.launches:
-        return {**reply, **_failure(Reason.NO_TRITON_LAUNCH, "the forward launched no Triton kernel")}
+        return {**reply, **_failure(Reason.NO_TRITON_LAUNCH, "the forward launched no Triton kernel")}, None
     if tr.foreign:
         return {**reply, **_failure(Reason.FOREIGN_KERNEL, "the forward launched Triton kernels not defined in the "
-                                    f"candidate: {tr.summary()['foreign_kernels']}")}
+                                    f"candidate: {tr.summary()['foreign_kernels']}")}, None
     if tr.compute_ops and not state["allow_compute"]:
         return {**reply, **_failure(Reason.TORCH_COMPUTE, "the forward ran torch compute ops "
                                     f"{sorted(set(tr.compute_ops))}; only Triton kernels may compute (allocation, "
-                                    "views, copies and fills are allowed)")}
+                                    "views, copies and fills are allowed)")}, None
     if threading.active_count() > state["threads"]:
-        return {**reply, **_failure(Reason.THREADS_LEFT_RUNNING, "the forward left a thread running")}
+        return {**reply, **_failure(Reason.THREADS_LEFT_RUNNING, "the forward left a thread running")}, None
     if state["tasks"] is not None and _native_threads() > max(state["tasks"], tasks_before):
-        return {**reply, **_failure(Reason.THREADS_LEFT_RUNNING, "the forward left a native thread running")}
+        return {**reply, **_failure(Reason.THREADS_LEFT_RUNNING, "the forward left a native thread running")}, None
     state["tasks"] = max(state["tasks"] or 0, _native_threads())
     if _flags() != state["flags"]:
         changed = {k: v for k, v in _flags().items() if state["flags"].get(k) != v}
-        return {**reply, **_failure(Reason.GLOBAL_FLAGS_CHANGED, f"the forward changed global numeric flags {changed}")}
+        return {**reply, **_failure(Reason.GLOBAL_FLAGS_CHANGED,
+                                    f"the forward changed global numeric flags {changed}")}, None
+    carried = _carried(state, watch)
+    if carried:
+        return {**reply, **_failure(Reason.STATE_CARRIED, f"the forward keeps state across calls: {carried}; after "
+                                    "its first call a model's Python state (its attributes, the module's globals) "
+                                    "must not change from call to call")}, None
 
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     for i, o in enumerate(outs):
         if type(o) is not torch.Tensor:
-            return {**reply, **_failure(Reason.OUTPUT_TYPE, f"output {i} is a {type(o).__module__}.{type(o).__name__}, "
-                                        "not a plain torch.Tensor")}
+            return {**reply, **_failure(Reason.OUTPUT_TYPE, f"output {i} is a {type(o).__module__}."
+                                        f"{type(o).__name__}, not a plain torch.Tensor")}, None
         ptr = o.untyped_storage().data_ptr()
         if any(isinstance(x, torch.Tensor) and x.numel() and ptr == x.untyped_storage().data_ptr() for x in inputs):
-            return {**reply, **_failure(Reason.OUTPUT_ALIASES_INPUT, f"output {i} shares storage with an input")}
+            return {**reply, **_failure(Reason.OUTPUT_ALIASES_INPUT, f"output {i} shares storage with an input")}, None
     for i, (x, p) in enumerate(zip(inputs, pristine)):
         if p is not None and not torch.equal(_int_view(x), p):
-            return {**reply, **_failure(Reason.INPUT_MUTATED, f"the forward modified input {i}")}
+            return {**reply, **_failure(Reason.INPUT_MUTATED, f"the forward modified input {i}")}, None
+    return reply, out
 
-    reply["outputs"] = _hand_back(outs, msg.get("out_buffers") or [])
-    reply["strides"] = [list(o.stride()) for o in outs]
-    reply["structure"] = "tuple" if isinstance(out, (tuple, list)) else "tensor"
-    return reply
+
+def _watch(state: dict[str, Any]) -> tuple[dict[str, Any], list, list]:
+    """The model's state as it stands: (snapshot, its tensors, what they hold)."""
+    values, tensors = carry.snapshot(state["model"], state.get("module"), CANDIDATE_MODULE)
+    return values, tensors, carry.signatures(tensors)
+
+
+def _carried(state: dict[str, Any], before: tuple[dict[str, Any], list, list]) -> str | None:
+    """After the model's second call on: what changed in its Python state. Records the tensors the call wrote."""
+    values, tensors, sigs = before
+    after = _watch(state)
+    state["watch"], state["written"] = after, []
+    if state["calls"] < 2:
+        return None
+    state["written"] = carry.written(tensors, sigs)
+    return carry.difference(values, after[0])
+
+
+def _scramble_written(state: dict[str, Any]) -> None:
+    """Random bytes in every state tensor the last call wrote, before the next call can read it back."""
+    if not state.get("written"):
+        return
+    for _, t in state["written"]:
+        carry.scramble(t, state["scramble"])
+    state["written"] = []
+    state["watch"] = _watch(state)
 
 
 def _native_threads() -> int:
@@ -273,8 +378,13 @@ def _rebuild(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _time(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
-    from . import timing_child
-    return timing_child.run(state, msg)
+    hidden = state.get("hidden") or {}
+    sys.modules.update(hidden)  # timing_child imports the profiler and the task loader as it goes
+    try:
+        return timing_child.run(state, msg)
+    finally:
+        for name in hidden:
+            sys.modules.pop(name, None)
 
 
-_HANDLERS = {"setup": _setup, "call": _call, "rebuild": _rebuild, "time": _time}
+_HANDLERS = {"setup": _setup, "call": _call, "rebuild": _rebuild, "time": _time, "soak": _soak}

@@ -1,0 +1,192 @@
+"""State a candidate carries from one call to the next, seen from inside its process (trusted code, sandbox.worker).
+
+The rule: after the first call of a model, its Python-visible state does not change between calls. That state is the
+model's attributes, recursively (submodules, lists, dicts, objects of the candidate's own classes), and the
+candidate module's globals (the candidate's own functions and classes included: their default arguments, closures and
+class attributes). A counter (`self.n += 1`), a dict of cached outputs, a tensor stored anew each call: all change.
+Triton's and torch's objects (compiled-kernel caches, autotuner caches, generators, streams) are compared by identity
+only, so a kernel compiled on first use is not state; a cache filled at the first call of each shape is fine too,
+since the first call after each (re)build is not compared.
+
+Tensors held in that state are the other half: one that a call (after the first) writes — a workspace, or a cache —
+is overwritten with random bytes before the next call, so a result kept there cannot come back, and a counter kept
+there reads garbage. An honest workspace is written before it is read and does not notice.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import types
+from typing import Any
+
+import torch
+
+MAX_ENTRIES = 20000   # paths recorded per snapshot (beyond it, the walk stops: the rest is compared by count)
+MAX_ITEMS = 512       # items of one container walked
+MAX_DEPTH = 12
+CLONE_BYTES = 64 << 20  # tensors up to this size are compared exactly, larger ones by a checksum
+_SCALARS = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device)
+
+
+def _key(k: Any) -> str:
+    if isinstance(k, (str, int, float, bool, type(None))):
+        return repr(k)[:60]
+    if isinstance(k, tuple) and all(isinstance(x, (str, int, float, bool, type(None))) for x in k):
+        return repr(k)[:60]
+    return f"<{type(k).__name__}>"
+
+
+def _opaque(v: Any) -> bool:
+    """Triton's and torch's own objects: their internals change legitimately (caches), compared by identity."""
+    mod = type(v).__module__ or ""
+    return mod.startswith(("triton", "torch")) and not isinstance(v, torch.nn.Module)
+
+
+def snapshot(model: Any, module: types.ModuleType | None, candidate: str) -> tuple[dict[str, Any], list]:
+    """(path -> comparable value, [(path, tensor)]) for the model and the candidate module's globals."""
+    values: dict[str, Any] = {}
+    tensors: list[tuple[str, torch.Tensor]] = []
+    seen: set[int] = set()
+
+    def walk(path: str, v: Any, depth: int) -> None:
+        if len(values) >= MAX_ENTRIES:
+            return
+        if isinstance(v, torch.Tensor):
+            values[path] = ("tensor", v.data_ptr(), tuple(v.shape), tuple(v.stride()), str(v.dtype))
+            if id(v) not in seen:
+                seen.add(id(v))
+                tensors.append((path, v))
+            return
+        if isinstance(v, float):
+            values[path] = repr(v)  # NaN equals itself
+            return
+        if isinstance(v, _SCALARS):
+            values[path] = v
+            return
+        if id(v) in seen or depth > MAX_DEPTH:
+            values[path] = ("seen", id(v))
+            return
+        seen.add(id(v))
+        if isinstance(v, (list, tuple, collections.deque, set, frozenset)):
+            values[path] = (type(v).__name__, len(v))
+            items = sorted(v, key=_key) if isinstance(v, (set, frozenset)) else v
+            for i, x in enumerate(itertools.islice(items, MAX_ITEMS)):
+                walk(f"{path}[{i}]", x, depth + 1)
+        elif isinstance(v, dict):
+            values[path] = ("dict", len(v))
+            for k, x in itertools.islice(list(v.items()), MAX_ITEMS):
+                walk(f"{path}[{_key(k)}]", x, depth + 1)
+        elif isinstance(v, types.ModuleType):
+            values[path] = ("module", v.__name__)
+        elif isinstance(v, (types.FunctionType, type)):
+            values[path] = (type(v).__name__, id(v))
+            if getattr(v, "__module__", None) == candidate:
+                if isinstance(v, type):
+                    for k, x in list(vars(v).items()):
+                        if not (k.startswith("__") and k.endswith("__")):
+                            walk(f"{path}.{k}", x, depth + 1)
+                else:
+                    walk(f"{path}.<defaults>", v.__defaults__, depth + 1)
+                    walk(f"{path}.<kwdefaults>", v.__kwdefaults__, depth + 1)
+                    walk(f"{path}.<closure>", tuple(c.cell_contents for c in v.__closure__ or ()
+                                                    if _filled(c)), depth + 1)
+                    walk(f"{path}.<attributes>", dict(vars(v)), depth + 1)
+        elif type(v).__module__ == "itertools":
+            values[path] = repr(v)[:200]  # count(n) and the like show their position
+        elif _opaque(v):
+            values[path] = (type(v).__qualname__, id(v))
+        elif hasattr(v, "cache_info") and callable(v.cache_info):  # functools.lru_cache
+            values[path] = ("lru_cache", id(v), v.cache_info().currsize)
+        elif hasattr(v, "__dict__") or hasattr(type(v), "__slots__"):
+            values[path] = (type(v).__qualname__, id(v))
+            attrs = dict(vars(v)) if hasattr(v, "__dict__") else {}
+            for cls in type(v).__mro__:
+                for s in getattr(cls, "__slots__", ()):
+                    if isinstance(s, str) and hasattr(v, s):
+                        attrs[s] = getattr(v, s)
+            for k, x in attrs.items():
+                walk(f"{path}.{k}", x, depth + 1)
+        else:
+            values[path] = (type(v).__qualname__, id(v))
+
+    walk("model", model, 0)
+    if module is not None:
+        for k, x in list(vars(module).items()):
+            if not (k.startswith("__") and k.endswith("__")):
+                walk(k, x, 0)
+    return values, tensors
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def difference(before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    """The first change between two snapshots, in words; None when equal."""
+    if before == after:
+        return None
+    for path, new in after.items():
+        if path not in before:
+            return f"`{path}` appeared"
+        old = before[path]
+        if old != new:
+            if isinstance(old, tuple) and old and old[0] == "tensor":
+                return f"`{path}` now holds another tensor"
+            if isinstance(old, tuple) and len(old) == 2 and isinstance(old[1], int) and isinstance(new, tuple) \
+                    and old[0] == new[0] and old[0] in ("list", "tuple", "dict", "set", "deque", "frozenset"):
+                return f"`{path}` had {old[1]} entries, now {new[1]}"
+            return f"`{path}` was {_show(old)}, now {_show(new)}"
+    gone = next(p for p in before if p not in after)
+    return f"`{gone}` disappeared"
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], int) and isinstance(v[0], str):
+        return f"a {v[0]}"
+    return repr(v)[:80]
+
+
+def signatures(tensors: list[tuple[str, torch.Tensor]]) -> list[Any]:
+    """What each tensor holds now: a copy (small ones) or a checksum (large ones)."""
+    sigs = []
+    for _, t in tensors:
+        if t.numel() * t.element_size() <= CLONE_BYTES:
+            sigs.append(t.detach().clone())
+        else:
+            sigs.append(_checksum(t))
+    return sigs
+
+
+def _checksum(t: torch.Tensor) -> tuple[int, int]:
+    kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
+    v = t.detach().contiguous().view(kind).reshape(-1).to(torch.int64) if kind else t.detach().reshape(-1).double()
+    weights = torch.arange(1, v.numel() + 1, device=v.device, dtype=v.dtype) % 65521 if kind else 1.0
+    return int(v.sum()), int((v * weights).sum())
+
+
+def written(tensors: list[tuple[str, torch.Tensor]], sigs: list[Any]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors whose contents differ from `sigs`."""
+    out = []
+    for (path, t), sig in zip(tensors, sigs):
+        now_same = torch.equal(t.detach(), sig) if isinstance(sig, torch.Tensor) and sig.shape == t.shape and \
+            sig.dtype == t.dtype else _checksum(t) == sig
+        if not now_same:
+            out.append((path, t))
+    return out
+
+
+def scramble(t: torch.Tensor, gen: torch.Generator) -> None:
+    """Random bytes in every element of t (random bits for floats: NaN, Inf and huge values among them)."""
+    with torch.no_grad():
+        if t.numel() == 0:
+            return
+        if t.dtype == torch.bool:
+            t.copy_(torch.randint(0, 2, t.shape, generator=gen, device=gen.device).to(t.device).bool())
+            return
+        size = t.element_size()
+        raw = torch.randint(0, 256, (t.numel() * size,), dtype=torch.uint8, generator=gen, device=gen.device)
+        t.copy_(raw.to(t.device).view(t.dtype).view(t.shape))
