@@ -27,7 +27,8 @@ order the allow-lists below appear:
    Triton (`tl.*`, `triton.*`, names imported from triton), other kernels of the module or seeds, KERNEL_BUILTINS and
    Triton tensor methods; no lambda, nested def or class, import, with, comprehension, or plain Python function or
    class of the module. A candidate class may not define a method named like a Triton tensor method (it could be
-   passed to a kernel and called there).
+   passed to a kernel and called there), nor redefine what torch.nn.Module defines other than forward (the harness
+   calls `to`, `eval`, `load_state_dict`... outside the launch trace).
 5. Strings as code: no string annotations (typing.get_type_hints, which Triton's aggregates call, evaluates them).
    `from __future__ import annotations` is allowed: the annotations it turns into strings are expressions in the
    source, checked by these same rules. No `str.format` / `format_map` (a format field reads attributes); use
@@ -98,7 +99,10 @@ FORBIDDEN_ATTRS = frozenset({
     # module handles an allowed module holds (torch.sys, dataclasses.inspect): the way to sys.modules and the harness
     "sys", "os", "ctypes", "subprocess", "importlib", "builtins", "gc", "inspect", "threading", "_thread",
     "multiprocessing", "socket", "signal", "shutil", "pickle", "io", "mmap", "resource", "weakref", "tempfile",
-    "pathlib", "warnings", "traceback", "types", "copyreg", "marshal", "modules", "numpy", "np",
+    "pathlib", "warnings", "traceback", "types", "copyreg", "marshal", "modules", "numpy", "np", "operator",
+    "functools", "itertools", "typing", "linecache", "dis", "code", "codeop", "runpy", "pkgutil", "site", "posix",
+    "atexit", "faulthandler", "tracemalloc", "sysconfig", "logging", "contextlib", "overrides",
+    "get_type_hints", "ForwardRef", "_evaluate",
     "sandbox", "trace", "policy", "worker", "channel", "harness", "zygote", "profiler", "agent",
     "hub", "utils", "serialization", "distributed", "library", "ops", "_C", "_dynamo", "_inductor",
     "_python_dispatch", "fx", "package", "onnx", "export", "testing", "backends", "classes", "compiler",
@@ -132,7 +136,10 @@ ALLOWED_DECORATORS = KERNEL_DECORATORS | {"triton.autotune", "staticmethod", "cl
                                           "torch.no_grad"}
 JIT_KEYWORDS = {"do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline"}
 KERNEL_BUILTINS = {"range", "min", "max", "len", "int", "float", "bool", "isinstance", "print", "abs", "tuple"}
-ALLOWED_DUNDER_METHODS = {"__init__", "__post_init__", "__repr__"}
+ALLOWED_DUNDER_METHODS = {"__init__", "__post_init__"}
+# nn.Module's own methods and attributes a candidate class may redefine: the harness calls the others (to, eval,
+# load_state_dict, state_dict, parameters...) outside the launch trace.
+MODULE_OVERRIDES = {"__init__", "forward", "extra_repr"}
 
 
 @dataclass(frozen=True)
@@ -209,6 +216,12 @@ def _tensor_methods() -> frozenset[str]:
         for klass in cls.__mro__:
             names.update(n for n, v in vars(klass).items() if not n.startswith("_") and callable(v))
     return frozenset(names)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_attrs() -> frozenset[str]:
+    import torch
+    return frozenset(dir(torch.nn.Module))
 
 
 @functools.lru_cache(maxsize=64)
@@ -440,6 +453,9 @@ class _Checker:
             if name in INJECTED_NAMES and not (scope is self.tree and name in self.imported):
                 _refuse(self._binding_line(scope, name), f"{where} binds `{name}`, a name Triton's interpreter "
                         "puts in a kernel's module; choose another name")
+            if scope is not self.tree and name in _module_attrs() and name not in MODULE_OVERRIDES:
+                _refuse(self._binding_line(scope, name), f"{where} redefines `{name}`, which torch.nn.Module "
+                        "defines and the harness calls outside the launch trace; choose another name")
             if scope is not self.tree and name in _tensor_methods():
                 _refuse(self._binding_line(scope, name), f"{where} defines `{name}`, the name of a Triton tensor "
                         "method (a kernel could call it as Python); choose another name")
