@@ -349,22 +349,42 @@ class _Checker:
                 self.module_kind[node.name] = "class"
         # Module-level assignments, in blocks too: an alias of a Triton function may be called from a kernel; an
         # alias of Python code (a lambda, a def, a class) is Python code; anything else is a value.
-        rank = {"alias": 0, "value": 1, "def": 2}
+        rank = {"alias": 0, "const": 1, "value": 2, "def": 3}
         for node in ast.walk(self.tree):
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Lambda)) or not isinstance(node, ast.Assign):
+            if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) or node.value is None:
                 continue
             root = self._root(node.value)
             kind = ("def" if any(isinstance(n, ast.Lambda) or isinstance(n, ast.Name) and
                                  self.module_kind.get(n.id) in ("def", "class") for n in ast.walk(node.value))
                     else "alias" if isinstance(node.value, ast.Attribute) and isinstance(root, ast.Name) and
-                    self.imported.get(root.id, "").startswith("triton") else "value")
-            for target in node.targets:
+                    self.imported.get(root.id, "").startswith("triton")
+                    else "const" if self._constant(node.value) else "value")
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 for n in ast.walk(target):
                     if isinstance(n, ast.Name) and n.id not in self.module_kind or \
                             isinstance(n, ast.Name) and rank.get(self.module_kind[n.id], 3) < rank[kind]:
                         self.module_kind[n.id] = kind
         for name in self.module_names:
             self.module_kind.setdefault(name, "import" if name in self.imported else "value")
+
+    def _constant(self, expr: ast.AST) -> bool:
+        """Numbers, strings, tuples and arithmetic of them, Triton / math names and calls (tl.constexpr(128),
+        math.log2(math.e)), min / max / int / float: what a kernel body may read from the module."""
+        for n in ast.walk(expr):
+            if isinstance(n, (ast.Constant, ast.Tuple, ast.UnaryOp, ast.BinOp, ast.BoolOp, ast.Compare, ast.IfExp,
+                              ast.Load, ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.keyword)):
+                continue
+            if isinstance(n, ast.Name) and (n.id in ("min", "max", "int", "float", "abs") or
+                                            self.imported.get(n.id, "").split(".")[0] in ("triton", "math") or
+                                            self.module_kind.get(n.id) in ("const", "alias")):
+                continue
+            if isinstance(n, ast.Attribute) and self.imported.get(_dotted(n).split(".")[0], "").split(".")[0] in (
+                    "triton", "math"):
+                continue
+            if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute)):
+                continue  # its func and arguments are held to the same test
+            return False
+        return True
 
     def visit(self, node: ast.AST) -> None:
         method = getattr(self, f"visit_{type(node).__name__}", None)
@@ -420,8 +440,8 @@ class _Checker:
                     self._attr_rules(node, name, full, module_rooted=True, reason=Reason.FORBIDDEN_IMPORT)
             bound = alias.asname or name
             self.imported[bound] = f"{module}.{name}"
-            if seed_kinds is not None:
-                self.module_kind[bound] = seed_kinds[name]
+            if seed_kinds is not None:  # the seeds are trusted: their module-level values count as constants
+                self.module_kind[bound] = "const" if seed_kinds[name] == "value" else seed_kinds[name]
 
     def _allowed_module(self, name: str, node: ast.AST) -> None:
         if name.split(".")[0] == SEEDS_PACKAGE or name in ALLOWED_IMPORTS:
@@ -508,6 +528,9 @@ class _Checker:
                         "or tl.* functions")
         if self.kernel_depth and where == "module":
             kind = self.module_kind.get(name, "value")
+            if kind == "value":
+                _refuse(node, f"a kernel body reads `{name}`, a module-level value that is not a constant; pass it "
+                        "to the kernel as an argument")
             if kind in ("def", "class"):
                 _refuse(node, f"a kernel body uses `{name}`, a plain Python {'function' if kind == 'def' else 'class'}"
                         " of the module; kernels may call only tl.* functions and other @triton.jit functions")

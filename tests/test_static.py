@@ -196,6 +196,8 @@ REFUSED = [
     ("def _py(a, b):\n    return a + b", "s = tl.reduce(offs, 0, _py)", "", "plain Python function"),
     ("_f = lambda v: v", "s = tl.reduce(offs, 0, _f)", "", "plain Python function"),
     ("class _C:\n    pass", "c = _C()", "", "plain Python class"),
+    ("W = torch.ones(4)", "s = W.sum()", "", "not a constant"),
+    ("import math\nLOG2E = math.log2(math.e)\nBIG = tl.constexpr(2 * LOG2E)", "s = LOG2E * BIG + W", "", "`W`"),
     ("", "f = lambda v: v", "", "a lambda"),
     ("", "s = [i for i in range(3)]", "", "a comprehension"),
     ("", "def inner():\n    return 1", "", "a nested function"),
