@@ -246,8 +246,13 @@ class Child:
         how = self.zygote.health()
         if how is not None:
             raise ZygoteLost(how)
-        if process_state(self.pid) == "T":
+        if self.stopped():
             raise ChildStopped()
+
+    def stopped(self) -> bool:
+        """Whether a process of the candidate's tree is stopped (the worker runs below the pid the zygote reported,
+        in a PID namespace of its own where the kernel allows one: sandbox.namespaces)."""
+        return any(process_state(p) == "T" for p in process_tree(self.pid))
 
     def request(self, msg: dict[str, Any], deadline: float, max_bytes: int) -> dict[str, Any]:
         """The child's reply to `msg`, decoded (sandbox.wire) and checked against its schema (sandbox.replies).
@@ -271,7 +276,7 @@ class Child:
         if self.closed:
             return
         self.closed = True
-        if graceful and process_state(self.pid) not in ("T", None):
+        if graceful and _alive(self.pid) and not self.stopped():
             try:
                 channel.send_to_child(self.sock.fileno(), {"op": "exit"}, time.monotonic() + 0.5)
             except (OSError, channel.ChannelTimeout):
@@ -307,6 +312,25 @@ def process_state(pid: int) -> str | None:
             return f.read().rsplit(b")", 1)[-1].split()[0].decode()
     except (OSError, IndexError):
         return None
+
+
+def process_tree(pid: int, limit: int = 256) -> list[int]:
+    """`pid` and its descendants (at most `limit`), from /proc/<pid>/task/<tid>/children."""
+    found, queue = [], [pid]
+    while queue and len(found) < limit:
+        p = queue.pop()
+        found.append(p)
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children", "rb") as f:
+                    queue.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError):
+                pass
+    return found
 
 
 def _signal_name(sig: int) -> str:

@@ -1,16 +1,21 @@
 """The parent believes nothing the candidate's process sends, and every check ends with a verdict.
 
-Each attack in tests/candidates/attacks/parent_*.py runs in a real child forked from the harness's zygote; the
-static stage is bypassed (as tests/test_policy.py reaches the runtime layers directly), so these show what the
-parent does when a candidate gets past every Python-level layer: it forges replies, stops itself, or kills or stops
-the zygote. Each check must reject within its timeout, and the same Harness must then accept an honest kernel.
+Two kinds of test. The attacks in tests/candidates/attacks/parent_*.py run in a real child forked from the
+harness's zygote, with the static stage bypassed (as tests/test_policy.py reaches the runtime layers directly): they
+forge replies on the worker's socket, stop themselves, or kill or stop the zygote, and each must end in a rejection
+within its timeout. Whether the signals land depends on the other layers (audit hook, PID namespace), so the
+parent's side of them is also exercised directly: this test stops the candidate's processes, or kills or stops the
+zygote, while a candidate spins in its forward. Each time the same Harness must then accept an honest kernel.
 """
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from sandbox import static
+from sandbox import process, static
 from sandbox.harness import CheckOptions, Harness
 from sandbox.records import Reason, Stage, Verdict
 
@@ -20,6 +25,15 @@ ROW_MEAN = HERE / "tasks" / "row_mean.py"
 HONEST = HERE / "candidates" / "row_mean_honest.py"
 TIMEOUT_S = 30.0
 GRACE_S = 15.0  # process.CLOSE_GRACE_S + process.CONTROL_TIMEOUT_S, plus a loaded machine's scheduling
+SPIN = """
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        while True:
+            pass
+"""
 
 
 @pytest.fixture(scope="module")
@@ -47,44 +61,78 @@ def _honest_still_accepted(harness):
     assert result.verdict is Verdict.ACCEPTED, result.message
 
 
-@pytest.mark.parametrize("forgery, reasons", [
-    ("deep", {Reason.SANDBOX_VIOLATION}),
-    ("wrong_type", {Reason.SANDBOX_VIOLATION}),
-    ("unknown_reason", {Reason.SANDBOX_VIOLATION}),
-    ("truncated_then_stop", {Reason.SANDBOX_VIOLATION}),
+@pytest.mark.parametrize("forgery, reason, says", [
+    ("deep", Reason.SANDBOX_VIOLATION, "header nests deeper"),
+    ("wrong_type", Reason.SANDBOX_VIOLATION, "ok must be true or false"),
+    ("unknown_reason", Reason.SANDBOX_VIOLATION, "reason is not one of the known values"),
+    ("nan_seconds", Reason.SANDBOX_VIOLATION, "NaN is not JSON"),
+    ("truncated", Reason.CRASH, "the candidate's process"),  # it ended mid-frame
 ])
-def test_a_forged_reply_from_a_real_child_is_refused(harness, no_static, tmp_path, forgery, reasons):
+def test_a_forged_reply_from_a_real_child_is_refused(harness, no_static, tmp_path, forgery, reason, says):
     source = (ATTACKS / "parent_forged_reply.py").read_text(encoding="utf-8")
     candidate = tmp_path / f"parent_forged_{forgery}.py"
     candidate.write_text(source.replace('FORGERY = "deep"', f"FORGERY = {forgery!r}"), encoding="utf-8")
-    result, elapsed = _check(harness, candidate)
-    assert result.stage is Stage.SMOKE and result.reason in reasons, (result.reason, result.message)
-    if forgery == "truncated_then_stop":
-        assert "stopped itself" in result.message and elapsed < TIMEOUT_S / 2, (elapsed, result.message)
-    else:
-        assert "malformed reply" in result.message, result.message
+    result, _ = _check(harness, candidate)
+    assert result.stage is Stage.SMOKE and result.reason is reason, (result.reason, result.message)
+    assert says in result.message, result.message
 
 
-def test_a_child_that_stops_itself_is_noticed_before_its_timeout(harness, no_static):
-    result, elapsed = _check(harness, ATTACKS / "parent_stops_itself.py")
+@pytest.mark.parametrize("attack", ["parent_stops_itself.py", "parent_kills_zygote.py", "parent_stops_zygote.py"])
+def test_a_child_that_signals_itself_or_the_zygote_is_rejected_in_time(harness, no_static, attack):
+    before = harness.zygote
+    result, _ = _check(harness, ATTACKS / attack)
+    if before.health() is not None:  # the signal reached the zygote: the candidate is blamed, the zygote killed
+        assert result.reason is Reason.SANDBOX_VIOLATION and "worker process" in result.message, result.message
+        assert before.proc.poll() is not None
+
+
+def _spin_and(harness, tmp_path, act):
+    """Check a candidate that spins in its forward; `act(child_pid)` runs once the child has run a second."""
+    candidate = tmp_path / "spin.py"
+    candidate.write_text(SPIN, encoding="utf-8")
+    zygote = harness.zygote
+
+    def later():
+        end = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < end:
+            tree = process.process_tree(zygote.pid)
+            if len(tree) > 1:
+                time.sleep(1.0)
+                act(tree[1])
+                return
+            time.sleep(0.05)
+
+    actor = threading.Thread(target=later)
+    actor.start()
+    try:
+        return _check(harness, candidate)
+    finally:
+        actor.join()
+
+
+def test_a_stopped_child_is_noticed_long_before_the_timeout(harness, no_static, tmp_path):
+    def stop(pid):
+        for p in process.process_tree(pid):
+            os.kill(p, signal.SIGSTOP)
+
+    result, elapsed = _spin_and(harness, tmp_path, stop)
     assert result.reason is Reason.SANDBOX_VIOLATION and "stopped itself" in result.message, result.message
     assert elapsed < TIMEOUT_S / 2, elapsed
 
 
-@pytest.mark.parametrize("attack, how", [("parent_kills_zygote.py", "died (killed by SIGKILL)"),
-                                         ("parent_stops_zygote.py", "was stopped")])
-def test_a_child_that_kills_or_stops_the_zygote_is_rejected_and_the_zygote_replaced(harness, no_static, attack,
-                                                                                      how):
+@pytest.mark.parametrize("sig, how", [(signal.SIGKILL, "died (killed by SIGKILL)"), (signal.SIGSTOP, "was stopped")])
+def test_a_zygote_lost_mid_check_ends_it_at_once_and_is_replaced(harness, no_static, tmp_path, sig, how):
     before = harness.zygote
-    result, _ = _check(harness, ATTACKS / attack)
+    result, elapsed = _spin_and(harness, tmp_path, lambda _pid: os.kill(before.pid, sig))
     assert result.reason is Reason.SANDBOX_VIOLATION, (result.reason, result.message)
     assert f"worker process {how}" in result.message, result.message
-    assert before.health() is not None and before.proc.poll() is not None  # lost, and killed (not left stopped)
+    assert elapsed < TIMEOUT_S / 2, elapsed
+    assert before.proc.poll() is not None  # killed, not left stopped
     _honest_still_accepted(harness)
     assert harness.zygote is not before
 
 
-def test_the_harness_is_usable_after_forged_replies(harness):
+def test_the_harness_is_usable_after_every_attack(harness):
     _honest_still_accepted(harness)
 
 

@@ -1,8 +1,9 @@
-"""Writes a forged reply straight to the worker's socket from inside forward, then exits (or stops itself).
+"""Writes a forged reply straight to the worker's socket from inside forward, then exits.
 
-The Python layers are taken down first (the trusted flag raised through sandbox.policy), as a candidate that got
-past the static stage could. FORGERY picks the forgery; tests/test_parent_hardening.py writes variants of this file
-with other values. The parent must refuse every one with a verdict and stay usable."""
+Writing to an inherited descriptor with os.write passes every runtime layer (no audit event, no system call a
+filter refuses), so a candidate that got past the static stage can do this. FORGERY picks the forgery;
+tests/test_parent_hardening.py writes variants of this file with other values. The parent must refuse every one
+with a verdict and stay usable."""
 import json
 import os
 import stat
@@ -33,20 +34,13 @@ def _forgery() -> bytes:
         return _frame(b'{"body": {"ok": true, "seconds": NaN}, "sizes": []}')
     if FORGERY == "huge":  # a header past the bound
         return _frame(json.dumps({"body": {"ok": False, "message": "x" * (20 << 20)}, "sizes": []}).encode())
-    if FORGERY.startswith("truncated"):  # a frame that promises more than it holds
+    if FORGERY == "truncated":  # a frame that promises more than it holds
         return struct.pack("<Q", 1 << 20) + b"\0" * 100
     raise ValueError(FORGERY)
 
 
-def _subvert() -> None:
-    from sandbox import policy
-    if policy._POLICY is not None:
-        policy._POLICY.trusted_depth += 1000
-
-
 class ModelNew(nn.Module):
     def forward(self, x):
-        _subvert()
         data = _forgery()
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
@@ -56,8 +50,5 @@ class ModelNew(nn.Module):
                     os.write(fd, data)
             except OSError:
                 pass
-        if FORGERY == "truncated_then_stop":
-            import signal
-            os.kill(os.getpid(), signal.SIGSTOP)
         os._exit(0)
         return x

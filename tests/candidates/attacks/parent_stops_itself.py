@@ -1,5 +1,9 @@
 """Stops its own process (SIGSTOP through libc) in the middle of forward: it would never answer, and a parent that
-waits on it for the whole timeout (or forever, in a wait without a deadline) is what this attack is after."""
+waits on it for the whole timeout (or forever, in a wait without a deadline) is what this attack is after.
+
+It raises the sandbox's trusted flag first, as a candidate past the static stage might try; where a runtime layer
+still refuses (the audit hook, a PID namespace in which its parent is a trusted init), the attack fails and the
+candidate is rejected for that instead. Either way the check must end with a rejection within its timeout."""
 import ctypes
 import os
 import signal

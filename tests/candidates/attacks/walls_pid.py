@@ -1,0 +1,38 @@
+"""Tries to outlive its check and reach processes outside its own, from C: it looks for the zygote and the parent in
+/proc and signals them (kill(pid, 0)), starts a new session, and leaves a daemon behind (fork, setsid, fork again,
+then sleeps forever under a name the test looks for). Every call goes through libc by ctypes.pythonapi, which no
+audit event refuses, so only the operating system's walls stand in the way.
+
+Reads walls_env.json from its working directory (the scratch directory) and writes walls_report.json there."""
+import ctypes
+import json
+import os
+
+api = ctypes.pythonapi
+_errno = api.__errno_location
+_errno.restype = ctypes.POINTER(ctypes.c_int)
+
+
+def call(name, *args):
+    result = getattr(api, name)(*args)
+    return [result, _errno()[0] if result == -1 else 0]
+
+
+env = json.load(open("walls_env.json"))
+report = {"pid": api.getpid(), "ppid": api.getppid(),
+          "proc_pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+          "kill_zygote": call("kill", env["zygote_pid"], 0),
+          "kill_parent": call("kill", env["parent_pid"], 0),
+          "setsid": call("setsid")}
+first = api.fork()
+if first == 0:
+    api.setsid()
+    if api.fork() != 0:
+        api._exit(0)
+    api.prctl(15, env["marker"].encode(), 0, 0, 0)  # PR_SET_NAME: /proc/<pid>/comm on the host shows it
+    while True:
+        api.pause()
+report["fork"] = first
+api.waitpid(first, None, 0)
+with open("walls_report.json", "w") as f:
+    json.dump(report, f)
