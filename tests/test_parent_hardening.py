@@ -145,3 +145,28 @@ def test_an_ast_bomb_is_a_static_finding(harness, tmp_path, bomb):
     assert finding is not None and finding.reason is Reason.SYNTAX_ERROR, finding
     result = harness.check(ROW_MEAN, candidate)
     assert result.stage is Stage.STATIC and result.reason is Reason.SYNTAX_ERROR, result.message
+
+
+def test_a_flood_of_output_keeps_only_a_capped_tail(monkeypatch):
+    """The drain holds the last OUTPUT_TAIL_BYTES whatever the child writes, and past FLOOD_BYTES reads at a paced
+    rate (a child writing as fast as it can then mostly waits on a full pipe)."""
+    import mmap
+    import socket
+
+    monkeypatch.setattr(process, "FLOOD_BYTES", 1 << 20)
+    r, w = os.pipe()
+    mine, theirs = socket.socketpair()
+    child = process.Child(0, mine, r, zygote=None, shared=mmap.mmap(-1, 4096))
+    chunk = b"x" * (1 << 16)
+    t0 = time.monotonic()
+    for _ in range(64):  # 4 MiB
+        os.write(w, chunk)
+    os.write(w, b"the end")
+    os.close(w)
+    child._drain.join(timeout=30)
+    assert not child._drain.is_alive()
+    assert child.output_bytes == 64 * len(chunk) + 7
+    assert len(child._tail) <= process.OUTPUT_TAIL_BYTES and child.output_tail(7) == "the end"
+    assert time.monotonic() - t0 >= 48 * process.FLOOD_PACE_S  # the 3 MiB past the threshold came in paced reads
+    mine.close()
+    theirs.close()
