@@ -252,6 +252,7 @@ class Harness:
             return report
         from . import timing_parent
         task_obj = self.load(task)
+        self._ensure_zygote()
         child = self.zygote.spawn()
         start = time.monotonic()
         run = _Run(task_obj, Path("-"), options, child, start + timeout_s, random.Random(secrets.randbits(31)))

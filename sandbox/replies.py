@@ -186,12 +186,16 @@ SCHEMAS: dict[str, dict[str, Check]] = {
     "rebuild": {},
     "call": {"trace": TRACE, "seconds": _float(), "outputs": _list(_output, 4096),
              "strides": _list(_list(_int(-(1 << 62)), MAX_DIMS), 4096), "structure": _one_of({"tuple", "tensor"})},
+    "soak": {"trace": TRACE, "seconds": _float(), "outputs": _list(_tensor, 1 << 16),
+             "strides": _list(_list(_int(-(1 << 62)), MAX_DIMS), 1 << 16), "structure": _one_of({"tuple", "tensor"}),
+             "calls": _int()},
     "time": {"measured": MEASURED, "n_sets": _int(1), "kernels": _list(_json), "environment": _map(_json),
              "baselines": _map(_map(_json)), "laps": LAPS},
 }
 # Fields a successful reply must carry (a failed one carries a reason instead).
 REQUIRED_WHEN_OK: dict[str, tuple[str, ...]] = {
     "call": ("outputs", "strides", "structure"),
+    "soak": ("outputs", "strides", "structure", "seconds"),
     "time": ("measured", "n_sets", "kernels", "environment", "baselines"),
 }
 
@@ -217,6 +221,6 @@ def validate(op: str, reply: Any) -> dict[str, Any]:
             raise _fail("the reply", f"to {op!r} reports success without {missing}")
     elif "reason" not in checked:
         raise _fail("the reply", "reports a failure without a reason")
-    if op == "call" and "strides" in checked and len(checked["strides"]) != len(checked.get("outputs", [])):
+    if op in ("call", "soak") and "strides" in checked and len(checked["strides"]) != len(checked.get("outputs", [])):
         raise _fail("the reply", "has not one stride list per output")
     return checked
