@@ -170,3 +170,44 @@ def test_a_flood_of_output_keeps_only_a_capped_tail(monkeypatch):
     assert time.monotonic() - t0 >= 48 * process.FLOOD_PACE_S  # the 3 MiB past the threshold came in paced reads
     mine.close()
     theirs.close()
+
+
+@pytest.fixture
+def fake_zygote(monkeypatch, tmp_path):
+    """A Zygote whose control socket's far end is the test's, and whose process is a plain sleep."""
+    import socket
+    import subprocess
+    import tempfile
+
+    monkeypatch.setattr(process, "CONTROL_TIMEOUT_S", 1.0)
+    z = process.Zygote.__new__(process.Zygote)
+    z.ctrl, far = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    z.proc = subprocess.Popen(["sleep", "60"])
+    z._lock, z.lost, z._stderr = threading.Lock(), None, tempfile.TemporaryFile()
+    yield z, far
+    z.close()
+    far.close()
+
+
+@pytest.mark.parametrize("answer, says", [
+    (b"not json", "malformed control reply"),
+    (b"[" * 100_000, "malformed control reply"),
+    (b'{"pid": "7"}', "malformed control reply"),
+    (b'{"pid": 1}', "malformed control reply"),
+    (b'{"pid": 99, "status": 0}', "malformed control reply"),  # a wait answered for another pid
+    (None, "did not answer"),
+])
+def test_the_zygotes_control_replies_are_checked_and_waited_for_with_a_deadline(fake_zygote, answer, says):
+    z, far = fake_zygote
+    if answer is not None:
+        far.send(answer)
+    t0 = time.monotonic()
+    with pytest.raises(process.ZygoteLost) as info:
+        if b"status" in (answer or b""):
+            z.wait_status(42)
+        else:
+            z.spawn()
+    assert says in str(info.value), str(info.value)
+    assert time.monotonic() - t0 < 5 and z.proc.poll() is not None  # killed, and marked lost for later calls
+    with pytest.raises(process.ZygoteLost):
+        z.wait_status(42)
