@@ -1,0 +1,259 @@
+"""The walls the operating system keeps around each candidate (sandbox.namespaces, sandbox.policy, sandbox.seccomp,
+sandbox.memory), tried by candidates that skip every Python-level layer: they call libc through ctypes.pythonapi
+(no audit event refuses that) and run their attack at import, driven through the zygote and worker directly, without
+the static stage. Each test shows the wall held on the host: no file, no segment, no connection, no process left,
+a memory kill reported."""
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox import memory, seccomp
+from sandbox.harness import Harness
+from sandbox.records import Verdict
+
+HERE = Path(__file__).parent
+ATTACKS = HERE / "candidates" / "attacks"
+RMSNORM = HERE.parent / "tasks" / "rmsnorm_fwd.py"
+BOUND_GIB = 1.0  # the memory bound of this module's zygote: the honest candidate needs far less
+EPERM, ESRCH, EROFS, ECONNREFUSED = 1, 3, 30, 111
+
+
+@pytest.fixture(scope="module")
+def harness():
+    before = os.environ.get("CRUCIBLE_MEMORY_GIB")
+    os.environ["CRUCIBLE_MEMORY_GIB"] = str(BOUND_GIB)  # the zygote inherits the environment
+    try:
+        h = Harness("cpu")
+    finally:
+        if before is None:
+            del os.environ["CRUCIBLE_MEMORY_GIB"]
+        else:
+            os.environ["CRUCIBLE_MEMORY_GIB"] = before
+    with h:
+        yield h
+
+
+def _attack(harness, tmp_path, name, env, keep_open=False):
+    """Run an attack candidate's import in a fresh child; its setup reply and report (and the child, if kept)."""
+    child = harness.zygote.spawn()
+    scratch = tmp_path / "scratch"
+    (scratch / "triton").mkdir(parents=True)
+    (scratch / "walls_env.json").write_text(json.dumps(env))
+    msg = {"op": "setup", "candidate": str(ATTACKS / name), "seeds_dir": str(HERE.parent / "seeds"), "device": "cpu",
+           "gpu": 0, "scratch": str(scratch), "write_roots": [str(scratch)], "triton_cache": str(scratch / "triton"),
+           "triton_shared": str(harness.triton_shared), "cpu_seconds": 60, "allow_compute": False, "seed": 1,
+           "init_inputs": [], "state_dict": {}}
+    try:
+        reply = child.request(msg, time.monotonic() + 60, 1 << 20)
+    finally:
+        if not keep_open:
+            child.close(graceful=False)
+    report = scratch / "walls_report.json"
+    assert report.exists(), (reply, child.output_tail())
+    return reply, json.loads(report.read_text()), child
+
+
+def _walls(reply):
+    assert isinstance(reply.get("walls"), dict), reply
+    return reply["walls"]
+
+
+def _comm_pids(marker):
+    found = []
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and Path(f"/proc/{p}/comm").read_text().strip() == marker:
+                found.append(int(p))
+        except OSError:
+            pass
+    return found
+
+
+def test_honest_candidate_is_accepted_with_every_wall_up(harness):
+    result = harness.check(RMSNORM, HERE / "candidates" / "rmsnorm_honest.py")
+    assert result.verdict is Verdict.ACCEPTED, result.message
+    walls = result.stages[1].details["walls"]
+    assert walls == {"network_isolated": True, "filesystem_read_only": True, "capabilities_dropped": True,
+                     "ipc_namespace": True, "pid_namespace": True, "proc_private": True, "shm_private": True,
+                     "proc_sys_read_only": True, "seccomp": True,
+                     "memory_bound_bytes": int(BOUND_GIB * (1 << 30)) if memory.Groups(1).available else 0}
+
+
+def test_nothing_the_candidate_starts_outlives_it_and_it_sees_no_one(harness, tmp_path):
+    marker = "cw" + secrets.token_hex(6)
+    env = {"zygote_pid": harness.zygote.proc.pid, "parent_pid": os.getpid(), "marker": marker}
+    reply, report, child = _attack(harness, tmp_path, "walls_pid.py", env, keep_open=True)
+    try:
+        assert _walls(reply)["pid_namespace"]
+        daemons = _comm_pids(marker)
+        assert daemons, "the daemon never started: the test would prove nothing"
+        assert report["pid"] == 2 and report["ppid"] == 1  # under the namespace's trusted init
+        assert report["proc_pids"] == sorted(set(report["proc_pids"]) & {1, 2, 3, 4, 5})  # only its own tree
+        assert report["kill_zygote"] == [-1, ESRCH] and report["kill_parent"] == [-1, ESRCH]
+        assert report["setsid"] == [-1, EPERM]
+    finally:
+        child.close(graceful=False)
+    end = time.monotonic() + 5
+    while _comm_pids(marker) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _comm_pids(marker), "a process the candidate started outlived its check"
+    assert harness.zygote.proc.poll() is None
+
+
+def test_shared_memory_is_private_and_left_behind_nowhere(harness, tmp_path):
+    nonce = secrets.token_hex(6)
+    host_file = Path(f"/dev/shm/crucible-walls-host-{nonce}")
+    host_file.write_text("the host's")
+    env = {"shm_name": f"crucible-walls-{nonce}", "sysv_key": int(nonce[:7], 16)}
+    try:
+        reply, report, _ = _attack(harness, tmp_path, "walls_shm.py", env)
+    finally:
+        host_file.unlink()
+    assert _walls(reply)["shm_private"] and _walls(reply)["ipc_namespace"]
+    assert report["shm_listing"] == []  # an empty tmpfs of its own: not even the host's file
+    assert report["shm_open"][0] >= 0 and report["shm_write"][0] == 11  # the write worked, in its private tmpfs
+    assert not Path(f"/dev/shm/{env['shm_name']}").exists()
+    assert report["shmget"][0] >= 0  # a segment in its own IPC namespace...
+    keys = [int(line.split()[0]) for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
+    assert env["sysv_key"] not in keys  # ...that the host never sees
+
+
+def test_kernel_settings_and_mounts_cannot_be_written_or_undone(harness, tmp_path):
+    targets = [p for p in ("/proc/sys/kernel/printk_ratelimit", "/proc/sysrq-trigger", "/sys/kernel/profiling",
+                           "/sys/kernel/mm/transparent_hugepage/enabled") if os.path.exists(p)]
+    outside = tmp_path / "outside.txt"
+    reply, report, _ = _attack(harness, tmp_path, "walls_mounts.py",
+                               {"write_targets": targets, "outside": str(outside)})
+    walls = _walls(reply)
+    assert walls["proc_sys_read_only"] and walls["filesystem_read_only"] and walls["seccomp"]
+    assert targets and all(report[p] == [-1, EROFS] for p in targets), report
+    assert report["outside"] == [-1, EROFS] and not outside.exists()
+    for call in ("remount_rw", "unshare_user", "clone_user", "ptrace_init"):
+        assert report[call] == [-1, EPERM], (call, report[call])
+
+
+def test_no_socket_reaches_outside(harness, tmp_path):
+    path_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix_path = str(tmp_path / "host.sock")
+    path_listener.bind(unix_path)
+    abstract_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract_name = "crucible-walls-" + secrets.token_hex(6)
+    abstract_listener.bind("\0" + abstract_name)
+    for s in (path_listener, abstract_listener):
+        s.listen(1)
+        s.setblocking(False)
+    try:
+        reply, report, _ = _attack(harness, tmp_path, "walls_socket.py",
+                                   {"unix_path": unix_path, "abstract_name": abstract_name})
+        assert _walls(reply)["seccomp"] and reply["ok"] is False  # the channel still answered (no ModelNew)
+        for kind in ("unix_path", "unix_abstract"):
+            assert report[kind] == {"socket": [-1, EPERM]}, report[kind]
+        for kind in ("inet", "netlink", "socketpair"):
+            assert report[kind] == [-1, EPERM], (kind, report[kind])
+        for s in (path_listener, abstract_listener):
+            with pytest.raises(BlockingIOError):
+                s.accept()
+    finally:
+        path_listener.close()
+        abstract_listener.close()
+
+
+CONNECT_ABSTRACT = textwrap.dedent("""
+    import ctypes, socket, sys
+    if sys.argv[2] == "netns" and ctypes.CDLL(None, use_errno=True).unshare(0x40000000) != 0:
+        print("unavailable"); sys.exit()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect("\\0" + sys.argv[1]); print("connected")
+    except OSError as exc:
+        print(exc.errno)
+""")
+
+
+def test_abstract_unix_sockets_are_per_network_namespace(tmp_path):
+    """Without the seccomp filter: a new network namespace alone keeps the host's abstract sockets out of reach
+    (and the control, from the host's namespace, connects)."""
+    name = "crucible-walls-" + secrets.token_hex(6)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(2)
+    try:
+        runs = {how: subprocess.run([sys.executable, "-c", CONNECT_ABSTRACT, name, how], capture_output=True,
+                                    text=True, timeout=30).stdout.strip() for how in ("host", "netns")}
+    finally:
+        listener.close()
+    assert runs["host"] == "connected"
+    if runs["netns"] == "unavailable":
+        pytest.skip("this kernel refused a network namespace (needs root)")
+    assert runs["netns"] == str(ECONNREFUSED)
+
+
+def test_exceeding_the_memory_bound_ends_in_a_reported_oom_kill(harness, tmp_path, monkeypatch):
+    if not memory.Groups(1).available:
+        pytest.skip("no memory control group on this machine (cgroup v2 with memory delegated, or v1)")
+    replies = []
+    control = harness.zygote._control
+
+    def recording(msg, fds, deadline):
+        reply = control(msg, fds, deadline)
+        if msg.get("op") == "wait":
+            replies.append(reply)
+        return reply
+
+    monkeypatch.setattr(harness.zygote, "_control", recording)
+    child = harness.zygote.spawn()
+    scratch = tmp_path / "scratch"
+    (scratch / "triton").mkdir(parents=True)
+    (scratch / "walls_env.json").write_text(json.dumps({"gib": 2 * BOUND_GIB}))
+    msg = {"op": "setup", "candidate": str(ATTACKS / "walls_memory.py"), "seeds_dir": str(HERE.parent / "seeds"),
+           "device": "cpu", "gpu": 0, "scratch": str(scratch), "write_roots": [str(scratch)],
+           "triton_cache": str(scratch / "triton"), "triton_shared": str(harness.triton_shared), "cpu_seconds": 60,
+           "allow_compute": False, "seed": 1, "init_inputs": [], "state_dict": {}}
+    from sandbox import channel
+    with pytest.raises(channel.ChannelClosed):
+        child.request(msg, time.monotonic() + 60, 1 << 20)
+    child.close(graceful=False)
+    assert replies and replies[-1]["oom"] is True, replies
+    assert replies[-1]["memory_bound_bytes"] == int(BOUND_GIB * (1 << 30))
+    assert "SIGKILL" in child.describe_exit()
+
+
+def test_the_filter_table_matches_the_kernel_headers():
+    """The syscall numbers of both architectures, against the headers where this machine has them."""
+    import re
+    headers = {0: "/usr/include/x86_64-linux-gnu/asm/unistd_64.h", 1: "/usr/include/asm-generic/unistd.h"}
+    checked = 0
+    for column, header in headers.items():
+        if not os.path.exists(header):
+            continue
+        numbers = dict(re.findall(r"#define __NR(?:3264)?_(\w+)\s+(\d+)\b", Path(header).read_text()))
+        for name, nrs in seccomp.SYSCALLS.items():
+            assert nrs[column] == int(numbers[name]), (header, name)
+            checked += 1
+    if not checked:
+        pytest.skip("no kernel headers on this machine")
+
+
+X32_SOCKET = textwrap.dedent("""
+    import ctypes, sys
+    sys.path.insert(0, sys.argv[1])
+    from sandbox import seccomp
+    assert seccomp.install()
+    ctypes.CDLL(None).syscall(41 | 0x40000000, 1, 1, 0)  # socket through the x32 ABI: another table
+    print("survived")
+""")
+
+
+@pytest.mark.skipif(seccomp.machine() != "x86_64", reason="the x32 ABI exists on x86_64 only")
+def test_a_call_through_another_abi_kills_the_process():
+    proc = subprocess.run([sys.executable, "-c", X32_SOCKET, str(HERE.parent)], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == -31 and "survived" not in proc.stdout, (proc.returncode, proc.stderr[-500:])  # SIGSYS
