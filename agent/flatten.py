@@ -7,8 +7,9 @@ replaces each `from seeds.X import a, b as c` at the top level by the definition
 resolved the same way), in the modules' own order, dependencies first; `c = b` keeps an alias.
 
 The result runs the same code (the definitions are copied verbatim). Where it cannot be made safely — a name defined
-differently by two of the modules, a seed module that is not a file, an import of a whole seed module — the file is
-returned unchanged with the reason, and the run goes on with the file as it was.
+differently by two of the modules, a seed module that is not a file, an import of a whole seed module, copied code
+the harness's static checks refuse in a candidate (e.g. an import only seed modules may make) — the file is returned
+unchanged with the reason, and the run goes on with the file as it was.
 """
 from __future__ import annotations
 
@@ -43,9 +44,17 @@ def flatten(source: str, seeds_dir: Path = SEEDS_DIR) -> Flat:
                                                                   for a in n.names) for n in tree.body):
         return Flat(source)
     try:
-        return _flatten(source, tree, imports, seeds_dir)
+        flat = _flatten(source, tree, imports, seeds_dir)
     except _Cant as exc:
         return Flat(source, problem=str(exc))
+    from sandbox.static import check_source
+
+    # The copied code must pass the checks a candidate passes (a seed module may import what a candidate may not).
+    finding = check_source(flat.source, "flattened.py")
+    if finding is not None and check_source(source, "original.py") is None:
+        return Flat(source, problem=f"the seed code it imports would not pass the static checks in the file "
+                                    f"({finding.message.split(';')[0]})")
+    return flat
 
 
 def _seed_import(node: ast.stmt) -> bool:

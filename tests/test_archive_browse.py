@@ -331,9 +331,12 @@ def test_reverify_marks_stale_or_confirmed_through_the_harness(tmp_path, capsys)
     code, out, _ = cli(capsys, "reverify", "--task", "rmsnorm_fwd.py", "--force", "--archive", tmp_path / "a.db")
     text = " ".join(out.split())
     assert code == 0 and "1 re-checked, 0 stale" in text  # the best untimed one; the GPU one is skipped here
+    # the best untimed one is the earliest verified (the run's own order of best): re-checked a second time
+    with Archive(tmp_path / "a.db") as a:
+        assert [r.status for r in a.reverifications(still_good.id)] == ["confirmed", "confirmed"]
     shown = json.loads(cli(capsys, "show", gone_bad.id, "--json", "--archive", tmp_path / "a.db")[1])
     assert [r["status"] for r in shown["reverifications"]] == ["stale"] and shown["verdict"] == "accepted"
-    code, out, _ = cli(capsys, "show", current.id, "--archive", tmp_path / "a.db")
+    code, out, _ = cli(capsys, "show", still_good.id, "--archive", tmp_path / "a.db")
     assert "re-check" in out and "confirmed" in out
     code, _, err = cli(capsys, "reverify", "--task", "nothing.py", "--archive", tmp_path / "a.db")
     assert code == 2 and "no verified candidates" in err
