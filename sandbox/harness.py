@@ -8,6 +8,7 @@ decoded with sandbox.wire, never unpickled.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import secrets
 import shutil
@@ -25,9 +26,14 @@ from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
 from .records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict
 from .reference import Expected, Reference
 from .task import Task, TaskError, load_task
+from .timing_child import derive
 
 log = logging.getLogger(__name__)
 SEEDS_DIR = REPO_ROOT / "seeds"
+# The soak's calls: (seconds of the candidate's time, most calls) by device, and the fewest. On the CPU interpreter a
+# call costs milliseconds even at the smallest shape, so the soak stays short; on a GPU cheap calls run by hundreds.
+SOAK_BUDGET_S = {"cpu": (0.12, 24), "cuda": (1.0, 2000)}
+SOAK_MIN_CALLS = 3
 # GPU memory the tensors lent to one child may pin (they stay alive until it is dead). Past it, outputs come back
 # through host memory and inputs are no longer pinned: a task whose every call moves gigabytes (cross-entropy over a
 # 128k vocabulary) must not run the parent out of memory. docs/threats.md names the residual risk.
@@ -440,7 +446,9 @@ class Harness:
     def _correctness(self, run: _Run, reference: Reference, first: dict[str, Any]) -> tuple[None, dict[str, Any]]:
         self._compare(run, Stage.CORRECTNESS, first["outputs"], first["expected"], first["label"])
         checked = [run.task.meta.distributions[0]]
-        for dist in run.task.meta.distributions[1:]:
+        rest = list(run.task.meta.distributions[1:])
+        run.rng.shuffle(rest)  # no fixed order of calls to count on
+        for dist in rest:
             with run.lap("inputs"):
                 inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
             reply, expected = self._call(run, Stage.CORRECTNESS, reference, inputs)
@@ -458,7 +466,10 @@ class Harness:
                               f"same inputs in {diff} of {a.numel()} elements (a race or an uninitialised read?)")
         self._compare(run, Stage.ROBUSTNESS, reply["outputs"], first["expected"], "a repeat of the first inputs")
         shapes = []
-        for variant in run.task.shape_variants():
+        variants = run.task.shape_variants()
+        run.rng.shuffle(variants)
+        tried = [(float(reply.get("seconds") or 0.0), run.task, reference)]  # the soak takes the cheapest shape
+        for variant in variants:
             vtask = run.task.with_constants(variant)
             vref = Reference(vtask, run.device, reference.model_seed)
             with run.lap("rebuild"):
@@ -471,7 +482,53 @@ class Harness:
             label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
             self._compare(run, Stage.ROBUSTNESS, reply["outputs"], expected, label)
             shapes.append(variant)
-        return None, {"shapes": shapes, "repeat_bitwise": run.task.meta.deterministic}
+            tried.append((float(reply.get("seconds") or 0.0), vtask, vref))
+        seconds, soak_task, soak_ref = min(tried, key=lambda t: t[0])
+        if soak_ref is not tried[-1][2]:
+            with run.lap("rebuild"):
+                self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": soak_ref.init_inputs(),
+                                                      "state_dict": soak_ref.state_dict(),
+                                                      "seed": reference.model_seed})
+        soak = self._soak(run, soak_task, soak_ref, seconds)
+        return None, {"shapes": shapes, "repeat_bitwise": run.task.meta.deterministic, "soak": soak}
+
+    def _soak(self, run: _Run, task: Task, reference: Reference, seconds: float) -> dict[str, Any]:
+        """Many calls back to back at the shape the model has now (the last one tried), on fresh inputs: a number
+        drawn log-uniformly up to what SOAK_BUDGET_S allows at this call's time, so a kernel that turns to a stored
+        output after its first N calls cannot know N's safe value. The last two calls and a random few others are
+        verified here; the child checks every call as any other (trace, state), and cannot tell which are verified."""
+        n = soak_length(run.rng, seconds, run.device.split(":")[0])
+        checked = sorted({n - 1, n - 2} | set(run.rng.sample(range(n), min(2, n))))
+        dists = task.meta.distributions
+        with run.lap("inputs"):
+            base = [task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
+                    for dist in (dists[0], run.rng.choice(dists))]
+        keep = run.exported if run.device != "cpu" else None
+        expected = []
+        for k in checked:
+            with run.lap("reference"):
+                expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
+        msg = {"op": "soak", "base": [_ship(b, keep) for b in base], "n": n, "checked": checked,
+               "fixed": list(task.meta.fixed_inputs)}
+        with run.lap("request"):
+            reply = self._request(run, Stage.ROBUSTNESS, msg, max_bytes=4 * sum(e.nbytes for e in expected) + (1 << 24))
+        run.calls += n
+        run.call_seconds += float(reply.get("seconds") or 0.0)
+        outs = reply.get("outputs")
+        per = len(expected[0].ref)
+        if not isinstance(outs, list) or len(outs) != per * len(checked) or \
+                not all(isinstance(t, torch.Tensor) for t in outs) or reply.get("structure") != expected[0].structure:
+            raise _Reject(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"the candidate's outputs over {n} calls in a row "
+                          "did not come back as its single calls' did")
+        for j, (k, exp) in enumerate(zip(checked, expected)):
+            got = outs[j * per:(j + 1) * per]
+            for i, (g, r) in enumerate(zip(got, exp.ref)):
+                if g.shape != r.shape or g.dtype != r.dtype:
+                    raise _Reject(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"call {k + 1} of {n} in a row: output {i} "
+                                  f"is {list(g.shape)} {g.dtype}, expected {list(r.shape)} {r.dtype}")
+            self._compare(run, Stage.ROBUSTNESS, [g.to(r.device) for g, r in zip(got, exp.ref)], exp,
+                          f"call {k + 1} of {n} in a row (fresh inputs each call)")
+        return {"calls": n, "verified": len(checked)}
 
     def _timing(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
         from . import timing_parent
@@ -511,6 +568,14 @@ class Harness:
         laps = {f"{k}_s": v for k, v in (run.laps if run else {}).items()}
         return {"total_s": total, "candidate_calls_s": calls_s, "calls": float(run.calls if run else 0),
                 "timing_stage_s": timing_s, "harness_s": max(0.0, total - calls_s - timing_s), **laps}
+
+
+def soak_length(rng: random.Random, seconds: float, device: str) -> int:
+    """The soak's number of calls: log-uniform between SOAK_MIN_CALLS and what the device's budget allows at
+    `seconds` a call."""
+    budget, cap = SOAK_BUDGET_S[device]
+    most = max(SOAK_MIN_CALLS, min(cap, int(budget / max(seconds, 1e-6))))
+    return int(round(math.exp(rng.uniform(math.log(SOAK_MIN_CALLS), math.log(most)))))
 
 
 def check(task: str | Path, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:

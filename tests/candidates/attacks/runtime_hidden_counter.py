@@ -1,0 +1,47 @@
+"""Honest for its first N calls, then returns the output it stored, with its counter and store out of the walk of the
+model's state (inside an lru_cache): only calls the candidate cannot count catch it (the soak)."""
+import functools
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+N = 10
+_box = functools.lru_cache(maxsize=None)(lambda: {"calls": 0, "last": None})
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, n_cols, stride_row, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_row + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    tl.store(y_ptr + row * stride_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _touch(y_ptr):
+    pass
+
+
+class ModelNew(nn.Module):
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, dtype=torch.bfloat16))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        box = _box()
+        box["calls"] += 1
+        if box["calls"] > N and box["last"] is not None:
+            y = box["last"].clone()
+            _touch[(1,)](y)
+            return y
+        y = torch.empty_like(x)
+        _rmsnorm_kernel[(x.shape[0],)](x, self.weight, y, x.shape[1], x.stride(0), self.eps,
+                                       BLOCK=triton.next_power_of_2(x.shape[1]))
+        box["last"] = y
+        return y

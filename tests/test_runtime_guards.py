@@ -1,0 +1,105 @@
+"""The checks inside the candidate's process, behind the static stage (bypassed here, so each layer is shown on its
+own): computation outside Triton (numpy, Python lists, Python run inside a launch by a hook, a constexpr callable or
+a helper the kernel body calls), the trace switched off, state kept across calls, and calls a check cannot count."""
+import random
+from pathlib import Path
+
+import pytest
+
+from sandbox import harness as harness_mod
+from sandbox.harness import CheckOptions, Harness, soak_length
+from sandbox.records import Reason, Stage, Verdict
+
+HERE = Path(__file__).parent
+ATTACKS = HERE / "candidates" / "attacks"
+RMSNORM = HERE.parent / "tasks" / "rmsnorm_fwd.py"
+SEED = 1234  # fixed: the scrambled bytes a buffer counter reads, and the order of calls, are then reproducible
+
+
+@pytest.fixture(scope="module")
+def harness():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(harness_mod.static, "check_source", lambda source, name="": None)
+        with Harness("cpu") as h:
+            yield h
+
+
+def _check(harness, path, seed=SEED):
+    return harness.check(RMSNORM, path, CheckOptions(timeout_s=120, seed=seed))
+
+
+def _variant(tmp_path, name, n):
+    source = (ATTACKS / name).read_text()
+    assert "\nN = " in source
+    out = tmp_path / f"{Path(name).stem}_{n}.py"
+    out.write_text("\n".join(f"N = {n}" if line.startswith("N = ") else line for line in source.splitlines()))
+    return out
+
+
+@pytest.mark.parametrize("name,needle", [
+    ("runtime_numpy.py", "numpy"),
+    ("runtime_tolist.py", "into Python"),
+    ("runtime_jit_helper.py", "_helper"),
+    ("runtime_prerun_hook.py", "pre-run hook"),
+    ("runtime_autotune_hook.py", "pre_hook"),
+    ("runtime_constexpr_callable.py", "argument of type"),
+])
+def test_compute_outside_triton_is_refused(harness, name, needle):
+    result = _check(harness, ATTACKS / name)
+    assert result.verdict is Verdict.REJECTED
+    assert (result.stage, result.reason) == (Stage.SMOKE, Reason.FOREIGN_COMPUTE), result.message
+    assert needle in result.message, result.message
+
+
+def test_replacing_the_launch_wrapper_is_caught(harness):
+    result = _check(harness, ATTACKS / "runtime_replaces_run.py")
+    assert (result.stage, result.reason) == (Stage.SMOKE, Reason.TRACE_TAMPERED), result.message
+    assert "run was replaced" in result.message
+
+
+@pytest.mark.parametrize("n", [3, 10, 40])
+def test_a_python_counter_is_caught_whatever_its_threshold(harness, tmp_path, n):
+    result = _check(harness, _variant(tmp_path, "runtime_counter.py", n))
+    assert (result.stage, result.reason) == (Stage.CORRECTNESS, Reason.STATE_CARRIED), result.message
+    assert "keeps state across calls" in result.message and "model.calls" in result.message
+
+
+def test_a_counter_out_of_sight_is_caught_by_the_soak(harness, tmp_path):
+    # 8 calls precede the soak on this task; the soak makes at least 3 more and always verifies its last two.
+    result = _check(harness, ATTACKS / "runtime_hidden_counter.py")
+    assert result.verdict is Verdict.REJECTED
+    assert result.stage is Stage.ROBUSTNESS, result.message
+    assert "in a row" in result.message, result.message
+
+
+def test_a_counter_out_of_sight_with_a_small_threshold_fails_earlier(harness, tmp_path):
+    result = _check(harness, _variant(tmp_path, "runtime_hidden_counter.py", 3))
+    assert result.stage is Stage.CORRECTNESS and result.reason in (Reason.OUTPUT_MISMATCH,
+                                                                   Reason.NONFINITE_MISMATCH), result.message
+
+
+def test_a_counter_in_a_tensor_buffer_reads_scrambled_bytes(harness, tmp_path):
+    # Its threshold is never reached in a check; the scrambled counter (random bytes) switches it to its store.
+    result = _check(harness, _variant(tmp_path, "runtime_buffer_counter.py", 1000))
+    assert result.verdict is Verdict.REJECTED
+    assert result.reason in (Reason.OUTPUT_MISMATCH, Reason.NONFINITE_MISMATCH), result.message
+
+
+def test_honest_candidate_is_accepted_with_a_soak(harness):
+    result = _check(harness, HERE / "candidates" / "rmsnorm_honest.py")
+    assert result.accepted, result.message
+    soak = next(s for s in result.stages if s.stage is Stage.ROBUSTNESS).details["soak"]
+    assert soak["calls"] >= harness_mod.SOAK_MIN_CALLS and soak["verified"] >= 2
+    assert result.costs["calls"] == 8 + soak["calls"]
+
+
+def test_the_calls_of_a_check_are_not_fixed(harness):
+    orders = set()
+    for seed in (1, 2, 3):
+        result = _check(harness, HERE / "candidates" / "rmsnorm_honest.py", seed=seed)
+        assert result.accepted, result.message
+        orders.add(tuple(next(s for s in result.stages if s.stage is Stage.CORRECTNESS).details["distributions"]))
+    assert len(orders) > 1
+    lengths = {soak_length(random.Random(seed), 0.004, "cpu") for seed in range(20)}
+    assert len(lengths) >= 4 and min(lengths) >= harness_mod.SOAK_MIN_CALLS
+    assert max(soak_length(random.Random(seed), 1e-5, "cuda") for seed in range(50)) > 200
