@@ -8,7 +8,7 @@ Each row: o, dq, dk, dv against float64 (sweep_attention_gluon_delta.truth) by t
 (sandbox/tolerance.compare, cuDNN's output as the reference, FlashAttention-2's as the alternate), on the normal
 draw the timing uses; relative L2 errors printed. Only a row inside the bound is timed: do_bench medians over 3
 rotating input sets (benchmarks/_bench.py). TFLOP/s: 14 B H S^2 D (the tasks' convention; half causal).
-The harness's other draws and shapes are `crucible check`'s job (benchmarks/gpu_session9a.sh runs it).
+The harness's other draws and shapes are `crucible check`'s job (`crucible check TASK SEED --device cuda --no-timing`).
 
     python3 benchmarks/sweep_attention_train.py --budget 240   # the H200 (torch 2.11, triton 3.6)
     python3 benchmarks/sweep_attention_train.py --smoke        # the CPU: imports, the exponent rule

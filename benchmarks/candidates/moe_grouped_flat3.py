@@ -1,7 +1,7 @@
-"""The MoE grouped GEMM seed with run M's tile loop (256x128x64, 3 stages, flattened), the default until run V, as a
-candidate file: `crucible bench` of it beside seeds/moe.py in one call compared the two under the harness's own
-sustained timer (benchmarks/gpu_session5c.sh, run X: 648.4 TFLOP/s against 625.7 for 4 stages unflattened), so it is
-the seed's default again and these are the same kernels now."""
+"""The MoE grouped GEMM seed with the 256x128x64, 3-stage, flattened tile loop, as a candidate file: `crucible bench`
+of it beside seeds/moe.py in one call compared the two under the harness's own sustained timer (648.4 TFLOP/s
+against 625.7 for 4 stages unflattened; docs/results.md, row moe_grouped_gemm), so it is the seed's default and
+these are the same kernels now."""
 import torch
 
 from seeds.moe import ModelNew as _Seed
