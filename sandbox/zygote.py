@@ -12,6 +12,7 @@ memory bound of B bytes (sandbox.memory; B is 0 where the machine gives no bound
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -37,6 +38,9 @@ def serve(ctrl_fd: int) -> None:
         torch.nn.Linear(4, 4)(torch.empty(2, 4).fill_(1.0))
 
     groups = memory.Groups()
+    # Everything imported so far lives as long as the zygote: out of the collector's reach, a collection in a child
+    # no longer touches (and so copies) every page of torch's heap; measured: confinement 60 -> 10 ms on the CPU.
+    gc.freeze()
     ctrl = socket.socket(fileno=ctrl_fd)
     statuses: dict[int, int] = {}
     cgroups: dict[int, memory.Group | None] = {}
