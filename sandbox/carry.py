@@ -42,8 +42,12 @@ def _opaque(v: Any) -> bool:
     return mod.startswith(("triton", "torch")) and not isinstance(v, torch.nn.Module)
 
 
-def snapshot(model: Any, module: types.ModuleType | None, candidate: str) -> tuple[dict[str, Any], list]:
-    """(path -> comparable value, [(path, tensor)]) for the model and the candidate module's globals."""
+def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
+             injected: dict[str, Any] | None = None) -> tuple[dict[str, Any], list]:
+    """(path -> comparable value, [(path, tensor)]) for the model and the candidate module's globals. `injected`:
+    globals Triton's interpreter copies into a kernel's module when it first runs that kernel (its own module's
+    globals, `np` among them), skipped where the module holds that very object."""
+    injected = injected or {}
     values: dict[str, Any] = {}
     tensors: list[tuple[str, torch.Tensor]] = []
     seen: set[int] = set()
@@ -112,7 +116,7 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str) -> tup
     walk("model", model, 0)
     if module is not None:
         for k, x in list(vars(module).items()):
-            if not (k.startswith("__") and k.endswith("__")):
+            if not (k.startswith("__") and k.endswith("__")) and injected.get(k, walk) is not x:
                 walk(k, x, 0)
     return values, tensors
 

@@ -100,6 +100,7 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
                 "laps": laps, "walls": walls}
     state["tracer"] = trace.install(msg["candidate"], msg["seeds_dir"])
     state["scramble"] = torch.Generator(device=device).manual_seed(int(msg["seed"]) ^ 0x5C4A3B1E)
+    state["interpreter"] = sys.modules.get("triton.runtime.interpreter") if device == "cpu" else None
     state["hidden"] = _hide_modules()
 
     spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, msg["candidate"])
@@ -325,7 +326,9 @@ def _run_call(state: dict[str, Any], inputs: list[Any]) -> tuple[dict[str, Any],
 
 def _watch(state: dict[str, Any]) -> tuple[dict[str, Any], list, list]:
     """The model's state as it stands: (snapshot, its tensors, what they hold)."""
-    values, tensors = carry.snapshot(state["model"], state.get("module"), CANDIDATE_MODULE)
+    interp = state["interpreter"]
+    values, tensors = carry.snapshot(state["model"], state.get("module"), CANDIDATE_MODULE,
+                                     vars(interp) if interp is not None else None)
     return values, tensors, carry.signatures(tensors)
 
 
