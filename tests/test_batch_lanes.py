@@ -109,7 +109,7 @@ def batch(d, tmp_path, *extra):
     js = tmp_path / "batch.json"
     code = main(["batch", str(d), "--budget", "2", "--archive", str(tmp_path / "a.db"), "--json-out", str(js),
                  *map(str, extra)])
-    return code, (json.loads(js.read_text()) if js.exists() else None)
+    return code, (json.loads(js.read_text())["tasks"] if js.exists() else None)
 
 
 def test_two_gpus_run_two_tasks_at_once_one_worker_each(lab, tmp_path, capsys):

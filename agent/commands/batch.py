@@ -171,7 +171,11 @@ def run(args: argparse.Namespace) -> int:
                             status=f"{p.accepted} verified {status}".strip())
             if task not in searchable:
                 bars.update(bar, status="reference only")
-                return reference_rows([task], args, constants, None)[0]
+                row = reference_rows([task], args, constants, None)[0]
+                why = ("no kernel named after it in --from, no seed and no model" if args.from_dir else
+                       "no seed and no model (--from DIR gives it a kernel)")
+                row["note"] = f"{why}: reference checked only" + (f"; {row['note']}" if row["note"] else "")
+                return row
             try:
                 resume = "latest" if args.resume_all and _has_run(archive, task) else None
                 config = replace(config_from(args, task), resume=resume, start_from=starts.get(task),
