@@ -6,6 +6,7 @@ a memory kill reported."""
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -256,4 +257,33 @@ X32_SOCKET = textwrap.dedent("""
 def test_a_call_through_another_abi_kills_the_process():
     proc = subprocess.run([sys.executable, "-c", X32_SOCKET, str(HERE.parent)], capture_output=True, text=True,
                           timeout=30)
-    assert proc.returncode == -31 and "survived" not in proc.stdout, (proc.returncode, proc.stderr[-500:])  # SIGSYS
+    assert proc.returncode == -signal.SIGSYS and "survived" not in proc.stdout, (proc.returncode, proc.stderr[-500:])
+
+
+MIRROR = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, sys.argv[1])
+    from sandbox import namespaces
+    pid = os.fork()
+    if pid == 0:
+        walls = namespaces.enter(None, [])  # returns only in the worker, below the namespace's init
+        if not walls["pid_namespace"]:
+            os._exit(99)
+        if sys.argv[2] == "exit":
+            os._exit(7)
+        os.kill(os.getpid(), signal.SIGXCPU)  # what RLIMIT_CPU sends: the worker is not an init, so it dies
+        os._exit(98)
+    _, status = os.waitpid(pid, 0)
+    print(os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status))
+""")
+
+
+@pytest.mark.parametrize("how, expected", [("exit", "7"), ("signal", str(-int(signal.SIGXCPU)))])
+def test_the_pid_the_zygote_reports_ends_as_the_worker_did(how, expected):
+    """C1 mirrors the worker's end through the namespace's init: the same exit code, or the same signal (SIGXCPU,
+    which the parent reads as the CPU-time limit)."""
+    out = subprocess.run([sys.executable, "-c", MIRROR, str(HERE.parent), how], capture_output=True, text=True,
+                         timeout=60).stdout.strip()
+    if out == "99":
+        pytest.skip("this kernel refused a PID namespace (needs root)")
+    assert out == expected
