@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 GLUE_OPS = frozenset({
@@ -78,6 +78,7 @@ class CallTrace:
     compute_ops: list[str] = field(default_factory=list)
     foreign: list[tuple[str, str]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # computation outside torch and Triton, refused launches
+    tampered: list[str] = field(default_factory=list)  # the trace's own machinery disturbed during the call
     scalar_reads: int = 0
 
     def summary(self) -> dict[str, Any]:
@@ -484,13 +485,14 @@ def install(candidate_file: str, seeds_dir: str) -> Tracer:
             # The modes must still be the innermost ones: a mode the candidate pushed and left would otherwise be
             # popped in ours' place, and ours would stay.
             stack = _get_current_dispatch_mode_stack()
-            if not stack or stack[-1] is not self.modes[1]:
-                self.trace.refused.append("the forward left a torch dispatch mode of its own installed")
+            functions = _get_current_function_mode_stack()
+            if not stack or stack[-1] is not self.modes[1] or not functions or functions[-1] is not self.modes[0]:
+                self.trace.tampered.append("the forward left a torch mode of its own installed")
             cell.active = None
             for m in reversed(self.modes):
                 m.__exit__(*exc)
             if cell.in_launch:
-                self.trace.refused.append("the forward ended inside a Triton launch")
+                self.trace.tampered.append("the forward ended inside a Triton launch")
                 cell.in_launch = 0
 
     return Tracer(Call, verify)

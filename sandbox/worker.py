@@ -274,7 +274,7 @@ def _run_call(state: dict[str, Any], inputs: list[Any]) -> tuple[dict[str, Any],
     reply: dict[str, Any] = {"ok": True, "trace": tr.summary(), "seconds": seconds}
     state["calls"] += 1
 
-    tampered = tracer.verify()
+    tampered = tracer.verify() or next(iter(tr.tampered), None)
     if tampered:
         return {**reply, **_failure(Reason.TRACE_TAMPERED, f"the forward switched off the harness's checks: "
                                     f"{tampered}")}, None
