@@ -219,7 +219,7 @@ def _ticket_counters(device: torch.device, count: int) -> torch.Tensor:
 
 # The norm backwards' register cap with `prefetch` (their GPU default): two rows in flight need ~128 registers a
 # thread, and two programs of 8 warps an SM need <= 128. Triton 3.6 gave the LayerNorm kernel more without the cap
-# (one program an SM: 0.1639 ms against 0.1201 with it, 16384x4096 bf16, run AG).
+# (one program an SM: 0.1639 ms against 0.1201 with it, 16384x4096 bf16).
 PREFETCH_MAXNREG = 128
 
 

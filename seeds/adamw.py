@@ -23,12 +23,12 @@ Three forms, the same per-element code (bitwise the same outputs):
   kept as `host="loops"`: per-tensor slices and views). The harness hands new addresses every call, so nothing
   is cached across calls.
 - multi-tensor with the tensors as launch arguments (`table="args"`, or `"auto"`: args up to 8 non-empty
-  tensors, the default: run O): ONE launch, every tensor's eight pointers and its size passed as tuple arguments, no table
+  tensors, the default): ONE launch, every tensor's eight pointers and its size passed as tuple arguments, no table
   and so no host-to-device copy; 4 torch ops a call (the outputs' two allocations and two splits). A program
   compares its chunk with the tensors' first chunks (unrolled: one copy of the chunk code per tensor).
   Why by count: a copy from pageable memory makes the host wait for all work queued before the call, and the
   device then waits for the launch: under crucible's timer (0.5 ms of flush queued ahead of each call) the task
-  read 0.570 ms against torch.compile's 0.175 (run N), against 0.317 under do_bench. Arguments cost host time on
+  read 0.570 ms against torch.compile's 0.175, against 0.317 under do_bench. Arguments cost host time on
   every launch instead (10 per tensor, each specialised by Triton's launcher) and code size (a chunk body per
   tensor), so beyond 8 tensors the table stays: 1B params in 64 tensors is the measured 7.13 ms, 1.13x fused=True.
   Run O (bench_adamw.py, the task's shape): 0.203 ms back to back against the pageable table's 0.329.
@@ -46,7 +46,7 @@ And one register layout: left to itself, Triton gives the loads and the bf16 sto
 `tl.max_contiguous(offs, VEC=4)` keeps every access at 4 per thread (repeated), so nothing goes through shared
 memory (tests/test_seed_adamw.py compiles both for sm_90 and checks the PTX).
 
-Measured on the H200 (2026-11-29, torch 2.11, triton 3.6; benchmarks/bench_adamw.py, docs/bench-adamw.md), 1B fp32
+Measured on the H200 (torch 2.11, triton 3.6; benchmarks/bench_adamw.py, docs/bench-adamw.md), 1B fp32
 params in 64 tensors of 15,625,000, in place, fp32 grads, 30 B/param; every variant checked against float64:
 - default, 1024 elements / 4 warps / 1 block per chunk (8 per thread): 7.134 ms = 4,205 GB/s, 99% of the 4,212 GB/s
   copy of the same run, 1.13x torch AdamW(fused=True) (8.051 ms, 28 B/param, no bf16 copy). The previous default
@@ -58,12 +58,12 @@ params in 64 tensors of 15,625,000, in place, fp32 grads, 30 B/param; every vari
   fused kernel has none of it. A plan built once (plan_adamw / run_plan) removes the host part where the tensors
   stay put; the task's forward gets new tensors every call, so it cannot. `crucible bench` (its own timer) gave
   0.38x torch.compile, host-bound in 29 of 30 calls. The lean host path (default since) halves the host work: on
-  the H200 (docs/BENCHMARKS.md run M) the plan takes 206 us of host time against 476 for host="loops", a whole
+  the H200 the plan takes 206 us of host time against 476 for host="loops", a whole
   call 309 against 597 us, and back to back 0.309 ms per call against torch.compile's 0.270: do_bench 0.317 ms
-  against compile's 0.300, 0.95x (the first path: 0.46x). `crucible bench` (run N) reads 0.570 ms against
+  against compile's 0.300, 0.95x (the first path: 0.46x). `crucible bench` reads 0.570 ms against
   compile's 0.175, 0.33x: its timer queues 0.5 ms of flush passes ahead of each call, and the table's copy from
   pageable memory waits for them, after which the device waits for the host's launch (see plan_adamw). (Those
-  were the lean pageable table, `table="pageable"`; the task's default is now the launch-argument form: run O.)
+  were the lean pageable table, `table="pageable"`; the task's default is now the launch-argument form.)
 """
 from __future__ import annotations
 
@@ -335,7 +335,7 @@ HOSTS = ("lean", "loops")  # how the per-call table and outputs are built (the k
 # on the host and copies it to the device from pageable memory (the measured path: 7.13 ms at 1B params in 64
 # tensors, 1.13x torch fused=True); "pinned" builds it in pinned host memory, so the copy is queued instead of
 # waiting for the stream's earlier work (not measured yet). "auto": "args" up to ARGS_MAX_TENSORS non-empty tensors
-# (with the lean host path and no persistent grid), else "pageable": the default since session 4's run O on the
+# (with the lean host path and no persistent grid), else "pageable": the default since it was measured on the
 # H200 (bench_adamw.py, the task's shape, checked against float64): 0.203 ms back to back against the pageable
 # table's 0.329, 0.170 ms under crucible's timer imitated against 0.172, 214 against 275 us of host time a call.
 TABLES = ("auto", "args", "pageable", "pinned")
@@ -381,7 +381,7 @@ def _make_plan(arrays, outputs, bases, rows: list, n_chunks: int, align: int, se
                device, form: str) -> AdamWPlan:
     blk, warps, it = settings
     # From pageable memory CUDA first waits for the stream's earlier work, so the host stalls and the device then
-    # waits for the launch (run N: 0.57 ms a call under crucible's timer, against do_bench's 0.32). From pinned
+    # waits for the launch (0.57 ms a call under crucible's timer, against do_bench's 0.32). From pinned
     # memory the copy is queued and the host goes on ("pinned": not measured on the GPU yet, so not the default).
     pin = form == "pinned" and device.type == "cuda"
     table = torch.tensor(rows, dtype=torch.int64, pin_memory=pin).to(device, non_blocking=True)

@@ -52,7 +52,7 @@ fused-attention tutorial (python/tutorials/06-fused-attention.py, 3.4-3.6), Flas
   it silently give up. So this path makes Q/K/V descriptors in the kernel (tl.make_tensor_descriptor, as the tutorial does on
   Hopper), runs ONE key loop with the causal mask applied in every block (a select per score), and is taken only
   where the keys fill whole blocks (else the two-loop path runs); 128 x 128 tiles fit 2 stages (180 KB; 3 would
-  need 246 KB). At 8 warps the pass does not apply (the old variant's "no change" in run M).
+  need 246 KB). At 8 warps the pass does not apply (the old variant measured no change).
 - subtiles=2: two query sub-tiles of BLOCK_M / 2 rows per program share each K/V tile, the second's QK^T issued
   before the first's softmax, so the asynchronous wgmma of one may overlap the other's exp2 (FA3's intra-warp-group
   overlap, without its named barriers, which Triton does not expose).
@@ -63,10 +63,10 @@ fused-attention tutorial (python/tutorials/06-fused-attention.py, 3.4-3.6), Flas
 - overlap (with warp_specialize): the warp-specialised loop rotated so that step j issues S_j = q K_j^T before
   the previous block's P V, then takes S_j's softmax (FA3's intra-warp-group overlap); one step more than blocks
   (P = 0 in the first, S dropped in the last). Compiled for sm_90 with triton 3.9 the consumers' wgmma are still
-  waited one by one (wait_group 0); on the H200 (run AH) it gained nothing: 536.1 TFLOP/s persistent against
+  waited one by one (wait_group 0); on the H200 it gained nothing: 536.1 TFLOP/s persistent against
   554.6, causal 413.7.
 - pairs (with persistent, causal): programs run whole pairs of a head's query blocks NUM_M - 1 - j and j (the same
-  work per pair), head by head, so that the programs running at once share a few heads' K/V in L2 (run AH:
+  work per pair), head by head, so that the programs running at once share a few heads' K/V in L2 (do_bench:
   525.5 TFLOP/s causal against 450.1 not persistent and 406.7 persistent longest first; the causal default; the
   longest-first persistent order spreads them over every head).
 Tried and dropped (compiled for sm_90, triton 3.9): the causal diagonal blocks outside the warp-specialised loop
@@ -77,7 +77,7 @@ the diagonal blocks (the two-loop split). Not ported: FA3's ping-pong between tw
 the tutorial's Blackwell-only pieces (maxnreg 168/80 with warp specialisation, accumulator sub-tiling, f32x2 FMAs).
 
 Backward variants (attention_bwd keywords, off by default; benchmarks/sweep_attention_bwd.py checks them against the
-harness's bound and times them; run AC: dq_atomic 0.43x, split_ds="fp16" 5% faster non-causal, slower causal): dq_atomic, FlashAttention-2's layout: the dK/dV kernel also
+harness's bound and times them: dq_atomic 0.43x, split_ds="fp16" 5% faster non-causal, slower causal): dq_atomic, FlashAttention-2's layout: the dK/dV kernel also
 adds each step's c dS K into an fp32 dQ (red.global.add, not bitwise repeatable) and the dQ kernel, which recomputes
 S and dP, is not launched; split_ds="fp16": dS in one fp16 product (3 more bits than bf16) instead of the split's
 two. Not done: tl.range(warp_specialize=True) in the backward's loops, on which Triton's Hopper pass asserts as the
@@ -91,7 +91,7 @@ kernel spills 284-340 bytes the grid's does not (255 registers either way). conf
 warps and stages (8 entries).
 
 Tile sizes: see fwd_config / bwd_config; benchmarks/bench_attention.py --hopper sweeps the variants on the H200.
-Measured on the H200 (docs/BENCHMARKS.md run M, do_bench, one run), B4 H32 S4096 D128 bf16, the defaults:
+Measured on the H200 (do_bench, one run), B4 H32 S4096 D128 bf16, the defaults:
 forward 498 TFLOP/s (causal 431): 1.42x SDPA's flash backend (351; causal 319), 0.82x cuDNN (607; causal 0.82x of
 528). The 600 / 525 targets are not met: Triton 3.6's Hopper code for this loop (TMA loads, no warp-specialised
 producer/consumer split, which it does not apply at 8 warps) stays ~18% behind cuDNN's hand-scheduled kernel.
@@ -908,16 +908,16 @@ def fwd_config(head_dim: int, device: torch.device, precise: bool = False,
                warp_specialize: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, warps, stages) of the forward; on the interpreter 32 x 32 tiles keep the tests quick and
     still loop. D = 128: 128 x 128 tiles, 8 warps, 3 stages of K/V through TMA (230,424 bytes of shared memory),
-    the best of the H200 sweep (docs/BENCHMARKS.md run M, do_bench, B4 H32 S4096): 498 TFLOP/s, causal 431
+    the best of the H200 sweep (do_bench, B4 H32 S4096): 498 TFLOP/s, causal 431
     (pointer 128 x 64 s3: 488 / 426; TMA 128 x 128 s2: 457 / 399; warp_specialize: no change). Other head dims:
     unmeasured starting points. precise (the forward's dP product, attention_fwd_with_delta), as 128 x 128 tiles at
-    3 stages beside the dO tile need 263,192 bytes at D = 128: 128 x 64 tiles, 8 warps, 3 stages (run U, fwd+bwd
+    3 stages beside the dO tile need 263,192 bytes at D = 128: 128 x 64 tiles, 8 warps, 3 stages (fwd+bwd
     with the split backward: 12.61 ms against 12.81 for 128 x 128 at 2 stages, causal 6.73 / 6.85; 64 x 128 x 4
     warps 12.89 / 7.07); other head dims one stage less than the plain forward (unmeasured)."""
     if device.type != "cuda":
         return 32, 32, 4, 1
     if warp_specialize:  # Triton's Hopper pass makes 4 warps 12 (a producer and two consumer warp groups); 3
-        # stages of 128-row K and V tiles would pass the shared memory (246 KB at D = 128). H200, run V
+        # stages of 128-row K and V tiles would pass the shared memory (246 KB at D = 128). H200
         # (benchmarks/sweep_attention_fwd.py, D = 128): 535.9 TFLOP/s, causal 467.6 (default 492.4 / 439.7); with
         # 64-row key blocks it computed inf (so _fwd refuses them)
         return 128, 128, 4, 2 if head_dim <= 128 else 1
@@ -936,7 +936,7 @@ def fwd_config(head_dim: int, device: torch.device, precise: bool = False,
 def bwd_config(head_dim: int, device: torch.device) -> tuple[int, int, int, int, int, int]:
     """(dkdv BLOCK_M, dkdv BLOCK_N, dq BLOCK_M, dq BLOCK_N, warps, stages) of the backward. The dK/dV kernel keeps
     two [BLOCK_N, D] fp32 accumulators and K, V; the dQ kernel one accumulator and Q, dO. D = 128, measured on the
-    H200 (run M, fwd+bwd with the default forward): TMA loads at 3 stages 403 TFLOP/s (causal 358), at 2 stages
+    H200 (fwd+bwd with the default forward): TMA loads at 3 stages 403 TFLOP/s (causal 358), at 2 stages
     368 / 329, 32/128 tiles with 4 warps 222 / 193. Other head dims: unmeasured starting points."""
     if device.type != "cuda":
         return 32, 32, 32, 32, 4, 1
@@ -1036,7 +1036,7 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
     bm, bn, warps, stages = config or fwd_config(d, q.device, precise, bool(warp_specialize))
     if warp_specialize and q.is_cuda and bn != 128:
         raise ValueError(f"attention: warp_specialize computed wrong results with {bn}-row key blocks on the H200 "
-                         "(triton 3.6, docs/BENCHMARKS.md run V); give it BLOCK_N 128")
+                         "(triton 3.6); give it BLOCK_N 128")
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if varlen is None:
         batch, s_q, s_k = q.shape[0], q.shape[2], k.shape[2]
@@ -1213,7 +1213,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     Variants (the same softmax; the defaults are the measured best): config (BLOCK_M, BLOCK_N, warps, stages);
     tma: K/V tiles of the unmasked key blocks through TMA descriptors (None: on sm_90+ GPUs; layouts a descriptor
     cannot read keep pointers, whatever tma says); reverse: the query blocks in reverse launch order (None: when
-    causal, so that the longest programs start first). The Hopper variants of issue 6, after Triton's fused-attention
+    causal, so that the longest programs start first). The Hopper variants, after Triton's fused-attention
     tutorial: warp_specialize: one key loop (the causal mask inside) over descriptors made in the kernel, under
     tl.range(warp_specialize=True), which Triton 3.6 compiles at 4 warps into a TMA producer warp group and two
     consumer warp groups of BLOCK_M / 2 rows (default config 128 x 128 x 4 warps x 2 stages; kept off where the
@@ -1244,8 +1244,8 @@ def attention_fwd_with_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     forward's epilogue computes delta = rowsum(do o o) from the fp32 o, which saves the backward's preprocess
     kernel (a read of o and do) and the error of o's rounding. Pass delta to attention_bwd. precise: delta =
     sum_j P_ij dP_ij from the unrounded P instead (dP = dO V^T, one more product a key block), so each row's dS sum
-    to zero; with attention_bwd(split_ds=True) it is the `precise` backward (docs/BENCHMARKS.md, the attention
-    section: what the harness rejects the default for; its cost on the H200 is not measured). The other variants:
+    to zero; with attention_bwd(split_ds=True) it is the `precise` backward (the default's dq and dk
+    fall outside the harness's bound where few keys take a row; what it costs: docs/results.md). The other variants:
     see attention_fwd (subtiles=2 with precise=False only); warp_specialize with precise: dO comes through a
     descriptor made in the kernel as Q does, where dO's [rows, D] view is Q's (else the two-loop path), and the
     dP product runs in the consumer warp groups (sm_90: 213 KB at 128 x 128 x 2 stages; persistent does not fit
@@ -1268,8 +1268,8 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     (dK/dV kernel) and K/V (dQ kernel) tiles of the unmasked blocks through TMA descriptors, as in attention_fwd.
     split_ds: dS enters the dK and dQ products as two operands, its bf16 rounding and the rest (one more product
     in each loop), instead of rounded once; "dq" or "dk": in that product only; "fp16": dS rounded to fp16 (3 more
-    bits than bf16) in one product with the other operand converted to fp16, in both products (run AC: 0.66 ms
-    faster non-causal, 0.2 ms slower causal; overflows past 65504). dq_atomic (FlashAttention-2's layout; run AC:
+    bits than bf16) in one product with the other operand converted to fp16, in both products (0.66 ms
+    faster non-causal, 0.2 ms slower causal; overflows past 65504). dq_atomic (FlashAttention-2's layout:
     0.43x, the atomics cost more than the dQ kernel's recompute): the dK/dV kernel also computes dQ's share of
     each step, c dS K, and adds it into an fp32 accumulator with atomics (order-dependent rounding: not bitwise
     repeatable), so the dQ kernel, which recomputes S and dP
@@ -1344,8 +1344,8 @@ def flash_attention(q, k, v, causal: bool = False, sm_scale: float | None = None
 
 def hopper_fwd_variant(q: torch.Tensor, causal: bool) -> dict:
     """The forward's launch options measured best on the H200 at D = 128 (B4 H32 S4096 bf16, do_bench):
-    warp-specialised at 128 x 128 x 4 warps x 2 stages, persistent: 560.8 TFLOP/s non-causal (run V; default
-    492.4). Causal, persistent over pairs of a heavy and a light query block head by head (run AH: 525.5 TFLOP/s,
+    warp-specialised at 128 x 128 x 4 warps x 2 stages, persistent: 560.8 TFLOP/s non-causal (default
+    492.4). Causal, persistent over pairs of a heavy and a light query block head by head (525.5 TFLOP/s,
     0.994x cuDNN's 528.4; the same kernel without persistence 450.1, persistent longest-first 406.7); where the
     query blocks cannot pair (an odd number), not persistent. Elsewhere the default."""
     if not q.is_cuda or q.shape[-1] != 128 or torch.cuda.get_device_capability(q.device)[0] != 9:
@@ -1360,9 +1360,9 @@ def gluon_fwd_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     """The knobs of the Gluon FA3-style forward (seeds/attention_gluon.py) where it is measured to pay, else None
     (the Triton kernels here run). Measured on the H200 at D = 128, B4 H32 S4096 bf16, `crucible bench` (sustained,
     every check stage): non-causal, two 64-row consumer warp groups without the GEMM token, persistent: 607.7
-    TFLOP/s, 1.017x cuDNN SDPA [1.015, 1.022] (run AY; the same not persistent 598.5-599.2, 1.002-1.013x, runs
-    AV, AY); causal, ping-pong persistent over pairs of query tiles: 571.2 TFLOP/s, 1.092x cuDNN [1.089, 1.096]
-    (run AV). This file's Triton launch: 539.4 / 470.3 (run AI). It takes dense contiguous q, k, v of one shape
+    TFLOP/s, 1.017x cuDNN SDPA [1.015, 1.022] (the same not persistent 598.5-599.2, 1.002-1.013x);
+    causal, ping-pong persistent over pairs of query tiles: 571.2 TFLOP/s, 1.092x cuDNN [1.089, 1.096]
+    This file's Triton launch: 539.4 / 470.3. It takes dense contiguous q, k, v of one shape
     (no GQA), bf16/fp16, S a multiple of 128 (causal: an even number of 128-row tiles), on sm_90 only."""
     if not (q.is_cuda and q.dim() == 4 and k.shape == q.shape and v.shape == q.shape and q.shape[-1] == 128):
         return None

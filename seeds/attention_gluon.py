@@ -43,7 +43,7 @@ thread at launch (setmaxnreg 240 consumers / 24 producer), no spills, wgmma.wait
 160 KB of shared memory at 2 stages, 224 KB at 3, 192 KB persistent. CPU mirrors of the maths order and of the
 mbarrier protocol (random interleavings): tests/test_attention_gluon_schedule.py.
 
-The do= option (WITH_DELTA; measured on the H200, runs AZ and BA): the forward of a fused forward
+The do= option (WITH_DELTA; measured on the H200): the forward of a fused forward
 + backward also returns delta = sum_j P_ij dP_ij, dP = dO V^T, P the normalised fp32 softmax (before its bf16
 rounding for P V): seeds/attention.py's attention_fwd_with_delta(precise=True) convention, the delta that
 attention_bwd(delta=, split_ds=True) takes. The producer loads each consumer's dO tile with its Q tile (one
@@ -60,7 +60,7 @@ persistent; the 3-stage 128 x 128 variants do not fit, delta_ok). Run AZ (do_ben
 forward with delta; all variants within the float64 checks.
 delta_from="o" (DELTA_O): delta = rowsum(dO o o) from the unrounded fp32 o in the epilogue, dO's rows by pointer
 loads in the o accumulator's layout (no dO tiles, no dP product: the plain forward's two products and shared
-memory). With fp16 working copies (seeds/attention_gluon_train.py) run BB measured the forward at 1.836 ms
+memory). With fp16 working copies (seeds/attention_gluon_train.py) do_bench measured the forward at 1.836 ms
 (non-causal, persistent) / 0.990 ms (causal) against 2.75 with the dP product.
 
 Compatibility: the TMA copies are tma.async_copy_global_to_shared / async_copy_shared_to_global in triton 3.6 (the
@@ -69,20 +69,20 @@ picks them by `dir()` (crucible's static checker refuses getattr and try/except,
 Everything else used (warp_specialize with per-partition warps and registers, mbarrier init/expect/wait/arrive,
 warpgroup_mma / warpgroup_mma_wait, NVMMA layouts, host TensorDescriptor) is spelled alike in both.
 
-Measured on the H200 (docs/BENCHMARKS.md runs AU-AY; torch 2.11, triton 3.6), B4 H32 S4096 D128 bf16:
-- benchmarks/sweep_attention_gluon.py (run AU, do_bench; every variant within 3x SDPA cuDNN's error of float64):
+Measured on the H200 (torch 2.11, triton 3.6), B4 H32 S4096 D128 bf16:
+- benchmarks/sweep_attention_gluon.py (do_bench; every variant within 3x SDPA cuDNN's error of float64):
   non-causal: 2 consumers without the token 647.7 TFLOP/s, ping-pong s3 632.9, ping-pong s2 630.4, cooperative s2
   517.1 (its two warp groups kept in step by the barrier before each arrival); cuDNN 684.7 in that run (one call
   at a time: a boost clock), seeds/attention.py's Triton launch 559.4. Causal: ping-pong persistent 583.7 =
   1.111x cuDNN's 525.2, ping-pong s2 553.4, cooperative s2 450.3; the Triton launch 487.6.
-- benchmarks/diag_gluon_race.py (run AW): every 128 x 128 variant bitwise equal to every other and run to run on
+- benchmarks/diag_gluon_race.py: every 128 x 128 variant bitwise equal to every other and run to run on
   the harness's outliers, normal, large and constant-row draws, causal and not (6 runs each): no race seen.
 - `crucible bench` (sustained, every check stage; seeds/attention.py's ModelNew takes this kernel on sm_90):
-  non-causal persistent without the token 607.7 TFLOP/s = 1.017x cuDNN SDPA [1.015, 1.022] (run AY); causal
-  ping-pong persistent 571.2 = 1.092x [1.089, 1.096] (run AV).
+  non-causal persistent without the token 607.7 TFLOP/s = 1.017x cuDNN SDPA [1.015, 1.022]; causal
+  ping-pong persistent 571.2 = 1.092x [1.089, 1.096].
 - Accuracy: like FlashAttention it rounds P to bf16 for P V; against cuDNN's errors alone 1 of 67M elements of o
-  fell outside the harness's bound on an outliers draw in 2 of 11 checks (runs AV, AX); with SDPA's
-  FlashAttention-2 backend as the tasks' second reference (the fwd+bwd tasks' rule) 6 of 6 checks passed (run AY).
+  fell outside the harness's bound on an outliers draw in 2 of 11 checks; with SDPA's
+  FlashAttention-2 backend as the tasks' second reference (the fwd+bwd tasks' rule) 6 of 6 checks passed.
 """
 from __future__ import annotations
 
@@ -536,7 +536,7 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     dP = dO V^T (fp32 products of the bf16/fp16 inputs, no scale): seeds/attention.py's
     attention_fwd_with_delta(precise=True) convention, the delta attention_bwd(delta=, split_ds=True) takes.
     One more wgmma a key block (dO V_i^T on V_i's stage) and the dO tiles in shared memory (block_m x D more: the
-    3-stage 128 x 128 variants do not fit, delta_ok); measured on the H200 in runs AZ and BA.
+    3-stage 128 x 128 variants do not fit, delta_ok); measured on the H200.
     delta_from="o" (with do): delta = rowsum(dO o o) with the unrounded fp32 o, in the epilogue (dO's rows by
     pointer loads; no dP product, no dO tiles): seeds/attention_gluon_train.py's fp16 working copies.
     o_dtype: o's dtype (bf16 or fp16; q's by default; another than q's needs persistent, o's own buffer).

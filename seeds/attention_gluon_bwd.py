@@ -1,15 +1,15 @@
 """Attention backward for Hopper (sm_90) in Gluon (triton.experimental.gluon), in the FlashAttention-3 style.
-Measured on the H200 (docs/BENCHMARKS.md, runs AZ-BD; B4 H32 S4096 D128): with the split dS 8.356 ms non-causal
+Measured on the H200 (B4 H32 S4096 D128): with the split dS 8.356 ms non-causal
 (328.9 TFLOP/s counting 5 products; cuDNN 5.340) and 4.461 ms causal (cuDNN 2.996), against 9.313 / 4.937 for
 seeds/attention.py's Triton backward; dS rounded once 6.406 / 3.489 ms (bf16; the fp16 working copies of
-seeds/attention_gluon_train.py 6.470 / 3.458). Every variant within its float64 check (run AZ).
+seeds/attention_gluon_train.py 6.470 / 3.458). Every variant within its float64 check.
 
 What: (dq, dk, dv) of o = softmax(q k^T * scale) v for an upstream gradient do, from the forward's base-2
 log-sum-exp lse2 [B, H, S] fp32 and delta [B, H, S] fp32, the contract of seeds/attention.py's attention_bwd:
     s = q k^T,  P = exp2(s * scale * log2(e) - lse2),  dV = P^T dO,  dP = dO V^T,
     dS = P o (dP - delta),  dQ = scale dS K,  dK = scale dS^T Q
-with delta_i = sum_j P_ij dP_ij (attention_fwd_with_delta(precise=True): the "precise" numerics the harness needs,
-docs/BENCHMARKS.md runs T/U) or rowsum(dO o O). dS enters the dK and dQ products as two operands of the input dtype
+with delta_i = sum_j P_ij dP_ij (attention_fwd_with_delta(precise=True): the "precise" numerics the harness needs)
+or rowsum(dO o O). dS enters the dK and dQ products as two operands of the input dtype
 (split_ds=True, the default: hi = dS rounded, lo = (dS - hi) rounded, seeds/attention.py's _ds_product SPLIT_DS 1)
 or rounded once (split_ds=False); P enters dV's product rounded once, as in FlashAttention.
 Shapes: dense do, q, k, v [B, H, S, D], one shape (MHA: no GQA, no varlen), bf16 or fp16, D 64 or 128, S a
@@ -46,7 +46,7 @@ instruction stream, as the forward's cooperative consumer), 12 warps at 168 regi
   BLOCK_M / BLOCK_N blocks masked (a peeled loop). Epilogue: dQ * scale through Q's buffer, TMA store.
 Why a separate dQ kernel and not FA3's atomics: it is deterministic (the harness's checks repeat calls; bitwise
 repeatable results are the primary variant), it needs no fp32 dQ scratch (B H S D x 4 bytes, 256 MB here) nor a
-conversion kernel, and seeds/attention.py's FA2 layout with dQ atomics measured 0.43x (run AC). Its cost is the
+conversion kernel, and seeds/attention.py's FA2 layout with dQ atomics measured 0.43x. Its cost is the
 recompute of S and dP (2 of 7 products with the split dS). An atomic / TMA reduce-add dQ is not implemented.
 dq_ordered: the dK/dV kernel computes dQ's share too and the dQ kernel is not launched. Per step dS^T (rounded once)
 goes to shared memory, dK += dS^T Q and dQ^T = K^T dS^T are issued from it, and dQ^T is added into an fp32
@@ -56,13 +56,13 @@ consumer's warps and the ticket + 1 (release), as FA3's deterministic mode and C
 theirs. Fixed order, so bitwise repeatable; dS rounded once only (split_ds=False), D 128. _dq_finish_kernel then
 writes dq = acc^T * scale. Cost: 5 products a step instead of 4 + the dQ kernel's 3, 32 KB read + written a step in
 L2.
-- v1, measured on the H200 (run BF; B4 H32 S4096 D128, fp16 working copies, bf16 gradients): correct (dq, dk, dv
+- v1, measured on the H200 (B4 H32 S4096 D128, fp16 working copies, bf16 gradients): correct (dq, dk, dv
   within tolerance of float64, dq bitwise repeatable) but slow: fwd+bwd 12.42 ms against 9.08 with the dQ kernel
   (non-causal), 7.60 against 5.15 causal; the backward alone ~9.7 ms against ~6.4. Every key block walked the query
   blocks last to first, so a head's N programs wanted the same block's ticket at once and queued (rank = key block
   index); and the accumulator was [B*H*S, D] row-major while the wgmma layout's threads hold pairs of consecutive
   columns of dQ^T [D, BLOCK_M] (queries), 512 bytes apart there: one 32-byte sector an element, 8x the traffic.
-- v2 (this code; run BI: correct on 8 GPU configurations, no hang at 64 key blocks a head, but still slower than
+- v2 (this code: correct on 8 GPU configurations, no hang at 64 key blocks a head, but still slower than
   the dQ kernel: `crucible bench` deferred 11.21 ms non-causal, 6.03 causal, against 8.54 / 4.88 for the seed;
   the seed does not take it). Rotated order: with c = BLOCK_N / BLOCK_M (2), M = S / BLOCK_M query
   blocks and N = S / BLOCK_N key blocks (M = c N), key block n at step i takes query block m = (c n + i) mod M
@@ -98,8 +98,8 @@ within 227 KB: 4 at 64-row blocks), dq_block_n (64 or 128), dq_stages (2; 3 at 6
 False: wait(0) after every issue, the serial control), maxnreg (168), split_ds, and group_heads (0: head by head;
 G: causal programs heaviest first across groups of G heads, _group_order), and pdl (the dQ kernel's programs on
 the SMs the dK/dV grid's last wave leaves idle). The fwd+bwd seed takes pdl, and causal G = 4: `crucible bench`
-4.70-4.72 ms causal against 4.82 without either, 8.48 non-causal against 8.53 (run BL). The dQ
-kernel's causal diagonal blocks take dS as hi + lo whatever split_ds (run BH: dS rounded once lost dq's few-key
+4.70-4.72 ms causal against 4.82 without either, 8.48 non-causal against 8.53. The dQ
+kernel's causal diagonal blocks take dS as hi + lo whatever split_ds (dS rounded once lost dq's few-key
 rows, where the dS sum to zero). block_n and dq_block_m are 128
 (the two consumer warp groups).
 Compiled for sm_90 (tests/test_attention_gluon_bwd.py, triton 3.9 and, by hand, 3.6): every variant at 168
@@ -160,7 +160,7 @@ def _group_order(t, PER_HEAD, GROUPED: gl.constexpr, GROUP: gl.constexpr):
     GROUP heads (the last one what is left), block-major within a group, so that a causal grid's heaviest
     programs of every head of a group run before its lighter ones and the grid ends on light programs (the
     tail's idle SMs: a simulation of the B4 H32 S4096 grids gave 3.3% above the ideal makespan head-major, 0.2-0.3%
-    grouped by 4 or 8; run BL's bench, with pdl: 4.70-4.72 ms against 4.82 head-major). A group's heads share L2
+    grouped by 4 or 8; `crucible bench` with pdl: 4.70-4.72 ms against 4.82 head-major). A group's heads share L2
     as head-major's neighbours do."""
     if GROUPED:
         heads = gl.num_programs(0) // PER_HEAD
@@ -634,7 +634,7 @@ def _dq_consumer(dq_desc, LSE, DELTA, q_smem, out_smem, do_smem, k_smem, v_smem,
         dq = _dq_step(i, 0, dq, lse, dlt, q_smem, do_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                       qk_scale, mma_s, op_layout, BLOCK_M, BLOCK_N, STAGES, False, SPLIT_DS, OVERLAP)
     # the diagonal's blocks take dS as hi + lo whatever SPLIT_DS: a causal row's first keys are few, and their dS
-    # sum to zero, so dS rounded once leaves dQ's residue there (run BH: the fp16 path's dq rejected on 2 elements
+    # sum to zero, so dS rounded once leaves dQ's residue there (the fp16 path's dq rejected on 2 elements
     # of row 1 of a uniform draw); one more product on BLOCK_M / BLOCK_N of a query block's blocks
     for i in range(n_full, n_blocks):
         dq = _dq_step(i, i * BLOCK_N - (q_row - kv_row0), dq, lse, dlt, q_smem, do_smem, k_smem, v_smem, k_ready,
@@ -819,7 +819,7 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     (contiguous, q's shape, out_dtype). dq_ordered: dQ's share of each step added at the program's rank (the
     module docstring's rotated order) into a transposed fp32 accumulator by the dK/dV kernel (no S and dP
     recompute; bitwise repeatable), then _dq_finish_kernel; ValueError where a head's key blocks outnumber the SMs
-    (check_co_resident); v2 measured slower than the dQ kernel (run BI).
+    (check_co_resident); v2 measured slower than the dQ kernel.
     out_dtype (bf16 / fp16; q's by default): the gradients' dtype, e.g. bf16 from fp16 working copies
     (attention_fwd_bwd_gluon). grad_scale: every gradient is multiplied by it before its rounding (the inverse of
     a power-of-two scale the caller gave do)."""

@@ -1,7 +1,7 @@
 """Attention forward + backward on Hopper (sm_90) through the Gluon kernels: (q, k, v, do) -> (o, dq, dk, dv), the
 fwd+bwd tasks' op, with the numerics picked from the inputs' range.
 
-Two numerics, both held to the harness's bound (docs/BENCHMARKS.md, runs T/U: what an FA2-style bf16 backward
+Two numerics, both held to the harness's bound (what an FA2-style bf16 backward
 fails there):
 - "bf16" (the `precise` path of seeds/attention_bwd.py): the forward's delta = sum_j P_ij dP_ij from its own dP
   (seeds/attention_gluon.py, do=), and dS entering the dK / dQ products as two bf16 operands (hi + lo):
@@ -20,20 +20,20 @@ magnitudes (_copy_amax_kernel, NaN counted as inf: each input read once), _expon
 the device, and the forward is launched before the host has e: its epilogue reads bf16 dO, writes dO's fp16 copy
 times 2^e (read from device memory) and takes delta from it, and writes o as bf16. e reaches the host through
 pinned memory behind an event, waited on only after the forward's launch; then the backward (2^-e an argument).
-Where e is refused, the forward's results are dropped and the bf16 path runs. prep="two" / "split" (session 9):
+Where e is refused, the forward's results are dropped and the bf16 path runs. prep="two" / "split":
 _copy_amax_kernel without the copies (or a launch a tensor), the host sync, _to_fp16_kernel (do times 2^e), o
 copied from fp16 to bf16.
-Measured on the H200 (docs/BENCHMARKS.md runs BA-BM; B4 H32 S4096 D128; the fwd+bwd tasks accepted every variant
-`crucible check` / `crucible bench` saw, except run BH's causal dq, below): `crucible bench` fp16 + delta from o
+Measured on the H200 (B4 H32 S4096 D128; the fwd+bwd tasks accepted every variant
+`crucible check` / `crucible bench` saw, except one build's causal dq, below): `crucible bench` fp16 + delta from o
 with the fused preparation and the backward's dQ kernel by programmatic dependent launch (causal: programs grouped
 by 4 heads) 8.478 ms = 453.9 TFLOP/s non-causal (0.856x cuDNN SDPA), 4.702-4.717 ms = 408-409 causal (0.859-0.864x,
-run BL); without pdl and grouping 8.536 / 4.884 (runs BH, BI); session 9's preparation 8.874 / 5.148 (run BC).
-do_bench (run BH): 8.527 / 4.785 ms against 9.019 / 5.085 with prep="two"; the parts alone: fused preparation
+docs/results.md); without pdl and grouping 8.536 / 4.884; the two-kernel preparation 8.874 / 5.148.
+do_bench: 8.527 / 4.785 ms against 9.019 / 5.085 with prep="two"; the parts alone: fused preparation
 with its host sync 0.42 / 0.36 ms (two: 0.60 / 0.54), forward 1.89 / 1.06, backward 6.48 / 3.52 (7 products: the
 dQ kernel recomputes S and dP).
-With the host reading e before the forward's launch the GPU sat idle 0.24-0.29 ms a call (run BG's timeline).
+With the host reading e before the forward's launch the GPU sat idle 0.24-0.29 ms a call (profile_attention_prep.py --timeline).
 Run BH's causal bench rejected 2 of dq's 67M elements on a uniform draw (row 1: two keys, dS rounded once); the
-dQ kernel's diagonal blocks now take dS as hi + lo (seeds/attention_gluon_bwd.py), accepted in run BI.
+dQ kernel's diagonal blocks now take dS as hi + lo (seeds/attention_gluon_bwd.py), accepted since.
 Inputs: dense contiguous [B, H, S, D] bf16 q, k, v, do of one shape (no GQA), D 128, S a multiple of 128 (causal:
 an even number of 128-row tiles); train_ok says whether a call fits, else the Triton kernels of
 seeds/attention.py run (seeds/attention_bwd.py's ModelNew decides).
@@ -56,11 +56,11 @@ NUMERICS = ("auto", "bf16", "fp16")
 DELTAS = ("dp", "o")
 PREPS = ("fused", "two", "split")
 
-# The forward's knobs with do= (delta) and the backward's, per mode: measured on the H200, run AZ
-# (sweep_attention_gluon_delta.py, sweep_attention_gluon_bwd.py) and runs BA, BB (sweep_attention_train.py): the
+# The forward's knobs with do= (delta) and the backward's, per mode: measured on the H200
+# (sweep_attention_gluon_delta.py, sweep_attention_gluon_bwd.py, sweep_attention_train.py): the
 # persistent forward 8.852 ms fwd+bwd against 9.062 not persistent (fp16, delta from o, non-causal). The backward's
 # dQ kernel by programmatic dependent launch (pdl) and, causal, programs heaviest first across groups of 4 heads:
-# `crucible bench` 8.478 ms against 8.534 and causal 4.702-4.717 against 4.820, interleaved in one call (run BL).
+# `crucible bench` 8.478 ms against 8.534 and causal 4.702-4.717 against 4.820, interleaved in one call.
 FWD_KNOBS = {False: dict(consumers=2, pingpong=False, persistent=True),
              True: dict(consumers=2, pingpong=True, persistent=True)}
 BWD_KNOBS = {False: dict(dq_block_n=128, pdl=True), True: dict(dq_block_n=128, group_heads=4, pdl=True)}
@@ -299,7 +299,7 @@ def attention_fwd_bwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
     fwd = FWD_KNOBS[bool(causal)] if fwd_knobs is None else fwd_knobs
     bwd = BWD_KNOBS[bool(causal)] if bwd_knobs is None else bwd_knobs
     e = fused = None
-    if numerics != "bf16" and prep == "fused":  # the forward is launched before the host reads e (run BG: the
+    if numerics != "bf16" and prep == "fused":  # the forward is launched before the host reads e (the
         fused = _fused_forward(q, k, v, do, causal, fwd)  # launch after the sync left the GPU idle 0.24-0.29 ms)
         e = fused[-1]
     elif numerics != "bf16":

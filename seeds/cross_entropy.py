@@ -35,7 +35,7 @@ Options of PERSISTENT (defaults off; benchmarks/sweep_ce.py times them, H200 num
       (the grid is at most one program per SM). Not in place: a partner may still be reading the logits.
   STORE (store_cache=".cs", ".cg"): the gradient's stores streaming / L2-only, in place of the evict_first hint
       (PTX allows no eviction hint beside them).
-  Pass 2's re-reads (session 7, benchmarks/sweep_ce.py --tail; H200 numbers not measured yet): ORDER (order=
+  Pass 2's re-reads (benchmarks/sweep_ce.py --tail; H200 numbers not measured yet): ORDER (order=
       "oldest_first": tile 0, read longest ago and the likeliest to have left L2, first, then n-2 .. 1;
       "forward"); HEAD (head=True): tile 0 kept in registers to the end of pass 2 (+40 registers at 8192-column
       tiles / 16 warps, so sub=1 there: 98 registers; at 16384-column tiles it spills 172-340 bytes);
@@ -48,23 +48,23 @@ first KEPT tiles held in shared memory between the passes (6 x 32 KB at 8192 x 2
 may take) and the last in registers, so pass 2 re-reads from global memory only the tiles between (one at 128256
 columns, the most recently loaded): the logits cross HBM about once. Plain Triton has no shared-memory tensors,
 hence Gluon; the interpreter cannot run it (tests compile it for sm_90 only; the sweep checks it against float64
-on the GPU). H200 (run AK, sweep_ce.py --tail): with the kept tiles copied by cp.async during the previous row's
+on the GPU). H200 (sweep_ce.py --tail): with the kept tiles copied by cp.async during the previous row's
 pass 2 (async_kept) **1.274 ms** at 8192 x 2 / 16 warps (1.285 at 4096 x 2), 1.001 on L2-resident logits; without
 cp.async 1.427; the persistent default 1.333 in the same run. ModelNew takes it on sm_90 (gpu_variant). In the
 same run the persistent form's pass-2 options: order="forward" 1.316, oldest_first + tail_drop 1.324,
 oldest_first 1.339, tail_drop 1.360, P = 100 1.529, head 1.540, sub 4 at 4096 columns 1.350.
-Not tried, and why (session 7): thread-block clusters holding a row across CTAs (QuACK's form): Triton 3.6
+Not tried, and why: thread-block clusters holding a row across CTAs (QuACK's form): Triton 3.6
 (the H200's) fails to compile any reduction across a num_ctas > 1 cluster (TritonGPUPlanCTAPass: "parent layout
 must have at least rank >= 2" or "Result has an invalid layout"); Triton 3.9 compiles it (mapa,
 shared::cluster). TMA tile loads: Triton 3.6's tensor-descriptor load takes no eviction hint (the hints are worth
-7%, run Y) and lands in shared memory, overlapping only under the software pipeliner, i.e. STAGED's structure.
+7%) and lands in shared memory, overlapping only under the software pipeliner, i.e. STAGED's structure.
 STAGED: the same rows and maths as PERSISTENT (bitwise the same results), each pass a plain tile loop under
 tl.range(num_stages=STAGES): on sm_90 Triton turns the tile loads into cp.async copies into shared memory,
 STAGES - 1 tiles in flight (PERSISTENT holds one, in registers: 16 KB per SM at 8192 columns, under what Little's
 law asks at the H200's bandwidth). Fewer registers (sm_90 cubin, Triton 3.9: 50-52 at 8192 columns / 32 warps,
 54 at 4096 / 16, against 109 for PERSISTENT at 8192 / 16), so 32 warps per SM, or two programs per SM. The
-pipeline empties at each pass and row boundary; more programs per SM cover that. H200 (docs/BENCHMARKS.md run M,
-do_bench, one run): 1.466 ms at P = 264, BLOCK 4096, 8 warps, 4 stages, against 1.493 for the PERSISTENT default:
+pipeline empties at each pass and row boundary; more programs per SM cover that. H200
+(do_bench, one run): 1.466 ms at P = 264, BLOCK 4096, 8 warps, 4 stages, against 1.493 for the PERSISTENT default:
 1.8% in a single run, not adopted as the default on that alone. Both reach 66-68% of copy; with every row the same
 (so both passes hit L2) the PERSISTENT form runs at 0.978 ms, the copy floor: what holds it back is the second
 read of each row missing L2 (6.3 GB moved instead of 4.2), not the kernel's issue rate.
@@ -73,7 +73,7 @@ segment), then a gradient launch that combines the row's statistics in segment o
 (6.3 GB of HBM traffic).
 RESIDENT: each row read once: SPLIT programs share a row, each holding its share in registers (one R x BLOCK
 tile), meeting once per row to combine their statistics, writing the gradient from the registers (4.2 GB). On the
-H200 (run AF, sweep_ce.py --resident) every variant was slower than PERSISTENT: 1.88-3.04 ms against 1.332, and
+H200 (sweep_ce.py --resident) every variant was slower than PERSISTENT: 1.88-3.04 ms against 1.332, and
 1.80 ms even on L2-resident logits: a program loads its share, waits for it, reduces, waits for its partners and
 stores, with nothing of its own to overlap. Kept as an option, not the default.
 RENDEZVOUS: the segments of a row meet in the middle of one launch (publish statistics, count in with a release
@@ -82,7 +82,7 @@ interpreter cannot run it (it runs programs one after another).
 Every form writes per-row losses; the mean's divisor is counted by one small kernel first, and the losses are summed
 by another in a fixed order, so repeated runs agree bitwise (no float atomics).
 
-Measured on the H200 (benchmarks/bench_ce.py, docs/bench-ce.md; 2026-11-29, torch 2.11.0+cu130, Triton 3.6.0,
+Measured on the H200 (benchmarks/bench_ce.py, docs/bench-ce.md; torch 2.11.0+cu130, Triton 3.6.0,
 8192 x 128256 bf16, eps 0 / mean, 3 rotating input sets): PERSISTENT at one program per SM (132), 8192 columns,
 16 warps, LANES: 1.494 ms (2,813 GB/s on 4.2 GB, 66% of copy), the default; one program per row (P = N) at 16384
 columns / 16 warps 1.498 ms; TWO_PASS 2.209 ms; Liger 0.8.5 2.215 ms, torch.compile 2.593 ms, eager 13.50 ms in the
@@ -522,7 +522,7 @@ def _ce_smem_kernel(
     first KEPT tiles can be held in shared memory (KEPT x SUB x BLOCK x 2 bytes: 192 KB at 6 x 16384 bf16 columns,
     of the 227 KB a block may use) and its last tile in registers: pass 2 reads again from global memory only the
     tiles between (one at 8192 x 128256, the most recently loaded, the likeliest still in L2), so the logits cross
-    HBM about once (4.2 GB) where the persistent form's re-reads miss L2 (run AF: 1.332 ms, 0.996 with both reads
+    HBM about once (4.2 GB) where the persistent form's re-reads miss L2 (1.332 ms, 0.996 with both reads
     in L2). Each thread reads back from shared memory exactly the elements it stored (one layout for both), so
     no barrier orders them. Without ASYNC the kept tiles pass through registers in pass 1 (32 KB in flight per
     program, as PERSISTENT); with ASYNC they are copied global -> shared by cp.async (KEPT tiles in flight at
@@ -937,7 +937,7 @@ def ce_rows(logits: torch.Tensor, target: torch.Tensor, dlogits: torch.Tensor, l
     Persistent and staged: programs (default: one per multiprocessor; N gives one program per row), lanes
     (per-lane running max/sum, default on: the H200's best), hints (L2 eviction hints), store_cache (the gradient
     stores' cache modifier: "" (default), ".cs" streaming, ".cg" L2 only). Staged only: stages (the tile loops'
-    num_stages). Persistent with lanes only: sub (default 2 on a GPU where a row holds two tiles, else 1; run W,
+    num_stages). Persistent with lanes only: sub (default 2 on a GPU where a row holds two tiles, else 1,
     benchmarks/sweep_ce.py at 8192 x 128256: 1.331 ms against 1.494 with 1, 1.335 at sub 4), tiles of sub x block
     columns folded into `block` lanes: sub times the bytes in flight per program (one tile is loaded ahead) for the same per-lane state; and,
     not in place, split (default 1): programs per row (a power of two), each on 1/split of the row's tiles, that
@@ -1110,12 +1110,12 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor, ignore_ind
 
 
 def gpu_variant(logits: torch.Tensor) -> dict:
-    """The launch measured best on the H200 (run AK, benchmarks/sweep_ce.py --tail, 8192 x 128256 bf16, every row
+    """The launch measured best on the H200 (benchmarks/sweep_ce.py --tail, 8192 x 128256 bf16, every row
     checked against float64 first): the smem form with cp.async, tiles of 2 x 8192 columns at 16 warps, 1.274 ms,
     against 1.333 for the persistent form (a copy of the logits: 0.988). Used on sm_90 for 16-bit logits of at
     least two such tiles a row (one kept in shared memory, the last in registers) whose rows start 16-byte
     aligned (cp.async copies 16-byte pieces: where Triton cannot prove the alignment, an odd row length or
-    offset, the copy does not compile: `crucible bench` run AL); elsewhere {}: the persistent form, which the
+    offset, the copy does not compile: `crucible bench` found it); elsewhere {}: the persistent form, which the
     interpreter runs too."""
     if (not logits.is_cuda or logits.element_size() != 2 or logits.shape[-1] < 2 * 2 * 8192
             or logits.stride(-1) != 1 or logits.stride(0) % 16 or logits.data_ptr() % 16

@@ -21,14 +21,14 @@ dense cache's whole tiles come through TMA descriptors (`tma`), the partial tail
 
 On the CPU interpreter (Triton 3.9: wrong bf16 tl.dot, truncating fp32 -> bf16) the operands are upcast and bf16
 outputs rounded to nearest, as in seeds/attention.py.
-Measured on the H200 (docs/BENCHMARKS.md runs AS, AT; benchmarks/sweep_decode.py, do_bench), batch 64, 8k KV, GQA
+Measured on the H200 (benchmarks/sweep_decode.py, do_bench), batch 64, 8k KV, GQA
 32/8, D128: every variant within 1% of SDPA enable_gqa, which reads the KV bytes at ~4,400 GB/s (a read-mostly
 stream, above the copy ceiling): one split at 64-token tiles, 2 stages 0.4950 ms against SDPA's 0.4932 (0.996x);
 TMA or pointers the same (0.4951 / 0.4950); balanced 0.4964-0.4968 (no gain: not the default); the old default
-(2 splits, 3 stages) 0.4966-0.5109. `crucible bench` (run AU, the defaults here): 0.4838 ms = 4,441 GB/s,
-0.995x SDPA [0.992, 1.000], no significant difference: a tie at the bandwidth limit, not a win (run AT: the old
+(2 splits, 3 stages) 0.4966-0.5109. `crucible bench` (the defaults here): 0.4838 ms = 4,441 GB/s,
+0.995x SDPA [0.992, 1.000], no significant difference: a tie at the bandwidth limit, not a win (the old
 default 0.972x, balanced 0.990x). Paged: one split 0.4663 ms, 1.073x SDPA on the gathered cache (0.5003; the
-gather itself not timed); `crucible bench` (run AU) 0.4576 ms, 3.65x the task's eager (gather + SDPA).
+gather itself not timed); `crucible bench` 0.4576 ms, 3.65x the task's eager (gather + SDPA).
 """
 from __future__ import annotations
 
@@ -210,7 +210,7 @@ def _decode_combine_kernel(
 
 
 def decode_config(device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_N, warps, stages) of the split kernel: 64-token tiles, 4 warps, 2 stages on the GPU (runs AS, AT: the
+    """(BLOCK_N, warps, stages) of the split kernel: 64-token tiles, 4 warps, 2 stages on the GPU (the
     fastest with one split at the ANCHORS shape, dense and paged; 3 stages ran 10% slower there); 32 on the
     interpreter."""
     if device.type != "cuda":
@@ -220,7 +220,7 @@ def decode_config(device: torch.device) -> tuple[int, int, int]:
 
 def default_splits(batch: int, hkv: int, n_ctx: int, block_n: int, device: torch.device) -> int:
     """Splits so that batch x hkv x splits programs fill the GPU's SMs about once, each split at least 4 tiles long:
-    at batch 64 and 8 kv heads one split (runs AS, AT: 2, 4 and 8 splits were slower there, dense and paged; other
+    at batch 64 and 8 kv heads one split (2, 4 and 8 splits were slower there, dense and paged; other
     batch sizes not measured)."""
     programs = max(1, batch * hkv)
     want = triton.cdiv(sm_count(device), programs)

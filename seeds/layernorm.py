@@ -8,13 +8,13 @@ held whole in registers, so the variance is the exact two-pass one at the cost o
 
 The backward recomputes mean and rstd from x (read anyway) on a persistent grid; each program keeps fp32 partial dw
 and db for its rows, and one more kernel (seeds/_common.py) adds the partials in a fixed order: bitwise reproducible.
-Options of `layernorm_bwd` (issue 5; benchmarks/sweep_norm_bwd.py, run AG): `prefetch` (the GPU default: the next
+Options of `layernorm_bwd` (benchmarks/sweep_norm_bwd.py): `prefetch` (the GPU default: the next
 row's loads in flight during this row's reductions; capped at 128 registers, so still 2 programs of 8 warps an SM:
 without the cap Triton 3.6 took more and the kernel lost its gain, 0.1639 ms against 0.1201), `one_reduction` (after the mean, sum((x - mean)^2), sum(g), sum(g * (x - mean)) in one
 reduce: two rounds of exchange a row, not four), `fused_sum` (no second launch), `maxnreg`.
 
-Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed alone:
-  forward 16384x4096 (`crucible bench`, run I in docs/BENCHMARKS.md, no evict_first on the x load): 0.0706 ms =
+Measured on the H200 (torch 2.11, triton 3.6), bf16, backward timed alone:
+  forward 16384x4096 (`crucible bench`, docs/results.md, no evict_first on the x load): 0.0706 ms =
   3,800 GB/s (91% of roofline), 1.056x Liger [1.045, 1.063], 1.36x torch.compile, 1.51x F.layer_norm;
   backward 16384x4096: 0.1646 ms = 2,446 GB/s (58%), 1.44x eager (1,700), 2.2x Liger, 3.0x compile.
 """
@@ -244,7 +244,7 @@ def layernorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: f
     reduction of shifted sums, for 16-bit x only (fp32 x keeps the exact two-pass: where the shift is a row's
     outlier, the one-pass variance loses ~1e-4 relative, invisible at 16-bit precision but not at fp32's);
     `programs`, `stages`, `wide`: as in seeds/rmsnorm.py's rmsnorm_fwd_rows. Options for the GPU sweep
-    (benchmarks/sweep_fwd_rows.py); layernorm_fwd stays the default: on the H200 (run AH) one_pass read 3,824
+    (benchmarks/sweep_fwd_rows.py); layernorm_fwd stays the default: on the H200 one_pass read 3,824
     GB/s against its 3,760 (1.7%, not worth the cancellation where the shift is an outlier), persistent grids
     3,253-3,485."""
     _check(x, w, b)
@@ -273,8 +273,8 @@ def layernorm_bwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.T
                   prefetch: bool | None = None, one_reduction: bool = False, fused_sum: bool = False,
                   maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db) of y = layernorm(x) * w + b for the upstream gradient dy; dx in x's dtype, dw/db in w's/b's.
-    Options (issue 5, timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows before the current
-    rows' arithmetic (the default on a GPU, with maxnreg PREFETCH_MAXNREG: run AG, 16384x4096 bf16, 0.1201 ms =
+    Options (timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows before the current
+    rows' arithmetic (the default on a GPU, with maxnreg PREFETCH_MAXNREG: 16384x4096 bf16, 0.1201 ms =
     3,352 GB/s against 0.1651 without); `one_reduction` takes the three sums after the mean in one reduce;
     `fused_sum` adds the dw and db partials inside the kernel (the last program to finish, in a fixed order)
     instead of a second launch; `maxnreg` caps the registers a thread (ptxas spills past it), to hold a number
@@ -292,7 +292,7 @@ def layernorm_bwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.T
     d_per_sm, d_rows, d_warps = bwd_config(n, x.element_size())
     rows = rows or d_rows
     warps = num_warps or d_warps
-    if prefetch is None:  # the GPU default (run AG, sweep_norm_bwd.py)
+    if prefetch is None:  # the GPU default (sweep_norm_bwd.py)
         prefetch = x.is_cuda
     if maxnreg is None and prefetch and x.is_cuda:
         maxnreg = PREFETCH_MAXNREG

@@ -40,7 +40,7 @@ dweight (1002 MiB) + dx (64 MiB) leave 60 MiB of the 1.1 GiB budget for everythi
     seeds/cross_entropy.py in place, dx_c = dl W (split over K), dweight (+)= dl^T x_c. Every chunk reads weight
     twice and reads and writes dweight (4.2 GB a chunk); C V 2 B must fit the 60 MiB left, so C <= 240 at budget.
 
-Measured on the H200 (2026-11-29, torch 2.11, triton 3.6; benchmarks/bench_lce.py, docs/BENCHMARKS.md run L),
+Measured on the H200 (torch 2.11, triton 3.6; benchmarks/bench_lce.py),
 BT 8192, H 4096, V 128256 bf16, extra memory with the outputs inside it, all in one run:
     vocab form, TMA GEMMs, 3 stages, three stored chunks (the default)  46.18 ms  559 TFLOP/s  1.088 GiB
     vocab form, TMA GEMMs, 4 stages, three stored chunks             47.77 ms  541 TFLOP/s  1.088 GiB
@@ -56,10 +56,10 @@ but misses the 45 ms target by 2.6% and is 0.85x torch.compile, which spends 3 G
 reach 694-703 TFLOP/s on each product alone (the pointer kernel 535-706, its logits product the slow one), and the
 form executes 30.4 TFLOP (three stored chunks) to the minimum 25.8: those 4.6 TFLOP of recomputed logits at ~700
 TFLOP/s are the 6.6 ms between this seed and the GEMM-only bound, and what a closer target needs removed.
-Those rows rounded dx to bf16 after each chunk's product; `crucible check` on the H200 (run N) then rejected the
+Those rows rounded dx to bf16 after each chunk's product; `crucible check` on the H200 then rejected the
 seed on outlier inputs (3 of 33.5M dx elements past the elementwise bound, where the sum cancels). dx now sums in
 fp32 (dx_fp32, the default): 128 MiB more, 1.213 GiB in all, over the 1.1 GiB budget. On a two-H200 machine whose
-eager ran 7% slower than run L's (runs P and Q): 50.67 ms against the bf16 sum's 49.24 in the same run (eager
+eager ran 7% slower than on the first: 50.67 ms against the bf16 sum's 49.24 in the same run (eager
 51.96, Liger 54.29, torch.compile 41.41), and `crucible bench` accepted it: 51.11 ms, 0.953x eager (slower), 1.095x
 Liger.
 """
@@ -104,7 +104,7 @@ class Gemm:
     (Hopper's warp specialisation needs flatten off). subtile: every epilogue (a product's store, the logits' stats
     or gradient) works on the tile's two [BM, BN/2] column halves in turn, as Triton's persistent-matmul tutorial
     does (EPILOGUE_SUBTILE): half the registers and half the shared memory for the store's layout change, so a
-    128 x 256 tile fits 4 stages of BK 64 beside a bf16 store and 3 beside an fp32 one (run AD: the fp32 dx
+    128 x 256 tile fits 4 stages of BK 64 beside a bf16 store and 3 beside an fp32 one (the fp32 dx
     product 681.5 TFLOP/s against 575.6 unsubtiled; whole step 47.88 ms, with 3 stages for logits/dW 47.41); the
     halves' stats are merged into the tile's (stats kept per half would double their workspace). group_m: row
     tiles per group of the grouped tile order (_swizzle). tma_store: a product whose output has the operands' dtype (the
@@ -489,10 +489,10 @@ def _default_config(device: torch.device, elem_bytes: int = 2, tma: bool = False
     48 KiB for the pointer-path products, 3 with TMA loads: 46.18 ms against 47.77 for the whole step), small ones
     on the interpreter. An fp32 output (dx summed over the chunks in fp32) needs 128 KiB of shared memory for its
     128 x 256 epilogue tile, so its products take BK 32 with 3 stages (3 stages of BK 64 asked for 272 KiB of the
-    H200's 227 in run O; run P, the dx product alone: BK 32 s3 4.93 ms, BK 64 s2 5.27, 128 x 128 s4 5.18).
+    H200's 227; the dx product alone: BK 32 s3 4.93 ms, BK 64 s2 5.27, 128 x 128 s4 5.18).
     fp32 inputs (not the task's dtype, not measured) get BK 32 and 128-column tiles, so their stages fit the
     same memory. A subtiled epilogue (Gemm.subtile, TMA) stages half the output tile: BK 64 with 3 stages beside
-    an fp32 output, 4 beside a bf16 one (run AD: 3 for the bf16 outputs too was the faster whole step)."""
+    an fp32 output, 4 beside a bf16 one (3 for the bf16 outputs too was the faster whole step)."""
     if device.type != "cuda":
         return (64, 64, 64, 4, 1)
     if elem_bytes > 2:
@@ -773,7 +773,7 @@ def _vocab_form(x, weight, target, ignore_index, label_smoothing, mean, logits_c
                                          v, ignore_index, label_smoothing, SMOOTH=smooth, MEAN=mean, BLOCK=128,
                                          num_warps=4)
     # dx sums one product per chunk; rounded to bf16 after each (11 times at the task's shape) a few of its elements
-    # cancelled to values the harness's elementwise bound rejects on outlier inputs (3 of 33.5M, run N): kept in
+    # cancelled to values the harness's elementwise bound rejects on outlier inputs (3 of 33.5M): kept in
     # fp32 (128 MiB more) and rounded once.
     hh = h // 2
     if split:  # (accumulator, its columns of dx)
@@ -849,9 +849,9 @@ def linear_cross_entropy_fwd_bwd(
     rest in dweight's last BT rows, so half as many rows are recomputed (0.55 TFLOP less at the task's shape; each
     dx product then two launches of H/2 columns). epilogue_subtile (Gemm.subtile), group_m (the grouped tile
     order) and tma_store (Gemm.tma_store) are GEMM options of the vocab form; subtile's own default tiles are
-    _default_config's. H200, run AD (sweep_lce.py, do_bench): 49.06 ms at 1.213 GiB with none of them, 52.19 with
+    _default_config's. H200 (sweep_lce.py, do_bench): 49.06 ms at 1.213 GiB with none of them, 52.19 with
     dx_in_dweight, 47.41 with subtile + dx_in_dweight + dx_split and 3-stage logits/dW tiles (GPU_DEFAULT, 1.088
-    GiB). On top of GPU_DEFAULT (run AP, sweep_lce.py --rest): 48.685 ms; with warp specialisation and tma_store
+    GiB). On top of GPU_DEFAULT (sweep_lce.py --rest): 48.685 ms; with warp specialisation and tma_store
     47.901 (one run, not adopted); warp specialisation with 4 dx stages 48.702; group_m 16 48.774."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_cross_entropy: expected x [BT, H] and weight [V, H], got {tuple(x.shape)} and "
@@ -885,7 +885,7 @@ def linear_cross_entropy_fwd_bwd(
                        workspace, store_chunks, engine, dx_fp32, dx_in_dweight, dx_split)
 
 
-# The task's options on a GPU (H200, docs/BENCHMARKS.md run AD, benchmarks/sweep_lce.py, do_bench): epilogues by column
+# The task's options on a GPU (H200, benchmarks/sweep_lce.py, do_bench): epilogues by column
 # halves with 3-stage 128x256x64 tiles for the logits and dweight products, and the fp32 dx sum half in dx's own
 # storage, half in dweight's last BT rows (dx_in_dweight + dx_split): 47.41 ms at 1.088 GiB extra, against 49.06 ms
 # at 1.213 GiB without them (eager 48.12 ms at 13.7 GiB, Liger 54.64 ms at 1.102 GiB in the same run).

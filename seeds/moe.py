@@ -33,13 +33,13 @@ Rows and columns a TMA box reads past an expert's end are computed and never sto
 descriptor rules (row bytes not a multiple of 16, a transposed B whose K is not a multiple of BK) the pointer
 kernel runs. dW has the same pair (`_grouped_dw_tma_kernel`: full row steps by TMA on a contiguous layout).
 
-Measured on the H200 (docs/BENCHMARKS.md run M, benchmarks/bench_moe.py, do_bench): grouped GEMM, 64 experts x
+Measured on the H200 (benchmarks/bench_moe.py, do_bench): grouped GEMM, 64 experts x
 2048 tokens, H4096 -> F1408: the TMA kernel with 256-row blocks and a flattened tile loop 2.329 ms = 649 TFLOP/s,
 1.07x torch._grouped_mm (609) and 1.05x a loop of matmuls (617), 0.97x a uniform bmm (671); with one expert at 8x
 the average load 587 TFLOP/s (-9.6%; grouped_mm 559, loop 587). The pointer kernel: 499 / 482. Run V
 (benchmarks/sweep_moe.py, do_bench, same run): the default 666.3 TFLOP/s, 1.08x torch._grouped_mm (615.2), 586.6 at
 8x skew (grouped_mm 562.3, loop 603.2); the same tiles at 4 stages, loop not flattened, 727.9 (1.18x) / 573.7, but
-under `crucible bench`'s sustained timer (run X, one after the other on one GPU) 625.7 TFLOP/s against the
+under `crucible bench`'s sustained timer (one after the other on one GPU) 625.7 TFLOP/s against the
 default's 648.4 (1.09x the loop), so the default stays; split_n and tma_store lost (439-525 TFLOP/s; tma_store with
 split_n does not compile in triton 3.6). Backward: dX 600 TFLOP/s (0.97x grouped_mm), dW 608 (1.01x).
 """
@@ -476,7 +476,7 @@ def _grouped_dw_tma_kernel(
 
 def default_config(device: torch.device, swiglu: bool = False) -> tuple[int, int, int, int, int, int]:
     """(BM, BN, BK, warps, stages, GROUP_M): on a GPU the best of the H200 sweep of the pointer kernel
-    (docs/BENCHMARKS.md run E: the grouped GEMM at 128x256x64/3 stages 513 TFLOP/s against 473 at 128x128x64/4;
+    (the grouped GEMM at 128x256x64/3 stages 513 TFLOP/s against 473 at 128x128x64/4;
     the DeepSeek-like layer 4.69 ms with these two against 5.56), small tiles on the interpreter. The SwiGLU variant
     keeps two accumulators, so its n-tile is half as wide. The TMA kernel runs the same tiles until measured."""
     if device.type != "cuda":  # the interpreter pays per operation, not per FLOP: few, wide tiles
@@ -575,7 +575,7 @@ def grouped_dw(dc: torch.Tensor, a: torch.Tensor, layout: Aligned, out: torch.Te
     experts, n_dim, k_dim = out.shape
     if dc.shape[1] != n_dim or a.shape[1] != k_dim or dc.dtype != a.dtype:
         raise ValueError(f"grouped_dw: dc {tuple(dc.shape)} and a {tuple(a.shape)} do not give {tuple(out.shape)}")
-    # H200 (run M): 128 x 256 columns per program through TMA 607.6 TFLOP/s, 1.01x torch._grouped_mm; 128 x 128 561.5
+    # H200: 128 x 256 columns per program through TMA 607.6 TFLOP/s, 1.01x torch._grouped_mm; 128 x 128 561.5
     bn, bk, br, warps, stages = config or ((128, 128, 16, 4, 1) if a.device.type != "cuda" else (128, 256, 64, 8, 3))
     if layout.block_m % br:
         raise ValueError(f"grouped_dw: rows per step {br} must divide the layout's BLOCK_M {layout.block_m}")
@@ -603,8 +603,8 @@ def grouped_linear_fwd(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tens
     _check_grouped(x, weight, counts)
     if config is None and x.device.type == "cuda" and variant.get("impl", "auto") != "ptr":
         # H200: 256-row blocks through TMA, 3 stages, flattened tile loop. Under `crucible bench`'s sustained timer
-        # (run X, same GPU one after the other) 648.4 TFLOP/s, 1.09x the per-expert loop, against 625.7 / 1.03x for
-        # 4 stages not flattened, although do_bench (run V) had those ahead: 727.9 against 666.3 (1.18x / 1.08x
+        # (same GPU one after the other) 648.4 TFLOP/s, 1.09x the per-expert loop, against 625.7 / 1.03x for
+        # 4 stages not flattened, although do_bench had those ahead: 727.9 against 666.3 (1.18x / 1.08x
         # torch._grouped_mm; 574 / 587 at 8x skew)
         config = LINEAR_CONFIG
         variant.setdefault("flatten", True)

@@ -8,7 +8,7 @@
 (dW_e = X_e^T dY_e for the transposed [E, H, F] layout.) FLOPs 4 R H F for R rows: 3.0 TFLOP at 64 experts x 2048
 rows, H 4096, F 1408.
 
-Measured on the H200 (docs/BENCHMARKS.md run M, benchmarks/bench_moe.py, do_bench), 64 experts x 2048 rows:
+Measured on the H200 (benchmarks/bench_moe.py, do_bench), 64 experts x 2048 rows:
 dX 2.521 ms = 600 TFLOP/s through TMA at 128x256x64 (0.97x torch._grouped_mm's 620; warp-specialised 605, the
 pointer kernel 482); dW 2.488 ms = 608 TFLOP/s through TMA at 128 x 256 columns (1.01x grouped_mm's 603; the
 pointer kernel 283). Not faster than torch._grouped_mm: ties at best, short of the 1.3x a backward seed aims at.

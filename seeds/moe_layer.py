@@ -16,13 +16,13 @@ GEMM -> weighted combine. x [T, H] bf16, router logits [T, E], w_gate_up [E, 2F,
 FLOPs 6 T K H F: 11.5 TFLOP at the Mixtral shape (16k tokens), 2.27 TFLOP at the DeepSeek/Qwen shape.
 Bytes beyond the weights: h and y (T K (F + H) x 2 B) written and read once each.
 
-Measured on the H200 (docs/BENCHMARKS.md run M, benchmarks/bench_moe.py, do_bench), 16k tokens, the default
-tiles (TMA, up 128x128 with SwiGLU, down 128x256, 3 stages; before pregather and warp specialisation, run AC):
+Measured on the H200 (benchmarks/bench_moe.py, do_bench), 16k tokens, the default
+tiles (TMA, up 128x128 with SwiGLU, down 128x256, 3 stages; before pregather and warp specialisation):
     DeepSeek-like (64 experts top-8, H2048, F1408)  4.363 ms = 520 TFLOP/s: 5.3x a per-expert loop (23.1 ms),
         1.87x torch._grouped_mm with torch routing/SwiGLU/combine (8.17 ms); pointer kernels 4.865 ms
     Mixtral-like (8 experts top-2, H4096, F14336)  18.81 ms = 614 TFLOP/s: 1.16x the loop (21.74 ms), 1.15x
         grouped_mm + glue (21.57 ms); pointer kernels 21.48 ms
-With pregather and warp-specialised GEMMs (the default since run AC), `crucible bench` (run AE, sustained):
+With pregather and warp-specialised GEMMs (the default), `crucible bench` (sustained; docs/results.md):
     DeepSeek-like 4.254 ms = 533.0 TFLOP/s, 4.00x the loop, 1.91x torch._grouped_mm + PyTorch glue
     Mixtral-like 17.96 ms = 642.9 TFLOP/s, 1.175x the loop, 1.18x torch._grouped_mm + glue (ANCHORS: >= 640, 1.15x)
 The issue's 3x over a per-expert loop holds for many small experts only: with 8 large experts the loop already
@@ -180,7 +180,7 @@ def moe_layer_fwd(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor
     variant: both grouped GEMMs' impl / warp_specialize / flatten.
     pregather: copy x's routed rows into sorted order first (one gather of T K H elements), so the gate/up GEMM
     reads its A blocks as runs of rows (by TMA on a GPU) instead of gathering them by pointer loads.
-    Default: pregather, and on a GPU (through TMA) both GEMMs warp-specialised. H200, run AC (bench_moe.py --layers,
+    Default: pregather, and on a GPU (through TMA) both GEMMs warp-specialised. H200 (bench_moe.py --layers,
     do_bench): DeepSeek-like 555.9 TFLOP/s against 530.5 without either, Mixtral-like 652.6 against 624.2 (pregather
     alone 536.6 / 653.2; flattening the loop lost 10-25%)."""
     if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:

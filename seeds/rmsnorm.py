@@ -10,18 +10,18 @@ write of y. Bytes at the task shape (bf16, M=16384, N=4096): forward 2·M·N·2 
 The backward recomputes rstd from x (x is read anyway, so this costs no bytes) and runs on a persistent grid: each
 program walks a strided set of rows, writes dx, and keeps its share of dw in fp32 registers; a second small kernel
 (seeds/_common.py) adds the per-program partial rows in a fixed order, so dw is bitwise reproducible.
-Options of `rmsnorm_bwd` (issue 5; benchmarks/sweep_norm_bwd.py, run AG): `prefetch` (the GPU default: the next
+Options of `rmsnorm_bwd` (benchmarks/sweep_norm_bwd.py): `prefetch` (the GPU default: the next
 row's loads in flight during this row's reductions, 2 rows a program, not 1; capped at 128 registers, so still 2
 programs of 8 warps an SM), `one_reduction` (sum(x^2) and sum(g * x) in one reduce), `fused_sum` (the
 last programs add the partials, seeds/_common.py finish_partials: no second launch), `maxnreg`.
 
-Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16, backward timed alone:
-  forward 16384x4096 (`crucible bench`, run F in docs/BENCHMARKS.md, after the x load lost its evict_first hint,
+Measured on the H200 (torch 2.11, triton 3.6), bf16, backward timed alone:
+  forward 16384x4096 (`crucible bench`, docs/results.md, after the x load lost its evict_first hint,
   which cost 2.7%): 0.0690 ms = 3,893 GB/s (93% of roofline), 1.20x F.rms_norm, 1.10x compile, 0.994x Liger
   [0.987, 1.002]: no significant difference;
   forward 16384x8192 (docs/bench-norms.md, with the hint): 0.1371 ms = 3,916 GB/s (92%), 1.02x Liger (3,853);
   backward 16384x4096: 0.1535 ms = 2,624 GB/s (62%), 1.48x eager F.rms_norm (1,770), 1.67x Liger, 2.3x compile;
-  with prefetch (run AG, do_bench) 0.1193 ms = 3,376 GB/s (80%), 1.78x torch.compile's backward alone.
+  with prefetch (do_bench) 0.1193 ms = 3,376 GB/s (80%), 1.78x torch.compile's backward alone.
 """
 from __future__ import annotations
 
@@ -255,7 +255,7 @@ def rmsnorm_fwd_rows(x: torch.Tensor, w: torch.Tensor, eps: float, variant: RowV
     the variant's programs per SM. `stages` > 1 (persistent grids, without `prefetch`): the row loop runs under
     tl.range(num_stages=stages), whose pipeliner issues each row's load stages - 1 rows ahead into shared memory.
     `wide`: 64-bit offsets (None: only when a tensor needs them). Options for the GPU sweep
-    (benchmarks/sweep_fwd_rows.py); rmsnorm_fwd stays the default: on the H200 (run AH) no variant beat its
+    (benchmarks/sweep_fwd_rows.py); rmsnorm_fwd stays the default: on the H200 no variant beat its
     3,820 GB/s (97.8% of a copy of the same bytes; persistent grids 3,283-3,540)."""
     _check(x, w)
     if variant.chunk:
@@ -299,8 +299,8 @@ def rmsnorm_bwd(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float, 
                 prefetch: bool | None = None, one_reduction: bool = False, fused_sum: bool = False,
                 maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of y = rmsnorm(x) * w for the upstream gradient dy; dx in x's dtype, dw in w's.
-    Options (issue 5, timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows before the current
-    rows' arithmetic (the default on a GPU, with maxnreg PREFETCH_MAXNREG: run AG, 16384x4096 bf16, 0.1193 ms =
+    Options (timed by benchmarks/sweep_norm_bwd.py): `prefetch` loads the next rows before the current
+    rows' arithmetic (the default on a GPU, with maxnreg PREFETCH_MAXNREG: 16384x4096 bf16, 0.1193 ms =
     3,376 GB/s against 0.1553 without); `one_reduction` takes both row sums in one reduce; `fused_sum` adds the dw
     partials inside the kernel (the last program to finish, in a fixed order) instead of a second launch;
     `maxnreg` caps the registers a thread (ptxas spills past it), to hold a number of programs per SM."""
@@ -316,7 +316,7 @@ def rmsnorm_bwd(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float, 
     d_per_sm, d_rows, d_warps = bwd_config(n, x.element_size())
     rows = rows or d_rows
     warps = num_warps or d_warps
-    if prefetch is None:  # the GPU default (run AG, sweep_norm_bwd.py)
+    if prefetch is None:  # the GPU default (sweep_norm_bwd.py)
         prefetch = x.is_cuda
     if maxnreg is None and prefetch and x.is_cuda:
         maxnreg = PREFETCH_MAXNREG

@@ -3,9 +3,9 @@
 One persistent kernel reads x and dy once, recomputes rstd, writes dx and keeps fp32 partial dw per program; a second
 kernel adds the partials in a fixed order. Bytes (bf16, 16384x4096): 3·M·N·2 = 403 MB.
 
-Measured on the H200 (2026-11-29, docs/bench-norms.md): 0.1535 ms = 2,624 GB/s at 16384x4096 bf16, 1.48x the best
+Measured on the H200 (docs/bench-norms.md): 0.1535 ms = 2,624 GB/s at 16384x4096 bf16, 1.48x the best
 baseline (eager F.rms_norm backward, 1,770 GB/s); short of the 3,000 GB/s of ANCHORS.md. With the next row
-prefetched (the GPU default since run AG, benchmarks/sweep_norm_bwd.py): 0.1193 ms = 3,376 GB/s.
+prefetched (the GPU default, benchmarks/sweep_norm_bwd.py): 0.1193 ms = 3,376 GB/s.
 """
 from __future__ import annotations
 

@@ -3,10 +3,10 @@
 One pass: read x and residual, write the rounded sum h and the normalised y (the kernel of seeds/rmsnorm.py with
 HAS_RESIDUAL). Bytes (bf16, 16384x4096): 4·M·N·2 = 537 MB.
 
-Measured on the H200 (2026-11-29, docs/bench-norms.md): 0.1432 ms = 3,749 GB/s (88% of copy) at 16384x4096 bf16,
+Measured on the H200 (docs/bench-norms.md): 0.1432 ms = 3,749 GB/s (88% of copy) at 16384x4096 bf16,
 0.96x Liger's fused_add_rms_norm (3,918) and 0.97x torch.compile (3,881); 1.26x eager.
 
-Variants (issue 5; a `RowVariant` of seeds/softmax_bwd.py, default off, timed by benchmarks/sweep_norms.py, not yet
+Variants (a `RowVariant` of seeds/softmax_bwd.py, default off, timed by benchmarks/sweep_norms.py, not yet
 measured on the GPU): a one-row kernel shaped like Liger's (a 1-D block at a scalar row offset, no mask when N is the
 block), with the memory hints (`evict_first` loads of x and residual, `.cs` streaming stores of h and y), a
 persistent grid (optionally with the next row's loads issued before this row's arithmetic) and a register cap.

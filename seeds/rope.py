@@ -13,7 +13,7 @@ Measured on the H200 (docs/bench-mix.md): forward 0.088 ms = 3,842 GB/s (90.5% o
 0.095, torch.compile 0.149, eager 1.08), backward 0.089 ms = 3,800 GB/s (8.2x the best baseline, which recomputes
 the forward through autograd). Short of the 3,900 GB/s target by 1.5%.
 
-Variants (`rope(..., tokens=, store_cache=, programs=, stages=)`; benchmarks/sweep_fwd_rows.py, run AH: none
+Variants (`rope(..., tokens=, store_cache=, programs=, stages=)`; benchmarks/sweep_fwd_rows.py: none
 faster than the default's 3,820 GB/s, which ties torch.compile at 96.7% of a copy of the same bytes; 2 tokens a
 program 3,823, persistent with stages 3,375-3,467): a kernel rotating blocks of TOKENS consecutive tokens as one [TOKENS, H, D/2] tile per half, unmasked
 when the head counts and D/2 are powers of two and TOKENS divides B*T, with 32-bit offsets when q and k fit; one

@@ -9,8 +9,8 @@ task shape (bf16, M=16384, N=8192): forward 2·M·N·2 = 537 MB; backward (read 
 The backward kernel takes either the saved output y (training: autograd keeps y, as PyTorch does) or the input x, from
 which it recomputes y in registers (the backward task hands it x): the same bytes either way.
 
-Measured on the H200 (2026-11-29, torch 2.11, triton 3.6), bf16 16384x8192:
-  forward (`crucible bench`, run F in docs/BENCHMARKS.md, after the loads lost their evict_first hint, which cost
+Measured on the H200 (torch 2.11, triton 3.6), bf16 16384x8192:
+  forward (`crucible bench`, docs/results.md, after the loads lost their evict_first hint, which cost
   4.5%): 0.1315 ms = 4,084 GB/s (98% of roofline), 3.8x torch.softmax, 2.35x compile, 0.999x Liger [0.995, 1.004]:
   no significant difference;
   backward from y (docs/bench-norms.md, with the hints; not re-measured without them): 0.2035 ms = 3,958 GB/s,

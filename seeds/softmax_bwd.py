@@ -2,10 +2,10 @@
 
 One pass: read x and dy, write dx. Bytes (bf16, 16384x8192): 3·M·N·2 = 805 MB.
 
-Measured on the H200 (2026-11-29, docs/bench-norms.md): 0.2164 ms = 3,721 GB/s at 16384x8192 bf16 (8 warps),
+Measured on the H200 (docs/bench-norms.md): 0.2164 ms = 3,721 GB/s at 16384x8192 bf16 (8 warps),
 0.87x torch.compile's backward from the saved y (4,295 GB/s), 1.77x eager; not faster than the best baseline.
 
-Variants (issue 5; `RowVariant`, default off, timed by benchmarks/sweep_norms.py, not yet measured on the GPU): a
+Variants (`RowVariant`, default off, timed by benchmarks/sweep_norms.py, not yet measured on the GPU): a
 one-row kernel, from x or from the saved y, a 1-D block at a scalar row offset with no mask at all when N is the
 block (the task's 8192). What each option changes, and what compiling for sm_90 here showed (triton 3.6 and ptxas,
 no GPU; registers a thread, SASS instructions of the kernel):
@@ -13,7 +13,7 @@ no GPU; registers a thread, SASS instructions of the kernel):
   little; from x at 8 warps the two sums of a row (sum e and sum e·dy) share one reduction and y is never formed,
   dx = e/s · (dy - d/s) with s = sum e, d = sum e·dy: 576 instructions and 6 barriers against 680 and 8;
 - memory hints: `evict_first` on the once-read loads, `.cs` (streaming) on the dx store (the forwards' sweep,
-  docs/BENCHMARKS.md run E, found evict_first 2.7-4.5% slower and .cs neutral there);
+  found evict_first 2.7-4.5% slower and .cs neutral there);
 - a persistent grid (k programs per SM walking rows with a stride), optionally loading the next row before this
   row's arithmetic so a program keeps a row of loads in flight (64 registers from y at 16 warps: 2 programs per
   SM; 128 from x at 8 warps: 1). A prefetch past the last row re-reads row M - 1 instead (no out-of-bounds read;

@@ -125,7 +125,7 @@ def glu_fwd(a: torch.Tensor, b: torch.Tensor, act: str = "silu", block: int | No
             num_warps: int | None = None, lean: bool = True) -> torch.Tensor:
     """act(a) * b; `act` is "silu", "tanh" (GELU tanh form) or "none" (GELU erf form). lean (the default, the same
     bits): 32-bit offsets below 2**31 elements and no masks when the blocks divide the tensor. SiLU on 2-byte
-    inputs takes 1024-element blocks: on the H200 (run AG, benchmarks/sweep_glu.py, 16384 x 14336 bf16) lean 1024
+    inputs takes 1024-element blocks: on the H200 (benchmarks/sweep_glu.py, 16384 x 14336 bf16) lean 1024
     read 0.3269 ms against torch.compile's 0.3268 and 0.3286 for the old 2048 default (copy ceiling 0.3258)."""
     code = _check("glu_fwd", act, a, b)
     a, b = a.contiguous(), b.contiguous()
