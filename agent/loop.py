@@ -128,6 +128,7 @@ class _Coordinator:
         self.check_times: list[float] = []
         self.final: Reverification | None = None
         self.bout: duel_mod.Bout | None = None  # the duel in flight (at most one)
+        self.system: str | None = None  # the system prompt, made at the first request
         self.challengers: deque[Candidate] = deque()  # waiting for their duel
         self.duels: list[Duel] = []
 
@@ -309,8 +310,10 @@ class _Coordinator:
         fixed = {c.parent_id for c in self.history if c.accepted}  # a failure with a verified fix needs no other
         sel = self.search.select_for_llm(self.elites, [f for f in self.failures if f.id not in fixed])
         best = self.archive.with_source(self.best) if self.best is not None else None
+        if self.system is None:
+            self.system = self._system_prompt()
         messages = llm_messages(self.task, sel, self.elites, timed=self.timed, history=self.history, best=best,
-                                max_output_tokens=self.config.reply_max_tokens)
+                                max_output_tokens=self.config.reply_max_tokens, system=self.system)
         prompt = messages_text(messages)
         if sum(p.prompt == prompt for p in self._outstanding()) >= max(1, self.config.samples):
             if sel.kind == "fix":
@@ -323,6 +326,30 @@ class _Coordinator:
         self.issued += 1
         self.llm_requests += 1
         return True
+
+    def _system_prompt(self) -> str:
+        """The run's system prompt: the rules, the answer formats, the facts measured for this device and task
+        (agent/facts.py) and an example of the task's op family (agent/examples.py). The versions and the GPU come
+        from the harness's checks (the coordinator never touches the GPU itself)."""
+        from importlib import metadata
+
+        from agent import examples, facts
+        from agent.prompting import system_prompt
+
+        env: dict = {"torch": torch_version(), "triton": None}
+        try:
+            env["triton"] = metadata.version("triton")
+        except metadata.PackageNotFoundError:
+            pass
+        checked = [c for c in [self.start, *reversed(self.elites)] if c is not None and c.env]
+        if checked:
+            env.update({k: v for k, v in checked[0].env.items() if v is not None})
+        ceilings = _cached_ceilings(env) if self.timed else None
+        baselines = facts.baseline_times(self.archive, self.task.source_hash) if self.timed else {}
+        text = facts.facts_text(self.task, timed=self.timed, env=env, ceilings=ceilings, baselines=baselines)
+        example = examples.retrieve(self.task.path, self.archive, timed=self.timed, own_seed=self.start_path)
+        return system_prompt(gpu_facts=text, example=example, allow_torch_compute=self.task.meta.allow_torch_compute,
+                             max_output_tokens=self.config.reply_max_tokens)
 
     def _accept_reply(self, pending: Pending, reply: Reply) -> None:
         pending.reply = reply
@@ -662,6 +689,24 @@ class _Coordinator:
     def _emit(self, kind: EventKind, message: str, cand: Candidate | None = None) -> None:
         log.info("%s", message)
         self.on_event(Event(kind, message, self._progress(), cand))
+
+
+def torch_version() -> str:
+    import torch
+    return torch.__version__
+
+
+def _cached_ceilings(env: dict) -> dict | None:
+    """The ceilings `crucible bench --ceilings` cached for the GPU `env` describes; None when not measured."""
+    from profiler.ceilings import CACHE_FILE, cache_dir
+    from profiler.env import device_key
+
+    try:
+        data = json.loads((cache_dir() / CACHE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    hit = data.get(device_key(env)) if isinstance(data, dict) else None
+    return hit if isinstance(hit, dict) and hit.get("copy_gbps") else None
 
 
 def _device(device: str) -> str:

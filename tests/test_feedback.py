@@ -303,3 +303,53 @@ def test_one_definition_of_best_for_the_run_and_the_archive(tmp_path, task):
     assert s.progress.accepted == 2
     assert summary.best.id == s.best.id == listed[0].id
     assert s.best_path.read_text() == GOOD  # nothing timed: the earliest verified kernel, everywhere
+
+
+# ---- facts, not boilerplate -----------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_cpu_prompt_states_the_installed_versions_and_that_nothing_is_timed(tmp_path, task):
+    import torch
+
+    fake = FakeProvider("fake:m").enqueue(fenced(GOOD, "one"))
+    with Archive(tmp_path / "a.db") as archive:
+        run(task, archive, fake, budget=1)
+    system = fake.calls[0].messages[0].content
+    assert "nothing is timed" in system and f"PyTorch {torch.__version__}" in system
+    assert "H200" not in system and "132 SMs" not in system  # no device it does not run on
+    assert "bytes not declared by the task" in system
+
+
+def test_gpu_facts_give_device_ceilings_floor_and_time_to_beat():
+    from agent.facts import facts_text
+    from sandbox.task import load_task
+
+    task = load_task(ROOT / "tasks" / "rmsnorm_fwd.py")
+    env = {"torch": "2.9.0", "triton": "3.5.0", "gpu": {"name": "NVIDIA Testcard", "sm_count": 77,
+                                                         "capability": "8.9"}}
+    text = facts_text(task, timed=True, env=env, ceilings={"copy_gbps": 1000.0, "matmul_tflops": {"bf16": 100.0}},
+                      baselines={"eager": 0.5, "compile": 0.4})
+    nbytes = 2 * (2 * 16384 * 4096 + 4096)
+    assert "NVIDIA Testcard" in text and "77 SMs" in text and "PyTorch 2.9.0, Triton 3.5.0" in text
+    assert f"{nbytes / 1e6:.4g} MB" in text and "copy 1000 GB/s" in text
+    assert f"Floor time at those ceilings: {nbytes / 1e9:.4g} ms (memory-bound)" in text
+    assert "Time to beat: 0.4 ms (torch.compile" in text
+    unmeasured = facts_text(task, timed=True, env=env, ceilings=None, baselines={})
+    assert "not measured yet (crucible bench --ceilings" in unmeasured and "Floor time" not in unmeasured
+
+
+# ---- knowledge and diversity ----------------------------------------------------------------------------------------
+def test_examples_are_retrieved_by_op_family(tmp_path):
+    from agent.archive import Candidate
+    from agent.examples import family, retrieve
+
+    assert family("rmsnorm_residual_fwd") == "norm" and family("swiglu_bwd") == "glu" and family("scale") is None
+    title, source = retrieve(ROOT / "tasks" / "softmax_bwd.py", own_seed=ROOT / "seeds" / "softmax_bwd.py")
+    assert "softmax" in title and "ModelNew" in source
+    with Archive(tmp_path / "a.db") as archive:
+        archive.add(Candidate(task_path="tasks/layernorm_fwd.py", task_hash="h", origin="llm", proposer="m",
+                              verdict="accepted", reason="ok", stage="robustness", source=GOOD))
+        title, source = retrieve(ROOT / "tasks" / "rmsnorm_fwd.py", archive)
+    assert "layernorm_fwd" in title and source == GOOD
+    assert retrieve(ROOT / "tasks" / "scale.py") is None  # no family: the default example
