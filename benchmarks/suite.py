@@ -265,8 +265,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="as `crucible bench --timing-mode` (default auto: sustained for compute-bound tasks)")
     p.add_argument("--commit", default=None, help="the commit to record (default: git rev-parse HEAD, where the "
                                                    "checkout has its .git)")
+    p.add_argument("--merge", type=Path, metavar="FILE", help="append the lines of FILE (a CSV this script wrote "
+                                                              "elsewhere, e.g. with --out on a GPU machine) to --out")
     args = p.parse_args(argv)
 
+    if args.merge is not None:
+        try:
+            with args.merge.open(newline="") as fh:
+                reader = csv.DictReader(fh)
+                if reader.fieldnames != FIELDS:
+                    raise ValueError(f"{args.merge} does not have the suite's columns")
+                lines = list(reader)
+            append(args.out, lines)
+        except (OSError, ValueError) as exc:
+            print(f"cannot merge {args.merge}: {exc}", file=sys.stderr)
+            return 2
+        print(f"appended {len(lines)} lines from {args.merge} to {args.out}")
+        return 0
     rows = select(SUITE, args.only)
     if not rows:
         print(f"no row matches --only {args.only!r}; --list shows the rows", file=sys.stderr)
@@ -290,9 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     commit = args.commit if args.commit is not None else git_commit()
     if not commit:
-        print("no git checkout here to read the commit from; pass --commit HASH so each row says what it measured",
-              file=sys.stderr)
-        return 2
+        # A copy of the working tree without .git (how a GPU machine often gets it): measure anyway, say so.
+        print("no git checkout here to read the commit from: rows are recorded with commit 'unknown'; pass "
+              "--commit HASH to record it", file=sys.stderr)
+        commit = "unknown"
     return run_rows(rows, out=args.out, gpu=args.gpu, timing_mode=args.timing_mode, commit=commit)
 
 

@@ -162,3 +162,17 @@ def test_the_repository_csv_names_suite_rows_and_parses():
                 float(ln[key])
         if ln["ci_low"]:
             assert float(ln["ci_low"]) <= float(ln["speedup"]) <= float(ln["ci_high"]), ln
+
+
+def test_merge_appends_a_csv_written_elsewhere(tmp_path, capsys):
+    elsewhere, here = tmp_path / "gpu.csv", tmp_path / "results.csv"
+    lines = suite.csv_lines(suite.SUITE[0], _report(), date="d", commit="c", impl_name="seed")
+    suite.append(elsewhere, lines)
+    suite.append(here, lines[:1])
+    assert suite.main(["--merge", str(elsewhere), "--out", str(here)]) == 0
+    rows = list(csv.DictReader(here.open(newline="")))
+    assert len(rows) == 1 + len(lines) and rows[1:] == lines
+    bad = tmp_path / "bad.csv"
+    bad.write_text("x\n1\n")
+    assert suite.main(["--merge", str(bad), "--out", str(here)]) == 2
+    assert "cannot merge" in capsys.readouterr().err
