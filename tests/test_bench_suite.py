@@ -176,3 +176,41 @@ def test_merge_appends_a_csv_written_elsewhere(tmp_path, capsys):
     bad.write_text("x\n1\n")
     assert suite.main(["--merge", str(bad), "--out", str(here)]) == 2
     assert "cannot merge" in capsys.readouterr().err
+
+
+def test_run_hands_each_row_to_harness_bench_and_appends_its_lines(tmp_path, monkeypatch):
+    """The GPU path's plumbing with the harness replaced: the task loaded with the row's constants, the seed's file
+    and the row's baselines passed to Harness.bench, one row's failure recorded without stopping the next."""
+    import torch
+
+    import sandbox.harness
+
+    calls = []
+
+    class FakeHarness:
+        def __init__(self, device):
+            assert device == "cuda"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bench(self, task, candidate, *, baselines, gpu, timing_mode):
+            calls.append((dict(task.overrides), Path(candidate).name, baselines, gpu, timing_mode))
+            if len(calls) == 1:
+                raise RuntimeError("CUDA out of memory")
+            return _report()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(sandbox.harness, "Harness", FakeHarness)
+    out = tmp_path / "r.csv"
+    assert suite.main(["--only", "adamw,adamw_224m", "--out", str(out), "--commit", "abc"]) == 1
+    (c1, f1, b1, g1, m1), (c2, *_rest) = calls
+    assert (f1, b1, g1, m1) == ("adamw.py", ("eager", "compile"), 0, "auto")
+    assert c2 == dict.fromkeys(("N0", "N1", "N2", "N3"), 56_000_000) and c1 == {}
+    rows = list(csv.DictReader(out.open(newline="")))
+    assert rows[0]["row"] == "adamw" and rows[0]["status"] == "rejected" and "out of memory" in rows[0]["note"]
+    assert {r["row"] for r in rows[1:]} == {"adamw_224m"} and rows[1]["commit"] == "abc"
