@@ -165,11 +165,12 @@ def signatures(tensors: list[tuple[str, torch.Tensor]]) -> list[Any]:
     return sigs
 
 
-def _checksum(t: torch.Tensor) -> tuple[int, int]:
+def _checksum(t: torch.Tensor) -> tuple[float, ...]:
+    """Sums of the bits, whole and over two strided subsets (no copy of the tensor's size is made)."""
     kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
-    v = t.detach().contiguous().view(kind).reshape(-1).to(torch.int64) if kind else t.detach().reshape(-1).double()
-    weights = torch.arange(1, v.numel() + 1, device=v.device, dtype=v.dtype) % 65521 if kind else 1.0
-    return int(v.sum()), int((v * weights).sum())
+    v = t.detach().reshape(-1)
+    v = v.view(kind) if kind and v.is_contiguous() else v.double()
+    return tuple(float(x.sum(dtype=torch.float64 if not kind else torch.int64)) for x in (v, v[1::3], v[2::7]))
 
 
 def written(tensors: list[tuple[str, torch.Tensor]], sigs: list[Any]) -> list[tuple[str, torch.Tensor]]:
