@@ -130,6 +130,21 @@ MIGRATIONS: list[str] = [
     CREATE INDEX duels_incumbent ON duels(incumbent_id);
     CREATE INDEX duels_task ON duels(task_hash);
     """,
+    # 4: what has worked for a task, summarised by a run every few verdicts (agent/reflect.py); the latest one is
+    # shown to the model by later requests, on --resume and by later runs on the same task.
+    """
+    CREATE TABLE reflections (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        task_hash     TEXT NOT NULL,
+        task_name     TEXT NOT NULL,    -- the task file's name: a later version of the file finds it too
+        run_id        TEXT REFERENCES runs(id),
+        text          TEXT NOT NULL,
+        candidates    INTEGER NOT NULL, -- the task's candidates it summarises
+        created       TEXT NOT NULL
+    );
+    CREATE INDEX reflections_task ON reflections(task_hash, id);
+    CREATE INDEX reflections_name ON reflections(task_name, id);
+    """,
 ]
 
 
@@ -574,6 +589,19 @@ class Archive:
 
     def has_duel(self, uid: str) -> bool:
         return self._one("SELECT 1 FROM duels WHERE uid=?", (uid,)) is not None
+
+    def add_reflection(self, *, task_hash: str, task_name: str, run_id: str | None, text: str,
+                       candidates: int) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO reflections (task_hash, task_name, run_id, text, candidates, created) "
+                             "VALUES (?, ?, ?, ?, ?, ?)", (task_hash, task_name, run_id, text, candidates, now()))
+
+    def latest_reflection(self, task_hash: str, task_name: str | None = None) -> str | None:
+        """The latest reflection on this version of the task, else on any task file of that name."""
+        row = self._one("SELECT text FROM reflections WHERE task_hash=? ORDER BY id DESC LIMIT 1", (task_hash,))
+        if row is None and task_name:
+            row = self._one("SELECT text FROM reflections WHERE task_name=? ORDER BY id DESC LIMIT 1", (task_name,))
+        return row[0] if row is not None else None
 
     def uncrowned(self, task_hash: str) -> set[int]:
         """Challengers of a task that no duel crowned: their own check ranked them above a best they did not beat."""

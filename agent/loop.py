@@ -39,7 +39,7 @@ from agent.archive import Archive, Candidate, Duel, Reverification, Run, Timings
 from agent.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
                              HarnessEvaluator, LocalExecutor)
 from agent.executors import spawn as _spawn
-from agent import diffs
+from agent import diffs, reflect
 from agent.extract import NoCode, extract_code, normal_form
 from agent.flatten import flatten
 from agent.llm import Provider, ProviderError, Reply
@@ -178,6 +178,9 @@ class _Coordinator:
         self.failures = [self.archive.with_source(c) for c in mine
                          if c.verdict == "rejected" and c.source_sha and c.stage != "propose"]
         self.history = list(mine)  # this run's records: the attempts each prompt lists (agent/proposing.py)
+        # what has worked for this task: the latest reflection, this run's or an earlier one's (agent/reflect.py)
+        self.reflection = self.archive.latest_reflection(task.source_hash, task.path.name)
+        self.since_reflection = 0
         self.normal_forms: dict[str, int] = {}  # normal form -> the first candidate with it (near-duplicates)
         for prior in self.archive.candidates(task_hash=task.source_hash, timed=self.timed):
             if prior.source_sha and prior.verdict != "interrupted" and prior.reason != "harness_error":
@@ -313,7 +316,8 @@ class _Coordinator:
         if self.system is None:
             self.system = self._system_prompt()
         messages = llm_messages(self.task, sel, self.elites, timed=self.timed, history=self.history, best=best,
-                                max_output_tokens=self.config.reply_max_tokens, system=self.system)
+                                max_output_tokens=self.config.reply_max_tokens, system=self.system,
+                                reflection=self.reflection)
         prompt = messages_text(messages)
         if sum(p.prompt == prompt for p in self._outstanding()) >= max(1, self.config.samples):
             if sel.kind == "fix":
@@ -524,6 +528,10 @@ class _Coordinator:
         cand = self.archive.add(cand)
         self._last_recorded = cand
         self.history.append(cand)
+        if cand.origin != "seed" and cand.reason != "provider_error" and cand.verdict != "interrupted":
+            self.since_reflection += 1
+            if self.since_reflection >= reflect.REFLECT_EVERY:
+                self._reflect()
         if cand.source and cand.reason != "duplicate":
             form = normal_form(cand.source)
             if form is not None:
@@ -553,6 +561,16 @@ class _Coordinator:
         if (target is not None and cand.accepted and cand.timings.pct_roofline is not None
                 and cand.timings.pct_roofline >= target and self.stop_reason is None):
             self._stopping(f"target reached: #{cand.id} runs at {cand.timings.pct_roofline:.0f}% of roofline")
+
+    def _reflect(self) -> None:
+        """Summarise what has worked for this task (all runs) into the archive; later requests show it."""
+        self.since_reflection = 0
+        cands = self.archive.candidates(task_hash=self.task.source_hash)
+        text = reflect.reflection(cands)
+        if text is not None and text != self.reflection:
+            self.archive.add_reflection(task_hash=self.task.source_hash, task_name=self.task.path.name,
+                                        run_id=self.run_id, text=text, candidates=len(cands))
+            self.reflection = text
 
     def _crown(self, cand: Candidate, why: str = "") -> None:
         self.best = cand
@@ -640,6 +658,8 @@ class _Coordinator:
 
     def _finish(self) -> RunSummary:
         reason = self.stop_reason or "budget spent"
+        if self.since_reflection:
+            self._reflect()
         self.archive.finish_run(self.run_id, reason)
         best = self.best
         best_path = None

@@ -90,25 +90,26 @@ def system_prompt(*, gpu: str = "h200", allow_torch_compute: bool = False, max_o
 
 def propose_messages(*, task_name: str, task_source: str, parent_source: str, parent_diagnostics: str,
                      elites: Sequence[tuple[str, str]] = (), goal: str = DEFAULT_GOAL, attempts: str = "None yet.",
-                     system: str | None = None, **system_kw: Any) -> list[Message]:
+                     reflection: str = "Nothing yet.", system: str | None = None, **system_kw: Any) -> list[Message]:
     """Improve `parent_source`; `elites` are (summary, source) pairs of other verified kernels, best first;
     `attempts` is what was tried from this kernel so far and how it went."""
     elite_text = "\n".join(render("_elite", rank=i + 1, summary=summary, source=src.strip())
                            for i, (summary, src) in enumerate(elites)) or "None yet."
     user = render("propose", task_name=task_name, task_source=task_source.strip(), parent_source=parent_source.strip(),
                   parent_diagnostics=parent_diagnostics.strip(), elites=elite_text.strip(), goal=goal,
-                  attempts=attempts.strip() or "None yet.")
+                  attempts=attempts.strip() or "None yet.", reflection=reflection.strip() or "Nothing yet.")
     return [Message(role="system", content=system or system_prompt(**system_kw)), Message(role="user", content=user)]
 
 
 def fix_messages(*, task_name: str, task_source: str, broken_source: str, diagnostics: str,
-                 attempts: str = "None yet.", best: tuple[str, str] | None = None, system: str | None = None,
-                 **system_kw: Any) -> list[Message]:
+                 attempts: str = "None yet.", best: tuple[str, str] | None = None, reflection: str = "Nothing yet.",
+                 system: str | None = None, **system_kw: Any) -> list[Message]:
     """Repair `broken_source`; `best` is (summary, source) of the best verified kernel, when there is one."""
     best_text = (f"{best[0]}\n```python\n{best[1].strip()}\n```" if best else
                  "None verified yet.")
     user = render("fix", task_name=task_name, task_source=task_source.strip(), broken_source=broken_source.strip(),
-                  diagnostics=diagnostics.strip(), attempts=attempts.strip() or "None yet.", best=best_text)
+                  diagnostics=diagnostics.strip(), attempts=attempts.strip() or "None yet.", best=best_text,
+                  reflection=reflection.strip() or "Nothing yet.")
     return [Message(role="system", content=system or system_prompt(**system_kw)), Message(role="user", content=user)]
 
 

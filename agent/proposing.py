@@ -60,7 +60,7 @@ def tuner_proposal(search: Search, tuner: tuner_mod.Tuner, elites: list[Candidat
 
 def llm_messages(task: Task, sel: Selection, elites: list[Candidate], *, timed: bool,
                  history: Sequence[Candidate] = (), best: Candidate | None = None, max_output_tokens: int = 8192,
-                 system: str | None = None) -> list[Message]:
+                 system: str | None = None, reflection: str | None = None) -> list[Message]:
     """The messages asking for the kernel `sel` calls for: a fix, a crossover, a first kernel or an improvement.
 
     `history` is this run's proposals so far (with their replies): the attempts made from the kernel shown are
@@ -72,11 +72,12 @@ def llm_messages(task: Task, sel: Selection, elites: list[Candidate], *, timed: 
               "allow_torch_compute": task.meta.allow_torch_compute, "max_output_tokens": max_output_tokens}
     if system is not None:
         common = {k: v for k, v in common.items() if k in ("task_name", "task_source", "system")}
+    learnt = {"reflection": reflection or "Nothing yet."}
     if sel.kind == "fix":
         p = sel.parents[0]
         shown = (_one_line(best), best.source or "") if best is not None and best.source else None
         return prompting.fix_messages(broken_source=p.source or "", diagnostics=_diagnostics(p),
-                                      attempts=attempts_text(p, history), best=shown, **common)
+                                      attempts=attempts_text(p, history), best=shown, **learnt, **common)
     if sel.kind == "crossover":
         a, b = sel.parents
         return prompting.crossover_messages(source_a=a.source or "", diagnostics_a=_diagnostics(a),
@@ -85,12 +86,12 @@ def llm_messages(task: Task, sel: Selection, elites: list[Candidate], *, timed: 
         return prompting.propose_messages(
             parent_source="# No kernel yet.", elites=(),
             parent_diagnostics="There is no kernel for this task yet: write the first one from the reference.",
-            attempts=attempts_text(None, history), **common)
+            attempts=attempts_text(None, history), **learnt, **common)
     parent = sel.parents[0]
     others = sorted((e for e in elites if e.id != parent.id), key=rank, reverse=True)[:2]
     return prompting.propose_messages(parent_source=parent.source or "", parent_diagnostics=_diagnostics(parent),
                                       elites=[(_one_line(e), e.source or "") for e in others],
-                                      attempts=attempts_text(parent, history), **common)
+                                      attempts=attempts_text(parent, history), **learnt, **common)
 
 
 MAX_ATTEMPTS = 8  # the most recent attempts listed per kernel

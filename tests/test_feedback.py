@@ -353,3 +353,15 @@ def test_examples_are_retrieved_by_op_family(tmp_path):
         title, source = retrieve(ROOT / "tasks" / "rmsnorm_fwd.py", archive)
     assert "layernorm_fwd" in title and source == GOOD
     assert retrieve(ROOT / "tasks" / "scale.py") is None  # no family: the default example
+
+
+def test_a_reflection_is_kept_in_the_archive_and_reused_by_later_runs(tmp_path, task):
+    fake = FakeProvider("fake:m").enqueue(fenced(COMPILE_ERROR, "first")).enqueue(FIX)
+    with Archive(tmp_path / "a.db") as archive:
+        run(task, archive, fake, budget=2)
+        kept = archive.latest_reflection("no such hash", task.name)  # found by the task's name too
+        later = FakeProvider("fake:m").enqueue(fenced(GOOD.replace("1024", "256"), "Smaller blocks."))
+        run(task, archive, later, budget=1)
+    assert kept is not None and "From 2 proposals so far: 1 verified." in kept
+    assert "runtime_error x1" in kept and "Drop the call that does not exist." in kept
+    assert "What has worked for this task so far" in later.prompts[0] and kept in later.prompts[0]
