@@ -103,3 +103,36 @@ def test_the_calls_of_a_check_are_not_fixed(harness):
     lengths = {soak_length(random.Random(seed), 0.004, "cpu") for seed in range(20)}
     assert len(lengths) >= 4 and min(lengths) >= harness_mod.SOAK_MIN_CALLS
     assert max(soak_length(random.Random(seed), 1e-5, "cuda") for seed in range(50)) > 200
+
+
+def test_the_state_walk_names_what_changed_and_skips_what_triton_injects():
+    import types
+
+    import torch
+
+    from sandbox import carry
+
+    class Plan:
+        def __init__(self):
+            self.sizes = [4, 8]
+
+    model = torch.nn.Linear(2, 2)
+    model.plan = Plan()
+    module = types.ModuleType("crucible_candidate")
+    module.CACHE = {}
+    injected = {"np": object()}
+    before, _ = carry.snapshot(model, module, "crucible_candidate", injected)
+    module.np = injected["np"]  # the interpreter's globals, copied in when a kernel first runs: not state
+    assert carry.difference(before, carry.snapshot(model, module, "crucible_candidate", injected)[0]) is None
+    model.plan.sizes.append(16)
+    assert carry.difference(before, carry.snapshot(model, module, "crucible_candidate")[0]) == \
+        "`model.plan.sizes` had 2 entries, now 3"
+    module.CACHE["k"] = torch.ones(1)
+    after, tensors = carry.snapshot(model, module, "crucible_candidate", injected)
+    assert "CACHE['k']" in [p for p, _ in tensors]
+    sigs = carry.signatures(tensors)
+    model.weight.data.add_(1.0)
+    assert [p for p, _ in carry.written(tensors, sigs)] == ["model._parameters['weight']"]
+    t = torch.zeros(64, dtype=torch.int32)
+    carry.scramble(t, torch.Generator().manual_seed(0))
+    assert int((t != 0).sum()) > 60
