@@ -68,7 +68,8 @@ def test_includes_paste_the_shared_part_once_per_template(tmp_path, monkeypatch)
 
 def test_field_values_are_not_reinterpreted():
     code = "x = '$not_a_field ${nor_this}'\n"
-    text = render("fix", task_name="t", task_source=code, broken_source=code, diagnostics="d", attempts="a", best="b")
+    text = render("fix", task_name="t", task_source=code, broken_source=code, diagnostics="d", attempts="a", best="b",
+                  reflection="r")
     assert text.count("$not_a_field ${nor_this}") == 2
 
 
