@@ -1,8 +1,9 @@
 """Choosing what to build on: MAP-Elites niches per task and parent selection mixing exploitation and exploration.
 
-A niche is a coarse description of a kernel read from its source: how many Triton kernels it defines (fusion), and
-the warps, largest block and pipeline stages it sets. Each niche keeps its best verified kernel, so a fast kernel of
-one shape does not crowd out a different design that may improve further.
+A niche is a coarse description of a kernel read from its source: its algorithm (tiled matmul, reduction, scan or
+elementwise; persistent grid or one program per tile; a loop over tiles or one; atomics), how many Triton kernels it
+defines (fusion), and the warps, largest block and pipeline stages it sets. Each niche keeps its best verified
+kernel, so a fast kernel of one shape does not crowd out a different design that may improve further.
 
 Fitness orders candidates: verified beats rejected; among verified, the measured speedup over eager, by the lower
 end of its confidence interval (on the CPU nothing is timed, so verified kernels tie); among rejected, the one that
@@ -27,13 +28,20 @@ MAX_FIXES = 2  # attempts to repair one failed candidate before moving on
 
 
 def niche(source: str) -> str:
-    """e.g. "k2-w8-b1024-s3": 2 kernels, 8 warps, largest block 1024, 3 stages ("?" where the source does not say)."""
+    """e.g. "reduce-grid-loop:k2-w8-b1024-s3": the algorithm, then the launch settings.
+
+    The algorithm: what the kernels compute with (dot: tiled matmul; reduce: row reductions; scan; elementwise),
+    whether the grid is persistent (programs stride over the work by tl.num_programs) or one program per tile,
+    whether a program loops over tiles or handles one, and "-atomic" when programs combine results atomically (a
+    split reduction). The launch settings: how many Triton kernels the file defines (fusion), and the warps, largest
+    block and pipeline stages it sets ("?" where the source does not say).
+    """
     try:
         tree = pyparse.parse(source)
     except SyntaxError:
         return "unparsed"
-    kernels = sum(1 for n in tree.body if isinstance(n, ast.FunctionDef)
-                  and any("jit" in ast.unparse(d) for d in n.decorator_list))
+    jitted = [n for n in tree.body if isinstance(n, ast.FunctionDef)
+              and any("jit" in ast.unparse(d) for d in n.decorator_list)]
     warps, blocks, stages = [], [], []
     for k in find_knobs(source):
         if k.value is None:
@@ -41,7 +49,19 @@ def niche(source: str) -> str:
         {"warps": warps, "block": blocks, "stages": stages}.get(k.kind, []).append(k.value)
     def show(values: list[int]) -> str:
         return str(max(values)) if values else "?"
-    return f"k{kernels}-w{show(warps)}-b{show(blocks)}-s{show(stages)}"
+    return f"{algorithm(jitted)}:k{len(jitted)}-w{show(warps)}-b{show(blocks)}-s{show(stages)}"
+
+
+def algorithm(kernels: list[ast.FunctionDef]) -> str:
+    calls = {ast.unparse(n.func).split(".")[-1] for k in kernels for n in ast.walk(k) if isinstance(n, ast.Call)}
+    if not kernels:
+        return "none"
+    kind = ("dot" if "dot" in calls else "scan" if calls & {"cumsum", "cumprod", "associative_scan"} else
+            "reduce" if calls & {"sum", "max", "min", "reduce", "argmax", "argmin", "xor_sum"} else "elementwise")
+    grid = "persistent" if "num_programs" in calls else "grid"
+    loop = "loop" if any(isinstance(n, (ast.For, ast.While)) for k in kernels for n in ast.walk(k)) else "tile"
+    atomic = "-atomic" if any(c.startswith("atomic_") for c in calls) else ""
+    return f"{kind}-{grid}-{loop}{atomic}"
 
 
 def fitness(c: Candidate) -> tuple[int, float, int]:

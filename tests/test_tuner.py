@@ -131,7 +131,10 @@ def test_crossover_combines_two_elites_of_one_lineage():
 
 
 def test_niche_reads_kernel_features():
-    assert niche(LLM_KERNEL) == "k2-w8-b1024-s?"
+    assert niche(LLM_KERNEL) == "elementwise-grid-tile:k2-w8-b1024-s?"
+    # the algorithm, not only the launch settings: a persistent grid is another niche
+    persistent = LLM_KERNEL.replace("tl.program_id(0)", "tl.program_id(0) + tl.num_programs(0) * 0")
+    assert niche(persistent).startswith("elementwise-persistent-tile:")
     assert niche("def broken(:") == "unparsed"
 
 
