@@ -242,6 +242,7 @@ def install(candidate_file: str, seeds_dir: str) -> Tracer:
     except ImportError:  # pragma: no cover - every supported Triton has it
         _interp = None
     kernel_types: tuple[type, ...] = (_jit.JITFunction,) + ((_interp.InterpretedFunction,) if _interp else ())
+    injected: dict[str, Any] = vars(_interp) if _interp is not None else {}
     code_names: dict[types.CodeType, tuple[frozenset, frozenset]] = {}
 
     def names_of(code: types.CodeType) -> tuple[frozenset, frozenset]:
@@ -309,8 +310,11 @@ def install(candidate_file: str, seeds_dir: str) -> Tracer:
             if p:
                 return f"the kernel {fn.__name__} has a default argument {p}"
         for name in globs:
-            if name in fn.__globals__:
-                p = value_problem(fn.__globals__[name], attrs, seen)
+            # A name the module lacks may still resolve when the body runs: the interpreter copies its own module's
+            # globals (numpy as `np` among them) into the kernel's module on the kernel's first launch.
+            scope = fn.__globals__ if name in fn.__globals__ else injected if name in injected else None
+            if scope is not None:
+                p = value_problem(scope[name], attrs, seen)
                 if p:
                     return f"the kernel {fn.__name__} refers to `{name}`, {p}"
             elif name in _BODY_BUILTINS_REFUSED and hasattr(builtins, name):

@@ -43,6 +43,7 @@ def _variant(tmp_path, name, n):
     ("runtime_prerun_hook.py", "pre-run hook"),
     ("runtime_autotune_hook.py", "pre_hook"),
     ("runtime_constexpr_callable.py", "argument of type"),
+    ("runtime_injected_numpy.py", "`np`"),
 ])
 def test_compute_outside_triton_is_refused(harness, name, needle):
     result = _check(harness, ATTACKS / name)
