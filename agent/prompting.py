@@ -6,6 +6,7 @@ unknown field rather than sending a prompt with a hole in it.
 """
 from __future__ import annotations
 
+import difflib
 import re
 import string
 from functools import lru_cache
@@ -93,7 +94,7 @@ def propose_messages(*, task_name: str, task_source: str, parent_source: str, pa
                      reflection: str = "Nothing yet.", system: str | None = None, **system_kw: Any) -> list[Message]:
     """Improve `parent_source`; `elites` are (summary, source) pairs of other verified kernels, best first;
     `attempts` is what was tried from this kernel so far and how it went."""
-    elite_text = "\n".join(render("_elite", rank=i + 1, summary=summary, source=src.strip())
+    elite_text = "\n".join(render("_elite", rank=i + 1, summary=summary, source=code_block(src, parent_source))
                            for i, (summary, src) in enumerate(elites)) or "None yet."
     user = render("propose", task_name=task_name, task_source=task_source.strip(), parent_source=parent_source.strip(),
                   parent_diagnostics=parent_diagnostics.strip(), elites=elite_text.strip(), goal=goal,
@@ -105,8 +106,7 @@ def fix_messages(*, task_name: str, task_source: str, broken_source: str, diagno
                  attempts: str = "None yet.", best: tuple[str, str] | None = None, reflection: str = "Nothing yet.",
                  system: str | None = None, **system_kw: Any) -> list[Message]:
     """Repair `broken_source`; `best` is (summary, source) of the best verified kernel, when there is one."""
-    best_text = (f"{best[0]}\n```python\n{best[1].strip()}\n```" if best else
-                 "None verified yet.")
+    best_text = f"{best[0]}\n{code_block(best[1], broken_source)}" if best else "None verified yet."
     user = render("fix", task_name=task_name, task_source=task_source.strip(), broken_source=broken_source.strip(),
                   diagnostics=diagnostics.strip(), attempts=attempts.strip() or "None yet.", best=best_text,
                   reflection=reflection.strip() or "Nothing yet.")
@@ -116,8 +116,26 @@ def fix_messages(*, task_name: str, task_source: str, broken_source: str, diagno
 def crossover_messages(*, task_name: str, task_source: str, source_a: str, diagnostics_a: str, source_b: str,
                        diagnostics_b: str, system: str | None = None, **system_kw: Any) -> list[Message]:
     user = render("crossover", task_name=task_name, task_source=task_source.strip(), source_a=source_a.strip(),
-                  diagnostics_a=diagnostics_a.strip(), source_b=source_b.strip(), diagnostics_b=diagnostics_b.strip())
+                  diagnostics_a=diagnostics_a.strip(), source_b=code_block(source_b, source_a),
+                  diagnostics_b=diagnostics_b.strip())
     return [Message(role="system", content=system or system_prompt(**system_kw)), Message(role="user", content=user)]
+
+
+MAX_DIFF_SHARE = 0.5  # a kernel is shown as a diff when the diff is at most this share of its full text
+
+
+def code_block(source: str, base: str | None = None) -> str:
+    """`source` in a python block; where a `base` the request already shows in full is close to it, as a unified
+    diff from that base instead (a second near-copy of a long kernel costs every request its tokens)."""
+    source = source.strip()
+    if base is not None and base.strip() == source:
+        return "(the same file as the kernel shown above)"
+    if base:
+        diff = "\n".join(difflib.unified_diff(base.strip().split("\n"), source.split("\n"), "the kernel above",
+                                              "this kernel", lineterm="", n=2))
+        if len(diff) <= MAX_DIFF_SHARE * len(source):
+            return f"As a diff from the kernel shown above:\n```diff\n{diff}\n```"
+    return f"```python\n{source}\n```"
 
 
 # ---- the verdict, written out -----------------------------------------------------------------------------------

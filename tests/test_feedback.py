@@ -365,3 +365,15 @@ def test_a_reflection_is_kept_in_the_archive_and_reused_by_later_runs(tmp_path, 
     assert kept is not None and "From 2 proposals so far: 1 verified." in kept
     assert "runtime_error x1" in kept and "Drop the call that does not exist." in kept
     assert "What has worked for this task so far" in later.prompts[0] and kept in later.prompts[0]
+
+
+def test_a_second_near_copy_of_a_kernel_is_shown_as_a_diff():
+    from agent.prompting import code_block, fix_messages
+
+    best = "\n".join(f"line_{i} = {i}" for i in range(200))
+    broken = best.replace("line_100 = 100", "line_100 = oops")
+    shown = fix_messages(task_name="t", task_source="T", broken_source=broken, diagnostics="NameError: oops",
+                         best=("#1 verified", best))[1].content
+    assert shown.count("line_150 = 150") == 1 and "-line_100 = oops\n+line_100 = 100" in shown
+    assert code_block(best, best) == "(the same file as the kernel shown above)"
+    assert code_block("x = 1", best).startswith("```python")  # nothing alike: in full
