@@ -3,7 +3,7 @@
 A task's family is read from its file name (norm, softmax, glu, rope, attention, cross-entropy, moe, optimizer,
 matmul). The example is, in order: the best verified kernel the archive holds for another task of the same family;
 a seed kernel of that family (not the task's own seed, which the run starts from anyway); else the RMSNorm forward kept
-with the prompts. Examples longer than MAX_LINES are passed over: an example is there to show the form of a valid file,
+with the prompts. Only files that define their kernels themselves are examples. Examples longer than MAX_LINES are passed over: an example is there to show the form of a valid file,
 and a long one costs every request its tokens.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def retrieve(task_path: Path, archive: Archive | None = None, *, timed: bool = F
         for stem, cands in sorted(others.items()):
             best = best_of(cands)
             source = archive.with_source(best).source if best is not None else None
-            if source and len(source.split("\n")) <= MAX_LINES:
+            if source and len(source.split("\n")) <= MAX_LINES and _own_kernels(source):
                 return (f"the best verified kernel in the archive for `{stem}`, a task of the same family ({fam})",
                         source)
     for seed in all_seeds():
@@ -61,6 +61,11 @@ def retrieve(task_path: Path, archive: Archive | None = None, *, timed: bool = F
         if family(seed.name) != fam:
             continue
         source = seed.path.read_text(encoding="utf-8")
-        if len(source.split("\n")) <= MAX_LINES:
+        if len(source.split("\n")) <= MAX_LINES and _own_kernels(source):
             return (f"the seed kernel `{seed.name}` ({seed.path.name}), a task of the same family ({fam})", source)
     return None
+
+
+def _own_kernels(source: str) -> bool:
+    """The file defines its kernels itself (a seed that only imports another's shows nothing of the form)."""
+    return "@triton.jit" in source or "@gluon.jit" in source

@@ -44,7 +44,7 @@ from agent.extract import NoCode, extract_code, normal_form
 from agent.flatten import flatten
 from agent.llm import Provider, ProviderError, Reply
 from agent.prepare import new_run_id, open_task, prepare, resolve_start
-from agent.proposing import Pending, llm_messages, messages_text, rank, speed, tuner_proposal
+from agent.proposing import Pending, llm_messages, messages_text, rank, speed, system_for, tuner_proposal
 from agent.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
                         RunConfig, RunSummary)
 from agent.search import Search, Selection, best_of, niche
@@ -332,28 +332,13 @@ class _Coordinator:
         return True
 
     def _system_prompt(self) -> str:
-        """The run's system prompt: the rules, the answer formats, the facts measured for this device and task
-        (agent/facts.py) and an example of the task's op family (agent/examples.py). The versions and the GPU come
-        from the harness's checks (the coordinator never touches the GPU itself)."""
-        from importlib import metadata
-
-        from agent import examples, facts
-        from agent.prompting import system_prompt
-
-        env: dict = {"torch": torch_version(), "triton": None}
-        try:
-            env["triton"] = metadata.version("triton")
-        except metadata.PackageNotFoundError:
-            pass
+        """The run's system prompt (agent/proposing.py's system_for). The versions and the GPU come from the
+        harness's checks (the coordinator never touches the GPU itself)."""
         checked = [c for c in [self.start, *reversed(self.elites)] if c is not None and c.env]
-        if checked:
-            env.update({k: v for k, v in checked[0].env.items() if v is not None})
+        env = {k: v for k, v in checked[0].env.items() if v is not None} if checked else {}
         ceilings = _cached_ceilings(env) if self.timed else None
-        baselines = facts.baseline_times(self.archive, self.task.source_hash) if self.timed else {}
-        text = facts.facts_text(self.task, timed=self.timed, env=env, ceilings=ceilings, baselines=baselines)
-        example = examples.retrieve(self.task.path, self.archive, timed=self.timed, own_seed=self.start_path)
-        return system_prompt(gpu_facts=text, example=example, allow_torch_compute=self.task.meta.allow_torch_compute,
-                             max_output_tokens=self.config.reply_max_tokens)
+        return system_for(self.task, timed=self.timed, env=env, ceilings=ceilings, archive=self.archive,
+                          own_seed=self.start_path, max_output_tokens=self.config.reply_max_tokens)
 
     def _accept_reply(self, pending: Pending, reply: Reply) -> None:
         pending.reply = reply
@@ -709,11 +694,6 @@ class _Coordinator:
     def _emit(self, kind: EventKind, message: str, cand: Candidate | None = None) -> None:
         log.info("%s", message)
         self.on_event(Event(kind, message, self._progress(), cand))
-
-
-def torch_version() -> str:
-    import torch
-    return torch.__version__
 
 
 def _cached_ceilings(env: dict) -> dict | None:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from agent import diffs, prompting
 from agent import tuner as tuner_mod
-from agent.archive import Candidate
+from agent.archive import Archive, Candidate
 from agent.llm import Message, Reply
 from agent.search import Search, Selection, rank
 from sandbox.task import Task
@@ -152,6 +152,30 @@ def outcome(c: Candidate, parent: Candidate | None) -> str:
     if c.reason == "duplicate":
         return f"not checked: {first}"
     return f"rejected at the {c.stage or '?'} stage ({c.reason}): {first}"
+
+
+def system_for(task: Task, *, timed: bool, env: dict | None = None, ceilings: dict | None = None,
+               archive: Archive | None = None, own_seed: Path | None = None, max_output_tokens: int = 8192) -> str:
+    """A run's system prompt: the rules, the answer formats, the facts measured for this device and task
+    (agent/facts.py; `env` is a check's environment, the installed versions fill what it lacks) and an example of
+    the task's op family (agent/examples.py)."""
+    from importlib import metadata
+
+    import torch
+
+    from agent import examples, facts
+
+    versions: dict = {"torch": torch.__version__, "triton": None}
+    try:
+        versions["triton"] = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        pass
+    env = {**versions, **(env or {})}
+    baselines = facts.baseline_times(archive, task.source_hash) if timed and archive is not None else {}
+    text = facts.facts_text(task, timed=timed, env=env, ceilings=ceilings, baselines=baselines)
+    example = examples.retrieve(task.path, archive, timed=timed, own_seed=own_seed)
+    return prompting.system_prompt(gpu_facts=text, example=example, allow_torch_compute=task.meta.allow_torch_compute,
+                                   max_output_tokens=max_output_tokens)
 
 
 def messages_text(messages: list[Message]) -> str:

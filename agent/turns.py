@@ -2,7 +2,7 @@
 
 Builds the four kinds of request the loop sends for a task — fresh (no kernel yet), fix (a rejected kernel with its
 diagnostics), improve (a verified kernel, its attempts so far) and crossover (two verified kernels) — from the task's
-seed kernel (flattened as a run flattens it), with the CPU's facts, and prints each message's sections with their
+seed kernel (flattened as a run flattens it), with the CPU's facts and the example a run retrieves, and prints each message's sections with their
 size. Tokens are approximated as characters / 4 (the usual rule for English and code under BPE tokenizers such as
 OpenAI's cl100k; it is an estimate, not a count by the model's own tokenizer). docs/agent.md shows its output.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from agent.archive import Candidate
 from agent.flatten import flatten
 from agent.llm import Message
-from agent.proposing import llm_messages
+from agent.proposing import llm_messages, system_for
 from agent.search import Selection
 from sandbox.task import load_task
 from seeds.registry import seed_for_task
@@ -71,10 +71,11 @@ def requests(task_path: Path) -> dict[str, list[Message]]:
                       source=source, reply="Use 8 warps instead of 4.\n<<<<<<< SEARCH\nnum_warps=4\n=======\n"
                                             "num_warps=8\n>>>>>>> REPLACE", **common)
     history = [broken, child]
+    system = system_for(task, timed=False, own_seed=seed.path)
     out = {}
     for kind, sel in (("fresh", Selection("fresh")), ("fix", Selection("fix", (broken,))),
                       ("improve", Selection("improve", (good,))), ("crossover", Selection("crossover", (good, child)))):
-        out[kind] = llm_messages(task, sel, [good, child], timed=False, history=history, best=good)
+        out[kind] = llm_messages(task, sel, [good, child], timed=False, history=history, best=good, system=system)
     return out
 
 
