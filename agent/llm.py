@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
@@ -81,6 +82,45 @@ class ProviderError(Exception):
         self.transient = transient
 
 
+class ModelPool:
+    """Several models in one run (`--model openai:a,anthropic:b`): each request goes to one of them, drawn with a
+    weight of (verified improvements + 1) / (spend + one request's worth). Spend is dollars when every model has a
+    price, else requests (an unpriced model's dollars are unknown). The loop calls `pick` for each request and
+    `credit` with each verdict; `complete` alone (as a plain Provider) uses `pick` too."""
+
+    def __init__(self, providers: list[Provider], seed: int = 0):
+        if len(providers) < 2:
+            raise ValueError("a pool needs two or more models")
+        self.providers = list(providers)
+        self.name = ",".join(p.name for p in providers)
+        priced = all(getattr(p, "price", None) is not None for p in providers)
+        self.price = True if priced else None  # what --max-cost asks of a provider: every model has a price
+        self.stats = {p.name: {"requests": 0, "improved": 0, "cost": 0.0} for p in providers}
+        self._rng = random.Random(seed)
+
+    def weight(self, name: str) -> float:
+        s = self.stats[name]
+        if self.price:
+            spent = [v["cost"] / v["requests"] for v in self.stats.values() if v["requests"]]
+            unit = sum(spent) / len(spent) if spent and sum(spent) > 0 else 1.0
+            return (s["improved"] + 1) / (s["cost"] + unit)
+        return (s["improved"] + 1) / (s["requests"] + 1)
+
+    def pick(self) -> Provider:
+        weights = [self.weight(p.name) for p in self.providers]
+        choice = self._rng.choices(self.providers, weights=weights)[0]
+        self.stats[choice.name]["requests"] += 1
+        return choice
+
+    def credit(self, name: str, *, improved: bool, cost: float | None) -> None:
+        if name in self.stats:
+            self.stats[name]["improved"] += int(improved)
+            self.stats[name]["cost"] += cost or 0.0
+
+    def complete(self, messages: list[Message], *, max_tokens: int, temperature: float) -> Reply:
+        return self.pick().complete(messages, max_tokens=max_tokens, temperature=temperature)
+
+
 def make_provider(spec: str | None, *, timeout_s: float = 120, prices: dict | None = None,
                   **options) -> Provider | None:
     """The provider for `spec` ("openai:NAME", "anthropic:NAME"), else for $CRUCIBLE_MODEL; None when neither is set.
@@ -94,6 +134,12 @@ def make_provider(spec: str | None, *, timeout_s: float = 120, prices: dict | No
     if spec is None or spec.strip().lower() in TUNER_SPECS:
         return None
     spec = spec.strip()
+    if "," in spec:  # several models in one run
+        specs = [s.strip() for s in spec.split(",") if s.strip()]
+        made = [make_provider(s, timeout_s=timeout_s, prices=prices, **options) for s in specs]
+        if len(made) < 2 or any(p is None for p in made):
+            raise ProviderError(f"model spec {spec!r}: give two or more PROVIDER:MODEL specs separated by commas")
+        return ModelPool(made)  # type: ignore[arg-type]
     kind, sep, model = spec.partition(":")
     kind = kind.lower()
     if not sep or not model.strip():

@@ -42,7 +42,7 @@ from agent.executors import spawn as _spawn
 from agent import diffs, reflect
 from agent.extract import NoCode, extract_code, normal_form
 from agent.flatten import flatten
-from agent.llm import Provider, ProviderError, Reply
+from agent.llm import ModelPool, Provider, ProviderError, Reply
 from agent.prepare import new_run_id, open_task, prepare, resolve_start
 from agent.proposing import Pending, llm_messages, messages_text, rank, speed, system_for, tuner_proposal
 from agent.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
@@ -323,8 +323,10 @@ class _Coordinator:
             if sel.kind == "fix":
                 self.search.fixes[sel.parents[0].id] -= 1  # not attempted after all
             return False
-        pending = Pending("llm", self.provider.name, sel, prompt=prompt)
         provider, c = self.provider, self.config
+        if isinstance(provider, ModelPool):
+            provider = provider.pick()  # several models: weighted by verified improvement per dollar
+        pending = Pending("llm", provider.name, sel, prompt=prompt)
         future = _spawn(lambda: provider.complete(messages, max_tokens=c.reply_max_tokens, temperature=c.temperature))
         self.requests[future] = pending
         self.issued += 1
@@ -537,6 +539,9 @@ class _Coordinator:
                 self.failures.append(cand)
         verdict = "not timed" if cand.accepted and not cand.timed else speed(cand) if cand.accepted else cand.reason
         self._emit(EventKind.EVALUATED, f"#{cand.id} {cand.origin} {cand.verdict}: {verdict}", cand)
+        if isinstance(self.provider, ModelPool) and cand.origin == "llm":
+            improved = cand.accepted and (not self.timed or self.best is None or rank(cand) > rank(self.best))
+            self.provider.credit(cand.proposer, improved=improved, cost=cand.cost_usd)
         if cand.accepted and (self.best is None or rank(cand) > rank(self.best)):
             if self.timed and cand.timed and self.best is not None and self.best.timed:
                 self.challengers.append(cand)  # crowned only by a duel

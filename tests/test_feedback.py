@@ -377,3 +377,29 @@ def test_a_second_near_copy_of_a_kernel_is_shown_as_a_diff():
     assert shown.count("line_150 = 150") == 1 and "-line_100 = oops\n+line_100 = 100" in shown
     assert code_block(best, best) == "(the same file as the kernel shown above)"
     assert code_block("x = 1", best).startswith("```python")  # nothing alike: in full
+
+
+def test_several_models_are_weighted_by_verified_improvement(tmp_path, task, monkeypatch):
+    from agent.llm import ModelPool, Price, make_provider
+
+    bad = FakeProvider("fake:bad", default=fenced(WRONG, "Wrong."))
+    variants = iter(GOOD.replace("BLOCK_SIZE = 1024", f"BLOCK_SIZE = {b}") for b in range(64, 2000, 8))
+
+    class Varied(FakeProvider):  # a new verified kernel each time
+        def complete(self, messages, **kw):
+            self.enqueue(fenced(next(variants), "Another block size."))
+            return super().complete(messages, **kw)
+
+    good = Varied("fake:good")
+    pool = ModelPool([bad, good], seed=1)
+    with Archive(tmp_path / "a.db") as archive:
+        s = run(task, archive, pool, budget=12, temperature=0.3)
+        by = [c.proposer for c in archive.candidates() if c.origin == "llm"]
+    assert s.proposer == "fake:bad,fake:good" and set(by) == {"fake:bad", "fake:good"}
+    assert by.count("fake:good") >= 8, by  # the model that verifies gets most requests
+    assert all(c.temperature == 0.3 for c in bad.calls + good.calls)  # --temperature reaches every request
+    priced = ModelPool([FakeProvider("a", price=Price(input=1, output=1)), FakeProvider("b")])
+    assert priced.price is None  # one unpriced model: --max-cost is refused
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    assert isinstance(make_provider("openai:a,anthropic:b", prices={}), ModelPool)

@@ -42,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_search_options(p: argparse.ArgumentParser, *,
                        gpus_help: str = "evaluation workers, one per GPU (default 1)") -> None:
     """The options `run` and `batch` share (batch says what --gpus means there)."""
-    p.add_argument("--model", help="openai:NAME or anthropic:NAME (default: $CRUCIBLE_MODEL, else the offline tuner)")
+    p.add_argument("--model", help="openai:NAME or anthropic:NAME, or several separated by commas (each request goes "
+                                   "to one, weighted by verified improvement per dollar; default: $CRUCIBLE_MODEL, "
+                                   "else the offline tuner)")
     p.add_argument("--budget", type=int, help="proposals to make (default 20; the starting kernel is not counted)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="cuda times kernels; cpu checks correctness only, through Triton's interpreter")
