@@ -272,8 +272,16 @@ def _describe_timing(t: dict[str, Any]) -> list[str]:
             continue
         stats = [f"{k[key]} {label}" for key, label in (("n_regs", "registers/thread"), ("registers", "registers/thread"),
                                                         ("n_spills", "spills"), ("spills", "spills"),
-                                                        ("shared", "bytes shared memory"), ("num_warps", "warps"))
+                                                        ("shared", "bytes shared memory"),
+                                                        ("shared_bytes", "bytes shared memory"), ("num_warps", "warps"),
+                                                        ("num_stages", "stages"))
                  if k.get(key) is not None]
+        if isinstance(k.get("ms"), (int, float)):
+            stats.insert(0, f"{k['ms']:.4g} ms")
+        counters = k.get("counters") or k.get("ncu")
+        if isinstance(counters, dict):  # hardware counters, where ncu or proton could read them
+            stats.extend(f"{name} {value}" for name, value in sorted(counters.items())
+                         if isinstance(value, (int, float, str)))
         if stats:
             out.append(f"Kernel {k.get('name', '?')}: " + ", ".join(stats) + ".")
     return out

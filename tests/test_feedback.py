@@ -403,3 +403,18 @@ def test_several_models_are_weighted_by_verified_improvement(tmp_path, task, mon
     monkeypatch.setenv("OPENAI_API_KEY", "k")
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
     assert isinstance(make_provider("openai:a,anthropic:b", prices={}), ModelPool)
+
+
+def test_gpu_diagnostics_show_per_kernel_time_registers_spills_and_shared_memory():
+    from agent.prompting import describe_result
+
+    timing = {"candidate_ms": 0.2, "baselines": {"eager": {"ms": 0.3, "speedup": 1.5, "ci_low": 1.4, "ci_high": 1.6}},
+              "roofline": {"pct_of_roofline": 61.0, "bound": "memory", "gbps": 2600.0},
+              "kernels": [{"name": "_rms_kernel", "ms": 0.19, "registers": 40, "spills": 2, "shared_bytes": 4096,
+                           "num_warps": 8, "num_stages": 3,
+                           "counters": {"dram__throughput.avg.pct_of_peak_sustained_elapsed": 71.5}}]}
+    text = describe_result({"verdict": "accepted", "stages": [{"stage": "timing", "passed": True}], "timed": True,
+                            "timing": timing})
+    assert "61% of the memory-bound limit (2600 GB/s)" in text
+    assert ("Kernel _rms_kernel: 0.19 ms, 40 registers/thread, 2 spills, 4096 bytes shared memory, 8 warps, 3 stages, "
+            "dram__throughput.avg.pct_of_peak_sustained_elapsed 71.5.") in text
