@@ -220,7 +220,7 @@ class TaskSummary:
     tried: int                # candidates with a verdict (interrupted ones excluded)
     verified: int             # accepted by the harness
     timed: int                # verified and timed on a GPU
-    best: Candidate | None    # the fastest timed kernel by the lower end of its CI, else the earliest verified one (search.best_key)
+    best: Candidate | None    # the fastest timed kernel by its CI's lower end, else the earliest verified (best_key)
     proposals: int            # LLM and tuner proposals (seeds excluded)
 
     @property

@@ -1,10 +1,10 @@
 """The example a prompt shows, retrieved by op family instead of one fixed file.
 
 A task's family is read from its file name (norm, softmax, glu, rope, attention, cross-entropy, moe, optimizer,
-matmul). The example is, in order: the best verified kernel the archive holds for another task of the same family;
-a seed kernel of that family (not the task's own seed, which the run starts from anyway); else the RMSNorm forward kept
-with the prompts. Only files that define their kernels themselves are examples. Examples longer than MAX_LINES are passed over: an example is there to show the form of a valid file,
-and a long one costs every request its tokens.
+matmul). The example is, in order: the best verified kernel the archive holds for another task of the same family; a
+seed kernel of that family (not the task's own seed, which the run starts from anyway); else the RMSNorm forward kept
+with the prompts. Only files that define their kernels themselves are examples. Examples longer than MAX_LINES are
+passed over: an example is there to show the form of a valid file, and a long one costs every request its tokens.
 """
 from __future__ import annotations
 

@@ -159,7 +159,8 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
                 defined_by[name] = (mod_name, segment)
             body.append(segment)
         if body:
-            sections.append(f"# ---- copied from the seed module {mod_name.replace('.', '/')}.py ----\n" + "\n\n\n".join(body))
+            origin = mod_name.replace(".", "/")
+            sections.append(f"# ---- copied from the seed module {origin}.py ----\n" + "\n\n\n".join(body))
     lines = source.split("\n")
     first = imports[0]
     before = lines[:first.lineno - 1]

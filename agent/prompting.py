@@ -121,6 +121,9 @@ def crossover_messages(*, task_name: str, task_source: str, source_a: str, diagn
     return [Message(role="system", content=system or system_prompt(**system_kw)), Message(role="user", content=user)]
 
 
+KERNEL_STATS = (("n_regs", "registers/thread"), ("registers", "registers/thread"), ("n_spills", "spills"),
+                ("spills", "spills"), ("shared", "bytes shared memory"), ("shared_bytes", "bytes shared memory"),
+                ("num_warps", "warps"), ("num_stages", "stages"))  # (key in a kernel's stats, how it is said)
 MAX_DIFF_SHARE = 0.5  # a kernel is shown as a diff when the diff is at most this share of its full text
 
 
@@ -270,12 +273,7 @@ def _describe_timing(t: dict[str, Any]) -> list[str]:
     for k in t.get("kernels") or []:
         if not isinstance(k, dict):
             continue
-        stats = [f"{k[key]} {label}" for key, label in (("n_regs", "registers/thread"), ("registers", "registers/thread"),
-                                                        ("n_spills", "spills"), ("spills", "spills"),
-                                                        ("shared", "bytes shared memory"),
-                                                        ("shared_bytes", "bytes shared memory"), ("num_warps", "warps"),
-                                                        ("num_stages", "stages"))
-                 if k.get(key) is not None]
+        stats = [f"{k[key]} {label}" for key, label in KERNEL_STATS if k.get(key) is not None]
         if isinstance(k.get("ms"), (int, float)):
             stats.insert(0, f"{k['ms']:.4g} ms")
         counters = k.get("counters") or k.get("ncu")

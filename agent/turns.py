@@ -2,12 +2,13 @@
 
 Builds the four kinds of request the loop sends for a task — fresh (no kernel yet), fix (a rejected kernel with its
 diagnostics), improve (a verified kernel, its attempts so far) and crossover (two verified kernels) — from the task's
-seed kernel (flattened as a run flattens it), with the CPU's facts and the example a run retrieves, and prints each message's sections with their
-size. Tokens are approximated as characters / 4 (the usual rule for English and code under BPE tokenizers such as
-OpenAI's cl100k; it is an estimate, not a count by the model's own tokenizer). docs/agent.md shows its output.
+seed kernel (flattened as a run flattens it), with the CPU's facts and the example a run retrieves, and prints each
+message's sections with their size. Tokens are approximated as characters / 4 (the usual rule for English and code
+under BPE tokenizers such as OpenAI's cl100k; it is an estimate, not a count by the model's own tokenizer).
+docs/agent.md shows its output.
 
-The fix turn's kernel is the seed with one line broken (a call to a function Triton does not have) and the verdict
-the harness gives such a file; the improve turn's attempts list holds one edit of a block size. These two are
+The fix turn's kernel is the seed with one line broken (a call to a function Triton does not have) and the verdict the
+harness gives such a file; the improve turn's attempts list holds one edit of the warps. These two are
 illustrations, written here; everything else is what the loop sends.
 """
 from __future__ import annotations

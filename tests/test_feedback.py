@@ -50,7 +50,8 @@ class Judge:
         stage = StageResult(Stage.ROBUSTNESS, True, Reason.OK)
         return CheckResult(task="t", candidate=str(path), device="cpu", verdict=Verdict.ACCEPTED,
                            stage=Stage.ROBUSTNESS, reason=Reason.OK, message="ok", stages=(stage,),
-                           seconds=Judge.delay_s, timed=False, environment={"torch": "2.x", "triton": "3.x", "device": "cpu"})
+                           seconds=Judge.delay_s, timed=False,
+                           environment={"torch": "2.x", "triton": "3.x", "device": "cpu"})
 
     def close(self):
         pass
@@ -173,7 +174,8 @@ def test_seed_code_a_kernel_imports_is_shown_and_editable(tmp_path, task):
 
 
 def test_near_duplicates_are_recognised_and_not_checked_again(tmp_path, task):
-    same = GOOD.replace("class ModelNew(nn.Module):", "# a comment\n\nclass ModelNew(nn.Module):\n    \"\"\"Doc.\"\"\"\n")
+    same = GOOD.replace("class ModelNew(nn.Module):",
+                        "# a comment\n\nclass ModelNew(nn.Module):\n    \"\"\"Doc.\"\"\"\n")
     fake = FakeProvider("fake:m").enqueue(fenced(GOOD, "first")).enqueue(fenced(same, "again"))
     with Archive(tmp_path / "a.db") as archive:
         run(task, archive, fake, budget=2)
