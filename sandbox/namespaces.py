@@ -14,8 +14,9 @@ zygote reported still ends everything the candidate started. C3 is not PID 1 on 
 has no handler for (SIGXCPU at the CPU-time limit among them).
 
 From inside, the candidate sees PIDs 1 (C2) and 2 (itself) and its own descendants: not the zygote, not the parent,
-nothing else on the host to signal or trace. Where the kernel refuses a namespace (an unprivileged user), C1 runs the
-worker itself and the walls it could not raise are reported absent (sandbox.policy).
+nothing else on the host to signal or trace. Where the kernel refuses a namespace (an unprivileged user), or where
+the PID namespace is not wanted (`pid_namespace_wanted`: by default not on a GPU), C1 runs the worker itself and the
+walls it could not raise are reported absent (sandbox.policy).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import resource
 import select
 import signal
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWPID = 0x00020000, 0x08000000, 0x40000000, 0x20000000
@@ -33,7 +35,19 @@ MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
 
 
-def enter(group: Any, inherited_fds: list[int]) -> dict[str, Any]:
+def pid_namespace_wanted(env: Mapping[str, str]) -> bool:
+    """CRUCIBLE_PID_NAMESPACE=1 or 0 decides; by default a PID namespace everywhere except in a zygote serving a
+    GPU (Triton not interpreted): the parent lends the child its inputs and output buffers by legacy CUDA IPC
+    handles, which cannot be opened across PID namespaces (NCCL and UCX document that limit). There the wall is
+    reported absent, and what the candidate starts still dies with it: no new session (seccomp), so the parent's
+    kill of the process group reaches it, and the zygote kills whatever is left in the control group."""
+    setting = env.get("CRUCIBLE_PID_NAMESPACE", "").strip()
+    if setting in ("0", "1"):
+        return setting == "1"
+    return env.get("TRITON_INTERPRET", "1") != "0"
+
+
+def enter(group: Any, inherited_fds: list[int], pid_namespace: bool = True) -> dict[str, Any]:
     """Run in C1 right after the zygote's fork. Returns only in the process that is to run the worker, with the walls
     that stand; C1 and C2 never return (they wait, then exit). `inherited_fds` (the worker's socket, output pipe and
     shared buffer) are closed in C1 and C2, so the parent sees the channel close as soon as the worker dies."""
@@ -49,7 +63,7 @@ def enter(group: Any, inherited_fds: list[int]) -> dict[str, Any]:
         libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0  # nothing mounted here reaches the host
     walls["ipc_namespace"] = libc.unshare(CLONE_NEWIPC) == 0
     walls["network_namespace"] = libc.unshare(CLONE_NEWNET) == 0
-    walls["pid_namespace"] = libc.unshare(CLONE_NEWPID) == 0
+    walls["pid_namespace"] = pid_namespace and libc.unshare(CLONE_NEWPID) == 0
     walls["proc_private"] = False
     if not walls["pid_namespace"]:
         return walls

@@ -38,6 +38,7 @@ def serve(ctrl_fd: int) -> None:
         torch.nn.Linear(4, 4)(torch.empty(2, 4).fill_(1.0))
 
     groups = memory.Groups()
+    pid_namespace = namespaces.pid_namespace_wanted(os.environ)
     # Everything imported so far lives as long as the zygote: out of the collector's reach, a collection in a child
     # no longer touches (and so copies) every page of torch's heap; measured: confinement 60 -> 10 ms on the CPU.
     gc.freeze()
@@ -62,7 +63,7 @@ def serve(ctrl_fd: int) -> None:
                     try:
                         ctrl.close()
                         os.setsid()
-                        policy.ZYGOTE_WALLS.update(namespaces.enter(group, fds[:3]))
+                        policy.ZYGOTE_WALLS.update(namespaces.enter(group, fds[:3], pid_namespace))
                         worker.main(fds[0], fds[1], fds[2])
                     except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
                         import traceback

@@ -116,6 +116,26 @@ def test_nothing_the_candidate_starts_outlives_it_and_it_sees_no_one(harness, tm
 
 
 @needs_root
+def test_without_a_pid_namespace_what_the_candidate_starts_still_dies(tmp_path, monkeypatch):
+    """The GPU's default (sandbox.namespaces.pid_namespace_wanted): no new session for the daemon (seccomp), so the
+    parent's kill of the process group reaches it, and the zygote empties the control group on wait."""
+    monkeypatch.setenv("CRUCIBLE_PID_NAMESPACE", "0")
+    marker = "cw" + secrets.token_hex(6)
+    with Harness("cpu") as harness:
+        env = {"zygote_pid": harness.zygote.proc.pid, "parent_pid": os.getpid(), "marker": marker}
+        reply, report, child = _attack(harness, tmp_path, "walls_pid.py", env, keep_open=True)
+        try:
+            assert not _walls(reply)["pid_namespace"] and _walls(reply)["seccomp"]
+            assert report["setsid"] == [-1, EPERM] and _comm_pids(marker)
+        finally:
+            child.close(graceful=False)
+        end = time.monotonic() + 5
+        while _comm_pids(marker) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not _comm_pids(marker), "a process the candidate started outlived its check"
+
+
+@needs_root
 def test_shared_memory_is_private_and_left_behind_nowhere(harness, tmp_path):
     nonce = secrets.token_hex(6)
     host_file = Path(f"/dev/shm/crucible-walls-host-{nonce}")
