@@ -15,6 +15,7 @@ there reads garbage. An honest workspace is written before it is read and does n
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import types
 from typing import Any
@@ -99,7 +100,7 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
             values[path] = repr(v)[:200]  # count(n) and the like show their position
         elif _opaque(v):
             values[path] = (type(v).__qualname__, id(v))
-        elif hasattr(v, "cache_info") and callable(v.cache_info):  # functools.lru_cache
+        elif isinstance(v, functools._lru_cache_wrapper):  # by type: a getattr would run a candidate's property
             values[path] = ("lru_cache", id(v), v.cache_info().currsize)
         elif hasattr(v, "__dict__") or hasattr(type(v), "__slots__"):
             values[path] = (type(v).__qualname__, id(v))

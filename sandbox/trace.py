@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import inspect
 import os
 import types
 from dataclasses import dataclass, field
@@ -321,18 +322,32 @@ def install(candidate_file: str, seeds_dir: str) -> Tracer:
                 return f"the kernel {fn.__name__} calls the builtin {name}"
         return None
 
-    def arg_problem(v: Any, seen: set[int]) -> str | None:
-        if type(v) in (torch.Tensor, torch.nn.Parameter) or isinstance(v, _PLAIN) or isinstance(v, tl.dtype):
+    def arg_problem(v: Any, seen: set[int], pointer: bool = True) -> str | None:
+        """`pointer`: whether the interpreter turns a tensor here into a pointer (a parameter that is not a
+        tl.constexpr, or a tuple in one). Elsewhere (a constexpr, a list) the body gets the torch tensor itself, and
+        its operators and methods (`*`, `.sum`, `.rsqrt`) would run torch while the trace stands aside."""
+        if type(v) in (torch.Tensor, torch.nn.Parameter):
+            return None if pointer else "a torch tensor as a tl.constexpr or in a list (the kernel body would get " \
+                                        "the tensor itself and compute with torch)"
+        if isinstance(v, _PLAIN) or isinstance(v, tl.dtype):
             return None
         if isinstance(v, tl.constexpr):
-            return arg_problem(v.value, seen)
+            return arg_problem(v.value, seen, False)
         if isinstance(v, (tuple, list)):
-            return next((p for p in (arg_problem(x, seen) for x in v) if p), None)
+            inner = pointer and isinstance(v, tuple)
+            return next((p for p in (arg_problem(x, seen, inner) for x in v) if p), None)
         if isinstance(v, _jit.KernelInterface):
             return value_problem(v, frozenset(), seen)
         if type(v).__name__ in ("TensorDescriptor", "TensorDescriptorIm2Col") and triton_defined(v):
             return arg_problem(getattr(v, "base", None), seen)
         return f"an argument of type {type(v).__module__}.{type(v).__name__}"
+
+    def constexpr_params(fn: Any) -> frozenset[str]:
+        """The parameters the interpreter hands to the body as they are (GridExecutor's own test)."""
+        normalize = getattr(_jit, "_normalize_ty", None)
+        if not isinstance(fn, types.FunctionType) or normalize is None:
+            return frozenset()
+        return frozenset(name for name, ty in inspect.get_annotations(fn).items() if normalize(ty) == "constexpr")
 
     def hooks_problem(kernel: Any) -> str | None:
         for hook in getattr(kernel, "pre_run_hooks", None) or ():
@@ -387,7 +402,10 @@ def install(candidate_file: str, seeds_dir: str) -> Tracer:
                 problem = hooks_problem(self)
                 if problem is None and interpreted:
                     seen: set[int] = set()
-                    problem = next((p for p in (arg_problem(v, seen) for k, v in
+                    names = list(getattr(self, "arg_names", ()))
+                    consts = constexpr_params(fn)
+                    problem = next((p for p in (arg_problem(v, seen, (names[k] if isinstance(k, int) and k < len(names)
+                                                                      else k) not in consts) for k, v in
                                                 list(enumerate(args)) + [kv for kv in kwargs.items() if kv[0] != "grid"])
                                     if p), None)
                     if problem is None and isinstance(fn, types.FunctionType):

@@ -2,7 +2,8 @@
 which the harness must reject for the reason named: compute outside Triton by routes the allow-list does not name
 (operators, in-place methods, builtins iterating tensors, submodules, nn.functional through the module handle, Python
 scalar loops), state carried in class attributes and default arguments, a forged verdict on stdout, a malformed
-result structure and a kernel body that never ends."""
+result structure, a kernel body that never ends; torch tensors handed to the interpreter's kernel body as themselves,
+and candidate code run by the state walk after the forward."""
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,12 @@ EXPECTED = {
     "redteam_default_arg_store.py": (RMSNORM, Stage.CORRECTNESS, Reason.OUTPUT_MISMATCH, "wrong result"),
     "redteam_many_outputs.py": (RMSNORM, Stage.SMOKE, Reason.SANDBOX_VIOLATION, "malformed reply"),
     "redteam_kernel_spins.py": (RMSNORM, Stage.SMOKE, Reason.TIMEOUT, "did not finish"),
+    # Once accepted: a torch tensor the interpreter hands to the kernel body as itself (a tl.constexpr, a list)
+    "redteam_constexpr_tensor.py": (RMSNORM, Stage.SMOKE, Reason.FOREIGN_COMPUTE, "tl.constexpr or in a list"),
+    "redteam_list_of_tensors.py": (RMSNORM, Stage.SMOKE, Reason.FOREIGN_COMPUTE, "tl.constexpr or in a list"),
+    # Once accepted: a `cache_info` property the state walk called after the forward, outside the trace; now the walk
+    # runs none of the candidate's code and the poisoned output it returned is what the parent sees
+    "redteam_cache_info_property.py": (RMSNORM, Stage.CORRECTNESS, Reason.NONFINITE_MISMATCH, "NaN"),
 }
 
 
