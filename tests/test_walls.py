@@ -316,3 +316,22 @@ def test_the_pid_the_zygote_reports_ends_as_the_worker_did(how, expected):
     if out == "99":
         pytest.skip("this kernel refused a PID namespace (needs root)")
     assert out == expected
+
+
+UNDER_FILTER = textwrap.dedent("""
+    import subprocess, sys, threading
+    sys.path.insert(0, sys.argv[1])
+    from sandbox import seccomp
+    assert seccomp.install()
+    ran = []
+    t = threading.Thread(target=lambda: ran.append(1))  # clone with CLONE_THREAD (clone3 answers ENOSYS first)
+    t.start(); t.join()
+    out = subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip()
+    print(len(ran), out)  # fork/vfork and execve: how Triton starts ptxas on a GPU
+""")
+
+
+def test_threads_fork_and_exec_still_work_under_the_filter():
+    proc = subprocess.run([sys.executable, "-c", UNDER_FILTER, str(HERE.parent)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.split() == ["1", "42"], (proc.returncode, proc.stderr[-500:])
