@@ -52,7 +52,10 @@ def default_bound_bytes() -> int:
 
 def default_pids() -> int:
     setting = os.environ.get("CRUCIBLE_PIDS_MAX", "").strip()
-    return int(setting) if setting.isdigit() and int(setting) > 0 else DEFAULT_PIDS
+    if setting and not (setting.isdigit() and int(setting) > 0):
+        log.warning("CRUCIBLE_PIDS_MAX=%r is not a positive whole number; using %d", setting, DEFAULT_PIDS)
+        return DEFAULT_PIDS
+    return int(setting) if setting else DEFAULT_PIDS
 
 
 @dataclass
@@ -133,6 +136,15 @@ class Groups:
             self.problem = f"{type(exc).__name__}: {exc}"
         if not self.parents:
             log.info("no memory bound per candidate on this machine: %s", self.problem or "no control group found")
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Remove the groups of zygotes that died without cleaning up (killed with SIGKILL)."""
+        for parent in self.parents:
+            for path in parent.glob("crucible-*-*"):
+                owner = path.name.split("-")[1]
+                if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                    Group(self.version, [path], 0).remove(wait_s=0.5)
 
     @property
     def available(self) -> bool:
