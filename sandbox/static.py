@@ -103,6 +103,11 @@ FORBIDDEN_ATTRS = frozenset({
     "functools", "itertools", "typing", "linecache", "dis", "code", "codeop", "runpy", "pkgutil", "site", "posix",
     "atexit", "faulthandler", "tracemalloc", "sysconfig", "logging", "contextlib", "overrides",
     "get_type_hints", "ForwardRef", "_evaluate",
+    # more handles, found by walking the public attributes of torch's and Triton's modules and classes for modules of
+    # the standard library (torch.glob.re.enum.bltns is builtins, torch.cuda.tunable.mp is multiprocessing); "torch"
+    # because torch.nn.functional.torch is torch again, past FORBIDDEN_PATHS (tests/test_redteam.py repeats the walk)
+    "torch", "ao", "numbers", "dataclasses", "glob", "platform", "textwrap", "collections", "ast", "re", "string",
+    "enum", "concurrent", "mp", "bisect", "json", "abc",
     "sandbox", "trace", "policy", "worker", "channel", "harness", "zygote", "profiler", "agent",
     "hub", "utils", "serialization", "distributed", "library", "ops", "_C", "_dynamo", "_inductor",
     "_python_dispatch", "fx", "package", "onnx", "export", "testing", "backends", "classes", "compiler",
