@@ -420,3 +420,17 @@ def test_gpu_diagnostics_show_per_kernel_time_registers_spills_and_shared_memory
     assert "61% of the memory-bound limit (2600 GB/s)" in text
     assert ("Kernel _rms_kernel: 0.19 ms, 40 registers/thread, 2 spills, 4096 bytes shared memory, 8 warps, 3 stages, "
             "dram__throughput.avg.pct_of_peak_sustained_elapsed 71.5.") in text
+
+
+def test_the_summary_prints_model_names_literally(tmp_path, task):
+    from agent.commands import run as run_cmd
+
+    fake = FakeProvider("openai:m:[bold]x").enqueue(fenced(GOOD, "one"), usage=Usage(input_tokens=10,
+                                                                                    output_tokens=20))
+    with Archive(tmp_path / "a.db") as archive:
+        s = run(task, archive, fake, budget=1)
+    with run_cmd.console.capture() as cap:
+        run_cmd.render_summary(s, tmp_path / "a.db")
+    text = " ".join(cap.get().split())
+    assert "by openai:m:[bold]x:" in text and "(llm, openai:m:[bold]x)" in text
+    assert "cost unknown" in text and "$0.0000" not in text and "50.00 verified kernels per 1k output tokens" in text
