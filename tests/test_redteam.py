@@ -4,7 +4,7 @@ which the harness must reject for the reason named: compute outside Triton by ro
 scalar loops), state carried in class attributes and default arguments, a forged verdict on stdout, a malformed
 result structure, a kernel body that never ends; torch tensors handed to the interpreter's kernel body as themselves,
 and candidate code run by the state walk after the forward; standard-library modules (builtins among them) reached
-through torch attributes the deny-list did not name.
+through torch attributes the deny-list did not name."""
 import importlib
 import types
 import warnings
