@@ -4,7 +4,9 @@ The seeds share code (`from seeds._common import sm_count`, `from seeds.swiglu i
 only the importing file would hide the kernels that actually run, and the model could not change them. `flatten`
 replaces each `from seeds.X import a, b as c` at the top level by the definitions it needs from seeds/X.py: `a` and
 `b`, and, transitively, every top-level definition, import and constant they use (imports from further seed modules
-resolved the same way), in the modules' own order, dependencies first; `c = b` keeps an alias.
+resolved the same way), in the modules' own order, dependencies first; `c = b` keeps an alias. A definition whose code
+uses, itself, an import a candidate may not make (a host-side helper cached with functools, say) stays imported from
+its seed module: the kernels are copied, such helpers are not.
 
 The result runs the same code (the definitions are copied verbatim). Where it cannot be made safely — a name defined
 differently by two of the modules, a seed module that is not a file, an import of a whole seed module, copied code
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 SEEDS_DIR = Path(__file__).resolve().parent.parent / "seeds"
 _BUILTINS = set(dir(builtins)) | {"__name__", "__file__", "__doc__"}
+MAX_KEPT = 12  # definitions the static checks may send back to their module before the file is left as it was
 
 
 @dataclass(frozen=True)
@@ -43,18 +47,30 @@ def flatten(source: str, seeds_dir: Path = SEEDS_DIR) -> Flat:
     if not imports and not any(isinstance(n, ast.Import) and any(a.name.startswith("seeds.") or a.name == "seeds"
                                                                   for a in n.names) for n in tree.body):
         return Flat(source)
-    try:
-        flat = _flatten(source, tree, imports, seeds_dir)
-    except _Cant as exc:
-        return Flat(source, problem=str(exc))
     from sandbox.static import check_source
 
-    # The copied code must pass the checks a candidate passes (a seed module may import what a candidate may not).
-    finding = check_source(flat.source, "flattened.py")
-    if finding is not None and check_source(source, "original.py") is None:
-        return Flat(source, problem=f"the seed code it imports would not pass the static checks in the file "
-                                    f"({finding.message.split(';')[0]})")
-    return flat
+    if check_source(source, "original.py") is not None:
+        keep_checking = False  # the file fails the checks as it is: flattening does not change that verdict
+    else:
+        keep_checking = True
+    keep: set[tuple[str, str]] = set()
+    for _ in range(MAX_KEPT):
+        try:
+            flat, placed = _flatten(source, tree, imports, seeds_dir, keep)
+        except _Cant as exc:
+            return Flat(source, problem=str(exc))
+        # The copied code must pass the checks a candidate passes: a seed module may do what a candidate may not
+        # (a dunder method, an import). The definition a finding points at stays imported from its module.
+        finding = check_source(flat.source, "flattened.py") if keep_checking else None
+        if finding is None:
+            return flat
+        m = re.match(r"line (\d+)\b", finding.message)
+        culprit = next((key for key, lo, hi in placed if m and lo <= int(m.group(1)) <= hi), None)
+        if culprit is None or culprit <= keep:
+            break
+        keep |= culprit
+    return Flat(source, problem=f"the seed code it imports would not pass the static checks in the file "
+                                f"({finding.message.split(';')[0]})")
 
 
 def _seed_import(node: ast.stmt) -> bool:
@@ -81,7 +97,10 @@ class _Module:
         return "\n".join(self.lines[first - 1:node.end_lineno])
 
 
-def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: Path) -> Flat:
+def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: Path,
+             keep: set[tuple[str, str]]) -> tuple[Flat, list[tuple[frozenset, int, int]]]:
+    """The flattened file, and where each copied definition landed: ((module, name) pairs, first line, last line).
+    The names in `keep` stay imported."""
     if any(isinstance(n, ast.Import) and any(a.name.startswith("seeds") for a in n.names) for n in tree.body):
         raise _Cant("it imports a whole seed module (import seeds.X); only `from seeds.X import name` is inlined")
     modules: dict[str, _Module] = {}
@@ -104,6 +123,16 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
             if a.asname and a.asname != a.name:
                 aliases.append((a.asname, a.name))
     done: set[tuple[str, str]] = set()
+    kept: dict[str, set[str]] = {}  # module -> names still imported: their code needs what a candidate may not import
+
+    def needs_forbidden(mod_name: str, name: str) -> bool:
+        """The definition of `name` uses, itself, a name bound by an import a candidate may not make."""
+        m = module(mod_name)
+        forbidden = {n for node in m.body if isinstance(node, (ast.Import, ast.ImportFrom))
+                     and not _seed_import(node) and not _allowed(node) for n in _defines(node)}
+        return any(_free(m.body[i]) & forbidden for i in m.defines.get(name, [])
+                   if not isinstance(m.body[i], (ast.Import, ast.ImportFrom)))
+
     while work:
         mod_name, name = work.pop()
         if (mod_name, name) in done:
@@ -112,6 +141,9 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
         m = module(mod_name)
         if name not in m.defines:
             raise _Cant(f"{mod_name} defines no top-level {name!r}")
+        if (mod_name, name) in keep or needs_forbidden(mod_name, name):
+            kept.setdefault(mod_name, set()).add(name)
+            continue
         for i in m.defines[name]:
             if i in taken[mod_name]:
                 continue
@@ -166,6 +198,7 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
     before = lines[:first.lineno - 1]
     skip = {ln for node in imports for ln in range(node.lineno, node.end_lineno + 1)}
     after = [line for ln, line in enumerate(lines[first.lineno - 1:], first.lineno) if ln not in skip]
+    head += [f"from {mod} import {', '.join(sorted(names))}" for mod, names in sorted(kept.items())]
     inlined = (["\n".join(head)] if head else []) + sections + (
         ["\n".join(f"{alias} = {name}" for alias, name in aliases)] if aliases else [])
     text = "\n".join(before).rstrip("\n") + "\n" + ("\n\n\n".join(inlined)) + "\n\n\n" + "\n".join(after).lstrip("\n")
@@ -175,7 +208,27 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
         ast.parse(text)
     except SyntaxError as exc:  # pragma: no cover - the copied statements parsed where they came from
         raise _Cant(f"the flattened file does not parse ({exc.msg})") from None
-    return Flat(text if text.endswith("\n") else text + "\n", tuple(order))
+    placed = []
+    for mod_name in order:
+        m = modules[mod_name]
+        for i in sorted(taken[mod_name]):
+            if isinstance(m.body[i], (ast.Import, ast.ImportFrom)):
+                continue
+            at = text.find(m.segment(i))
+            if at >= 0:
+                lo = text[:at].count("\n") + 1
+                placed.append((frozenset((mod_name, n) for n in _defines(m.body[i])), lo,
+                               lo + m.segment(i).count("\n")))
+    return Flat(text if text.endswith("\n") else text + "\n", tuple(order)), placed
+
+
+def _allowed(node: ast.Import | ast.ImportFrom) -> bool:
+    """A candidate may make this import (the harness's static allow-list)."""
+    from sandbox.static import ALLOWED_IMPORTS
+
+    roots = [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) else \
+        [(node.module or "").split(".")[0]]
+    return all(r in ALLOWED_IMPORTS for r in roots)
 
 
 def _with_future(text: str) -> str:
