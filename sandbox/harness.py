@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 SEEDS_DIR = REPO_ROOT / "seeds"
 # The soak's calls: (seconds of the candidate's time, most calls) by device, and the fewest. On the CPU interpreter a
 # call costs milliseconds even at the smallest shape, so the soak stays short; on a GPU cheap calls run by hundreds.
-SOAK_BUDGET_S = {"cpu": (0.12, 24), "cuda": (1.0, 2000)}
+SOAK_BUDGET_S = {"cpu": (0.2, 64), "cuda": (1.0, 2000)}
 SOAK_MIN_CALLS = 3
 # GPU memory the tensors lent to one child may pin (they stay alive until it is dead). Past it, outputs come back
 # through host memory and inputs are no longer pinned: a task whose every call moves gigabytes (cross-entropy over a
@@ -510,7 +510,7 @@ class Harness:
                 expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
         msg = {"op": "soak", "base": [_ship(b, keep) for b in base], "n": n, "checked": checked,
                "fixed": list(task.meta.fixed_inputs)}
-        with run.lap("request"):
+        with run.lap("soak"):
             reply = self._request(run, Stage.ROBUSTNESS, msg, max_bytes=4 * sum(e.nbytes for e in expected) + (1 << 24))
         run.calls += n
         run.call_seconds += float(reply.get("seconds") or 0.0)
