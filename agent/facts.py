@@ -56,7 +56,7 @@ def facts_text(task: Task, *, timed: bool, env: dict[str, Any], ceilings: dict[s
                 f"Installed: {versions}. Write the kernel for a modern NVIDIA GPU anyway: correct first, then "
                 f"fast (one pass over memory, fp32 accumulation, masked vector loads, no register spills).\n"
                 f"The task at its full shapes: {work}.")
-    gpu = env.get("gpu") or {}
+    gpu = env.get("gpu") if isinstance(env.get("gpu"), dict) else {}
     lines = [f"Target: {gpu.get('name', 'an NVIDIA GPU')} (compute capability {gpu.get('capability', '?')}, "
              f"{gpu.get('sm_count', '?')} SMs), {versions}."]
     if ceilings:

@@ -706,6 +706,8 @@ def _cached_ceilings(env: dict) -> dict | None:
     from profiler.ceilings import CACHE_FILE, cache_dir
     from profiler.env import device_key
 
+    if not isinstance(env.get("gpu"), dict):
+        return None  # no GPU described: no key to look the ceilings up by
     try:
         data = json.loads((cache_dir() / CACHE_FILE).read_text())
     except (OSError, ValueError):

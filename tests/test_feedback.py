@@ -438,3 +438,35 @@ def test_the_summary_prints_model_names_literally(tmp_path, task):
     text = " ".join(cap.get().split())
     assert "by openai:m:[bold]x:" in text and "(llm, openai:m:[bold]x)" in text
     assert "cost unknown" in text and "$0.0000" not in text and "50.00 verified kernels per 1k output tokens" in text
+
+
+def test_a_timed_run_states_the_gpu_and_the_time_to_beat_from_its_checks(tmp_path, task, monkeypatch):
+    """On a GPU (scripted here), the facts come from the harness's checks and the archive's baseline times."""
+    import json as json_mod
+
+    import agent.loop as loop_mod
+    from tests.test_loop import ScriptedEvaluator
+
+    monkeypatch.setattr(loop_mod, "_device", lambda device: "cuda")
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    env = {"gpu": {"name": "NVIDIA Testcard", "sm_count": 77, "capability": "8.9"}, "driver": "1", "torch": "t"}
+    monkeypatch.setenv("CRUCIBLE_CACHE", str(tmp_path))
+    from profiler.env import device_key
+    (tmp_path / "ceilings.json").write_text(json_mod.dumps({device_key(env): {"copy_gbps": 2000.0,
+                                                                              "matmul_tflops": {"bf16": 300.0}}}))
+
+    class OnTestcard(ScriptedEvaluator):
+        def check(self, path, baselines=None):
+            from dataclasses import replace
+            return replace(super().check(path, baselines), device="cuda", environment=env)
+
+    kernel = tmp_path / "k.py"
+    kernel.write_text(GOOD)
+    fake = FakeProvider("fake:m").enqueue(fenced(GOOD.replace("1024", "512"), "Smaller."))
+    ScriptedEvaluator.calls = 0
+    with Archive(tmp_path / "a.db") as archive:
+        run_search(RunConfig(task_path=task, budget=1, device="cuda", start_from=kernel, polish=0), archive,
+                   provider=fake, evaluator_factory=OnTestcard)
+    system = fake.calls[0].messages[0].content
+    assert "NVIDIA Testcard" in system and "77 SMs" in system and "copy 2000 GB/s" in system
+    assert "Time to beat: 1 ms (eager PyTorch" in system and "nothing is timed" not in system
