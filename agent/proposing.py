@@ -105,7 +105,33 @@ def attempts_text(parent: Candidate | None, history: Sequence[Candidate]) -> str
     lines = [f"- #{c.id}: {what_changed(c)} -> {outcome(c, parent)}" for c in mine[-MAX_ATTEMPTS:]]
     if len(mine) > MAX_ATTEMPTS:
         lines.insert(0, f"({len(mine) - MAX_ATTEMPTS} earlier attempts not listed)")
+    chain = lineage(parent, history)
+    if chain:
+        lines.insert(0, "How this kernel came about: " + " -> ".join(chain))
     return "\n".join(lines) or "None yet."
+
+
+def lineage(c: Candidate | None, history: Sequence[Candidate], limit: int = 6) -> list[str]:
+    """The steps from the oldest known ancestor to `c`, each with what changed; empty for a kernel with no parent."""
+    by_id = {h.id: h for h in history}
+    steps: list[str] = []
+    while c is not None and c.parent_id is not None and len(steps) < limit:
+        steps.append(f"#{c.id} ({what_changed(c)})")
+        c = by_id.get(c.parent_id) or _Stub(c.parent_id)
+        if isinstance(c, _Stub):
+            steps.append(f"#{c.id}")
+            break
+    else:
+        if c is not None and steps:
+            steps.append(f"#{c.id} ({c.origin})")
+    return steps[::-1]
+
+
+class _Stub:
+    """An ancestor not in this run's records (an earlier run's)."""
+
+    def __init__(self, cid: int):
+        self.id, self.parent_id = cid, None
 
 
 def what_changed(c: Candidate) -> str:

@@ -470,3 +470,21 @@ def test_a_timed_run_states_the_gpu_and_the_time_to_beat_from_its_checks(tmp_pat
     system = fake.calls[0].messages[0].content
     assert "NVIDIA Testcard" in system and "77 SMs" in system and "copy 2000 GB/s" in system
     assert "Time to beat: 1 ms (eager PyTorch" in system and "nothing is timed" not in system
+
+
+def test_attempts_list_the_lineage_and_what_each_child_changed():
+    from agent.archive import Candidate
+    from agent.proposing import attempts_text
+
+    common = dict(task_path="t", task_hash="h", proposer="m", verdict="accepted", reason="ok", source="x")
+    seed = Candidate(id=1, origin="seed", **common)
+    child = Candidate(id=2, origin="llm", parent_id=1, reply="Use 512 blocks. Then more.\n```python\nx\n```", **common)
+    tuned = Candidate(id=3, origin="tuner", parent_id=2, prompt="tuner: BLOCK 512 -> 256", **common)
+    failed = Candidate(id=4, origin="llm", parent_id=3, reply="Try 8 warps.\n<<<<<<< SEARCH\na\n=======\nb\n"
+                       ">>>>>>> REPLACE", **{**common, "verdict": "rejected", "reason": "output_mismatch",
+                                            "stage": "correctness", "message": "worst at [3]: expected 1, got 2"})
+    text = attempts_text(tuned, [seed, child, tuned, failed])
+    assert text.split("\n")[0] == ('How this kernel came about: #1 (seed) -> #2 ("Use 512 blocks." [whole file]) '
+                                   '-> #3 (tuner: BLOCK 512 -> 256)')
+    assert text.split("\n")[1] == ('- #4: "Try 8 warps." [1 edit (-1/+1 lines)] -> rejected at the correctness stage '
+                                   '(output_mismatch): worst at [3]: expected 1, got 2')
