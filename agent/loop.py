@@ -47,7 +47,7 @@ from agent.prepare import new_run_id, open_task, prepare, resolve_start
 from agent.proposing import Pending, llm_messages, messages_text, rank, speed, system_for, tuner_proposal
 from agent.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
                         RunConfig, RunSummary)
-from agent.search import Search, Selection, best_of, niche
+from agent.search import MAX_FIXES, Search, Selection, best_of, niche
 from sandbox.records import CheckResult
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,7 @@ class _Coordinator:
         self.final: Reverification | None = None
         self.bout: duel_mod.Bout | None = None  # the duel in flight (at most one)
         self.system: str | None = None  # the system prompt, made at the first request
+        self.retried: set[int] = set()  # failed edits and cut-off replies whose kernel was asked about again
         self.challengers: deque[Candidate] = deque()  # waiting for their duel
         self.duels: list[Duel] = []
 
@@ -311,7 +312,7 @@ class _Coordinator:
         already waiting for an outcome `samples` times: the next verdict will change it, so wait for that."""
         assert self.provider is not None
         fixed = {c.parent_id for c in self.history if c.accepted}  # a failure with a verified fix needs no other
-        sel = self.search.select_for_llm(self.elites, [f for f in self.failures if f.id not in fixed])
+        sel = self._retry() or self.search.select_for_llm(self.elites, [f for f in self.failures if f.id not in fixed])
         best = self.archive.with_source(self.best) if self.best is not None else None
         if self.system is None:
             self.system = self._system_prompt()
@@ -332,6 +333,26 @@ class _Coordinator:
         self.issued += 1
         self.llm_requests += 1
         return True
+
+    def _retry(self) -> Selection | None:
+        """The kernel a reply whose edits did not apply (or that was cut off) was asked about, once: the next request
+        from it lists that attempt with the reason, while it is fresh."""
+        for c in reversed(self.history):
+            if c.origin != "llm" or c.id in self.retried:
+                continue
+            if c.reason not in ("edit_failed", "truncated") or c.parent_id is None:
+                return None
+            self.retried.add(c.id)
+            parent = next((e for e in [*self.elites, *self.failures] if e.id == c.parent_id), None)
+            if parent is None:
+                return None
+            if parent.accepted:
+                return Selection("improve", (parent,))
+            if self.search.fixes[parent.id] >= MAX_FIXES + 1:
+                return None
+            self.search.fixes[parent.id] += 1
+            return Selection("fix", (parent,))
+        return None
 
     def _system_prompt(self) -> str:
         """The run's system prompt (agent/proposing.py's system_for). The versions and the GPU come from the

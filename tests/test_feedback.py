@@ -488,3 +488,16 @@ def test_attempts_list_the_lineage_and_what_each_child_changed():
                                    '-> #3 (tuner: BLOCK 512 -> 256)')
     assert text.split("\n")[1] == ('- #4: "Try 8 warps." [1 edit (-1/+1 lines)] -> rejected at the correctness stage '
                                    '(output_mismatch): worst at [3]: expected 1, got 2')
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_failed_edit_is_shown_on_the_next_request(tmp_path, task, seed):
+    start = tmp_path / "start.py"
+    start.write_text(GOOD)
+    fake = FakeProvider("fake:m").enqueue(fenced(GOOD.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 512"), "Half."))
+    fake.enqueue(fenced(GOOD.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 256"), "Quarter."))
+    fake.enqueue(edit("    offs = not_in_the_kernel()", "    offs = 0", "A wrong edit."))
+    fake.enqueue(fenced(GOOD.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 128"), "Eighth."))
+    with Archive(tmp_path / "a.db") as archive:
+        run(task, archive, fake, budget=4, start_from=start, seed=seed)
+    assert "the edits did not apply" in fake.prompts[3] and "not_in_the_kernel" in fake.prompts[3]
