@@ -55,6 +55,11 @@ def extract_code(reply: str) -> ExtractedCode | NoCode:
     return result
 
 
+def outside_reasoning(reply: str) -> str:
+    """The reply without its reasoning sections (<think>...</think>), whose drafts are not the answer."""
+    return _THINK.sub("", (reply or "").replace("\r\n", "\n"))
+
+
 def _extract(text: str) -> ExtractedCode | NoCode:
     blocks, other_langs = _fenced_blocks(text)
     python = [b for b in blocks if b.strip()]

@@ -40,7 +40,7 @@ from agent.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorErro
                              HarnessEvaluator, LocalExecutor)
 from agent.executors import spawn as _spawn
 from agent import diffs, reflect
-from agent.extract import NoCode, extract_code, normal_form
+from agent.extract import NoCode, extract_code, normal_form, outside_reasoning
 from agent.flatten import flatten
 from agent.llm import ModelPool, Provider, ProviderError, Reply
 from agent.prepare import new_run_id, open_task, prepare, resolve_start
@@ -399,6 +399,7 @@ class _Coordinator:
     def _proposed_source(self, pending: Pending, text: str) -> str | None:
         """The file a reply proposes: its SEARCH/REPLACE edits applied to the kernel the request showed, else the
         file it contains; None when it has neither (recorded, and shown to the model on its next turn)."""
+        text = outside_reasoning(text) if diffs.has_edits(outside_reasoning(text)) else text
         if diffs.has_edits(text):
             parent = pending.selection.parent
             base = self.archive.with_source(parent).source if parent is not None else None

@@ -501,3 +501,12 @@ def test_a_failed_edit_is_shown_on_the_next_request(tmp_path, task, seed):
     with Archive(tmp_path / "a.db") as archive:
         run(task, archive, fake, budget=4, start_from=start, seed=seed)
     assert "the edits did not apply" in fake.prompts[3] and "not_in_the_kernel" in fake.prompts[3]
+
+
+def test_edits_drafted_in_the_reasoning_are_not_the_answer(tmp_path, task):
+    draft = edit("    offs = never_there()", "    offs = 0", "Draft.")
+    fake = FakeProvider("fake:m").enqueue(fenced(COMPILE_ERROR, "first"))
+    fake.enqueue(f"<think>{draft}</think>\n{FIX}")
+    with Archive(tmp_path / "a.db") as archive:
+        s = run(task, archive, fake, budget=2)
+    assert s.progress.accepted == 1 and Judge.checked[-1] == GOOD
