@@ -66,7 +66,7 @@ def test_a_python_counter_is_caught_whatever_its_threshold(harness, tmp_path, n)
 
 
 def test_a_counter_out_of_sight_is_caught_by_the_soak(harness, tmp_path):
-    # 8 calls precede the soak on this task; the soak makes at least 3 more and always verifies its last two.
+    # 8 calls precede the soak on this task; the soak makes at least 3 more and always verifies its last.
     result = _check(harness, ATTACKS / "runtime_hidden_counter.py")
     assert result.verdict is Verdict.REJECTED
     assert result.stage is Stage.ROBUSTNESS, result.message
