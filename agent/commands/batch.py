@@ -129,18 +129,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from seeds.registry import seed_for_task
     searchable = [t for t in tasks if t in starts or provider is not None or seed_for_task(t) is not None]
+    try:  # opened whatever the mode, so a bad --archive is refused rather than silently ignored
+        archive = Archive(args.archive)
+    except Exception as exc:  # noqa: BLE001 - a file the user pointed at: one sentence, no traceback
+        err_console.print(f"cannot open the archive {args.archive}: {exc}")
+        return 2
     if args.reference_only or not searchable:
+        archive.close()
         if not args.reference_only:
             out.print("no model and no kernel to start from: checking each task's reference (and timing its "
                       "baselines on a GPU); to propose kernels, pass --model openai:NAME or anthropic:NAME, or "
                       "--from DIR with kernels named after the tasks", highlight=False, soft_wrap=True)
         rows = reference_rows(tasks, args, constants, err_console)
         return _finish(args, rows, reference_only=True)
-    try:
-        archive = Archive(args.archive)
-    except Exception as exc:  # noqa: BLE001 - a file the user pointed at: one sentence, no traceback
-        err_console.print(f"cannot open the archive {args.archive}: {exc}")
-        return 2
     try:
         executor = _executor(args)
     except ExecutorError as exc:
