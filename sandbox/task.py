@@ -22,6 +22,11 @@ computes from others are never rescaled on their own. On the CPU, `scaled_for_cp
 constants until the inputs are small, then checks that the smaller task still runs and still depends on its inputs;
 where it does not, it backs off step by step towards the task's own size and says so in `rescale_note`. Constants the
 user set (`--set`, `pin=True`) are never rescaled, and `rescale=False` (`--no-rescale`) keeps the task's own size.
+
+The integer elements of a module-level tuple (`input_shape = (32768,)`) are constants too, named `input_shape[0]`
+(also for `--set input_shape[0]=512`), and replaced in the tuple where the file assigns it. Constants of equal value
+at the task's own size that the task ties (`torch.rand(batch_size, *input_shape)` times a `(batch_size,)` vector runs
+only while `batch_size == input_shape[0]`) are halved together once halving one of them alone breaks the task.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import ast
 import hashlib
 import logging
 import math
+import re
 import sys
 import types
 import dataclasses
@@ -70,7 +76,7 @@ class Task:
     name: str
     module: types.ModuleType
     meta: TaskMeta
-    constants: dict[str, int]  # the module-level integer constants as the file declares them
+    constants: dict[str, int]  # the module-level integer constants (and tuples' elements) as the file declares them
     source_hash: str = ""
     overrides: dict[str, int] = field(default_factory=dict)
     derived: frozenset[str] = frozenset()  # constants the file computes from other names: they follow, never rescaled
@@ -100,7 +106,7 @@ class Task:
         return dataclasses.replace(self, rescale=False)
 
     def current_constants(self) -> dict[str, int]:
-        return {k: int(getattr(self.module, k)) for k in self.constants}
+        return {k: _value(self.module, k) for k in self.constants}
 
     def scaled_for_cpu(self, budget: int = CPU_ELEMENT_BUDGET) -> "Task":
         """The task at a size the CPU interpreter checks in seconds, still consistent and still depending on its
@@ -120,8 +126,10 @@ class Task:
     def _largest_input(self, consts: dict[str, int]) -> int:
         return max((t.numel() for t in self._shape_probe(consts) if isinstance(t, torch.Tensor)), default=0)
 
-    def _halvings(self, consts: dict[str, int], frozen: set[str], budget: int) -> list[dict[str, int]]:
-        """The constants after each halving (largest scalable first) until every input fits `budget` elements."""
+    def _halvings(self, consts: dict[str, int], frozen: set[str], budget: int,
+                  ties: tuple[frozenset[str], ...] = ()) -> list[dict[str, int]]:
+        """The constants after each halving (largest scalable first) until every input fits `budget` elements; a
+        constant in one of `ties` is halved together with the others of its tie that still have its value."""
         steps: list[dict[str, int]] = []
         consts = dict(consts)
         for _ in range(64):
@@ -132,7 +140,11 @@ class Task:
             if not candidates:
                 break
             biggest = max(candidates, key=lambda k: consts[k])
-            consts[biggest] = max(1, consts[biggest] // 2)
+            tie = next((t for t in ties if biggest in t), frozenset({biggest}))
+            value = consts[biggest]
+            for k in tie:
+                if consts[k] == value and k in candidates:
+                    consts[k] = max(1, value // 2)
             steps.append(dict(consts))
         return steps
 
@@ -226,13 +238,16 @@ def _diff(consts: dict[str, int], base: dict[str, int], pinned: frozenset[str]) 
 
 def _fit(task: Task, budget: int) -> tuple[dict[str, int], str]:
     """Halve towards `budget`; where the smaller task fails or stops depending on its inputs, step back to the last
-    size that works and keep the constant whose halving broke it at that size (module docstring)."""
+    size that works and halve the constant whose halving broke it together with the others of its value at the
+    task's own size; where that breaks too, or it has no such partner, keep it at that size (module docstring)."""
     from .reference import check_task  # reference imports this module
 
     start = task.current_constants()
     consts, frozen, notes = dict(start), set(), []
-    for _ in range(len(task.constants) + 1):
-        steps = task._halvings(consts, frozen, budget)
+    ties: dict[frozenset[str], tuple[str, int, str]] = {}  # constants halved together -> why (culprit, value, error)
+    tried: set[str] = set()  # culprits already tied once
+    for _ in range(2 * len(task.constants) + 1):
+        steps = task._halvings(consts, frozen, budget, tuple(ties))
         if not steps:
             break
         error = _probe(task, steps[-1], check_task)
@@ -247,7 +262,7 @@ def _fit(task: Task, budget: int) -> tuple[dict[str, int], str]:
             if _probe(task, steps[i], check_task) is None:
                 good = i
                 break
-        if good < 0 and consts == start and not notes:
+        if good < 0 and consts == start and not notes and not ties:
             if task._largest_input(start) > CPU_PROBE_LIMIT:
                 raise TaskError(_too_big(task, steps[-1], start, first_error))
             error = _probe(task, start, check_task)
@@ -256,8 +271,21 @@ def _fit(task: Task, budget: int) -> tuple[dict[str, int], str]:
                                 f"{_short(error)}")
         kept = steps[good] if good >= 0 else consts
         culprit = next(k for k in kept if steps[good + 1][k] != kept[k])
-        notes.append((culprit, steps[good + 1][culprit], first_error))
         consts = kept
+        tied = next((t for t in ties if culprit in t), None)
+        if tied is not None:  # halving them together broke it too: keep the first culprit, halve its partners alone
+            culprit, bad, error = ties.pop(tied)
+            notes.append((culprit, bad, error))
+            frozen.add(culprit)
+            continue
+        bad = steps[good + 1][culprit]
+        partners = frozenset(k for k in task.scalable() if k not in frozen and not any(k in t for t in ties)
+                             and task.constants[k] == task.constants[culprit] and kept[k] == kept[culprit])
+        if culprit not in tried and len(partners) > 1:  # the culprit itself is one of them
+            ties[partners] = (culprit, bad, first_error)
+            tried.add(culprit)
+            continue
+        notes.append((culprit, bad, first_error))
         frozen.add(culprit)
     note = ""
     if notes:
@@ -265,6 +293,11 @@ def _fit(task: Task, budget: int) -> tuple[dict[str, int], str]:
         kept = ", ".join(f"{k}={consts[k]}" for k, _, _ in notes)
         note = (f"rescaled for the CPU with {culprit}={bad}, {task.path.name} failed ({_short(error)}), so crucible "
                 f"keeps {kept} and rescales the rest")
+    if ties:
+        said = "; ".join(f"with {c}={b} alone {task.path.name} failed ({_short(e)}), so crucible halves "
+                         f"{' and '.join(sorted(t))} together" for t, (c, b, e) in ties.items())
+        note = f"rescaled for the CPU, {said}" + (f"; {note}" if note else "")
+    if note:
         log.info("%s", note)
     return _diff(consts, task.constants, task.pinned), note
 
@@ -311,17 +344,54 @@ def _short(message: str, limit: int = 200) -> str:
     return message if len(message) <= limit else message[:limit - 3] + "..."
 
 
+def _element(name: str) -> tuple[str, int] | None:
+    """`input_shape[0]` -> ("input_shape", 0): the name of a tuple's element; None for a plain name."""
+    m = re.fullmatch(r"([A-Za-z_]\w*)\[(\d+)\]", name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def _value(module: types.ModuleType, name: str) -> int:
+    element = _element(name)
+    return int(getattr(module, element[0])[element[1]] if element else getattr(module, name))
+
+
+def _replaced(value: Any, elements: dict[int, int]) -> Any:
+    """The tuple `value` with some elements replaced; a value that is no longer a tuple long enough is left alone."""
+    if not isinstance(value, tuple) or max(elements) >= len(value):
+        return value
+    return tuple(elements.get(i, v) for i, v in enumerate(value))
+
+
+def _by_target(overrides: dict[str, int]) -> dict[str, Any]:
+    """Overrides by the top-level name they replace: an int for a plain constant, {index: int} for a tuple's."""
+    out: dict[str, Any] = {}
+    for name, v in overrides.items():
+        element = _element(name)
+        if element:
+            out.setdefault(element[0], {})[element[1]] = v
+        else:
+            out[name] = v
+    return out
+
+
 def _pin_assignments(tree: ast.Module, overrides: dict[str, int]) -> set[str]:
-    """Insert `NAME = value` after each top-level assignment to an overridden NAME; the names placed."""
+    """After each top-level assignment to an overridden name insert `NAME = value` (for a tuple's elements, the
+    tuple with those elements replaced); the overrides placed."""
     placed: set[str] = set()
+    targets = _by_target(overrides)
     body = []
     for stmt in tree.body:
         body.append(stmt)
         names = _assigned_names(stmt)
-        for name in sorted(names & set(overrides)):
-            pin = ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=ast.Constant(overrides[name]))
+        for name in sorted(names & set(targets)):
+            value = targets[name]
+            if isinstance(value, dict):
+                pin = ast.parse(f"{name} = _crucible_replaced({name}, {value!r})").body[0]
+                placed |= {f"{name}[{i}]" for i in value}
+            else:
+                pin = ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=ast.Constant(value))
+                placed.add(name)
             body.append(ast.copy_location(pin, stmt))
-            placed.add(name)
     tree.body = body
     ast.fix_missing_locations(tree)
     return placed
@@ -371,6 +441,7 @@ def _load(path: Path, overrides: dict[str, int], *, base: dict[str, int] | None 
     placed = _pin_assignments(tree, overrides) if overrides else set()
     code = compile(tree, str(path), "exec")
     sys.modules[name] = module
+    module.__dict__["_crucible_replaced"] = _replaced
     try:
         exec(code, module.__dict__)
     except ModuleNotFoundError as exc:
@@ -384,12 +455,20 @@ def _load(path: Path, overrides: dict[str, int], *, base: dict[str, int] | None 
         if not hasattr(module, attr):
             raise TaskError(f"{path.name} does not define {attr}; a task file needs Model, get_inputs() "
                             "and get_init_inputs() (KernelBench's format)")
-    found = {k: int(v) for k, v in vars(module).items()
-             if type(v) is int and not k.startswith("_") and not k.startswith("CRUCIBLE_")}
+    del module.__dict__["_crucible_replaced"]
+    found: dict[str, int] = {}
+    for k, v in vars(module).items():
+        if k.startswith("_") or k.startswith("CRUCIBLE_"):
+            continue
+        if type(v) is int:
+            found[k] = v
+        elif type(v) is tuple:  # a tuple's integer elements: `input_shape[0]`; derived where the tuple is
+            found |= {f"{k}[{i}]": e for i, e in enumerate(v) if type(e) is int}
+            if k in derived:
+                derived |= {f"{k}[{i}]" for i in range(len(v))}
     constants = dict(base) if base is not None else found
-    for k, v in overrides.items():
-        if k not in placed:
-            setattr(module, k, v)
+    for k, v in _by_target({k: v for k, v in overrides.items() if k not in placed}).items():
+        setattr(module, k, _replaced(getattr(module, k, None), v) if isinstance(v, dict) else v)
     meta = _read_meta(module, path)
     return Task(path=path, name=path.stem, module=module, meta=meta, constants=constants,
                 source_hash=digest, overrides=dict(overrides), derived=frozenset(derived & set(constants)),
