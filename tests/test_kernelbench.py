@@ -1,6 +1,7 @@
 """KernelBench's own task files (a handful, tests/data/kernelbench, with KernelBench's license): the CPU rescaling
-keeps them consistent, backs off where it must and says so, --set and --no-rescale hold, and a task that is
-degenerate at its own size is refused as the task's own fault."""
+keeps them consistent, backs off where it must and says so, halves tied constants together (HingeLoss's batch_size and
+input_shape[0]), --set and --no-rescale hold, also on a tuple's element, and a task that is degenerate at its own size
+is refused as the task's own fault."""
 from __future__ import annotations
 
 import json
@@ -38,7 +39,40 @@ def test_rescaling_backs_off_where_the_smaller_task_breaks_and_says_so():
     assert task.module.out_channels % 8 == 0
     assert "out_channels=12" in task.rescale_note and "divisible" in task.rescale_note
     assert f"keeps out_channels={task.module.out_channels}" in task.rescale_note
+    # D equals out_channels at the task's own size (24), by chance: the lone halving of out_channels that broke the
+    # task is retried with D halved along, which breaks too, so D goes on being halved alone
+    assert task.module.D < task.constants["D"] == task.constants["out_channels"]
+    assert "together" not in task.rescale_note
     check_task(task, "cpu")
+
+
+def test_tuple_elements_are_constants_and_tied_ones_are_halved_together():
+    # torch.rand(batch_size, *input_shape) times a (batch_size,) vector: it runs only while the two are equal, and
+    # at its own size (32768 x 32768) it is beyond the CPU
+    task = load_task(KB / "level1" / "100_HingeLoss.py")
+    assert task.constants == {"batch_size": 32768, "input_shape[0]": 32768, "dim": 1}
+    assert set(task.scalable()) == {"batch_size", "input_shape[0]"}
+    small = task.scaled_for_cpu()
+    assert small.module.input_shape == (small.module.batch_size,) and small.module.batch_size < 32768
+    assert max(x.numel() for x in small.module.get_inputs()) <= CPU_ELEMENT_BUDGET
+    assert "alone" in small.rescale_note and "halves batch_size and input_shape[0] together" in small.rescale_note
+    check_task(small, "cpu")
+
+
+def test_a_tuple_element_is_replaced_where_the_file_assigns_it_and_what_follows_it_follows(tmp_path):
+    path = tmp_path / "shape.py"  # a (C, H, W) tuple, a value derived from it, and a tuple derived from a constant
+    path.write_text("import torch\nimport torch.nn as nn\nB = 64\nshape = (3, 40, 48)\nflat = shape[1] * shape[2]\n"
+                    "bias_shape = (B, 1)\n"
+                    "class Model(nn.Module):\n    def forward(self, x):\n        return x.flatten(1) * 2\n"
+                    "def get_inputs():\n    return [torch.randn(B, *shape)]\ndef get_init_inputs():\n    return []\n")
+    task = load_task(path, {"shape[1]": 20})
+    assert task.module.shape == (3, 20, 48) and task.module.flat == 20 * 48
+    assert set(load_task(path).scalable()) == {"B", "shape[1]", "shape[2]"}  # shape[0] = 3 is below MIN_SCALABLE
+    assert set(task.scalable()) == {"B", "shape[2]"}  # shape[1] is the user's: pinned
+    assert {"flat", "bias_shape[0]", "bias_shape[1]"} <= task.derived  # computed from other names: they follow
+    assert task.scaled_for_cpu().module.shape[1] == 20
+    with pytest.raises(TaskError, match=r"no integer constant named shape\[3\]"):
+        load_task(path, {"shape[3]": 5})
 
 
 def test_set_pins_a_constant_and_no_rescale_keeps_the_size():
@@ -80,3 +114,17 @@ def test_check_reference_reports_the_rescaling_and_the_note():
     got = json.loads(out.stdout)
     assert got["verdict"] == "usable" and got["constants"]["out_channels"] % 8 == 0 and got["rescaled"]
     assert "keeps out_channels=" in got["note"]
+
+
+def test_set_on_a_tuple_element_from_the_command_line():
+    out = _cli("check", str(KB / "level1" / "100_HingeLoss.py"), "--reference", "--device", "cpu", "--json",
+               "--set", "batch_size=96", "--set", "input_shape[0]=96")
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = json.loads(out.stdout)
+    assert got["verdict"] == "usable" and got["constants"] == {"batch_size": 96, "input_shape[0]": 96, "dim": 1}
+    assert not got["rescaled"]
+    # only one of the two: the task's own shapes disagree, and the sentence says so (no traceback)
+    out = _cli("check", str(KB / "level1" / "100_HingeLoss.py"), "--reference", "--device", "cpu", "--json",
+               "--set", "batch_size=96", "--set", "input_shape[0]=64")
+    assert out.returncode == 2 and "Traceback" not in out.stdout + out.stderr
+    assert "must match" in json.loads(out.stdout)["message"]
