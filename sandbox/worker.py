@@ -1,8 +1,15 @@
 """The candidate's process: trusted code that confines itself, imports the candidate and runs the calls the parent
 asks for. It holds no expected output at any time; it only reports what the candidate returned and what it did.
 
-Requests (from the parent, pickled): setup, call, time, exit. Replies (to the parent, sandbox.wire): dicts with
-`ok`, and on failure `reason` (a records.Reason value), `message`, `error`.
+Requests (from the parent, pickled): setup, call, rebuild, soak (many calls on inputs derived here), time, exit.
+Replies (to the parent, sandbox.wire): dicts with `ok`, and on failure `reason` (a records.Reason value), `message`,
+`error`.
+
+Every call, single or in a soak, is checked the same way here: the launch trace (sandbox.trace: kernels launched,
+torch compute, computation outside torch and Triton, the trace's own hooks still in place), threads, global flags,
+the model's state (sandbox.carry: unchanged after its first call; tensors a call wrote are scrambled before the
+next), output types and aliasing, inputs untouched. The harness's modules are out of sys.modules before the candidate
+is imported; the worker keeps its own references.
 """
 from __future__ import annotations
 
