@@ -166,12 +166,14 @@ def signatures(tensors: list[tuple[str, torch.Tensor]]) -> list[Any]:
     return sigs
 
 
-def _checksum(t: torch.Tensor) -> tuple[float, ...]:
+def _checksum(t: torch.Tensor) -> tuple[int | float, ...]:
     """Sums of the bits, whole and over two strided subsets (no copy of the tensor's size is made)."""
     kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
     v = t.detach().reshape(-1)
     v = v.view(kind) if kind and v.is_contiguous() else v.double()
-    return tuple(float(x.sum(dtype=torch.float64 if not kind else torch.int64)) for x in (v, v[1::3], v[2::7]))
+    if kind:  # exact integers (int64 wraps, deterministically)
+        return tuple(int(x.sum(dtype=torch.int64)) for x in (v, v[1::3], v[2::7]))
+    return tuple(float(x.sum()) for x in (v, v[1::3], v[2::7]))
 
 
 def written(tensors: list[tuple[str, torch.Tensor]], sigs: list[Any]) -> list[tuple[str, torch.Tensor]]:
