@@ -106,9 +106,12 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
             values[path] = (type(v).__qualname__, id(v))
             attrs = dict(vars(v)) if hasattr(v, "__dict__") else {}
             for cls in type(v).__mro__:
-                for s in getattr(cls, "__slots__", ()):
-                    if isinstance(s, str) and hasattr(v, s):
-                        attrs[s] = getattr(v, s)
+                for name, slot in vars(cls).items():  # slot descriptors only: a property would run the candidate
+                    if isinstance(slot, types.MemberDescriptorType):
+                        try:
+                            attrs[name] = slot.__get__(v, type(v))
+                        except AttributeError:  # an empty slot
+                            pass
             for k, x in attrs.items():
                 walk(f"{path}.{k}", x, depth + 1)
         else:
