@@ -52,6 +52,7 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
     values: dict[str, Any] = {}
     tensors: list[tuple[str, torch.Tensor]] = []
     seen: set[int] = set()
+    alive: list[Any] = []
 
     def walk(path: str, v: Any, depth: int) -> None:
         if len(values) >= MAX_ENTRIES:
@@ -69,9 +70,10 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
             values[path] = v
             return
         if id(v) in seen or depth > MAX_DEPTH:
-            values[path] = ("seen", id(v))
+            values[path] = ("seen", type(v).__qualname__)  # not its id: that of a temporary is not stable
             return
         seen.add(id(v))
+        alive.append(v)  # no id is reused during the walk (the walk makes temporaries: attribute dicts, closures)
         if isinstance(v, (list, tuple, collections.deque, set, frozenset)):
             values[path] = (type(v).__name__, len(v))
             items = sorted(v, key=_key) if isinstance(v, (set, frozenset)) else v
