@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +125,15 @@ class Zygote:
         return Child(pid, mine, out_r, self, shared)
 
     def wait_status(self, pid: int, deadline: float | None = None) -> int:
+        return self.wait_exit(pid, deadline).status
+
+    def wait_exit(self, pid: int, deadline: float | None = None) -> "Exit":
+        """How the candidate's process ended, with whether its memory bound killed it."""
         reply = self._control({"op": "wait", "pid": pid}, None, deadline)
-        status = reply.get("status")
-        if reply.get("pid") != pid or type(status) is not int:
+        status, oom, bound = reply.get("status"), reply.get("oom", False), reply.get("memory_bound_bytes", 0)
+        if reply.get("pid") != pid or type(status) is not int or type(oom) is not bool or type(bound) is not int:
             raise self._lose(f"sent a malformed control reply ({str(reply)[:200]})")
-        return status
+        return Exit(status, oom, bound)
 
     def _control(self, msg: dict[str, Any], fds: list[int] | None, deadline: float | None) -> dict[str, Any]:
         """One request and its reply, within `deadline` (default: CONTROL_TIMEOUT_S from now)."""
@@ -199,6 +204,13 @@ class Zygote:
             self._stderr.close()
 
 
+@dataclass(frozen=True)
+class Exit:
+    status: int  # the raw wait status of the pid the zygote reported
+    oom: bool  # the kernel's OOM killer ended a process of the candidate's memory group
+    memory_bound_bytes: int  # that group's bound (0: no bound on this machine)
+
+
 class Child:
     """One candidate's process. Requests carry a deadline, and while one waits the child and the zygote are watched:
     a stopped child raises ChildStopped, a lost zygote ZygoteLost. Output is drained into a capped tail."""
@@ -206,6 +218,8 @@ class Child:
     def __init__(self, pid: int, sock: socket.socket, out_fd: int, zygote: Zygote, shared: mmap.mmap):
         self.pid, self.sock, self.zygote, self.shared = pid, sock, zygote, shared
         self.status: int | None = None
+        self.oom = False  # its memory bound killed it (set when closed)
+        self.memory_bound_bytes = 0
         self.zygote_lost: ZygoteLost | None = None  # set when closing found the zygote lost
         self.output_bytes = 0
         self.closed = False
@@ -289,7 +303,8 @@ class Child:
         except (ProcessLookupError, PermissionError):
             pass
         try:
-            self.status = self.zygote.wait_status(self.pid)
+            ended = self.zygote.wait_exit(self.pid)
+            self.status, self.oom, self.memory_bound_bytes = ended.status, ended.oom, ended.memory_bound_bytes
         except ZygoteLost as exc:
             self.zygote_lost = exc
         self.sock.close()
@@ -298,6 +313,9 @@ class Child:
         self._drain.join(timeout=2.0)
 
     def describe_exit(self) -> str:
+        if self.oom:
+            return (f"was killed for exceeding its memory bound of {self.memory_bound_bytes / (1 << 30):.1f} GiB "
+                    "(CRUCIBLE_MEMORY_GIB sets it)")
         if self.status is None or self.status < 0:
             return "ended"
         if os.WIFSIGNALED(self.status):

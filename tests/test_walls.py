@@ -253,7 +253,45 @@ def test_exceeding_the_memory_bound_ends_in_a_reported_oom_kill(harness, tmp_pat
     child.close(graceful=False)
     assert replies and replies[-1]["oom"] is True, replies
     assert replies[-1]["memory_bound_bytes"] == int(BOUND_GIB * (1 << 30))
-    assert "SIGKILL" in child.describe_exit()
+    assert f"memory bound of {BOUND_GIB:.1f} GiB" in child.describe_exit()
+
+
+HOG = """
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, hidden, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        hog = torch.ones(GIB << 28, dtype=torch.float32)  # every page written
+        y = torch.empty_like(x)
+        _copy[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+        return y + hog[0].to(y.dtype) * 0
+"""
+
+
+@needs_root
+def test_a_candidate_over_its_memory_bound_is_rejected_saying_so(harness, tmp_path):
+    """Through the whole pipeline: the forward takes twice its bound; the verdict names the bound, not a crash."""
+    if not memory.Groups(1).available:
+        pytest.skip("no memory control group on this machine (cgroup v2 with memory delegated, or v1)")
+    candidate = tmp_path / "hog.py"
+    candidate.write_text(HOG.replace("GIB", str(int(2 * BOUND_GIB))))
+    result = harness.check(RMSNORM, candidate)
+    assert result.verdict is Verdict.REJECTED
+    assert f"exceeding its memory bound of {BOUND_GIB:.1f} GiB" in result.message, result.message
 
 
 def test_the_filter_table_matches_the_kernel_headers():
