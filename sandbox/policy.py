@@ -10,7 +10,11 @@ calls libc through ctypes), in the order they are raised:
     everything it starts dies with it). The zygote's fork enters them; `apply` enters those still missing.
   - mounts: every mount read-only except the scratch directory, /proc, /sys and /dev included (device nodes stay
     usable on a read-only mount: /dev/null, and /dev/nvidia* for CUDA); a fresh /proc of the PID namespace; a
-    private, size-limited tmpfs on /dev/shm, gone with the namespace.
+    private, size-limited tmpfs on /dev/shm, gone with the namespace. The scratch directory itself becomes a
+    size-limited tmpfs of the candidate's own (`scratch_bound_bytes`, CRUCIBLE_SCRATCH_GIB, default 2 GiB): the
+    host's disk never fills, the pages count against the memory bound too, and a write past the bound fails with
+    ENOSPC, which the verdict names. The parent reads nothing from the scratch directory (it only removes it), so
+    nothing the candidate writes there needs to reach the host.
   - seccomp (sandbox.seccomp): no socket of any family, no ptrace, no mount or namespace calls, no new session.
   - capabilities: an empty bounding set and no effective/permitted capabilities, so even a root child cannot undo
     the above (remount, setns, raise limits); then no_new_privs.
@@ -23,6 +27,7 @@ stays closed: they start compilers and load libraries.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import resource
 import sys
@@ -36,6 +41,7 @@ CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWIPC = 0x40000000, 0x00020000, 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 SHM_BYTES = 64 << 20  # the private /dev/shm: nothing under test needs more, and it counts against the memory bound
+SCRATCH_GIB = 2.0  # the scratch tmpfs by default: Triton's and Inductor's caches for one candidate take megabytes
 # What the zygote's fork raised before this process ran the worker (sandbox.namespaces.enter).
 ZYGOTE_WALLS: dict[str, object] = {}
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, _LINUX_CAPABILITY_VERSION_3 = 38, 24, 0x20080522
@@ -46,11 +52,22 @@ CUDA_LIBRARY_PREFIXES = ("libcuda.", "libnvidia-ml.", "libcudart.", "libnvrtc", 
 
 
 WALLS = ("network_isolated", "filesystem_read_only", "capabilities_dropped", "ipc_namespace", "pid_namespace",
-         "proc_private", "shm_private", "proc_sys_read_only", "seccomp", "memory_bound_bytes")
+         "proc_private", "shm_private", "proc_sys_read_only", "seccomp", "memory_bound_bytes", "scratch_bound_bytes")
 
 
 class SandboxViolation(PermissionError):
     """Raised inside the candidate's process when it does something the sandbox refuses."""
+
+
+def scratch_setting() -> int:
+    """CRUCIBLE_SCRATCH_GIB in bytes (0 turns the bound off), else the default; the zygote inherits the setting
+    from the process that starts the harness."""
+    setting = os.environ.get("CRUCIBLE_SCRATCH_GIB", "").strip()
+    try:
+        gib = float(setting) if setting else SCRATCH_GIB
+    except ValueError:
+        gib = SCRATCH_GIB  # a bad setting must not leave the disk unbounded
+    return max(0, int(gib * (1 << 30))) if math.isfinite(gib) else int(SCRATCH_GIB * (1 << 30))
 
 
 @dataclass
@@ -71,6 +88,8 @@ class Policy:
     proc_sys_read_only: bool = False  # /proc (with /proc/sys) and /sys read-only
     seccomp: bool = False
     memory_bound_bytes: int = 0  # 0: no bound on this machine
+    scratch_bytes: int = field(default_factory=scratch_setting)  # the bound asked for (0: none)
+    scratch_bound_bytes: int = 0  # the bound that stands (0: the scratch directory is the host's, unbounded)
     # True while trusted code (Triton compiling, the harness itself) is running, so tools may be invoked.
     trusted_depth: int = 0
 
@@ -96,6 +115,8 @@ def apply(policy: Policy) -> Policy:
         libc.unshare(CLONE_NEWNS) == 0 and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0)
     if private_ns:
         policy.shm_private = _private_shm(libc)
+        if _bounded_scratch(libc, str(policy.scratch), policy.scratch_bytes):
+            policy.scratch_bound_bytes = policy.scratch_bytes
         policy.filesystem_read_only = _read_only_mounts(libc, policy.write_roots, policy.shm_private)
         policy.proc_sys_read_only = all(_read_only(p) for p in ("/proc/sys", "/sys") if os.path.exists(p))
     # After the mounts (the filter refuses mount) and before the capabilities go (installing it needs CAP_SYS_ADMIN,
@@ -139,6 +160,29 @@ def _private_shm(libc: ctypes.CDLL) -> bool:
         return False
     options = f"size={SHM_BYTES},mode=1777".encode()
     return libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) == 0
+
+
+def scratch_full(p: Policy) -> str:
+    """The verdict's words for a write that found the scratch directory full."""
+    n = p.scratch_bound_bytes
+    size = f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+    return (f"filling the scratch directory past its bound of {size} (CRUCIBLE_SCRATCH_GIB sets it)" if n else
+            "filling the disk under the scratch directory")
+
+
+def _bounded_scratch(libc: ctypes.CDLL, scratch: str, size: int) -> bool:
+    """A tmpfs of `size` bytes over the scratch directory, in this process's mount namespace only; the directories
+    the parent made there (Triton's cache) are made again inside it. Not noexec: Triton loads the launchers it
+    compiles from its cache there."""
+    if size <= 0 or not os.path.isdir(scratch):
+        return False
+    made = sorted(e.name for e in os.scandir(scratch) if e.is_dir(follow_symlinks=False))
+    options = f"size={size},mode=0700".encode()
+    if libc.mount(b"tmpfs", scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+        return False
+    for name in made:
+        os.mkdir(os.path.join(scratch, name))
+    return True
 
 
 def _read_only_mounts(libc: ctypes.CDLL, write_roots: list[Path], shm_private: bool) -> bool:

@@ -53,6 +53,8 @@ def main(sock_fd: int, out_fd: int, shared_fd: int) -> None:
             reply = _failure(Reason.RUNTIME_ERROR, f"{type(exc).__name__}: {exc}", exc)
             if "Read-only file system" in str(exc) and "policy" in state:  # a write from C, stopped by the mount
                 state["policy"].violations.append("writing outside the scratch directory (read-only file system)")
+        if reply.get("ok") is False and "No space left on device" in str(reply.get("message")) and "policy" in state:
+            state["policy"].violations.append(policy.scratch_full(state["policy"]))  # the scratch tmpfs is full
         violations = list(state["policy"].violations) if "policy" in state else []
         if violations and reply.get("ok") is False:
             reply.update(reason=Reason.SANDBOX_VIOLATION.value, message=violations[0])

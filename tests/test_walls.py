@@ -16,14 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from sandbox import harness as harness_mod
 from sandbox import memory, policy, seccomp
 from sandbox.harness import Harness
-from sandbox.records import Verdict
+from sandbox.records import Reason, Verdict
 
 HERE = Path(__file__).parent
 ATTACKS = HERE / "candidates" / "attacks"
 RMSNORM = HERE.parent / "tasks" / "rmsnorm_fwd.py"
 BOUND_GIB = 1.0  # the memory bound of this module's zygote: the honest candidate needs far less
+SCRATCH_GIB = 1 / 16  # its scratch bound (64 MiB): walls_disk.py writes 96 MiB
 EPERM, ESRCH, EROFS, ECONNREFUSED = 1, 3, 30, 111
 # Namespaces, mounts and control groups need root (CAP_SYS_ADMIN); elsewhere the walls are reported absent instead.
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the namespace walls need root (CAP_SYS_ADMIN)")
@@ -31,35 +33,37 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the namespace walls n
 
 @pytest.fixture(scope="module")
 def harness():
-    before = os.environ.get("CRUCIBLE_MEMORY_GIB")
-    os.environ["CRUCIBLE_MEMORY_GIB"] = str(BOUND_GIB)  # the zygote inherits the environment
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # the zygote inherits the environment
+        mp.setenv("CRUCIBLE_MEMORY_GIB", str(BOUND_GIB))
+        mp.setenv("CRUCIBLE_SCRATCH_GIB", str(SCRATCH_GIB))
         h = Harness("cpu")
-    finally:
-        if before is None:
-            del os.environ["CRUCIBLE_MEMORY_GIB"]
-        else:
-            os.environ["CRUCIBLE_MEMORY_GIB"] = before
     with h:
         yield h
+
+
+def _setup_msg(harness, tmp_path, name, env):
+    """A setup request for an attack candidate; `env` goes to ../io/walls_env.json, where the candidate also writes
+    its report (its scratch directory is a tmpfs of its own: the host never sees what it writes there)."""
+    scratch, io = tmp_path / "scratch", tmp_path / "io"
+    (scratch / "triton").mkdir(parents=True)
+    io.mkdir()
+    (io / "walls_env.json").write_text(json.dumps(env))
+    return {"op": "setup", "candidate": str(ATTACKS / name), "seeds_dir": str(HERE.parent / "seeds"),
+            "device": "cpu", "gpu": 0, "scratch": str(scratch), "write_roots": [str(scratch), str(io)],
+            "triton_cache": str(scratch / "triton"), "triton_shared": str(harness.triton_shared), "cpu_seconds": 60,
+            "allow_compute": False, "seed": 1, "init_inputs": [], "state_dict": {}}
 
 
 def _attack(harness, tmp_path, name, env, keep_open=False):
     """Run an attack candidate's import in a fresh child; its setup reply and report (and the child, if kept)."""
     child = harness.zygote.spawn()
-    scratch = tmp_path / "scratch"
-    (scratch / "triton").mkdir(parents=True)
-    (scratch / "walls_env.json").write_text(json.dumps(env))
-    msg = {"op": "setup", "candidate": str(ATTACKS / name), "seeds_dir": str(HERE.parent / "seeds"), "device": "cpu",
-           "gpu": 0, "scratch": str(scratch), "write_roots": [str(scratch)], "triton_cache": str(scratch / "triton"),
-           "triton_shared": str(harness.triton_shared), "cpu_seconds": 60, "allow_compute": False, "seed": 1,
-           "init_inputs": [], "state_dict": {}}
+    msg = _setup_msg(harness, tmp_path, name, env)
     try:
         reply = child.request(msg, time.monotonic() + 60, 1 << 20)
     finally:
         if not keep_open:
             child.close(graceful=False)
-    report = scratch / "walls_report.json"
+    report = tmp_path / "io" / "walls_report.json"
     assert report.exists(), (reply, child.output_tail())
     return reply, json.loads(report.read_text()), child
 
@@ -90,7 +94,18 @@ def test_honest_candidate_is_accepted_with_every_wall_up(harness):
     assert walls == {"network_isolated": True, "filesystem_read_only": True, "capabilities_dropped": True,
                      "ipc_namespace": True, "pid_namespace": True, "proc_private": True, "shm_private": True,
                      "proc_sys_read_only": True, "seccomp": True,
-                     "memory_bound_bytes": int(BOUND_GIB * (1 << 30)) if memory.Groups(1).available else 0}
+                     "memory_bound_bytes": int(BOUND_GIB * (1 << 30)) if memory.Groups(1).available else 0,
+                     "scratch_bound_bytes": int(SCRATCH_GIB * (1 << 30))}
+
+
+@needs_root
+def test_filling_the_scratch_directory_stops_at_its_bound(harness, monkeypatch):
+    """Through the whole pipeline, static stage bypassed: 96 MiB written from C into a 64 MiB scratch tmpfs fail with
+    ENOSPC, and the verdict names the bound (on the host's disk the write would succeed and the candidate pass)."""
+    monkeypatch.setattr(harness_mod.static, "check_source", lambda source, name="": None)
+    result = harness.check(RMSNORM, ATTACKS / "walls_disk.py")
+    assert result.verdict is Verdict.REJECTED and result.reason is Reason.SANDBOX_VIOLATION, result.message
+    assert "scratch directory past its bound of 64 MiB" in result.message, result.message
 
 
 @needs_root
@@ -240,13 +255,7 @@ def test_exceeding_the_memory_bound_ends_in_a_reported_oom_kill(harness, tmp_pat
 
     monkeypatch.setattr(harness.zygote, "_control", recording)
     child = harness.zygote.spawn()
-    scratch = tmp_path / "scratch"
-    (scratch / "triton").mkdir(parents=True)
-    (scratch / "walls_env.json").write_text(json.dumps({"gib": 2 * BOUND_GIB}))
-    msg = {"op": "setup", "candidate": str(ATTACKS / "walls_memory.py"), "seeds_dir": str(HERE.parent / "seeds"),
-           "device": "cpu", "gpu": 0, "scratch": str(scratch), "write_roots": [str(scratch)],
-           "triton_cache": str(scratch / "triton"), "triton_shared": str(harness.triton_shared), "cpu_seconds": 60,
-           "allow_compute": False, "seed": 1, "init_inputs": [], "state_dict": {}}
+    msg = _setup_msg(harness, tmp_path, "walls_memory.py", {"gib": 2 * BOUND_GIB})
     from sandbox import channel
     with pytest.raises(channel.ChannelClosed):
         child.request(msg, time.monotonic() + 60, 1 << 20)

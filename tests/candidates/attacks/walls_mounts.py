@@ -4,7 +4,8 @@ remounts / read-write, enters a new user namespace (unshare, and clone with CLON
 Every call goes through libc by ctypes.pythonapi, which no audit event refuses, so only the operating system's
 walls stand in the way.
 
-Reads walls_env.json from its working directory (the scratch directory) and writes walls_report.json there."""
+Reads walls_env.json from ../io, beside its scratch directory (a tmpfs of its own the host does not see), and
+writes walls_report.json there."""
 import ctypes
 import json
 import os
@@ -26,7 +27,7 @@ def open_for_writing(path, flags=os.O_WRONLY):
     return [fd, err]
 
 
-env = json.load(open("walls_env.json"))
+env = json.load(open("../io/walls_env.json"))
 report = {path: open_for_writing(path) for path in env["write_targets"]}
 report["outside"] = open_for_writing(env["outside"], os.O_CREAT | os.O_WRONLY)
 report["remount_rw"] = call("mount", None, b"/", None, 32 | 4096, None)  # MS_REMOUNT | MS_BIND
@@ -38,5 +39,5 @@ report["clone_user"] = [child, _errno()[0] if child == -1 else 0]
 if child > 0:
     api.waitpid(child, None, 0)
 report["ptrace_init"] = call("ptrace", 16, 1, None, None)  # PTRACE_ATTACH
-with open("walls_report.json", "w") as f:
+with open("../io/walls_report.json", "w") as f:
     json.dump(report, f)

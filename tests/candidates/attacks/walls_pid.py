@@ -3,7 +3,8 @@
 then sleeps forever under a name the test looks for). Every call goes through libc by ctypes.pythonapi, which no
 audit event refuses, so only the operating system's walls stand in the way.
 
-Reads walls_env.json from its working directory (the scratch directory) and writes walls_report.json there."""
+Reads walls_env.json from ../io, beside its scratch directory (a tmpfs of its own the host does not see), and
+writes walls_report.json there."""
 import ctypes
 import json
 import os
@@ -18,7 +19,7 @@ def call(name, *args):
     return [result, _errno()[0] if result == -1 else 0]
 
 
-env = json.load(open("walls_env.json"))
+env = json.load(open("../io/walls_env.json"))
 report = {"pid": api.getpid(), "ppid": api.getppid(),
           "proc_pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
           "kill_zygote": call("kill", env["zygote_pid"], 0),
@@ -34,5 +35,5 @@ if first == 0:
         api.pause()
 report["fork"] = first
 api.waitpid(first, None, 0)
-with open("walls_report.json", "w") as f:
+with open("../io/walls_report.json", "w") as f:
     json.dump(report, f)

@@ -2,7 +2,8 @@
 abstract Unix socket, TCP to localhost, a netlink socket and a socket pair. Every call goes through libc by
 ctypes.pythonapi, which no audit event refuses, so only the operating system's walls stand in the way.
 
-Reads walls_env.json from its working directory (the scratch directory) and writes walls_report.json there."""
+Reads walls_env.json from ../io, beside its scratch directory (a tmpfs of its own the host does not see), and
+writes walls_report.json there."""
 import ctypes
 import json
 import socket
@@ -26,12 +27,12 @@ def connect_unix(name: bytes):
     return {"socket": [fd, err], "connect": call("connect", fd, addr, len(addr))}
 
 
-env = json.load(open("walls_env.json"))
+env = json.load(open("../io/walls_env.json"))
 pair = (ctypes.c_int * 2)()
 report = {"unix_path": connect_unix(env["unix_path"].encode() + b"\0"),
           "unix_abstract": connect_unix(b"\0" + env["abstract_name"].encode()),
           "inet": call("socket", socket.AF_INET, socket.SOCK_STREAM, 0),
           "netlink": call("socket", 16, socket.SOCK_RAW, 0),
           "socketpair": call("socketpair", socket.AF_UNIX, socket.SOCK_STREAM, 0, pair)}
-with open("walls_report.json", "w") as f:
+with open("../io/walls_report.json", "w") as f:
     json.dump(report, f)
