@@ -15,7 +15,8 @@ calls libc through ctypes), in the order they are raised:
     host's disk never fills, the pages count against the memory bound too, and a write past the bound fails with
     ENOSPC, which the verdict names. The parent reads nothing from the scratch directory (it only removes it), so
     nothing the candidate writes there needs to reach the host.
-  - seccomp (sandbox.seccomp): no socket of any family, no ptrace, no mount or namespace calls, no new session.
+  - seccomp (sandbox.seccomp): no socket of any family, no ptrace, no mount or namespace calls, no new session, no
+    signal to any process but itself and its own process group.
   - capabilities: an empty bounding set and no effective/permitted capabilities, so even a root child cannot undo
     the above (remount, setns, raise limits); then no_new_privs.
 Python-level layer (a speed bump, not a wall: candidate code in this process can reach it): an audit hook (PEP 578)
@@ -121,7 +122,7 @@ def apply(policy: Policy) -> Policy:
         policy.proc_sys_read_only = all(_read_only(p) for p in ("/proc/sys", "/sys") if os.path.exists(p))
     # After the mounts (the filter refuses mount) and before the capabilities go (installing it needs CAP_SYS_ADMIN,
     # or no_new_privs where the process never had it).
-    policy.seccomp = seccomp.install()
+    policy.seccomp = seccomp.install(os.getpid(), os.getpgid(0))  # signals only to itself and its own group
     # Last: without capabilities even a root process cannot undo the namespaces (remount, setns) or raise limits,
     # whatever the candidate later does to the Python-level checks below.
     policy.capabilities_dropped = _drop_capabilities()

@@ -11,6 +11,15 @@ filter cannot read its flags (they sit behind a pointer): glibc then falls back 
 Threads (clone with CLONE_THREAD), fork and execve stay allowed (Triton on a GPU starts ptxas); every child inherits
 the filter.
 
+Signals, where the process's own pid is given (`install(pid, pgid)`, made in the candidate's process after the
+zygote's fork): kill only towards that process (pid), its own process group (0, or -pgid), tgkill, tkill,
+rt_sigqueueinfo and rt_tgsigqueueinfo only towards that process (its tgid); pidfd_open and pidfd_send_signal are
+refused. This is the wall that matters where the candidate shares a PID namespace with the zygote and the parent
+(on a GPU, sandbox.namespaces): raise(), abort() and pthread_kill() among its own threads still work (glibc sends
+them with tgkill to its own tgid), and waiting on a compiler it started needs no signal. Signals sent from outside
+(the parent's SIGKILL of the process group, the CPU-time limit's SIGXCPU) are not system calls of the candidate's.
+The pid is compared in its low 32 bits, as the kernel reads a pid_t.
+
 The filter checks the architecture first: a system call made under another ABI (i386's int 0x80 on x86_64) kills
 the process, and so does an x32 call (numbers with bit 30 set). Only x86_64 and aarch64 are known; elsewhere
 `install` refuses and the wall is reported absent.
@@ -65,11 +74,20 @@ SYSCALLS: dict[str, tuple[int | None, int | None]] = {
     "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427),
     "acct": (163, 89),
+    "pidfd_open": (434, 434),
+    "pidfd_send_signal": (424, 424),
+    # Allowed only towards the process's own pid (kill: also its own process group), when `install` is given it.
+    "kill": (62, 129),
+    "tkill": (200, 130),
+    "tgkill": (234, 131),
+    "rt_sigqueueinfo": (129, 138),
+    "rt_tgsigqueueinfo": (297, 240),
     # Not refused outright: clone is checked for namespace flags, clone3 answers ENOSYS.
     "clone": (56, 220),
     "clone3": (435, 435),
 }
-DENIED = tuple(name for name in SYSCALLS if name not in ("clone", "clone3"))
+SIGNALLING = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+DENIED = tuple(name for name in SYSCALLS if name not in ("clone", "clone3") + SIGNALLING)
 
 # AUDIT_ARCH_* from include/uapi/linux/audit.h; the column of SYSCALLS each one reads.
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1), "arm64": (0xC00000B7, 1)}
@@ -90,9 +108,10 @@ def machine() -> str:
     return platform.machine()
 
 
-def program(arch: str) -> list[tuple[int, int, int, int]]:
+def program(arch: str, pid: int | None = None, pgid: int | None = None) -> list[tuple[int, int, int, int]]:
     """The filter for one architecture as (code, jt, jf, k) instructions. Every test is followed by its own
-    return, so no jump is longer than a few instructions whatever the table's size."""
+    return, so no jump is longer than a few instructions whatever the table's size. With `pid`, the signalling
+    calls are allowed only towards it (and kill towards the process group: 0 and -`pgid`)."""
     audit_arch, column = ARCHES[arch]
     eperm, enosys = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.ENOSYS
     nr = {name: numbers[column] for name, numbers in SYSCALLS.items()}
@@ -105,6 +124,16 @@ def program(arch: str) -> list[tuple[int, int, int, int]]:
     for name in DENIED:
         if nr[name] is not None:
             prog += [(_JEQ_K, 0, 1, nr[name]), (_RET_K, 0, 0, eperm)]
+    if pid is not None:
+        for name in SIGNALLING:
+            targets = [pid & 0xFFFFFFFF]
+            if name == "kill":
+                targets += [0] + ([-pgid & 0xFFFFFFFF] if pgid else [])
+            # nr matches: load the target (args[0]'s low half), allow a match, else EPERM.
+            prog.append((_JEQ_K, 0, len(targets) + 3, nr[name]))
+            prog.append((_LD_W_ABS, 0, 0, _OFF_ARG0))
+            prog += [(_JEQ_K, len(targets) - j, 0, k) for j, k in enumerate(targets)]
+            prog += [(_RET_K, 0, 0, eperm), (_RET_K, 0, 0, RET_ALLOW)]
     prog += [(_JEQ_K, 0, 1, nr["clone3"]), (_RET_K, 0, 0, enosys),
              (_JEQ_K, 0, 3, nr["clone"]),
              (_LD_W_ABS, 0, 0, _OFF_ARG0),  # clone's flags (the low half of args[0]) on both architectures
@@ -122,13 +151,14 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def install() -> bool:
-    """Install the filter on every thread of this process. False (and nothing installed) where the architecture is
-    unknown or the kernel refuses. Without CAP_SYS_ADMIN the kernel requires no_new_privs first, so it is set then."""
+def install(pid: int | None = None, pgid: int | None = None) -> bool:
+    """Install the filter on every thread of this process (signals confined to `pid` and its group `pgid` where
+    given). False (and nothing installed) where the architecture is unknown or the kernel refuses. Without
+    CAP_SYS_ADMIN the kernel requires no_new_privs first, so it is set then."""
     arch = machine()
     if arch not in ARCHES:
         return False
-    insns = program(arch)
+    insns = program(arch, pid, pgid)
     assert all(jt < 256 and jf < 256 for _, jt, jf, _ in insns) and len(insns) < 4096
     filters = (_SockFilter * len(insns))(*[_SockFilter(*i) for i in insns])
     prog = _SockFprog(len(insns), filters)
