@@ -21,7 +21,7 @@ calls libc through ctypes), in the order they are raised:
     the above (remount, setns, raise limits); then no_new_privs.
 Python-level layer (a speed bump, not a wall: candidate code in this process can reach it): an audit hook (PEP 578)
 allowing writes only under the scratch directory, and refusing sockets, new processes, signals, native libraries, gc
-walks and further audit hooks. While trusted code runs (Triton compiling a kernel, the baselines) only the network
+walks, frames (sys._getframe, tracebacks' and generators' frames) and further audit hooks. While trusted code runs (Triton compiling a kernel, the baselines) only the network
 stays closed: they start compilers and load libraries.
 `Policy.walls()` reports which walls stood; the setup reply carries it to the verdict.
 """
@@ -32,6 +32,7 @@ import math
 import os
 import resource
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -258,6 +259,29 @@ def _writable(path: object) -> bool:
     return any(real == str(root) or real.startswith(str(root) + os.sep) for root in _POLICY.write_roots)
 
 
+# Frames give the candidate the harness's own locals (the worker's state, the trace's closures) and the stack that
+# called it: every audited way to one (PEP 578's table, CPython 3.10-3.12), refused while candidate code runs unless
+# library code asks (below). Trusted code that formats a traceback runs inside `trusted`.
+_FRAME_EVENTS = {"sys._getframe", "sys._getframemodulename", "sys._current_frames", "sys._current_exceptions"}
+_FRAME_ATTRS = {"tb_frame", "f_code", "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code"}
+# Libraries ask for frames as they define things (typing.TypeVar and enum read the caller's module name), so a lazy
+# import inside the candidate's call must go on: code from the interpreter's own library directories may; the
+# candidate's file, or code it compiled, may not.
+_LIBRARY_DIRS = tuple(dict.fromkeys(os.path.realpath(sysconfig.get_paths()[k]) + os.sep
+                                    for k in ("stdlib", "platstdlib", "purelib", "platlib")))
+
+
+def _asked_by_library(p: Policy) -> bool:
+    """Whether the code that raised this audit event (two frames up: past this function and the hook) lives in the
+    interpreter's library directories. Runs as trusted, so its own frame reads raise no event."""
+    p.trusted_depth += 1
+    try:
+        name = sys._getframe(2).f_code.co_filename
+    finally:
+        p.trusted_depth -= 1
+    return name.startswith(_LIBRARY_DIRS)
+
+
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
                 "os.link", "os.symlink", "os.utime", "shutil.rmtree", "shutil.move", "os.replace"}
@@ -288,6 +312,10 @@ def _audit(event: str, args: tuple) -> None:
         _deny(event)
     elif event == "ctypes.dlopen" and not (args and os.path.basename(str(args[0])).startswith(CUDA_LIBRARY_PREFIXES)):
         _deny(f"loading a native library ({args[0] if args else ''})")
-    elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.addaudithook",
-                   "sys._current_frames", "sys.settrace", "sys.setprofile"):
+    elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.addaudithook", "sys.settrace",
+                   "sys.setprofile"):
         _deny(event)
+    elif event in _FRAME_EVENTS and not _asked_by_library(p):
+        _deny(event)
+    elif event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS and not _asked_by_library(p):
+        _deny(f"reading a frame or code object (.{args[1]})")

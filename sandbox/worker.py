@@ -68,7 +68,8 @@ def main(sock_fd: int, out_fd: int, shared_fd: int) -> None:
 def _failure(reason: Reason, message: str, exc: BaseException | None = None) -> dict[str, Any]:
     reply: dict[str, Any] = {"ok": False, "reason": reason.value, "message": message}
     if exc is not None:
-        info = ErrorInfo.from_exception(exc)
+        with policy.trusted():  # formatting the traceback reads its frames, which the audit hook refuses otherwise
+            info = ErrorInfo.from_exception(exc)
         reply["error"] = {"type": info.type, "message": info.message, "traceback": info.traceback}
     return reply
 

@@ -1,6 +1,7 @@
 """The checks inside the candidate's process, behind the static stage (bypassed here, so each layer is shown on its
 own): computation outside Triton (numpy, Python lists, Python run inside a launch by a hook, a constexpr callable or
-a helper the kernel body calls), the trace switched off, state kept across calls, and calls a check cannot count."""
+a helper the kernel body calls), the trace switched off, frames of the harness reached, state kept across calls, and
+calls a check cannot count."""
 import random
 from pathlib import Path
 
@@ -49,6 +50,16 @@ def test_compute_outside_triton_is_refused(harness, name, needle):
     result = _check(harness, ATTACKS / name)
     assert result.verdict is Verdict.REJECTED
     assert (result.stage, result.reason) == (Stage.SMOKE, Reason.FOREIGN_COMPUTE), result.message
+    assert needle in result.message, result.message
+
+
+@pytest.mark.parametrize("name,needle", [("runtime_frames.py", "sys._getframe"),
+                                         ("runtime_generator_frame.py", ".gi_frame")])
+def test_frames_are_refused_to_the_candidate(harness, name, needle):
+    """A frame leads up the stack to the worker's locals (here: switching the torch-compute check off); library code
+    that asks for one while the candidate runs (typing at a lazy import) still may."""
+    result = _check(harness, ATTACKS / name)
+    assert (result.stage, result.reason) == (Stage.SMOKE, Reason.SANDBOX_VIOLATION), result.message
     assert needle in result.message, result.message
 
 
