@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox import pyparse
+
 SEEDS_DIR = Path(__file__).resolve().parent.parent / "seeds"
 _BUILTINS = set(dir(builtins)) | {"__name__", "__file__", "__doc__"}
 MAX_KEPT = 12  # definitions the static checks may send back to their module before the file is left as it was
@@ -40,7 +42,7 @@ class _Cant(Exception):
 def flatten(source: str, seeds_dir: Path = SEEDS_DIR) -> Flat:
     """`source` with its top-level imports of seed code replaced by the code they import."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError:
         return Flat(source)
     imports = [n for n in tree.body if _seed_import(n)]
@@ -84,7 +86,7 @@ class _Module:
             raise _Cant(f"{name} is not a file in {seeds_dir}")
         self.name, self.text = name, path.read_text(encoding="utf-8")
         self.lines = self.text.split("\n")
-        self.body = ast.parse(self.text).body
+        self.body = pyparse.parse(self.text).body
         self.future = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in self.body)
         self.defines: dict[str, list[int]] = {}
         for i, node in enumerate(self.body):
@@ -205,7 +207,7 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
     if future and "from __future__ import annotations" not in source:
         text = _with_future(text)
     try:
-        ast.parse(text)
+        pyparse.parse(text)
     except SyntaxError as exc:  # pragma: no cover - the copied statements parsed where they came from
         raise _Cant(f"the flattened file does not parse ({exc.msg})") from None
     placed = []
@@ -233,7 +235,7 @@ def _allowed(node: ast.Import | ast.ImportFrom) -> bool:
 
 def _with_future(text: str) -> str:
     """`from __future__ import annotations` after the module docstring, where Python requires it."""
-    tree = ast.parse(text)
+    tree = pyparse.parse(text)
     at = 0
     if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
         at = tree.body[0].end_lineno

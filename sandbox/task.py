@@ -44,6 +44,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import pyparse
+
 log = logging.getLogger(__name__)
 
 DISTRIBUTIONS = ("normal", "uniform", "large", "outliers", "constant_rows")
@@ -386,7 +388,7 @@ def _pin_assignments(tree: ast.Module, overrides: dict[str, int]) -> set[str]:
         for name in sorted(names & set(targets)):
             value = targets[name]
             if isinstance(value, dict):
-                pin = ast.parse(f"{name} = _crucible_replaced({name}, {value!r})").body[0]
+                pin = pyparse.parse(f"{name} = _crucible_replaced({name}, {value!r})").body[0]
                 placed |= {f"{name}[{i}]" for i in value}
             else:
                 pin = ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=ast.Constant(value))
@@ -432,7 +434,7 @@ def _load(path: Path, overrides: dict[str, int], *, base: dict[str, int] | None 
     module = types.ModuleType(name)
     module.__file__ = str(path)
     try:
-        tree = ast.parse(source, str(path))
+        tree = pyparse.parse(source, str(path))
     except SyntaxError as exc:
         raise TaskError(f"{path.name} has a syntax error at line {exc.lineno}: {exc.msg}") from None
     # Overrides are pinned right after the file's own assignments, so that the values it derives from them at the

@@ -174,7 +174,7 @@ def test_bench_set_times_the_task_at_another_size(fake_gpu):
 @pytest.mark.parametrize("argv,needle", [
     (["bench", TASK, "--set", "N"], "write NAME=INTEGER"),
     (["bench", TASK, "--set", "N=big"], "write NAME=INTEGER"),
-    (["bench", TASK, "--set", "HIDDEN=8"], "no integer constant named ['HIDDEN']"),
+    (["bench", TASK, "--set", "HIDDEN=8"], "no integer constant named HIDDEN"),
     (["bench", TASK, "--baselines", "eager,triton"], "unknown baseline triton"),
     (["bench", "tasks/does_not_exist.py"], "does not exist"),
     (["bench", TASK, "no_such_candidate.py"], "does not exist"),

@@ -76,7 +76,7 @@ def test_batch_on_a_ray_cluster_records_every_candidate(cluster, served, tmp_pat
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
     assert "Ray cluster: no GPU, 3 CPU(s)" in out.out
-    report = {Path(r["task"]).stem: r for r in json.loads(js.read_text())}
+    report = {Path(r["task"]).stem: r for r in json.loads(js.read_text())["tasks"]}
     assert {k: (r["status"], r["proposals"], r["accepted"], r["rejected"]) for k, r in report.items()} == {
         name: ("done", 2, 1, 1) for name in ("scale_a", "scale_b", "scale_c")}
     with Archive(db) as archive:

@@ -134,20 +134,22 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - a file the user pointed at: one sentence, no traceback
         err_console.print(f"cannot open the archive {args.archive}: {exc}")
         return 2
-    if args.reference_only or not searchable:
-        archive.close()
-        if not args.reference_only:
-            out.print("no model and no kernel to start from: checking each task's reference (and timing its "
-                      "baselines on a GPU); to propose kernels, pass --model openai:NAME or anthropic:NAME, or "
-                      "--from DIR with kernels named after the tasks", highlight=False, soft_wrap=True)
-        rows = reference_rows(tasks, args, constants, err_console)
-        return _finish(args, rows, reference_only=True)
     try:
         executor = _executor(args)
     except ExecutorError as exc:
         archive.close()
         err_console.print(str(exc), markup=False, soft_wrap=True)  # "kernel-crucible[ray]" is not markup
         return 2
+    if args.reference_only or not searchable:  # the references are checked here, whatever the executor
+        archive.close()
+        if executor is not None:
+            executor.close()
+        if not args.reference_only:
+            out.print("no model and no kernel to start from: checking each task's reference (and timing its "
+                      "baselines on a GPU); to propose kernels, pass --model openai:NAME or anthropic:NAME, or "
+                      "--from DIR with kernels named after the tasks", highlight=False, soft_wrap=True)
+        rows = reference_rows(tasks, args, constants, err_console)
+        return _finish(args, rows, reference_only=True)
     if lanes > 1:
         out.print(f"{len(tasks)} tasks on {lanes} GPUs: one task per GPU at a time")
     elif args.gpus > 1 and args.executor == "local" and not _visible_gpus(args.device):
