@@ -11,6 +11,12 @@ since the first call after each (re)build is not compared.
 Tensors held in that state are the other half: one that a call (after the first) writes — a workspace, or a cache —
 is overwritten with random bytes before the next call, so a result kept there cannot come back, and a counter kept
 there reads garbage. An honest workspace is written before it is read and does not notice.
+
+The walk runs outside the trace, so it must run none of the candidate's code: types are read with type() (an object's
+`__class__` can lie to isinstance), containers through their base type's own methods (a subclass may override
+`items` or `__iter__`), scalars through their base type's conversions, and a tensor subclass in the state, whose
+methods (`data_ptr`, `stride`, `__torch_function__`) would be the candidate's, is refused (`StateRefused`): state
+tensors are plain tensors or parameters.
 """
 from __future__ import annotations
 
@@ -27,20 +33,58 @@ MAX_ITEMS = 512       # items of one container walked
 MAX_DEPTH = 12
 CLONE_BYTES = 64 << 20  # tensors up to this size are compared exactly, larger ones by a checksum
 _SCALARS = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device)
+# A subclass of a scalar type, as a plain value made by the base type's own conversion (no method of the subclass).
+_PLAIN = ((bool, bool.__index__), (int, int.__index__), (float, float.__float__), (str, str.__str__),
+          (bytes, bytes.__bytes__), (complex, complex.__complex__))
+TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+class StateRefused(TypeError):
+    """The model's state holds something the walk cannot look at without running the candidate's code."""
+
+
+def _is(v: Any, kinds: Any) -> bool:
+    return issubclass(type(v), kinds)
+
+
+def _items(v: Any) -> list[Any]:
+    """A container's items through its base type's own iterator: a subclass's `__iter__`/`items` never runs."""
+    for base in (list, tuple, collections.deque, dict, set, frozenset):
+        if _is(v, base):
+            return list(dict.items(v)) if base is dict else list(base.__iter__(v))
+    raise TypeError(type(v))
 
 
 def _key(k: Any) -> str:
-    if isinstance(k, (str, int, float, bool, type(None))):
-        return repr(k)[:60]
-    if isinstance(k, tuple) and all(isinstance(x, (str, int, float, bool, type(None))) for x in k):
-        return repr(k)[:60]
+    plain = (str, int, float, bool, type(None))
+    if type(k) in plain or (type(k) is tuple and all(type(x) in plain for x in k)):
+        return repr(k)[:60]  # exact builtin types only: a subclass's __repr__ would be the candidate's
     return f"<{type(k).__name__}>"
 
 
 def _opaque(v: Any) -> bool:
     """Triton's and torch's own objects: their internals change legitimately (caches), compared by identity."""
-    mod = type(v).__module__ or ""
-    return mod.startswith(("triton", "torch")) and not isinstance(v, torch.nn.Module)
+    mod = _MODULE.__get__(type(v)) or ""
+    return mod.startswith(("triton", "torch")) and not _is(v, torch.nn.Module)
+
+
+# Read past any metaclass of the candidate's (its __getattribute__ would run on `cls.__mro__`).
+_CLASS_DICT, _MRO, _QUALNAME, _MODULE, _NAME = (type.__dict__[k] for k in ("__dict__", "__mro__", "__qualname__",
+                                                                             "__module__", "__name__"))
+
+
+def _name(v: Any) -> str:
+    return _QUALNAME.__get__(type(v))
+
+
+def _instance_dict(v: Any) -> dict[str, Any] | None:
+    """An object's attribute dict through the interpreter's own `__dict__` slot; None where it has none, or where a
+    class of the candidate's puts something else (a property) in that slot's place."""
+    for cls in _MRO.__get__(type(v)):
+        slot = _CLASS_DICT.__get__(cls).get("__dict__")
+        if slot is not None:
+            return dict(slot.__get__(v, type(v))) if type(slot) is types.GetSetDescriptorType else None
+    return None
 
 
 def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
@@ -57,39 +101,50 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
     def walk(path: str, v: Any, depth: int) -> None:
         if len(values) >= MAX_ENTRIES:
             return
-        if isinstance(v, torch.Tensor):
+        if _is(v, torch.Tensor):
+            if type(v) not in TENSOR_TYPES:
+                raise StateRefused(f"`{path}` holds a tensor subclass ({_name(v)}): tensors in a model's "
+                                   "state must be plain torch.Tensor or nn.Parameter")
             values[path] = ("tensor", v.data_ptr(), tuple(v.shape), tuple(v.stride()), str(v.dtype))
             if id(v) not in seen:
                 seen.add(id(v))
                 tensors.append((path, v))
             return
-        if isinstance(v, float):
+        if type(v) not in _SCALARS:
+            for base, plain in _PLAIN:
+                if _is(v, base):
+                    values[path] = (_name(v), repr(plain(v)))
+                    return
+        if type(v) is float:
             values[path] = repr(v)  # NaN equals itself
             return
-        if isinstance(v, _SCALARS):
+        if type(v) in _SCALARS:
             values[path] = v
             return
         if id(v) in seen or depth > MAX_DEPTH:
-            values[path] = ("seen", type(v).__qualname__)  # not its id: that of a temporary is not stable
+            values[path] = ("seen", _name(v))  # not its id: that of a temporary is not stable
             return
         seen.add(id(v))
         alive.append(v)  # no id is reused during the walk (the walk makes temporaries: attribute dicts, closures)
-        if isinstance(v, (list, tuple, collections.deque, set, frozenset)):
-            values[path] = (type(v).__name__, len(v))
-            items = sorted(v, key=_key) if isinstance(v, (set, frozenset)) else v
+        if _is(v, (list, tuple, collections.deque, set, frozenset)):
+            items = _items(v)
+            values[path] = (_NAME.__get__(type(v)), len(items))
+            items = sorted(items, key=_key) if _is(v, (set, frozenset)) else items
             for i, x in enumerate(itertools.islice(items, MAX_ITEMS)):
                 walk(f"{path}[{i}]", x, depth + 1)
-        elif isinstance(v, dict):
-            values[path] = ("dict", len(v))
-            for k, x in itertools.islice(list(v.items()), MAX_ITEMS):
+        elif _is(v, dict):
+            items = _items(v)
+            values[path] = ("dict", len(items))
+            for k, x in itertools.islice(items, MAX_ITEMS):
                 walk(f"{path}[{_key(k)}]", x, depth + 1)
-        elif isinstance(v, types.ModuleType):
+        elif _is(v, types.ModuleType):
             values[path] = ("module", v.__name__)
-        elif isinstance(v, (types.FunctionType, type)):
-            values[path] = (type(v).__name__, id(v))
-            if getattr(v, "__module__", None) == candidate:
-                if isinstance(v, type):
-                    for k, x in list(vars(v).items()):
+        elif _is(v, (types.FunctionType, type)):
+            values[path] = (_NAME.__get__(type(v)), id(v))
+            owner = _CLASS_DICT.__get__(v).get("__module__") if _is(v, type) else v.__module__
+            if owner == candidate:
+                if _is(v, type):
+                    for k, x in list(_CLASS_DICT.__get__(v).items()):
                         if not (k.startswith("__") and k.endswith("__")):
                             walk(f"{path}.{k}", x, depth + 1)
                 else:
@@ -98,26 +153,24 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
                     walk(f"{path}.<closure>", tuple(c.cell_contents for c in v.__closure__ or ()
                                                     if _filled(c)), depth + 1)
                     walk(f"{path}.<attributes>", dict(vars(v)), depth + 1)
-        elif type(v).__module__ == "itertools":
+        elif _MODULE.__get__(type(v)) == "itertools":
             values[path] = repr(v)[:200]  # count(n) and the like show their position
         elif _opaque(v):
-            values[path] = (type(v).__qualname__, id(v))
-        elif isinstance(v, functools._lru_cache_wrapper):  # by type: a getattr would run a candidate's property
+            values[path] = (_name(v), id(v))
+        elif _is(v, functools._lru_cache_wrapper):  # by type: a getattr would run a candidate's property
             values[path] = ("lru_cache", id(v), v.cache_info().currsize)
-        elif hasattr(v, "__dict__") or hasattr(type(v), "__slots__"):
-            values[path] = (type(v).__qualname__, id(v))
-            attrs = dict(vars(v)) if hasattr(v, "__dict__") else {}
-            for cls in type(v).__mro__:
-                for name, slot in vars(cls).items():  # slot descriptors only: a property would run the candidate
-                    if isinstance(slot, types.MemberDescriptorType):
+        else:
+            values[path] = (_name(v), id(v))
+            attrs = _instance_dict(v) or {}
+            for cls in _MRO.__get__(type(v)):
+                for name, slot in _CLASS_DICT.__get__(cls).items():  # slot descriptors only: a property would run
+                    if type(slot) is types.MemberDescriptorType:     # the candidate's code
                         try:
                             attrs[name] = slot.__get__(v, type(v))
                         except AttributeError:  # an empty slot
                             pass
             for k, x in attrs.items():
                 walk(f"{path}.{k}", x, depth + 1)
-        else:
-            values[path] = (type(v).__qualname__, id(v))
 
     walk("model", model, 0)
     if module is not None:

@@ -63,6 +63,13 @@ def test_frames_are_refused_to_the_candidate(harness, name, needle):
     assert needle in result.message, result.message
 
 
+def test_a_tensor_subclass_in_the_state_is_refused(harness):
+    """Its methods are the candidate's code, which the state walk would run outside the trace."""
+    result = _check(harness, ATTACKS / "runtime_state_subclass.py")
+    assert result.verdict is Verdict.REJECTED and result.stage is Stage.SMOKE, result.message
+    assert "`model.memo` holds a tensor subclass (Sneaky)" in result.message, result.message
+
+
 def test_replacing_the_launch_wrapper_is_caught(harness):
     result = _check(harness, ATTACKS / "runtime_replaces_run.py")
     assert (result.stage, result.reason) == (Stage.SMOKE, Reason.TRACE_TAMPERED), result.message
