@@ -180,6 +180,23 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
     return values, tensors
 
 
+def installed_hooks(model: torch.nn.Module) -> str | None:
+    """Where a hook is installed on the model, its submodules or its parameters, or globally for every module (they
+    run the candidate's code around forward, at state_dict and parameter loading, outside the trace); None if none."""
+    from torch.nn.modules import module as nn_module
+    for name, table in vars(nn_module).items():
+        if name.startswith("_global_") and name.endswith("hooks") and _is(table, dict) and dict.__len__(table):
+            return f"a hook for every module ({name})"
+    for path, sub in torch.nn.Module.named_modules(model):
+        for name, table in (_instance_dict(sub) or {}).items():
+            if name.endswith("hooks") and _is(table, dict) and dict.__len__(table):
+                return f"`{'model.' + path if path else 'model'}.{name}`"
+    for path, param in torch.nn.Module.named_parameters(model):
+        if type(param) in TENSOR_TYPES and (param._backward_hooks or param._post_accumulate_grad_hooks):
+            return f"a hook on parameter `{path}`"
+    return None
+
+
 def _filled(cell: Any) -> bool:
     try:
         cell.cell_contents

@@ -565,6 +565,9 @@ class _Checker:
                     "__name__ are refused", reason)
         if attr in ("format", "format_map"):
             _refuse(node, f"`.{attr}` is not allowed (a format field can read attributes); use an f-string", reason)
+        if "hook" in attr.lower():
+            _refuse(node, f"`.{attr}` (in `{shown}`) is not allowed: a hook runs Python outside the harness's watch "
+                    "(module, tensor, state-dict and launch hooks alike)", reason)
         if attr in FORBIDDEN_ATTRS:
             _refuse(node, f"`.{attr}` (in `{shown}`) is not allowed in a candidate: it reaches a module, the harness, "
                     "tensor data outside torch, a launch hook or a global setting; compute with your Triton kernels",

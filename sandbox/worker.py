@@ -145,6 +145,10 @@ def _build(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         return _failure(Reason.INIT_ERROR, f"ModelNew(*get_init_inputs()) failed: {type(exc).__name__}: {exc}", exc)
     if not isinstance(model, torch.nn.Module):
         return _failure(Reason.INIT_ERROR, "ModelNew must be a torch.nn.Module")
+    hooked = carry.installed_hooks(model)  # before loading parameters, which would run state-dict hooks
+    if hooked:
+        return _failure(Reason.SANDBOX_VIOLATION, f"ModelNew installed a hook ({hooked}); hooks run Python outside "
+                        "the harness's checks")
     problem = _load_parameters(model, msg["state_dict"])
     if problem:
         return _failure(Reason.PARAMETER_MISMATCH, problem)
@@ -266,6 +270,10 @@ def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
 def _run_call(state: dict[str, Any], inputs: list[Any]) -> tuple[dict[str, Any], Any]:
     """One traced call and every check the child can make on it; (reply, the forward's return value)."""
     device, model, tracer = state["device"], state["model"], state["tracer"]
+    hooked = carry.installed_hooks(model)
+    if hooked:
+        return _failure(Reason.SANDBOX_VIOLATION, f"the model has a hook installed ({hooked}); hooks run Python "
+                        "outside the harness's checks"), None
     pristine = [_int_view(x).clone() if isinstance(x, torch.Tensor) else None for x in inputs]
     tasks_before = _native_threads()
     watch = state["watch"] or _watch(state)

@@ -46,6 +46,8 @@ EXPECTED = {
     # Once accepted: builtins (and its exec) reached as torch.glob.re.enum.bltns; torch.load as nn.functional.torch.load
     "redteam_builtins_via_torch_glob.py": (RMSNORM, Stage.STATIC, Reason.FORBIDDEN_CALL, "torch.glob"),
     "redteam_torch_alias_path.py": (RMSNORM, Stage.STATIC, Reason.FORBIDDEN_CALL, ".torch"),
+    # A module's hook table written directly (no register_* name): every `*hook*` attribute is refused
+    "redteam_hook_table.py": (RMSNORM, Stage.STATIC, Reason.FORBIDDEN_CALL, "_forward_hooks"),
 }
 
 

@@ -70,6 +70,15 @@ def test_a_tensor_subclass_in_the_state_is_refused(harness):
     assert "`model.memo` holds a tensor subclass (Sneaky)" in result.message, result.message
 
 
+@pytest.mark.parametrize("name,needle", [("runtime_state_dict_hook.py", "model._load_state_dict_post_hooks"),
+                                         ("runtime_global_hook.py", "_global_forward_pre_hooks")])
+def test_module_hooks_are_refused(harness, name, needle):
+    """Hooks run the candidate's Python at parameter loading or around forward, outside the launch trace."""
+    result = _check(harness, ATTACKS / name)
+    assert result.verdict is Verdict.REJECTED and result.reason is Reason.SANDBOX_VIOLATION, result.message
+    assert needle in result.message and "hook" in result.message, result.message
+
+
 def test_replacing_the_launch_wrapper_is_caught(harness):
     result = _check(harness, ATTACKS / "runtime_replaces_run.py")
     assert (result.stage, result.reason) == (Stage.SMOKE, Reason.TRACE_TAMPERED), result.message
