@@ -96,7 +96,7 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         driver.active.get_current_device()
         laps["triton_driver_s"] = lap()
     pol = policy.Policy(scratch=msg["scratch"], write_roots=[os.path.realpath(p) for p in msg["write_roots"]],
-                        cpu_seconds=int(msg["cpu_seconds"]))
+                        cpu_seconds=int(msg["cpu_seconds"]), device=device)
     os.environ["TRITON_CACHE_DIR"] = msg["triton_cache"]
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(msg["scratch"], "inductor")
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # compile in this process: no worker pool to start
