@@ -6,7 +6,10 @@
 
 `--root` measures the harness of another checkout of crucible (e.g. `git archive REV | tar -x -C OLD_TREE`) with
 this same script, so a change's cost is measured before and after on one machine in one run; `--csv` appends one
-row per (tree, task, candidate) with the device, versions and the measured tree's commit.
+row per (tree, task, candidate) with the device, versions and the measured tree's commit. An editable install
+(`pip install -e .`) maps `sandbox` to its own checkout whatever `--root` says: run it with a Python that has none,
+e.g. `PYTHONPATH=.venv/lib/python3.11/site-packages python3 benchmarks/bench_harness.py --root ...` (a path on
+PYTHONPATH is not searched for .pth files).
 
 The parent-side phases (spawn, inputs, reference, request = a call's round trip, compare, rebuild, close) are
 printed too.
