@@ -21,12 +21,21 @@ err_console = Console(stderr=True)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crucible", description="Write and optimise fused Triton kernels, verified.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(agent.commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
         importlib.import_module(f"agent.commands.{info.name}").register(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("kernel-crucible")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,22 @@ def test_missing_files_get_one_sentence_and_exit_2():
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
     proc = crucible("check", "tasks/rmsnorm_fwd.py", "no_such_candidate.py", "--device", "cpu")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "candidate file no_such_candidate.py does not exist" in " ".join(proc.stderr.split())
+
+
+def test_a_file_that_is_no_candidate_is_a_bad_invocation(tmp_path):
+    """Empty, or no ModelNew at all: exit 2 with a sentence, not a rejected kernel (exit 1)."""
+    for name, text, says in (("empty.py", "\n", "is empty"), ("plain.py", "x = 1\n", "defines no ModelNew")):
+        (tmp_path / name).write_text(text)
+        proc = crucible("check", "tasks/rmsnorm_fwd.py", str(tmp_path / name), "--device", "cpu", "--json")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        reply = json.loads(proc.stdout)
+        assert reply["reason"] == "bad_invocation" and says in reply["message"]
+
+
+def test_version():
+    proc = crucible("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("crucible ")
 
 
 def test_broken_task_is_refused_with_exit_2(tmp_path):

@@ -83,8 +83,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.candidate:
         return _bad(args, "give a CANDIDATE file to check (or --reference to check the task itself)")
     candidate = Path(args.candidate)
+    if not candidate.exists():
+        return _bad(args, f"candidate file {candidate} does not exist; pass the .py file that defines ModelNew")
     if not candidate.is_file() or candidate.suffix != ".py":
         return _bad(args, f"candidate {candidate} is not a .py file; pass the file that defines ModelNew")
+    not_candidate = _not_a_candidate(candidate)
+    if not_candidate:
+        return _bad(args, not_candidate)
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     options = CheckOptions(device=device, timing=not args.no_timing, timeout_s=args.timeout, seed=args.seed,
                            gpu=args.gpu, baselines=baselines, timing_mode=args.timing_mode)
@@ -98,6 +103,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         render(result)
     return 0 if result.accepted else 1
+
+
+def _not_a_candidate(path: Path) -> str | None:
+    """A sentence when the file is no candidate at all (empty, or no ModelNew anywhere in it): a bad invocation, not
+    a rejected kernel. A file that mentions ModelNew but does not parse is a candidate, and the harness rejects it."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"cannot read candidate {path}: {exc.strerror or exc}"
+    if not text.strip():
+        return f"candidate {path} is empty; pass the .py file that defines ModelNew"
+    if "ModelNew" not in text:
+        return f"{path} defines no ModelNew, so it is not a candidate; pass the .py file that defines class ModelNew"
+    return None
 
 
 def _bad(args: argparse.Namespace, message: str) -> int:
