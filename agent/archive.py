@@ -379,7 +379,10 @@ class Archive:
 
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path is not None else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path == Path(DEFAULT_PATH):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif not self.path.parent.is_dir():  # a path the user chose: a typo must not become a new folder
+            raise FileNotFoundError(f"its folder {self.path.parent} does not exist; create it or pick another path")
         self._lock = threading.RLock()
         self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row

@@ -123,6 +123,7 @@ def test_bad_invocations_exit_2_with_one_sentence(tmp_path, tiny):
         (["archive", "show", "12345", "--archive", db], "no candidate #12345"),
         (["archive", "list", "--archive", tmp_path / "none.db"], "no archive at"),
         (["batch", tmp_path / "nodir"], "not a folder"),
+        (["run", task, "--archive", tmp_path / "nodir" / "a.db"], "does not exist"),
         (["run", task, "--baselines", "eager,magic", "--archive", db], "unknown baseline"),
         (["run", task, "--final-baselines", "", "--archive", db], "unknown baseline"),
         (["batch", task.parent, "--baselines", "liger,cudnn", "--archive", db], "unknown baseline"),
