@@ -108,6 +108,9 @@ FORBIDDEN_ATTRS = frozenset({
     # because torch.nn.functional.torch is torch again, past FORBIDDEN_PATHS (tests/test_redteam.py repeats the walk)
     "torch", "ao", "numbers", "dataclasses", "glob", "platform", "textwrap", "collections", "ast", "re", "string",
     "enum", "concurrent", "mp", "bisect", "json", "abc",
+    # standard-library modules that other imports may leave on a Triton or torch module at run time (the suite saw
+    # triton.language.standard.time): named before any walk finds them
+    "time", "datetime", "random", "struct", "select", "queue",
     "sandbox", "trace", "policy", "worker", "channel", "harness", "zygote", "profiler", "agent",
     "hub", "utils", "serialization", "distributed", "library", "ops", "_C", "_dynamo", "_inductor",
     "_python_dispatch", "fx", "package", "onnx", "export", "testing", "backends", "classes", "compiler",
