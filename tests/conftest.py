@@ -19,3 +19,17 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+# The quick tier (`pytest -m "not slow"`, for before each commit) leaves out what starts the sandbox's zygote (the
+# `harness` fixture: ~5 s of imports, then seconds per check), what runs the `crucible` command in a subprocess or
+# on a Ray cluster, and what compiles kernels for sm_90; the README's full command runs everything.
+SLOW_FILES = {"test_seeds_harness.py", "test_cli_run.py", "test_check_cli.py", "test_ray_executor.py",
+              "test_batch_lanes.py", "test_batch_scaling.py", "test_kernelbench_batch.py", "test_bench_cli.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if ("harness" in getattr(item, "fixturenames", ()) or item.path.name in SLOW_FILES
+                or "sm90" in item.name):
+            item.add_marker(pytest.mark.slow)
