@@ -11,7 +11,7 @@ import pickle
 import select
 import struct
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from . import wire
 
@@ -26,9 +26,16 @@ class ChannelTimeout(TimeoutError):
 
 WATCH_SLICE_S = 0.2
 Watch = Callable[[], None]
+# A deadline is a time.monotonic() value, or a callable that gives one each time it is asked (the harness's
+# sandbox.deadlines.Deadline, which signs of compilation may move later).
+When = Union[float, Callable[[], float]]
 
 
-def write_frame(fd: int, payload: bytes, deadline: float | None = None, watch: Watch | None = None) -> None:
+def _end(deadline: When) -> float:
+    return deadline() if callable(deadline) else deadline
+
+
+def write_frame(fd: int, payload: bytes, deadline: When | None = None, watch: Watch | None = None) -> None:
     """With a deadline the descriptor may be non-blocking: the write waits for room in slices, so a peer that stops
     reading (stopped, wedged) ends in ChannelTimeout, not a hung parent."""
     data = struct.pack("<Q", len(payload)) + payload
@@ -43,7 +50,7 @@ def write_frame(fd: int, payload: bytes, deadline: float | None = None, watch: W
         view = view[n:]
 
 
-def read_frame(fd: int, deadline: float | None = None, max_bytes: int = wire.MAX_MESSAGE,
+def read_frame(fd: int, deadline: When | None = None, max_bytes: int = wire.MAX_MESSAGE,
                watch: Watch | None = None) -> bytes:
     head = _read_exact(fd, 8, deadline, watch)
     (length,) = struct.unpack("<Q", head)
@@ -52,10 +59,10 @@ def read_frame(fd: int, deadline: float | None = None, max_bytes: int = wire.MAX
     return _read_exact(fd, length, deadline, watch)
 
 
-def _wait(fd: int, deadline: float, watch: Watch | None, write: bool = False) -> None:
+def _wait(fd: int, deadline: When, watch: Watch | None, write: bool = False) -> None:
     """Until `fd` is ready; ChannelTimeout past the deadline; `watch()` between slices of WATCH_SLICE_S."""
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = _end(deadline) - time.monotonic()
         if remaining <= 0:
             raise ChannelTimeout()
         r, w = ([], [fd]) if write else ([fd], [])
@@ -66,7 +73,7 @@ def _wait(fd: int, deadline: float, watch: Watch | None, write: bool = False) ->
             watch()
 
 
-def _read_exact(fd: int, n: int, deadline: float | None, watch: Watch | None = None) -> bytes:
+def _read_exact(fd: int, n: int, deadline: When | None, watch: Watch | None = None) -> bytes:
     chunks, got = [], 0
     while got < n:
         if deadline is not None:
@@ -85,7 +92,7 @@ def _read_exact(fd: int, n: int, deadline: float | None, watch: Watch | None = N
 
 
 # Parent → child: the parent is trusted, so the child may unpickle what it sends.
-def send_to_child(fd: int, msg: dict[str, Any], deadline: float | None = None, watch: Watch | None = None) -> None:
+def send_to_child(fd: int, msg: dict[str, Any], deadline: When | None = None, watch: Watch | None = None) -> None:
     write_frame(fd, pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), deadline, watch)
 
 
@@ -98,6 +105,6 @@ def send_to_parent(fd: int, msg: dict[str, Any], shared: Any = None) -> None:
     write_frame(fd, wire.encode(msg, shared))
 
 
-def recv_from_child(fd: int, deadline: float | None, max_bytes: int = wire.MAX_MESSAGE, shared: Any = None,
+def recv_from_child(fd: int, deadline: When | None, max_bytes: int = wire.MAX_MESSAGE, shared: Any = None,
                     watch: Watch | None = None) -> Any:
     return wire.decode(read_frame(fd, deadline, max_bytes, watch), shared)

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import torch
 
 from . import channel, pyparse, static, tolerance, wire
+from .deadlines import BUDGETS, CompileSigns, Deadline
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
 from .records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict
 from .reference import Expected, Reference
@@ -89,6 +90,14 @@ class _Run:
     # be reused for a reference while the child still maps it.
     exported: list[torch.Tensor] = field(default_factory=list)
     stage: Stage = Stage.STATIC
+    signs: CompileSigns | None = None  # when the parent last saw the candidate's process compile
+    walls: dict[int, float] = field(default_factory=dict)  # id(reference) -> the parent's fastest call at its shape
+
+    def within(self, what: str, reference: Reference | None = None, calls: int = 0) -> Deadline:
+        """A request's deadline from the task (sandbox.deadlines), under the check's ceiling."""
+        return Deadline(what, BUDGETS[self.device.split(":")[0]], time.monotonic(), self.deadline,
+                        reference_s=reference.call_s if reference is not None else 0.0, calls=calls,
+                        own_s=self.walls.get(id(reference), 0.0), signs=self.signs)
 
     @contextmanager
     def lap(self, name: str) -> Iterator[None]:
@@ -183,6 +192,7 @@ class Harness:
                                       "about the candidate", seconds=time.monotonic() - t0))
             return self._result(task_obj, candidate, stages, start, None)
         run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages)
+        run.signs = CompileSigns(self._scratch(child) / "triton", child.pid)
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
         try:
@@ -281,9 +291,11 @@ class Harness:
                                       details=details))
         return value
 
-    def _request(self, run: _Run, stage: Stage, msg: dict[str, Any], max_bytes: int = 1 << 30) -> dict[str, Any]:
+    def _request(self, run: _Run, stage: Stage, msg: dict[str, Any], max_bytes: int = 1 << 30,
+                 within: Deadline | None = None) -> dict[str, Any]:
+        """The child's reply, by `within` (a deadline from the task) and never past the check's ceiling."""
         try:
-            reply = run.child.request(msg, run.deadline, max_bytes)
+            reply = run.child.request(msg, within if within is not None else run.deadline, max_bytes)
         except ZygoteLost as exc:
             run.child.close(graceful=False)
             raise _Reject(stage, Reason.SANDBOX_VIOLATION, f"{exc} while the candidate's process ran; the candidate "
@@ -294,8 +306,12 @@ class Harness:
                           "would never answer; it was killed") from None
         except channel.ChannelTimeout:
             run.child.close(graceful=False)
+            if within is not None and not within.by_ceiling:
+                raise _Reject(stage, Reason.TIMEOUT, f"{within.describe()}; its process group was killed",
+                              details={"deadline_s": within() - within.start, "request": within.what,
+                                       "reference_s": within.reference_s, "calls": within.calls}) from None
             raise _Reject(stage, Reason.TIMEOUT, f"the candidate did not finish within {run.options.timeout_s:.0f} s "
-                          "(its process group was killed)") from None
+                          "(the check's ceiling, --timeout; its process group was killed)") from None
         except channel.ChannelClosed:
             run.child.close(graceful=False)
             how = run.child.describe_exit()
@@ -334,7 +350,7 @@ class Harness:
         reference = Reference(run.task, run.device, run.rng.randrange(1 << 31))
         reference_s = time.monotonic() - t0
         msg = self._setup_msg(run, str(run.candidate), reference, self._scratch(run.child))
-        reply = self._request(run, Stage.COMPILE, msg)
+        reply = self._request(run, Stage.COMPILE, msg, within=run.within("the setup (import and ModelNew(...))"))
         run.network_isolated = bool(reply.get("network_isolated"))
         laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
         return reference, {"network_isolated": run.network_isolated, "reference_s": reference_s,
@@ -392,8 +408,11 @@ class Harness:
             # Outputs come back into buffers of ours on the GPU (no trip through host memory).
             buffers = [_poisoned(r) for r in expected.ref]
             msg["out_buffers"] = _ship(buffers, keep)
+        within = run.within(f"the {stage.value} call", reference, calls=1)
         with run.lap("request"):
-            reply = self._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24))
+            reply = self._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24), within=within)
+        wall = time.monotonic() - within.start
+        run.walls[id(reference)] = min(run.walls.get(id(reference), wall), wall)
         run.calls += 1
         run.call_seconds += float(reply.get("seconds") or 0.0)
         outs = _claim(reply.get("outputs"), buffers)
@@ -475,7 +494,8 @@ class Harness:
             with run.lap("rebuild"):
                 self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
                                                       "state_dict": vref.state_dict(),
-                                                      "seed": reference.model_seed})
+                                                      "seed": reference.model_seed},
+                              within=run.within("the rebuild at a new shape"))
             with run.lap("inputs"):
                 inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
             reply, expected = self._call(run, Stage.ROBUSTNESS, vref, inputs)
@@ -488,7 +508,8 @@ class Harness:
             with run.lap("rebuild"):
                 self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": soak_ref.init_inputs(),
                                                       "state_dict": soak_ref.state_dict(),
-                                                      "seed": reference.model_seed})
+                                                      "seed": reference.model_seed},
+                              within=run.within("the rebuild at the soak's shape"))
         soak = self._soak(run, soak_task, soak_ref, seconds)
         return None, {"shapes": shapes, "repeat_bitwise": run.task.meta.deterministic, "soak": soak}
 
@@ -510,8 +531,10 @@ class Harness:
                 expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
         msg = {"op": "soak", "base": [_ship(b, keep) for b in base], "n": n, "checked": checked,
                "fixed": list(task.meta.fixed_inputs)}
+        within = run.within(f"the soak of {n} calls", reference, calls=n)
         with run.lap("soak"):
-            reply = self._request(run, Stage.ROBUSTNESS, msg, max_bytes=4 * sum(e.nbytes for e in expected) + (1 << 24))
+            reply = self._request(run, Stage.ROBUSTNESS, msg, max_bytes=4 * sum(e.nbytes for e in expected) + (1 << 24),
+                                  within=within)
         run.calls += n
         run.call_seconds += float(reply.get("seconds") or 0.0)
         outs = reply.get("outputs")

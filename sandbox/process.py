@@ -268,8 +268,9 @@ class Child:
         in a PID namespace of its own where the kernel allows one: sandbox.namespaces)."""
         return any(process_state(p) == "T" for p in process_tree(self.pid))
 
-    def request(self, msg: dict[str, Any], deadline: float, max_bytes: int) -> dict[str, Any]:
+    def request(self, msg: dict[str, Any], deadline: channel.When, max_bytes: int) -> dict[str, Any]:
         """The child's reply to `msg`, decoded (sandbox.wire) and checked against its schema (sandbox.replies).
+        `deadline`: a time.monotonic() value, or a callable giving one each time it is asked (it may move).
         Raises channel.ChannelTimeout / ChannelClosed, wire.WireError (replies.MalformedReply), ChildStopped or
         ZygoteLost."""
         fd = self.sock.fileno()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ class Reference:
         except Exception as exc:
             raise TaskError(f"{task.path.name}: Model(*get_init_inputs()) failed: {type(exc).__name__}: {exc}") from None
         self.alternates = _alternates(task, self.model)
+        self.call_s = 0.0  # the fastest call of the model in its own dtype so far (sandbox.deadlines); 0: none yet
         self.model64: torch.nn.Module | None = None
         try:
             self.model64 = copy.deepcopy(self.model).double()
@@ -58,12 +60,21 @@ class Reference:
         return {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
 
     def _run_model(self, dev_inputs: list[Any]) -> tuple[Any, list[torch.Tensor]]:
-        """(the raw output, its tensors) of the reference in its own dtype; TaskError where it fails."""
+        """(the raw output, its tensors) of the reference in its own dtype; TaskError where it fails. Its wall time
+        (the device's work included) updates `call_s`."""
+        cuda = torch.device(self.device).type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        t0 = time.monotonic()
         try:
             out = self.model(*dev_inputs)
         except Exception as exc:
             raise TaskError(f"{self.task.path.name}: the reference Model failed on its own inputs: "
                             f"{type(exc).__name__}: {exc}") from None
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        took = time.monotonic() - t0
+        self.call_s = min(self.call_s, took) if self.call_s else took
         ref = _as_list(out)
         if not all(isinstance(t, torch.Tensor) for t in ref):
             raise TaskError(f"{self.task.path.name}: the reference must return a tensor or a tuple of tensors")

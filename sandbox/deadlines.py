@@ -1,0 +1,156 @@
+"""Each request's deadline, derived from the task rather than one constant.
+
+A request to the candidate's process (its setup, one call, a rebuild at a new shape, the soak's calls) gets
+
+    compile budget + calls x max(per_call x the reference's own time a call, pace x the candidate's own time a call)
+
+from the moment it is sent, and never more than what is left of the check's ceiling (CheckOptions.timeout_s). The
+compile budget is the time that is no multiple of the reference: compiling Triton kernels on a first launch on the
+GPU; on the CPU, Triton's interpreter, which runs a kernel a thousand to ten thousand times slower than the
+reference's PyTorch (measured on the seeds at the CPU's rescaled shapes: 0.9 to 3.4 s a call against 0.1 to 3 ms).
+The reference's time is the parent's own measurement of the task's Model at the same shape (sandbox.reference);
+the candidate's own time is the parent's wall time of its fastest earlier call at that shape (none before its first):
+a task whose reference is itself slow on the CPU (the MoE backward's Python loop over experts, seconds a call) gives
+its calls the time it needs. Nothing the candidate's process reports moves a deadline.
+
+On the GPU a long compile is not a hang: while the parent sees compilation going on — a new entry in the candidate's
+own Triton cache (Triton stores each stage's IR as it is produced) or a compiler (ptxas, gcc) in its process tree —
+the deadline moves to the last such sign plus the compile budget, never past the ceiling. A candidate that writes
+into its cache to stay alive gains at most the ceiling, as any slow candidate does.
+
+The timing stage runs under the ceiling alone: its baselines compile with torch.compile, whose time is not the
+candidate's.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .process import process_tree
+
+
+@dataclass(frozen=True)
+class Budget:
+    compile_s: float  # what a request may take beyond multiples of the reference (see the module's docstring)
+    per_call: float  # the most a call may take, in multiples of the reference's own time
+    pace: float = 3.0  # ... or in multiples of the candidate's own fastest earlier call at that shape
+
+    def __post_init__(self) -> None:
+        if self.compile_s <= 0 or self.per_call <= 0 or self.pace <= 0:
+            raise ValueError("a budget's compile time and multiples must be positive")
+
+
+# CPU: the slowest seed's call at the rescaled shapes took 3.4 s on a 2-core machine shared with three other
+# workers; 20 s leaves about six times that. GPU: a call that takes 20x the reference is already a hang, and the
+# compile budget counts from the last sign of compilation, so long compiles go on.
+BUDGETS = {"cpu": Budget(compile_s=20.0, per_call=20.0), "cuda": Budget(compile_s=6.0, per_call=20.0)}
+POLL_S = 0.5  # how often the signs of compilation are looked for, at most
+COMPILERS = frozenset({"ptxas", "gcc", "cc", "cc1", "as", "ld", "collect2", "clang", "nvlink", "fatbinary"})
+
+
+class CompileSigns:
+    """When the parent last saw the candidate's process compile: a change in its Triton cache directory (entries or
+    their modification times) or a compiler process in its tree. Polled at most every POLL_S."""
+
+    def __init__(self, cache_dir: Path, pid: int):
+        self.cache_dir, self.pid = cache_dir, pid
+        self.last: float | None = None
+        self._state = self._cache_state()
+        self._polled = 0.0
+
+    def _cache_state(self) -> tuple[int, int]:
+        """(entries, newest modification time in ns) of the cache's top level: Triton puts each kernel's files in
+        a directory of its own, so a new file changes that directory's time."""
+        count, newest = 0, 0
+        try:
+            with os.scandir(self.cache_dir) as entries:
+                for e in entries:
+                    count += 1
+                    try:
+                        newest = max(newest, e.stat(follow_symlinks=False).st_mtime_ns)
+                    except OSError:
+                        pass
+        except OSError:
+            pass
+        return count, newest
+
+    def _compiler_running(self) -> bool:
+        for p in process_tree(self.pid)[1:]:
+            try:
+                with open(f"/proc/{p}/comm", "rb") as f:
+                    if f.read().strip().decode(errors="replace") in COMPILERS:
+                        return True
+            except OSError:
+                pass
+        return False
+
+    def __call__(self) -> float | None:
+        now = time.monotonic()
+        if now - self._polled >= POLL_S:
+            self._polled = now
+            state = self._cache_state()
+            if state != self._state or self._compiler_running():
+                self._state, self.last = state, now
+        return self.last
+
+
+@dataclass
+class Deadline:
+    """One request's deadline; calling it gives the end as a time.monotonic() value, which signs of compilation
+    may move later (never past `ceiling`)."""
+    what: str  # "the smoke call", named in the message of a request that misses it
+    budget: Budget
+    start: float
+    ceiling: float
+    reference_s: float = 0.0  # the reference's own time per call at this shape
+    calls: int = 0
+    own_s: float = 0.0  # the candidate's fastest earlier call at this shape, as the parent measured it (0: none)
+    signs: Callable[[], float | None] | None = None
+    extended: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        if self.calls < 0 or self.reference_s < 0 or self.own_s < 0:
+            raise ValueError("calls and times per call must be non-negative")
+
+    @property
+    def per_call_s(self) -> float:
+        return max(self.budget.per_call * self.reference_s, self.budget.pace * self.own_s)
+
+    @property
+    def granted_s(self) -> float:
+        return self.budget.compile_s + self.calls * self.per_call_s
+
+    def __call__(self) -> float:
+        end = self.start + self.granted_s
+        last = self.signs() if self.signs is not None else None
+        if last is not None and last + self.budget.compile_s > end:
+            end = last + self.budget.compile_s
+            self.extended = end < self.ceiling or self.extended
+        return min(end, self.ceiling)
+
+    @property
+    def by_ceiling(self) -> bool:
+        """Whether the ceiling, not the task-derived deadline, ended the wait."""
+        return self() >= self.ceiling
+
+    def describe(self) -> str:
+        """'the smoke call did not finish within 6.0 s (the compile budget of 6 s plus 20x the reference's 0.31 ms)'"""
+        parts = [f"the compile budget of {self.budget.compile_s:g} s"]
+        if self.calls:
+            calls = f"{self.calls} x " if self.calls > 1 else ""
+            if self.budget.pace * self.own_s > self.budget.per_call * self.reference_s:
+                parts.append(f"{calls}{self.budget.pace:g}x its own earlier call's {_secs(self.own_s)}")
+            else:
+                parts.append(f"{calls}{self.budget.per_call:g}x the reference's {_secs(self.reference_s)}")
+        how = " plus ".join(parts)
+        if self.extended:
+            how += ", extended while its kernels compiled"
+        waited = self() - self.start
+        return f"{self.what} did not finish within {waited:.1f} s ({how})"
+
+
+def _secs(s: float) -> str:
+    return f"{s * 1e3:.2f} ms" if s < 0.1 else f"{s:.2f} s"
