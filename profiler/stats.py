@@ -120,3 +120,84 @@ def compare(subject_ms: Sequence[float], baseline_ms: Sequence[float], *, confid
     else:
         verdict = NO_DIFFERENCE
     return Comparison(point, low, high, verdict != NO_DIFFERENCE, verdict, n, confidence)
+
+
+# ---- racing: stop timing a candidate once it cannot beat the incumbent --------------------------------------------
+LOST = "lost"  # the candidate's interval lies entirely above the incumbent's time x (1 + margin)
+WON = "won"  # ... entirely below the incumbent's time x (1 - margin)
+OPEN = "open"  # neither, or too few rounds to say
+
+
+def median_interval(xs: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median: order statistics x_(l) and x_(n+1-l), with l the largest rank
+    whose binomial(n, 1/2) tail stays within (1 - confidence) / 2. Exact, cheap enough to run after every round;
+    with too few samples for any such l, the whole range."""
+    if not xs:
+        raise ValueError("no samples")
+    s = sorted(xs)
+    n = len(s)
+    alpha = (1.0 - confidence) / 2
+    tail, rank = 0.0, 0
+    for k in range(n):  # tail = P(Binomial(n, 1/2) <= k)
+        tail += math.comb(n, k) / 2.0 ** n
+        if tail > alpha:
+            break
+        rank = k + 1
+    if rank == 0:
+        return s[0], s[-1]
+    return s[rank - 1], s[n - rank]
+
+
+@dataclass(frozen=True)
+class RaceRule:
+    """When timing a candidate may stop: after at least `min_rounds` rounds, once the `confidence` interval of its
+    median time (median_interval) lies entirely above `incumbent_ms` x (1 + margin). The incumbent was timed in another
+    run, so the comparison is not paired: the margin absorbs the drift between runs. A candidate whose interval still
+    straddles that band after the planned rounds is timed on, up to the extra rounds allowed (a close contest)."""
+
+    incumbent_ms: float
+    margin: float = 0.05
+    min_rounds: int = 10
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.incumbent_ms) and self.incumbent_ms > 0):
+            raise ValueError(f"the incumbent's time must be positive and finite, got {self.incumbent_ms}")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin={self.margin} must lie in [0, 1)")
+        if self.min_rounds < MIN_PAIRS:
+            raise ValueError(f"min_rounds={self.min_rounds} is under {MIN_PAIRS}")
+        if not 0.5 < self.confidence < 1.0:
+            raise ValueError(f"confidence={self.confidence} must lie in (0.5, 1)")
+
+    def describe(self) -> str:
+        return (f"stop once, after at least {self.min_rounds} rounds, the {self.confidence:.0%} interval of the "
+                f"candidate's median time lies entirely above the incumbent's {self.incumbent_ms:.4g} ms x "
+                f"{1 + self.margin:g}")
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return {**asdict(self), "rule": self.describe()}
+
+
+def race(subject_ms: Sequence[float], rule: RaceRule) -> str:
+    """LOST, WON or OPEN for the subject's times so far against the rule's incumbent."""
+    if len(subject_ms) < rule.min_rounds:
+        return OPEN
+    low, high = median_interval(subject_ms, rule.confidence)
+    if low > rule.incumbent_ms * (1 + rule.margin):
+        return LOST
+    if high < rule.incumbent_ms * (1 - rule.margin):
+        return WON
+    return OPEN
+
+
+def keep_racing(done_ms: Sequence[float], rule: RaceRule, planned: int, most: int) -> tuple[bool, str]:
+    """(whether to time another round, the decision so far) after len(done_ms) calls: stop as soon as the subject
+    LOST; past `planned` calls, go on only while the contest is OPEN, and never past `most`."""
+    decision = race(done_ms, rule) if done_ms else OPEN
+    n = len(done_ms)
+    if n >= most or decision == LOST:
+        return False, decision
+    if n >= planned:
+        return decision == OPEN, decision
+    return True, decision

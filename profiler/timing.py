@@ -49,7 +49,13 @@ allocated, NaN-poisoned and freed into the allocator's cache (`_reserve`): the h
 The timer functions are captured when this module is imported (before any candidate code) and called through those
 captured references; their identity is checked after the run, and a change is reported as tampering (THREATS #17).
 
-Imports: torch and the standard library only; this module runs inside the sandbox child.
+Racing (`race`, a profiler.stats.RaceRule): after each timed round the watched function's stream times so far (a lower
+bound on its counted times) go through profiler.stats.race; once its interval lies above the incumbent's band the
+rounds stop (`race.stopped_early`), and a contest still open after the planned rounds gets up to `extra_reps` more
+calls. The trusted parent repeats the rule on the returned times (sandbox.timing_parent).
+
+Imports: torch, the standard library and profiler.stats (standard library only); this module runs inside the sandbox
+child.
 """
 from __future__ import annotations
 
@@ -62,6 +68,8 @@ import traceback
 from typing import Any, Callable, Iterable
 
 import torch
+
+from . import stats
 
 NULL_FN = "_null"  # the empty call that calibrates the honest tail and wall time
 SCHEMA = 1
@@ -246,6 +254,8 @@ def measure(
     cover_ms: float = 0.5,
     reserve: bool = True,
     isolate: Iterable[str] = (),
+    race: stats.RaceRule | None = None,
+    extra_reps: int = 0,
 ) -> dict[str, Any]:
     """Time each callable `reps` times, interleaved and rotated, on the current CUDA device.
 
@@ -267,7 +277,9 @@ def measure(
     baselines) whose results the watched function must never be handed by the caching allocator (THREATS #5):
     their calls and private input copies allocate from a memory pool of their own, and what they return (autograd's
     gradients come from its own thread, outside the pool) and their private inputs are set to NaN bytes before
-    being freed. Without torch's MemPool the scrubbing alone applies, with a warning.
+    being freed. Without torch's MemPool the scrubbing alone applies, with a warning. `race`: stop the rounds once
+    the watched function cannot beat the rule's incumbent, and time a contest still open after `reps` calls for up
+    to `extra_reps` more (see the module's docstring); without it, exactly `reps`.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("measure needs a CUDA device")
@@ -277,7 +289,7 @@ def measure(
         raise ValueError("measure needs at least one input set")
     if NULL_FN in fns:
         raise ValueError(f"{NULL_FN!r} is reserved for the calibration call")
-    if reps < 2 or warmup < 0 or burst < 1 or settle_ms < 0:
+    if reps < 2 or warmup < 0 or burst < 1 or settle_ms < 0 or extra_reps < 0:
         raise ValueError("reps must be at least 2, warmup non-negative, burst at least 1 and settle_ms non-negative")
     names = list(fns)
     fresh = set(fresh_inputs)
@@ -291,7 +303,11 @@ def measure(
     if watch not in fns:
         raise ValueError(f"watch={watch!r} is not one of {names}")
     warm_rounds, timed_rounds = max(-(-warmup // burst), 1 if settle_ms else 0), -(-reps // burst)
+    extra_rounds = -(-extra_reps // burst) if race is not None else 0
     reps = timed_rounds * burst
+    race_state: dict[str, Any] | None = None if race is None else \
+        {**race.to_dict(), "planned_reps": reps, "extra_reps": extra_rounds * burst, "stopped_early": False,
+         "extended": False, "decision": stats.OPEN}
     sample_every = max(1, reps // 3) if sample_every is None else max(1, int(sample_every))
 
     dev = torch.cuda.current_device()
@@ -365,7 +381,14 @@ def measure(
         passes = max(1, math.ceil(cover_ms / pass_ms)) if pass_ms > 0 else 1
         gc.collect()
         gc.disable()
-        for rnd in range(warm_rounds + timed_rounds):
+        for rnd in range(warm_rounds + timed_rounds + extra_rounds):
+            if race_state is not None and rnd > warm_rounds:
+                done = [s for b in raw[watch] for s in b["stream_ms"]]
+                go, race_state["decision"] = stats.keep_racing(done, race, reps, reps + extra_rounds * burst)
+                if not go:
+                    race_state["stopped_early"] = len(done) < reps
+                    break
+                race_state["extended"] = len(done) >= reps
             timed = rnd >= warm_rounds
             # the same input sets for every function in a round: ratios are paired
             ks = [(rnd * burst + j) % n_sets for j in range(burst)]
@@ -465,6 +488,9 @@ def measure(
                             held_bytes -= _nbytes(old)
                             recheck(idx, old)
                 del outs
+        if race_state is not None:
+            done = [s for b in raw[watch] for s in b["stream_ms"]]
+            race_state["decision"] = stats.race(done, race) if done else stats.OPEN
         for idx, old in held:
             recheck(idx, old)
         held.clear()
@@ -501,7 +527,8 @@ def measure(
     return {
         "schema": SCHEMA,
         "device": {"index": dev, "name": props.name, "l2_bytes": l2, "sm_count": props.multi_processor_count},
-        "config": {"reps": reps, "warmup": warm_rounds * burst, "burst": burst, "settle_ms": settle_ms,
+        "race": race_state,
+        "config": {"reps": len(order) * burst, "warmup": warm_rounds * burst, "burst": burst, "settle_ms": settle_ms,
                    "heat_calls": {n: heat_calls[n] for n in names}, "flush_bytes": flush_bytes,
                    "n_input_sets": n_sets, "sample_every": sample_every, "watch": watch, "graph": graph,
                    "tail_tolerance_ms": tail_tolerance_ms, "tail_tolerance_rel": tail_tolerance_rel,

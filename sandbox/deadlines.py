@@ -2,16 +2,20 @@
 
 A request to the candidate's process (its setup, one call, a rebuild at a new shape, the soak's calls) gets
 
-    compile budget + calls x max(per_call x the reference's own time a call, pace x the candidate's own time a call)
+    base + calls x max(per_call x the reference's own time a call, pace x the candidate's own time a call)
 
 from the moment it is sent, and never more than what is left of the check's ceiling (CheckOptions.timeout_s). The
-compile budget is the time that is no multiple of the reference: compiling Triton kernels on a first launch on the
-GPU; on the CPU, Triton's interpreter, which runs a kernel a thousand to ten thousand times slower than the
-reference's PyTorch (measured on the seeds at the CPU's rescaled shapes: 0.9 to 3.4 s a call against 0.1 to 3 ms).
+base is the compile budget until the parent has timed one of the candidate's calls, and the margin after: time that
+is no multiple of the reference. On the GPU both are the time to compile Triton kernels (a new shape compiles
+again). On the CPU the compile budget is the time Triton's interpreter may take before the candidate's own pace is
+known: it runs a kernel a thousand to ten thousand times slower than the reference's PyTorch (the seeds at the CPU's
+rescaled shapes: 0.5 to 6.5 s a call against 0.05 to 30 ms), so its first call cannot be measured against the
+reference; later calls go by its own pace.
 The reference's time is the parent's own measurement of the task's Model at the same shape (sandbox.reference);
-the candidate's own time is the parent's wall time of its fastest earlier call at that shape (none before its first):
-a task whose reference is itself slow on the CPU (the MoE backward's Python loop over experts, seconds a call) gives
-its calls the time it needs. Nothing the candidate's process reports moves a deadline.
+the candidate's own time is the parent's wall time of its fastest earlier call at that shape, or at a shape already
+tried scaled by the ratio of the reference's times where this one's is larger (none before its first call). A task
+whose reference is itself slow on the CPU (the MoE backward's Python loop over experts, seconds a call) gives its
+calls the time they need. Nothing the candidate's process reports moves a deadline.
 
 On the GPU a long compile is not a hang: while the parent sees compilation going on — a new entry in the candidate's
 own Triton cache (Triton stores each stage's IR as it is produced) or a compiler (ptxas, gcc) in its process tree —
@@ -34,19 +38,21 @@ from .process import process_tree
 
 @dataclass(frozen=True)
 class Budget:
-    compile_s: float  # what a request may take beyond multiples of the reference (see the module's docstring)
+    compile_s: float  # the base before the candidate's pace is known (see the module's docstring)
+    margin_s: float  # the base once it is
     per_call: float  # the most a call may take, in multiples of the reference's own time
-    pace: float = 3.0  # ... or in multiples of the candidate's own fastest earlier call at that shape
+    pace: float = 3.0  # ... or in multiples of the candidate's own earlier call
 
     def __post_init__(self) -> None:
-        if self.compile_s <= 0 or self.per_call <= 0 or self.pace <= 0:
-            raise ValueError("a budget's compile time and multiples must be positive")
+        if min(self.compile_s, self.margin_s, self.per_call, self.pace) <= 0:
+            raise ValueError("a budget's times and multiples must be positive")
 
 
-# CPU: the slowest seed's call at the rescaled shapes took 3.4 s on a 2-core machine shared with three other
-# workers; 20 s leaves about six times that. GPU: a call that takes 20x the reference is already a hang, and the
-# compile budget counts from the last sign of compilation, so long compiles go on.
-BUDGETS = {"cpu": Budget(compile_s=20.0, per_call=20.0), "cuda": Budget(compile_s=6.0, per_call=20.0)}
+# CPU: the slowest seed's first call at the rescaled shapes (the Mixtral MoE layer) took 6.5 s on a 2-core machine
+# shared with three other workers; 20 s leaves three times that. GPU: a call that takes 20x the reference is already
+# a hang, and the compile budget counts from the last sign of compilation, so long compiles go on.
+BUDGETS = {"cpu": Budget(compile_s=20.0, margin_s=5.0, per_call=20.0),
+           "cuda": Budget(compile_s=6.0, margin_s=6.0, per_call=20.0)}
 POLL_S = 0.5  # how often the signs of compilation are looked for, at most
 COMPILERS = frozenset({"ptxas", "gcc", "cc", "cc1", "as", "ld", "collect2", "clang", "nvlink", "fatbinary"})
 
@@ -107,27 +113,31 @@ class Deadline:
     ceiling: float
     reference_s: float = 0.0  # the reference's own time per call at this shape
     calls: int = 0
-    own_s: float = 0.0  # the candidate's fastest earlier call at this shape, as the parent measured it (0: none)
+    own_s: float | None = None  # the candidate's own earlier call, as the parent measured it (None: none yet)
     signs: Callable[[], float | None] | None = None
     extended: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        if self.calls < 0 or self.reference_s < 0 or self.own_s < 0:
+        if self.calls < 0 or self.reference_s < 0 or (self.own_s or 0.0) < 0:
             raise ValueError("calls and times per call must be non-negative")
 
     @property
+    def base_s(self) -> float:
+        return self.budget.compile_s if self.own_s is None else self.budget.margin_s
+
+    @property
     def per_call_s(self) -> float:
-        return max(self.budget.per_call * self.reference_s, self.budget.pace * self.own_s)
+        return max(self.budget.per_call * self.reference_s, self.budget.pace * (self.own_s or 0.0))
 
     @property
     def granted_s(self) -> float:
-        return self.budget.compile_s + self.calls * self.per_call_s
+        return self.base_s + self.calls * self.per_call_s
 
     def __call__(self) -> float:
         end = self.start + self.granted_s
         last = self.signs() if self.signs is not None else None
-        if last is not None and last + self.budget.compile_s > end:
-            end = last + self.budget.compile_s
+        if last is not None and last + self.base_s > end:
+            end = last + self.base_s
             self.extended = end < self.ceiling or self.extended
         return min(end, self.ceiling)
 
@@ -138,11 +148,11 @@ class Deadline:
 
     def describe(self) -> str:
         """'the smoke call did not finish within 6.0 s (the compile budget of 6 s plus 20x the reference's 0.31 ms)'"""
-        parts = [f"the compile budget of {self.budget.compile_s:g} s"]
+        parts = [f"the compile budget of {self.base_s:g} s" if self.own_s is None else f"a margin of {self.base_s:g} s"]
         if self.calls:
             calls = f"{self.calls} x " if self.calls > 1 else ""
-            if self.budget.pace * self.own_s > self.budget.per_call * self.reference_s:
-                parts.append(f"{calls}{self.budget.pace:g}x its own earlier call's {_secs(self.own_s)}")
+            if self.budget.pace * (self.own_s or 0.0) > self.budget.per_call * self.reference_s:
+                parts.append(f"{calls}{self.budget.pace:g}x its own earlier call's {_secs(self.own_s or 0.0)}")
             else:
                 parts.append(f"{calls}{self.budget.per_call:g}x the reference's {_secs(self.reference_s)}")
         how = " plus ".join(parts)

@@ -52,6 +52,11 @@ class CheckOptions:
     gpu: int = 0                    # CUDA device index for the child
     baselines: tuple[str, ...] = ("eager",)
     timing_mode: str = "auto"       # "auto" (sustained when compute-bound) | "isolated" | "sustained"
+    incumbent_ms: float | None = None  # the time to beat: timing races it (sandbox.timing_parent); None: no race
+
+    def __post_init__(self) -> None:
+        if self.incumbent_ms is not None and not (math.isfinite(self.incumbent_ms) and self.incumbent_ms > 0):
+            raise ValueError(f"the incumbent's time must be a positive number of milliseconds, got {self.incumbent_ms}")
 
 
 def resolve_device(device: str) -> str:
@@ -91,13 +96,26 @@ class _Run:
     exported: list[torch.Tensor] = field(default_factory=list)
     stage: Stage = Stage.STATIC
     signs: CompileSigns | None = None  # when the parent last saw the candidate's process compile
-    walls: dict[int, float] = field(default_factory=dict)  # id(reference) -> the parent's fastest call at its shape
+    # id(reference) -> (the parent's wall time of the fastest call at its shape, the reference's time there)
+    walls: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def within(self, what: str, reference: Reference | None = None, calls: int = 0) -> Deadline:
         """A request's deadline from the task (sandbox.deadlines), under the check's ceiling."""
         return Deadline(what, BUDGETS[self.device.split(":")[0]], time.monotonic(), self.deadline,
                         reference_s=reference.call_s if reference is not None else 0.0, calls=calls,
-                        own_s=self.walls.get(id(reference), 0.0), signs=self.signs)
+                        own_s=self.own_s(reference), signs=self.signs)
+
+    def own_s(self, reference: Reference | None) -> float | None:
+        """The candidate's time a call at `reference`'s shape: its fastest there, else the slowest of the shapes
+        tried, scaled up by the ratio of the reference's times; None before its first call returned."""
+        if id(reference) in self.walls:
+            return self.walls[id(reference)][0]
+        ref_s = reference.call_s if reference is not None else 0.0
+        return max((wall * max(1.0, ref_s / r) if r > 0 else wall for wall, r in self.walls.values()), default=None)
+
+    def timed_call(self, reference: Reference, wall: float) -> None:
+        fastest = self.walls.get(id(reference), (wall, 0.0))[0]
+        self.walls[id(reference)] = (min(fastest, wall), reference.call_s)
 
     @contextmanager
     def lap(self, name: str) -> Iterator[None]:
@@ -411,8 +429,7 @@ class Harness:
         within = run.within(f"the {stage.value} call", reference, calls=1)
         with run.lap("request"):
             reply = self._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24), within=within)
-        wall = time.monotonic() - within.start
-        run.walls[id(reference)] = min(run.walls.get(id(reference), wall), wall)
+        run.timed_call(reference, time.monotonic() - within.start)
         run.calls += 1
         run.call_seconds += float(reply.get("seconds") or 0.0)
         outs = _claim(reply.get("outputs"), buffers)

@@ -50,7 +50,7 @@ def _trusted(fn: Callable[[list], Any]) -> Callable[[list], Any]:
 
 def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     from profiler import baselines as baseline_lib
-    from profiler import compile_stats, timing
+    from profiler import compile_stats, stats, timing
     from profiler.env import environment
 
     from .task import load_task
@@ -64,7 +64,9 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         device = "cuda"
         base = [task.make_inputs(seed, "normal", device) for seed in msg["base_seeds"]]
         burst, settle_ms = int(msg.get("burst", 1)), float(msg.get("settle_ms", 0.0))
-        calls = (-(-msg["warmup"] // burst) - (-msg["reps"] // burst)) * burst  # whole bursts, as measure runs them
+        race = stats.RaceRule(**msg["race"]) if msg.get("race") else None
+        extra = int(msg.get("extra_reps", 0)) if race is not None else 0
+        calls = (-(-msg["warmup"] // burst) - (-msg["reps"] // burst) - (-extra // burst)) * burst  # whole bursts
         n_sets = set_count(base[0], calls + (1 if settle_ms else 0))  # (+ the heating calls' own set)
         sets = [derive(base, k, task.meta.fixed_inputs) for k in range(n_sets)]
         reference = task.make_reference(msg["model_seed"], device)
@@ -84,7 +86,8 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     watch = next(iter(fns))
     others = [n for n in fns if n != watch]
     measured = timing.measure(fns, sets, reps=msg["reps"], warmup=msg["warmup"], burst=burst, settle_ms=settle_ms,
-                              watch=watch, sample_every=msg["sample_every"], fresh_inputs=others, isolate=others)
+                              watch=watch, sample_every=msg["sample_every"], fresh_inputs=others, isolate=others,
+                              race=race, extra_reps=extra)
     t2 = time.monotonic()
     laps["child_measure_s"] = t2 - t1
     with policy.trusted():

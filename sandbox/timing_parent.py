@@ -4,6 +4,13 @@
 What the parent checks: the sampled outputs of timed calls against the reference on the same derived input set
 (a cache or a warm-up-only fast path returns the wrong values there); the report's own problems (timer tampering,
 outputs that changed after their call returned, event time that missed work, a time under the roofline).
+
+With an incumbent's time to beat (CheckOptions.incumbent_ms) the rounds race it (profiler.stats.RaceRule): the child
+stops timing a candidate whose interval lies above the incumbent's band, and times a contest still open after REPS
+calls for up to EXTRA_REPS more. The parent repeats the rule on the returned times; the report's `race` says the rule,
+the rounds used, whether timing stopped early, and the verdict, which for a candidate stopped early is "not faster
+than the incumbent" (its median over the rounds it ran stays in `candidate_ms`, never a speedup it did not earn).
+A child that stopped without the rule holding is a timing problem.
 """
 from __future__ import annotations
 
@@ -12,6 +19,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from profiler import stats
 
 from . import tolerance
 from .records import Reason, Stage
@@ -26,6 +35,10 @@ TIMING_MODES = ("auto", "isolated", "sustained")
 BURST = 10  # calls queued back to back in sustained mode
 SETTLE_MS = 100.0  # untimed calls ahead of each burst, in device ms: the clock settles under load (BENCHMARKS.md, J)
 BURST_BYTES = 4 << 30  # outputs one burst may hold alive
+RACE_MARGIN, RACE_MIN_ROUNDS = 0.05, 10  # profiler.stats.RaceRule against an incumbent's time
+EXTRA_REPS = REPS  # more calls a contest still open after REPS may take
+RACE_VERDICTS = {stats.LOST: "not faster than the incumbent", stats.WON: "faster than the incumbent's time",
+                 stats.OPEN: "no significant difference from the incumbent"}
 
 
 def pacing(mode: str, bound: str, out_bytes: int) -> tuple[int, float]:
@@ -54,8 +67,11 @@ def run(harness: "Harness", run: "_Run", reference: "Reference") -> tuple[dict[s
             reason = Reason.TIMING_INCONSISTENT
         raise _Reject(Stage.TIMING, reason, first["message"], details={"timing": report})
     b = report["baselines"].get("eager") or {}
-    return report, {"candidate_ms": report["candidate_ms"], "speedup_vs_eager": b.get("speedup"),
-                    "constants": task.current_constants()}
+    details = {"candidate_ms": report["candidate_ms"], "speedup_vs_eager": b.get("speedup"),
+               "constants": task.current_constants()}
+    if report.get("race"):
+        details["race"] = report["race"]
+    return report, details
 
 
 def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidate: bool) -> dict[str, Any]:
@@ -76,9 +92,14 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
            "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,
            "sample_every": max(1, REPS // 4)}
+    rule = race_rule(opts.incumbent_ms) if candidate else None
+    if rule is not None:
+        msg["race"] = {k: v for k, v in rule.to_dict().items() if k != "rule"}
+        msg["extra_reps"] = EXTRA_REPS
     msg["burst"], msg["settle_ms"] = pacing(opts.timing_mode, roof.bound, out_bytes)
+    calls = REPS + (EXTRA_REPS if rule is not None else 0)
     t0 = time.monotonic()
-    reply = harness._request(run, Stage.TIMING, msg, max_bytes=(REPS // max(1, REPS // 4) + 2) * out_bytes * 2
+    reply = harness._request(run, Stage.TIMING, msg, max_bytes=(calls // max(1, REPS // 4) + 2) * out_bytes * 2
                              + (64 << 20))
     t1 = time.monotonic()
     measured = reply["measured"]
@@ -87,11 +108,39 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     report = build_timing(measured, candidate="candidate" if candidate else None, baselines=reply["baselines"],
                           roof=roof, kernels=reply["kernels"], environment=reply["environment"],
                           output_problems=problems, seed=random.Random(seeds[0]).randrange(1 << 30))
+    if rule is not None:
+        report["race"], problem = race_report(measured, rule)
+        if problem:
+            report["problems"].append({"reason": Reason.TIMING_INCONSISTENT.value, "message": problem})
     child_laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
     report["laps"] = {"request_s": t1 - t0, "validate_s": t2 - t1, "roofline_s": t0 - t_roof,
                       "report_s": time.monotonic() - t2,
                       **{str(k): float(v) for k, v in child_laps.items() if isinstance(v, (int, float))}}
     return report
+
+
+def race_rule(incumbent_ms: float | None) -> stats.RaceRule | None:
+    return None if incumbent_ms is None else stats.RaceRule(incumbent_ms, RACE_MARGIN, RACE_MIN_ROUNDS)
+
+
+def race_report(measured: dict[str, Any], rule: stats.RaceRule) -> tuple[dict[str, Any], str | None]:
+    """The race's record from the parent's own reading of the candidate's stream times (the child's stopping
+    decision used those, a lower bound on its counted times), and a problem where the child stopped without the
+    rule holding."""
+    stream = list((measured.get("fns", {}).get("candidate") or {}).get("stream_ms") or [])
+    claimed = measured.get("race") if isinstance(measured.get("race"), dict) else {}
+    decision = stats.race(stream, rule) if stream else stats.OPEN
+    stopped = bool(claimed.get("stopped_early"))
+    record = {**rule.to_dict(), "rounds": len(stream), "planned_reps": REPS, "extra_reps": EXTRA_REPS,
+              "stopped_early": stopped, "extended": len(stream) > REPS, "decision": decision,
+              "verdict": RACE_VERDICTS[decision] + (" (stopped early)" if stopped else "")}
+    if stream:
+        record["interval_ms"] = list(stats.median_interval(stream, rule.confidence))
+    problem = None
+    if stopped and decision != stats.LOST:
+        problem = (f"timing stopped after {len(stream)} of {REPS} calls although the candidate's interval did not lie "
+                   f"above the incumbent's {rule.incumbent_ms:.4g} ms x {1 + rule.margin:g}")
+    return record, problem
 
 
 def _validate(run: "_Run", reference: "Reference", base: list[list[Any]], measured: dict[str, Any],

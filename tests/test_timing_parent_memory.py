@@ -37,7 +37,8 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
     task = types.SimpleNamespace(make_inputs=lambda seed, distribution, device: [torch.zeros(4)], path="t.py",
                                  overrides={})
     run = types.SimpleNamespace(task=task, device="cuda:0", rng=random.Random(0),  # as _Run.device gives it
-                                options=types.SimpleNamespace(gpu=0, timing_mode="auto", baselines=("eager",)))
+                                options=types.SimpleNamespace(gpu=0, timing_mode="auto", baselines=("eager",),
+                                                              incumbent_ms=None))
     reference = types.SimpleNamespace(run=reference_run, output_bytes=output_bytes, model=None, model_seed=0)
     with pytest.raises(_ChildAsked):
         timing_parent.measure(types.SimpleNamespace(_request=request), run, reference, candidate=True)

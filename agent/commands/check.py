@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="wall-clock limit per candidate")
     p.add_argument("--seed", type=int, default=None, help="fix the (otherwise hidden, random) seed")
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="CUDA device index")
+    p.add_argument("--incumbent-ms", type=float, default=None, metavar="MS",
+                   help="the time to beat: timing stops once the candidate's interval lies above it (+5%%), and a "
+                        "close contest is timed longer")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     add_timing_mode(p)
     add_constants(p)
@@ -91,8 +94,12 @@ def run(args: argparse.Namespace) -> int:
     if not_candidate:
         return _bad(args, not_candidate)
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
-    options = CheckOptions(device=device, timing=not args.no_timing, timeout_s=args.timeout, seed=args.seed,
-                           gpu=args.gpu, baselines=baselines, timing_mode=args.timing_mode)
+    try:
+        options = CheckOptions(device=device, timing=not args.no_timing, timeout_s=args.timeout, seed=args.seed,
+                               gpu=args.gpu, baselines=baselines, timing_mode=args.timing_mode,
+                               incumbent_ms=args.incumbent_ms)
+    except ValueError as exc:
+        return _bad(args, f"--incumbent-ms: {exc}")
     try:
         with Harness(device) as harness:
             result = harness.check(task, candidate, options)
@@ -156,3 +163,7 @@ def render(result) -> None:
             if b.get("speedup") is not None:
                 console.print(f"vs {name}: {b['speedup']:.2f}x [{b['ci_low']:.2f}, {b['ci_high']:.2f}] "
                               f"({b.get('verdict', '')})")
+        race = result.timing.get("race")
+        if race:
+            console.print(f"vs the incumbent's {race['incumbent_ms']:.4g} ms: {race['verdict']} after "
+                          f"{race['rounds']} timed calls ({race['rule']})", markup=False, highlight=False)
