@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
-from . import channel, pyparse, static, tolerance, wire
+from . import channel, cudaipc, pyparse, static, tolerance, wire
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
 from .records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict
 from .reference import Expected, Reference
@@ -37,7 +37,6 @@ SOAK_MIN_CALLS = 3
 # GPU memory the tensors lent to one child may pin (they stay alive until it is dead). Past it, outputs come back
 # through host memory and inputs are no longer pinned: a task whose every call moves gigabytes (cross-entropy over a
 # 128k vocabulary) must not run the parent out of memory. docs/threats.md names the residual risk.
-KEEP_BYTES = 8 << 30
 COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources", "UnsupportedLanguageConstruct",
                   "MLIRCompilationError", "PTXASError"}
 
@@ -85,9 +84,9 @@ class _Run:
     call_seconds: float = 0.0
     calls: int = 0
     laps: dict[str, float] = field(default_factory=dict)  # parent-side seconds by phase (where a check's time goes)
-    # Every tensor the child was handed by CUDA IPC stays alive until the child is dead: a block freed earlier could
-    # be reused for a reference while the child still maps it.
-    exported: list[torch.Tensor] = field(default_factory=list)
+    # What the child is lent on a GPU (sandbox.cudaipc): alive until the child is dead, since a block freed earlier
+    # could be reused for a reference while the child still maps it.
+    lending: cudaipc.Lending = field(default_factory=lambda: cudaipc.Lending(0))
     stage: Stage = Stage.STATIC
 
     @contextmanager
@@ -182,7 +181,8 @@ class Harness:
                                       f"{exc}; the candidate's process could not be started, which says nothing "
                                       "about the candidate", seconds=time.monotonic() - t0))
             return self._result(task_obj, candidate, stages, start, None)
-        run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages)
+        run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages,
+                   lending=cudaipc.Lending(_lending_cap(self.device)))
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
         try:
@@ -214,7 +214,7 @@ class Harness:
         finally:
             lost = self.zygote.health()  # what the candidate did to the zygote, before its process is ended
             with run.lap("close"):
-                self._retire(child, run.exported)
+                self._retire(child, run.lending)
             lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
         if lost is not None:
             self._blame_for_zygote(run, lost)
@@ -261,7 +261,8 @@ class Harness:
         self._ensure_zygote()
         child = self.zygote.spawn()
         start = time.monotonic()
-        run = _Run(task_obj, Path("-"), options, child, start + timeout_s, random.Random(secrets.randbits(31)))
+        run = _Run(task_obj, Path("-"), options, child, start + timeout_s, random.Random(secrets.randbits(31)),
+                   lending=cudaipc.Lending(_lending_cap(self.device)))
         try:
             reference = Reference(task_obj, run.device, run.rng.randrange(1 << 31))
             scratch = self._scratch(child)
@@ -342,14 +343,14 @@ class Harness:
                            "capabilities_dropped": bool(reply.get("capabilities_dropped")),
                            "walls": reply.get("walls") if isinstance(reply.get("walls"), dict) else {}, **laps}
 
-    def _retire(self, child: Child, exported: list[torch.Tensor]) -> None:
+    def _retire(self, child: Child, lending: cudaipc.Lending) -> None:
         """End the child and remove its scratch directory. On the CPU, at once; on a GPU, where a process takes a
         quarter of a second to give its context back, on a thread the next check does not wait for (the tensors the
         child mapped stay alive until it is dead; `close` joins every such thread)."""
         def reap() -> None:
             child.close(graceful=True)
             self._clean(child)
-            exported.clear()
+            lending.release()
 
         self._reapers = [r for r in self._reapers if r.is_alive()]
         if self.device != "cuda":
@@ -384,14 +385,12 @@ class Harness:
         if expected is None:
             with run.lap("reference"):
                 expected = reference.run(inputs)
-        lent = _cuda_bytes(inputs) + _cuda_bytes(expected.ref)  # this call's inputs and output buffers
-        keep = run.exported if run.device != "cpu" and _cuda_bytes(run.exported) + lent <= KEEP_BYTES else None
-        msg: dict[str, Any] = {"op": "call", "inputs": _ship(inputs, keep)}
+        used: set[int] = set()
+        msg: dict[str, Any] = {"op": "call", "inputs": run.lending.ship(inputs, used)[0]}
         buffers: list[torch.Tensor | None] = []
-        if keep is not None:
-            # Outputs come back into buffers of ours on the GPU (no trip through host memory).
-            buffers = [_poisoned(r) for r in expected.ref]
-            msg["out_buffers"] = _ship(buffers, keep)
+        if run.device != "cpu":
+            # Outputs come back into lent buffers on the GPU (no trip through host memory).
+            msg["out_buffers"], buffers = run.lending.ship([_poisoned(r) for r in expected.ref], used)
         with run.lap("request"):
             reply = self._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24))
         run.calls += 1
@@ -399,7 +398,7 @@ class Harness:
         outs = _claim(reply.get("outputs"), buffers)
         if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
             raise _Reject(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
-        # Outputs that came back by value (past KEEP_BYTES) go where the reference's are, so that every comparison
+        # Outputs that came back by value (past the lending cap) go where the reference's are, so that every comparison
         # (including two calls' bits in the robustness stage, one from each path) sees one device.
         outs = reply["outputs"] = [o if o.device == r.device else o.to(r.device)
                                    for o, r in zip(outs, expected.ref)] + outs[len(expected.ref):]
@@ -503,12 +502,12 @@ class Harness:
         with run.lap("inputs"):
             base = [task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
                     for dist in (dists[0], run.rng.choice(dists))]
-        keep = run.exported if run.device != "cpu" else None
         expected = []
         for k in checked:
             with run.lap("reference"):
                 expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
-        msg = {"op": "soak", "base": [_ship(b, keep) for b in base], "n": n, "checked": checked,
+        used: set[int] = set()
+        msg = {"op": "soak", "base": [run.lending.ship(b, used)[0] for b in base], "n": n, "checked": checked,
                "fixed": list(task.meta.fixed_inputs)}
         with run.lap("soak"):
             reply = self._request(run, Stage.ROBUSTNESS, msg, max_bytes=4 * sum(e.nbytes for e in expected) + (1 << 24))
@@ -615,27 +614,12 @@ def _claim(outs: Any, buffers: list[torch.Tensor | None]) -> Any:
     return claimed
 
 
-def _cuda_bytes(tensors: list[Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda)
-
-
-def _ship(inputs: list[Any], keep: list[torch.Tensor] | None) -> list[Any]:
-    """Tensors as the child receives them: CUDA tensors by IPC handle (the child copies inputs into memory of its own
-    at once, and writes outputs into ours; large tensors never cross the host), others by value. `keep` holds every
-    exported tensor until the child is dead (None: past KEEP_BYTES, not held)."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    out: list[Any] = []
-    for x in inputs:
-        if isinstance(x, torch.Tensor) and x.is_cuda and x.numel():
-            if keep is not None:
-                keep.append(x)
-            out.append(("cuda-ipc",) + reduce_tensor(x.detach()))
-        elif isinstance(x, torch.Tensor):
-            out.append(x.detach())
-        else:
-            out.append(x)
-    return out
+def _lending_cap(device: str) -> int:
+    """Bytes of GPU memory one child may be lent (staging copies of its inputs and output buffers, reused call after
+    call): a quarter of the device, at least 8 GiB. Past it, tensors travel by value through host memory."""
+    if device != "cuda":
+        return 0
+    return max(8 << 30, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 4)
 
 
 def _contiguous(shape: list[int], strides: list[int]) -> bool:
