@@ -131,7 +131,8 @@ class LocalExecutor:
     """Warm harnesses in this process: `checks_per_gpu` per GPU (`--gpus`), or one on the CPU (more if asked).
 
     `gpu_ids` pins the GPUs a session's slots evaluate on (slot i on GPU gpu_ids[i % len(gpu_ids)]); by default they
-    are GPUs 0 .. --gpus - 1. `crucible batch --gpus N` gives each of its N lanes one GPU this way.
+    are GPUs 0 .. --gpus - 1. `crucible batch --gpus N` gives each of its N lanes one GPU this way. `gates` holds one
+    gate per GPU (sandbox/gate.py), shared by every session of this executor; its log says when the GPU had work.
     """
 
     def __init__(self, evaluator_factory: EvaluatorFactory | None = None, *,
@@ -141,6 +142,7 @@ class LocalExecutor:
         self.factory = evaluator_factory
         self.resolve_device = resolve_device
         self.gpu_ids = None if gpu_ids is None else tuple(gpu_ids)
+        self.gates: dict[int, GpuGate] = {}
 
     def session(self, task: Task, config: "RunConfig", workdir: Path) -> "LocalSession":
         device = self.resolve_device(config.device)
@@ -148,7 +150,7 @@ class LocalExecutor:
         per_gpu = getattr(config, "checks_per_gpu", None)
         if per_gpu is not None and per_gpu < 1:
             raise ExecutorError(f"--checks-per-gpu {per_gpu}: give at least 1")
-        gates: dict[int, GpuGate] = {}
+        gates = self.gates
         factory = self.factory or (lambda t, d, gpu: HarnessEvaluator(
             t, d, gpu, timeout_s=config.check_timeout_s, baselines=config.baselines, workdir=workdir,
             gate=gates[gpu]))
