@@ -466,7 +466,7 @@ class Harness:
 
     def _smoke(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
         seed = run.rng.randrange(1 << 31)
-        with run.lap("inputs"):
+        with run.lap("inputs"), self._gpu(run):
             inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], run.device)
         reply, expected = self._call(run, Stage.SMOKE, reference, inputs)
         first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
@@ -479,7 +479,7 @@ class Harness:
         rest = list(run.task.meta.distributions[1:])
         run.rng.shuffle(rest)  # no fixed order of calls to count on
         for dist in rest:
-            with run.lap("inputs"):
+            with run.lap("inputs"), self._gpu(run):
                 inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
             reply, expected = self._call(run, Stage.CORRECTNESS, reference, inputs)
             self._compare(run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
@@ -506,7 +506,7 @@ class Harness:
                 self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
                                                       "state_dict": vref.state_dict(),
                                                       "seed": reference.model_seed})
-            with run.lap("inputs"):
+            with run.lap("inputs"), self._gpu(run):
                 inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
             reply, expected = self._call(run, Stage.ROBUSTNESS, vref, inputs)
             label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
@@ -530,7 +530,7 @@ class Harness:
         n = soak_length(run.rng, seconds, run.device.split(":")[0])
         checked = sorted({n - 1} | set(run.rng.sample(range(n - 1), 1)))  # each costs a reference and a compare
         dists = task.meta.distributions
-        with run.lap("inputs"):
+        with run.lap("inputs"), self._gpu(run):
             base = [task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
                     for dist in (dists[0], run.rng.choice(dists))]
         keep = run.exported if run.device != "cpu" else None
