@@ -159,7 +159,8 @@ def show(row: dict[str, Any]) -> str:
     return (f"{row['task']}: {f(row['verified_per_min'], '.1f')} verified/min ({row['verified']} of "
             f"{row['proposals']} in {row['window_s']:.0f} s, {f(row['proposals_per_min'], '.1f')} proposals/min; "
             f"K={row['checks_per_gpu']})\n  seconds a candidate: {parts}; waiting for the GPU {f(row['gpu_wait_s'])}"
-            f" + for the timing slot {f(row['timing_wait_s'])}\n  GPU idle {f(row['gpu_idle_frac'], '.0%')} of the "
+            f" + for the timing slot {f(row['timing_wait_s'])}\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
+            f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "
             f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%"
             f"  (stopped: {row['stop_reason']})")
 

@@ -244,3 +244,17 @@ def test_real_harness_three_at_once_matches_the_serial_path(task, tmp_path):
     shared = sorted(holds, key=lambda h: h.start)
     assert {h.mode for h in holds} == {SHARED} and len({h.holder for h in holds}) >= 3
     assert any(b.start < a.end and a.holder != b.holder for a, b in zip(shared, shared[1:]))
+
+
+def test_the_benchmark_reads_where_a_candidates_seconds_went():
+    from benchmarks.bench_throughput import parts_of
+
+    stages = tuple(StageResult(st, True, Reason.OK, seconds=sec) for st, sec in (
+        (Stage.STATIC, 0.01), (Stage.COMPILE, 0.3), (Stage.SMOKE, 1.2), (Stage.CORRECTNESS, 0.2),
+        (Stage.ROBUSTNESS, 0.9), (Stage.TIMING, 1.5)))
+    result = CheckResult(task="t", candidate="c.py", device="cuda", verdict=Verdict.ACCEPTED, stage=Stage.TIMING,
+                         reason=Reason.OK, message="ok", stages=stages, seconds=4.5, timed=True,
+                         costs={"spawn_s": 0.05, "gpu_wait_s": 0.4, "timing_wait_s": 0.7})
+    assert parts_of(result.to_dict()) == pytest.approx({
+        "static": 0.01, "load": 0.35, "compile": 1.2, "correctness": 0.2, "robustness": 0.9, "timing": 1.5,
+        "gpu_wait": 0.4, "timing_wait": 0.7})
