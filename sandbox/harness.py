@@ -14,7 +14,7 @@ import secrets
 import shutil
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import torch
 
 from . import channel, cudaipc, pyparse, static, tolerance, wire
+from .gate import GpuGate
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
 from .records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict
 from .reference import Expected, Reference
@@ -50,6 +51,9 @@ class CheckOptions:
     gpu: int = 0                    # CUDA device index for the child
     baselines: tuple[str, ...] = ("eager",)
     timing_mode: str = "auto"       # "auto" (sustained when compute-bound) | "isolated" | "sustained"
+    # Shared with the other checks on this GPU (sandbox/gate.py): their GPU work takes it shared, the timing stage
+    # alone. Seconds spent waiting for it do not count against timeout_s.
+    gate: GpuGate | None = None
 
 
 def resolve_device(device: str) -> str:
@@ -88,6 +92,7 @@ class _Run:
     # could be reused for a reference while the child still maps it.
     lending: cudaipc.Lending = field(default_factory=lambda: cudaipc.Lending(0))
     stage: Stage = Stage.STATIC
+    fresh_build: bool = True  # the next call is the first since the model was built: Triton compiles in it
 
     @contextmanager
     def lap(self, name: str) -> Iterator[None]:
@@ -151,7 +156,7 @@ class Harness:
     def check(self, task: str | Path | Task, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:
         """The verdict on one candidate. Whatever the candidate does, this returns a verdict (it raises only for the
         caller's own errors: a bad task, options for another device) within about options.timeout_s plus
-        process.CLOSE_GRACE_S + process.CONTROL_TIMEOUT_S."""
+        process.CLOSE_GRACE_S + process.CONTROL_TIMEOUT_S, plus any time spent waiting for options.gate."""
         options = options or CheckOptions()
         if options.device not in ("auto", self.device):
             raise ValueError(f"this harness runs on {self.device}; make another for {options.device}")
@@ -192,7 +197,8 @@ class Harness:
             self._stage(run, Stage.ROBUSTNESS, self._robustness, reference, first)
             first = None  # its float64 truth would pin cached device blocks the timing child needs (run W)
             if self.device == "cuda" and options.timing:
-                timing = self._stage(run, Stage.TIMING, self._timing, reference)
+                with self._gpu(run, exclusive=True):
+                    timing = self._stage(run, Stage.TIMING, self._timing, reference)
         except _Reject as rej:
             stages.append(replace(rej.result, seconds=time.monotonic() - run.stage_start))
             if rej.result.stage is Stage.TIMING:
@@ -282,7 +288,31 @@ class Harness:
                                       details=details))
         return value
 
+    @contextmanager
+    def _gpu(self, run: _Run, exclusive: bool = False) -> Iterator[None]:
+        """The GPU for work of this check, through its gate (CheckOptions.gate) when it has one: shared with the
+        other checks on the GPU, or alone for the timing stage. The wait moves the check's deadline back."""
+        gate = run.options.gate
+        if gate is None or (not exclusive and run.stage is Stage.TIMING):  # the timing stage holds it already
+            yield
+            return
+        with (gate.exclusive if exclusive else gate.shared)(run.candidate.name) as waited:
+            run.deadline += waited
+            lap = "timing_wait" if exclusive else "gpu_wait"
+            run.laps[lap] = run.laps.get(lap, 0.0) + waited
+            yield
+
     def _request(self, run: _Run, stage: Stage, msg: dict[str, Any], max_bytes: int = 1 << 30) -> dict[str, Any]:
+        # The first call after a build compiles the candidate's kernels (CPU work in its process) and runs each once:
+        # it takes no turn at the gate, so compiling overlaps another candidate's timing. Setup (the CUDA context,
+        # the import) likewise; every other call, rebuild and soak runs the candidate's kernels and takes its turn.
+        op = msg.get("op")
+        ungated = op == "setup" or (op == "call" and run.fresh_build)
+        run.fresh_build = op in ("setup", "rebuild")
+        with nullcontext() if ungated else self._gpu(run):
+            return self._request_child(run, stage, msg, max_bytes)
+
+    def _request_child(self, run: _Run, stage: Stage, msg: dict[str, Any], max_bytes: int) -> dict[str, Any]:
         try:
             reply = run.child.request(msg, run.deadline, max_bytes)
         except ZygoteLost as exc:
@@ -383,7 +413,7 @@ class Harness:
     def _call(self, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
               expected: Expected | None = None) -> tuple[dict[str, Any], Expected]:
         if expected is None:
-            with run.lap("reference"):
+            with run.lap("reference"), self._gpu(run):
                 expected = reference.run(inputs)
         used: set[int] = set()
         msg: dict[str, Any] = {"op": "call", "inputs": run.lending.ship(inputs, used)[0]}
@@ -421,7 +451,7 @@ class Harness:
         meta = run.task.meta
         for i, got in enumerate(outs):
             truth = expected.truth[i] if expected.truth is not None else None
-            with run.lap("compare"):
+            with run.lap("compare"), self._gpu(run):
                 mismatch = tolerance.compare(f"output {i}", got.to(expected.ref[i].device), expected.ref[i], truth,
                                              allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale,
                                              alternates=expected.alternates_for(i))
@@ -435,7 +465,7 @@ class Harness:
 
     def _smoke(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
         seed = run.rng.randrange(1 << 31)
-        with run.lap("inputs"):
+        with run.lap("inputs"), self._gpu(run):
             inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], run.device)
         reply, expected = self._call(run, Stage.SMOKE, reference, inputs)
         first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
@@ -448,7 +478,7 @@ class Harness:
         rest = list(run.task.meta.distributions[1:])
         run.rng.shuffle(rest)  # no fixed order of calls to count on
         for dist in rest:
-            with run.lap("inputs"):
+            with run.lap("inputs"), self._gpu(run):
                 inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
             reply, expected = self._call(run, Stage.CORRECTNESS, reference, inputs)
             self._compare(run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
@@ -475,7 +505,7 @@ class Harness:
                 self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
                                                       "state_dict": vref.state_dict(),
                                                       "seed": reference.model_seed})
-            with run.lap("inputs"):
+            with run.lap("inputs"), self._gpu(run):
                 inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
             reply, expected = self._call(run, Stage.ROBUSTNESS, vref, inputs)
             label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
@@ -499,12 +529,12 @@ class Harness:
         n = soak_length(run.rng, seconds, run.device.split(":")[0])
         checked = sorted({n - 1} | set(run.rng.sample(range(n - 1), 1)))  # each costs a reference and a compare
         dists = task.meta.distributions
-        with run.lap("inputs"):
+        with run.lap("inputs"), self._gpu(run):
             base = [task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
                     for dist in (dists[0], run.rng.choice(dists))]
         expected = []
         for k in checked:
-            with run.lap("reference"):
+            with run.lap("reference"), self._gpu(run):
                 expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
         used: set[int] = set()
         msg = {"op": "soak", "base": [run.lending.ship(b, used)[0] for b in base], "n": n, "checked": checked,
