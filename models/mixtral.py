@@ -2,8 +2,7 @@
 top-2 of 8, the chosen weights renormalised), with random weights: a model file for `crucible model` (docs/model.md).
 
 Presets: "tiny" (hidden 64, 2 layers, 4 experts: the CPU test) and "small" (hidden 1024, 8 layers, 8 experts of FFN
-3584, 16/8 heads of 64, vocabulary 32000: 0.95B parameters, 0.27B active per token, a size that trains in
-seconds a step on one H200).
+3584, 16/8 heads of 64, vocabulary 32000: 0.80B parameters).
 """
 from __future__ import annotations
 
