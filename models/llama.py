@@ -2,7 +2,8 @@
 head) with random weights: a model file for `crucible model` (docs/model.md).
 
 Presets: "tiny" (hidden 64, 2 layers: the CPU test through Triton's interpreter) and "1b" (Llama 3.2 1B's sizes:
-hidden 2048, 16 layers, 32 query and 8 key/value heads of 64, FFN 8192, vocabulary 128256; 1.24B parameters).
+hidden 2048, 16 layers, 32 query and 8 key/value heads of 64, FFN 8192, vocabulary 128256, the head
+untied: 1.50B parameters).
 """
 from __future__ import annotations
 
