@@ -8,8 +8,11 @@ has. Both keep what the loop relies on:
   receive a task's text and a candidate's text and send back the harness's CheckResult;
 - a future resolves to a CheckResult, or fails with the harness's exception (the loop records a harness error).
 
-`LocalExecutor` is the behaviour the loop always had: one warm harness per GPU of this machine (one on the CPU), each
-called on its own thread (`gpu_ids` pins which GPUs: a `crucible batch` lane owns one). `RayExecutor` keeps one
+`LocalExecutor` keeps warm harnesses on this machine, each called on its own thread (`gpu_ids` pins which GPUs: a
+`crucible batch` lane owns one). A GPU has several slots (`--checks-per-gpu`, default 4), one harness each: while one
+candidate is timed, the next ones are started, compiled and checked for correctness, so the GPU never waits for a
+compile. The slots of a GPU share its gate (sandbox/gate.py): their checks' GPU work runs side by side, a timing stage
+alone. The CPU has one slot unless asked for more. `RayExecutor` keeps one
 evaluation actor per GPU of the cluster (`num_gpus=1`; one per CPU with `num_cpus=1` on a cluster without GPUs), fed
 from one queue; a candidate whose actor dies (a killed worker, a lost node) goes back to the head of the queue for
 another actor while the dead one is replaced.
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from sandbox.gate import GpuGate
 from sandbox.records import CheckResult
 from sandbox.task import Task
 
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
     from agent.runs import RunConfig
 
 log = logging.getLogger(__name__)
+CHECKS_PER_GPU = 4  # slots per GPU when the run does not say: enough that a compile is ready before the GPU is free
 
 
 class ExecutorError(Exception):
@@ -84,12 +89,13 @@ EvaluatorFactory = Callable[[Task, str, int], Evaluator]
 
 
 class HarnessEvaluator:
-    """One warm harness on one device (one GPU index), created on first use in the evaluating thread."""
+    """One warm harness on one device (one GPU index), created on first use in the evaluating thread. `gate` is the
+    GPU's, shared with the other slots on it."""
 
     def __init__(self, task: Task, device: str, gpu: int, *, timeout_s: float, baselines: tuple[str, ...],
-                 workdir: Path):
+                 workdir: Path, gate: GpuGate | None = None):
         self.task, self.device, self.gpu = task, device, gpu
-        self.timeout_s, self.baselines, self.workdir = timeout_s, baselines, workdir
+        self.timeout_s, self.baselines, self.workdir, self.gate = timeout_s, baselines, workdir, gate
         self._harness = None
 
     def check(self, candidate: Path, baselines: tuple[str, ...] | None = None) -> CheckResult:
@@ -97,7 +103,7 @@ class HarnessEvaluator:
         if self._harness is None:
             self._harness = Harness(self.device, workdir=self.workdir)
         options = CheckOptions(device=self.device, timing=self.device == "cuda", timeout_s=self.timeout_s,
-                               gpu=self.gpu, baselines=baselines or self.baselines)
+                               gpu=self.gpu, baselines=baselines or self.baselines, gate=self.gate)
         return self._harness.check(self.task, candidate, options)
 
     def close(self) -> None:
@@ -122,10 +128,11 @@ def _resolve_local(device: str) -> str:
 
 
 class LocalExecutor:
-    """Warm harnesses in this process: one per GPU (`--gpus`), or one on the CPU.
+    """Warm harnesses in this process: `checks_per_gpu` per GPU (`--gpus`), or one on the CPU (more if asked).
 
-    `gpu_ids` pins the GPUs a session's slots evaluate on (slot i on GPU gpu_ids[i]); by default slot i is GPU i,
-    for the run's --gpus. `crucible batch --gpus N` gives each of its N lanes one GPU this way.
+    `gpu_ids` pins the GPUs a session's slots evaluate on (slot i on GPU gpu_ids[i % len(gpu_ids)]); by default they
+    are GPUs 0 .. --gpus - 1. `crucible batch --gpus N` gives each of its N lanes one GPU this way. `gates` holds one
+    gate per GPU (sandbox/gate.py), shared by every session of this executor; its log says when the GPU had work.
     """
 
     def __init__(self, evaluator_factory: EvaluatorFactory | None = None, *,
@@ -135,35 +142,46 @@ class LocalExecutor:
         self.factory = evaluator_factory
         self.resolve_device = resolve_device
         self.gpu_ids = None if gpu_ids is None else tuple(gpu_ids)
+        self.gates: dict[int, GpuGate] = {}
 
     def session(self, task: Task, config: "RunConfig", workdir: Path) -> "LocalSession":
         device = self.resolve_device(config.device)
         task = sized(task, config)
+        per_gpu = getattr(config, "checks_per_gpu", None)
+        if per_gpu is not None and per_gpu < 1:
+            raise ExecutorError(f"--checks-per-gpu {per_gpu}: give at least 1")
+        gates = self.gates
         factory = self.factory or (lambda t, d, gpu: HarnessEvaluator(
-            t, d, gpu, timeout_s=config.check_timeout_s, baselines=config.baselines, workdir=workdir))
+            t, d, gpu, timeout_s=config.check_timeout_s, baselines=config.baselines, workdir=workdir,
+            gate=gates[gpu]))
         if device != "cuda":
-            return LocalSession(task, device, 1, factory)
+            return LocalSession(task, device, per_gpu or 1, factory, gpu_ids=(0,) * (per_gpu or 1), gates=gates)
         gpu_ids = self.gpu_ids if self.gpu_ids is not None else tuple(range(config.gpus))
         import torch
         visible = torch.cuda.device_count()
         if max(gpu_ids, default=-1) >= visible:
             what = f"--gpus {config.gpus}" if self.gpu_ids is None else f"GPU {max(gpu_ids)}"
             raise ExecutorError(f"{what} asks for more GPUs than the {visible} visible")
-        return LocalSession(task, device, len(gpu_ids), factory, gpu_ids=gpu_ids)
+        per_gpu = per_gpu or CHECKS_PER_GPU
+        return LocalSession(task, device, len(gpu_ids) * per_gpu, factory, gpu_ids=gpu_ids * per_gpu, gates=gates)
 
     def close(self) -> None:
         pass  # each session closes its own harnesses
 
 
 class LocalSession:
-    """Slot i evaluates on GPU gpu_ids[i] (default: GPU i) through its own evaluator, made on first use."""
+    """Slot i evaluates on GPU gpu_ids[i] (default: GPU i) through its own evaluator, made on first use. Several
+    slots may name one GPU; they share its gate in `gates` (GPU index -> GpuGate, filled here)."""
 
     def __init__(self, task: Task, device: str, slots: int, factory: EvaluatorFactory, *,
-                 gpu_ids: tuple[int, ...] | None = None):
+                 gpu_ids: tuple[int, ...] | None = None, gates: dict[int, GpuGate] | None = None):
         if gpu_ids is not None and len(gpu_ids) != slots:
             raise ValueError(f"{slots} slot(s) need as many GPU ids; got {gpu_ids!r}")
         self.task, self.device, self.slots, self.factory = task, device, slots, factory
         self.gpu_ids = tuple(gpu_ids) if gpu_ids is not None else tuple(range(slots))
+        self.gates = gates if gates is not None else {}
+        for gpu in self.gpu_ids:
+            self.gates.setdefault(gpu, GpuGate(f"{device}:{gpu}"))
         self.evaluators: dict[int, Evaluator] = {}
 
     def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None) -> cf.Future:

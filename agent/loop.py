@@ -2,8 +2,9 @@
 
 One coordinating thread owns the archive and the search; LLM requests run on daemon threads, so that a stop never
 waits for a slow request. Evaluations go through an executor (agent/executors.py), which says how many slots the run
-has and on what device: by default one warm harness per GPU of this machine, or one on the CPU, where the harness
-checks correctness through Triton's interpreter and nothing is timed; or actors across a Ray cluster.
+has and on what device: by default warm harnesses on this machine, several per GPU (one candidate compiles while
+another is timed, alone on the GPU), or one on the CPU, where the harness checks correctness through Triton's
+interpreter and nothing is timed; or actors across a Ray cluster.
 
 Every finished candidate is committed as soon as its verdict is known. A stop (Ctrl-C, SIGTERM: the caller sets
 `stop`) records candidates still under evaluation as interrupted and ends; a kill loses at most those. `resume`
@@ -195,13 +196,16 @@ class _Coordinator:
         who = (f"{self.provider.name} proposes" + (f"; the tuner polishes the last {self.polish}" if self.polish
                                                    else "")) if self.provider else \
             "the offline tuner proposes (no model configured)"
+        gpus = len(set(getattr(self.session, "gpu_ids", ()))) or self.slots
+        at_once = f", {self.slots // gpus} candidates checked at once on each" if self.slots > gpus else ""
         where = ("on the CPU: correctness only, through Triton's interpreter at reduced shapes; nothing is timed"
-                 if not self.timed else f"on {self.slots} GPU(s), timed against {', '.join(c.baselines)}")
+                 if not self.timed else f"on {gpus} GPU(s){at_once}, timed against {', '.join(c.baselines)}")
         resumed = f"resuming run {self.run_id}: {self.issued} of {self.budget} proposals done; " if c.resume else \
             f"run {self.run_id}: "
         self._emit(EventKind.START, f"{resumed}{who}, {where}")
         if self.device == "cpu" and c.gpus > 1:
-            self._emit(EventKind.NOTE, f"--gpus {c.gpus} ignored on the CPU: one interpreter worker evaluates")
+            self._emit(EventKind.NOTE, f"--gpus {c.gpus} ignored on the CPU: {self.slots} interpreter worker(s) "
+                                       "evaluate")
 
     def _start_kernel(self) -> None:
         self.start: Candidate | None = None

@@ -47,6 +47,9 @@ class RunConfig:
     final_baselines: tuple[str, ...] = ("eager", "compile", "liger", "vendor")  # the best's final re-check
     constants: dict[str, int] = field(default_factory=dict)  # --set: the task's constants replaced (and pinned)
     rescale: bool = True  # False (--no-rescale): the CPU checks the task at its own size
+    # candidates checked at once on each GPU, only one of them timed at a time (sandbox/gate.py); None: 4 on a GPU,
+    # 1 on the CPU
+    checks_per_gpu: int | None = None
 
     def stored(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("resume", "time_limit_s")}

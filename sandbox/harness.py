@@ -14,15 +14,16 @@ import secrets
 import shutil
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from . import channel, pyparse, static, tolerance, wire
+from . import channel, cudaipc, pyparse, static, tolerance, wire
 from .deadlines import BUDGETS, CompileSigns, Deadline
+from .gate import GpuGate
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
 from .records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict
 from .reference import Expected, Reference
@@ -38,7 +39,6 @@ SOAK_MIN_CALLS = 3
 # GPU memory the tensors lent to one child may pin (they stay alive until it is dead). Past it, outputs come back
 # through host memory and inputs are no longer pinned: a task whose every call moves gigabytes (cross-entropy over a
 # 128k vocabulary) must not run the parent out of memory. docs/threats.md names the residual risk.
-KEEP_BYTES = 8 << 30
 COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources", "UnsupportedLanguageConstruct",
                   "MLIRCompilationError", "PTXASError"}
 
@@ -52,6 +52,9 @@ class CheckOptions:
     gpu: int = 0                    # CUDA device index for the child
     baselines: tuple[str, ...] = ("eager",)
     timing_mode: str = "auto"       # "auto" (sustained when compute-bound) | "isolated" | "sustained"
+    # Shared with the other checks on this GPU (sandbox/gate.py): their GPU work takes it shared, the timing stage
+    # alone. Seconds spent waiting for it do not count against timeout_s.
+    gate: GpuGate | None = None
     incumbent_ms: float | None = None  # the time to beat: timing races it (sandbox.timing_parent); None: no race
 
     def __post_init__(self) -> None:
@@ -91,10 +94,11 @@ class _Run:
     call_seconds: float = 0.0
     calls: int = 0
     laps: dict[str, float] = field(default_factory=dict)  # parent-side seconds by phase (where a check's time goes)
-    # Every tensor the child was handed by CUDA IPC stays alive until the child is dead: a block freed earlier could
-    # be reused for a reference while the child still maps it.
-    exported: list[torch.Tensor] = field(default_factory=list)
+    # What the child is lent on a GPU (sandbox.cudaipc): alive until the child is dead, since a block freed earlier
+    # could be reused for a reference while the child still maps it.
+    lending: cudaipc.Lending = field(default_factory=lambda: cudaipc.Lending(0))
     stage: Stage = Stage.STATIC
+    fresh_build: bool = True  # the next call is the first since the model was built: Triton compiles in it
     signs: CompileSigns | None = None  # when the parent last saw the candidate's process compile
     # id(reference) -> (the parent's wall time of the fastest call at its shape, the reference's time there)
     walls: dict[int, tuple[float, float]] = field(default_factory=dict)
@@ -179,7 +183,7 @@ class Harness:
     def check(self, task: str | Path | Task, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:
         """The verdict on one candidate. Whatever the candidate does, this returns a verdict (it raises only for the
         caller's own errors: a bad task, options for another device) within about options.timeout_s plus
-        process.CLOSE_GRACE_S + process.CONTROL_TIMEOUT_S."""
+        process.CLOSE_GRACE_S + process.CONTROL_TIMEOUT_S, plus any time spent waiting for options.gate."""
         options = options or CheckOptions()
         if options.device not in ("auto", self.device):
             raise ValueError(f"this harness runs on {self.device}; make another for {options.device}")
@@ -209,7 +213,8 @@ class Harness:
                                       f"{exc}; the candidate's process could not be started, which says nothing "
                                       "about the candidate", seconds=time.monotonic() - t0))
             return self._result(task_obj, candidate, stages, start, None)
-        run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages)
+        run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages,
+                   lending=cudaipc.Lending(_lending_cap(self.device)))
         run.signs = CompileSigns(self._scratch(child) / "triton", child.pid)
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
@@ -220,7 +225,8 @@ class Harness:
             self._stage(run, Stage.ROBUSTNESS, self._robustness, reference, first)
             first = None  # its float64 truth would pin cached device blocks the timing child needs (run W)
             if self.device == "cuda" and options.timing:
-                timing = self._stage(run, Stage.TIMING, self._timing, reference)
+                with self._gpu(run, exclusive=True):
+                    timing = self._stage(run, Stage.TIMING, self._timing, reference)
         except _Reject as rej:
             stages.append(replace(rej.result, seconds=time.monotonic() - run.stage_start))
             if rej.result.stage is Stage.TIMING:
@@ -242,7 +248,7 @@ class Harness:
         finally:
             lost = self.zygote.health()  # what the candidate did to the zygote, before its process is ended
             with run.lap("close"):
-                self._retire(child, run.exported)
+                self._retire(child, run.lending)
             lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
         if lost is not None:
             self._blame_for_zygote(run, lost)
@@ -289,7 +295,8 @@ class Harness:
         self._ensure_zygote()
         child = self.zygote.spawn()
         start = time.monotonic()
-        run = _Run(task_obj, Path("-"), options, child, start + timeout_s, random.Random(secrets.randbits(31)))
+        run = _Run(task_obj, Path("-"), options, child, start + timeout_s, random.Random(secrets.randbits(31)),
+                   lending=cudaipc.Lending(_lending_cap(self.device)))
         try:
             reference = Reference(task_obj, run.device, run.rng.randrange(1 << 31))
             scratch = self._scratch(child)
@@ -309,9 +316,36 @@ class Harness:
                                       details=details))
         return value
 
+    @contextmanager
+    def _gpu(self, run: _Run, exclusive: bool = False) -> Iterator[None]:
+        """The GPU for work of this check, through its gate (CheckOptions.gate) when it has one: shared with the
+        other checks on the GPU, or alone for the timing stage. The wait moves the check's deadline back."""
+        gate = run.options.gate
+        if gate is None or (not exclusive and run.stage is Stage.TIMING):  # the timing stage holds it already
+            yield
+            return
+        with (gate.exclusive if exclusive else gate.shared)(run.candidate.name) as waited:
+            run.deadline += waited
+            lap = "timing_wait" if exclusive else "gpu_wait"
+            run.laps[lap] = run.laps.get(lap, 0.0) + waited
+            yield
+
     def _request(self, run: _Run, stage: Stage, msg: dict[str, Any], max_bytes: int = 1 << 30,
                  within: Deadline | None = None) -> dict[str, Any]:
         """The child's reply, by `within` (a deadline from the task) and never past the check's ceiling."""
+        # The first call after a build compiles the candidate's kernels (CPU work in its process) and runs each once:
+        # it takes no turn at the gate, so compiling overlaps another candidate's timing. Setup (the CUDA context,
+        # the import) likewise; every other call, rebuild and soak runs the candidate's kernels and takes its turn.
+        op = msg.get("op")
+        ungated = op == "setup" or (op == "call" and run.fresh_build)
+        run.fresh_build = op in ("setup", "rebuild")
+        with nullcontext() if ungated else self._gpu(run):
+            if within is not None:  # the deadline counts from the turn at the gate, under the moved ceiling
+                within.start, within.ceiling = time.monotonic(), run.deadline
+            return self._request_child(run, stage, msg, max_bytes, within)
+
+    def _request_child(self, run: _Run, stage: Stage, msg: dict[str, Any], max_bytes: int,
+                       within: Deadline | None) -> dict[str, Any]:
         try:
             reply = run.child.request(msg, within if within is not None else run.deadline, max_bytes)
         except ZygoteLost as exc:
@@ -376,14 +410,14 @@ class Harness:
                            "capabilities_dropped": bool(reply.get("capabilities_dropped")),
                            "walls": reply.get("walls") if isinstance(reply.get("walls"), dict) else {}, **laps}
 
-    def _retire(self, child: Child, exported: list[torch.Tensor]) -> None:
+    def _retire(self, child: Child, lending: cudaipc.Lending) -> None:
         """End the child and remove its scratch directory. On the CPU, at once; on a GPU, where a process takes a
         quarter of a second to give its context back, on a thread the next check does not wait for (the tensors the
         child mapped stay alive until it is dead; `close` joins every such thread)."""
         def reap() -> None:
             child.close(graceful=True)
             self._clean(child)
-            exported.clear()
+            lending.release()
 
         self._reapers = [r for r in self._reapers if r.is_alive()]
         if self.device != "cuda":
@@ -416,16 +450,14 @@ class Harness:
     def _call(self, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
               expected: Expected | None = None) -> tuple[dict[str, Any], Expected]:
         if expected is None:
-            with run.lap("reference"):
+            with run.lap("reference"), self._gpu(run):
                 expected = reference.run(inputs)
-        lent = _cuda_bytes(inputs) + _cuda_bytes(expected.ref)  # this call's inputs and output buffers
-        keep = run.exported if run.device != "cpu" and _cuda_bytes(run.exported) + lent <= KEEP_BYTES else None
-        msg: dict[str, Any] = {"op": "call", "inputs": _ship(inputs, keep)}
+        used: set[int] = set()
+        msg: dict[str, Any] = {"op": "call", "inputs": run.lending.ship(inputs, used)[0]}
         buffers: list[torch.Tensor | None] = []
-        if keep is not None:
-            # Outputs come back into buffers of ours on the GPU (no trip through host memory).
-            buffers = [_poisoned(r) for r in expected.ref]
-            msg["out_buffers"] = _ship(buffers, keep)
+        if run.device != "cpu":
+            # Outputs come back into lent buffers on the GPU (no trip through host memory).
+            msg["out_buffers"], buffers = run.lending.ship([_poisoned(r) for r in expected.ref], used)
         within = run.within(f"the {stage.value} call", reference, calls=1)
         with run.lap("request"):
             reply = self._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24), within=within)
@@ -435,7 +467,7 @@ class Harness:
         outs = _claim(reply.get("outputs"), buffers)
         if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
             raise _Reject(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
-        # Outputs that came back by value (past KEEP_BYTES) go where the reference's are, so that every comparison
+        # Outputs that came back by value (past the lending cap) go where the reference's are, so that every comparison
         # (including two calls' bits in the robustness stage, one from each path) sees one device.
         outs = reply["outputs"] = [o if o.device == r.device else o.to(r.device)
                                    for o, r in zip(outs, expected.ref)] + outs[len(expected.ref):]
@@ -458,7 +490,7 @@ class Harness:
         meta = run.task.meta
         for i, got in enumerate(outs):
             truth = expected.truth[i] if expected.truth is not None else None
-            with run.lap("compare"):
+            with run.lap("compare"), self._gpu(run):
                 mismatch = tolerance.compare(f"output {i}", got.to(expected.ref[i].device), expected.ref[i], truth,
                                              allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale,
                                              alternates=expected.alternates_for(i))
@@ -472,7 +504,7 @@ class Harness:
 
     def _smoke(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
         seed = run.rng.randrange(1 << 31)
-        with run.lap("inputs"):
+        with run.lap("inputs"), self._gpu(run):
             inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], run.device)
         reply, expected = self._call(run, Stage.SMOKE, reference, inputs)
         first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
@@ -485,7 +517,7 @@ class Harness:
         rest = list(run.task.meta.distributions[1:])
         run.rng.shuffle(rest)  # no fixed order of calls to count on
         for dist in rest:
-            with run.lap("inputs"):
+            with run.lap("inputs"), self._gpu(run):
                 inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
             reply, expected = self._call(run, Stage.CORRECTNESS, reference, inputs)
             self._compare(run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
@@ -513,7 +545,7 @@ class Harness:
                                                       "state_dict": vref.state_dict(),
                                                       "seed": reference.model_seed},
                               within=run.within("the rebuild at a new shape"))
-            with run.lap("inputs"):
+            with run.lap("inputs"), self._gpu(run):
                 inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
             reply, expected = self._call(run, Stage.ROBUSTNESS, vref, inputs)
             label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
@@ -538,15 +570,15 @@ class Harness:
         n = soak_length(run.rng, seconds, run.device.split(":")[0])
         checked = sorted({n - 1} | set(run.rng.sample(range(n - 1), 1)))  # each costs a reference and a compare
         dists = task.meta.distributions
-        with run.lap("inputs"):
+        with run.lap("inputs"), self._gpu(run):
             base = [task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
                     for dist in (dists[0], run.rng.choice(dists))]
-        keep = run.exported if run.device != "cpu" else None
         expected = []
         for k in checked:
-            with run.lap("reference"):
+            with run.lap("reference"), self._gpu(run):
                 expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
-        msg = {"op": "soak", "base": [_ship(b, keep) for b in base], "n": n, "checked": checked,
+        used: set[int] = set()
+        msg = {"op": "soak", "base": [run.lending.ship(b, used)[0] for b in base], "n": n, "checked": checked,
                "fixed": list(task.meta.fixed_inputs)}
         within = run.within(f"the soak of {n} calls", reference, calls=n)
         with run.lap("soak"):
@@ -655,27 +687,12 @@ def _claim(outs: Any, buffers: list[torch.Tensor | None]) -> Any:
     return claimed
 
 
-def _cuda_bytes(tensors: list[Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda)
-
-
-def _ship(inputs: list[Any], keep: list[torch.Tensor] | None) -> list[Any]:
-    """Tensors as the child receives them: CUDA tensors by IPC handle (the child copies inputs into memory of its own
-    at once, and writes outputs into ours; large tensors never cross the host), others by value. `keep` holds every
-    exported tensor until the child is dead (None: past KEEP_BYTES, not held)."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    out: list[Any] = []
-    for x in inputs:
-        if isinstance(x, torch.Tensor) and x.is_cuda and x.numel():
-            if keep is not None:
-                keep.append(x)
-            out.append(("cuda-ipc",) + reduce_tensor(x.detach()))
-        elif isinstance(x, torch.Tensor):
-            out.append(x.detach())
-        else:
-            out.append(x)
-    return out
+def _lending_cap(device: str) -> int:
+    """Bytes of GPU memory one child may be lent (staging copies of its inputs and output buffers, reused call after
+    call): a quarter of the device, at least 8 GiB. Past it, tensors travel by value through host memory."""
+    if device != "cuda":
+        return 0
+    return max(8 << 30, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 4)
 
 
 def _contiguous(shape: list[int], strides: list[int]) -> bool:

@@ -10,10 +10,9 @@ calls libc through ctypes), in the order they are raised:
     everything it starts dies with it). The zygote's fork enters them; `apply` enters those still missing.
   - mounts: every mount read-only except the scratch directory, /proc, /sys and /dev included (device nodes stay
     usable on a read-only mount: /dev/null, and /dev/nvidia* for CUDA); a fresh /proc of the PID namespace; a
-    private, size-limited tmpfs on /dev/shm, gone with the namespace (on the CPU: on a GPU /dev/shm stays the host's
-    and writable, since CUDA's interprocess event handles and torch's IPC reference counts, through which the parent
-    lends the child its tensors, only resolve in a /dev/shm both processes share). The scratch directory itself becomes a
-    size-limited tmpfs of the candidate's own (`scratch_bound_bytes`, CRUCIBLE_SCRATCH_GIB, default 2 GiB): the
+    private, size-limited tmpfs on /dev/shm, gone with the namespace (on a GPU too: the parent lends the child its
+    tensors by raw CUDA IPC handles, sandbox.cudaipc, which need nothing in /dev/shm). The scratch directory itself
+    becomes a size-limited tmpfs of the candidate's own (`scratch_bound_bytes`, CRUCIBLE_SCRATCH_GIB, default 2 GiB): the
     host's disk never fills, the pages count against the memory bound too, and a write past the bound fails with
     ENOSPC, which the verdict names. The parent reads nothing from the scratch directory (it only removes it), so
     nothing the candidate writes there needs to reach the host.
@@ -79,9 +78,6 @@ class Policy:
     scratch: Path
     write_roots: list[Path] = field(default_factory=list)
     cpu_seconds: int = 600
-    # On a GPU, /dev/shm stays the host's and writable: CUDA's interprocess event handles and torch's IPC reference
-    # counts, with which the parent lends the child its inputs and output buffers, live there.
-    device: str = "cpu"
     max_open_files: int = 4096
     max_file_bytes: int = 1 << 30
     violations: list[str] = field(default_factory=list)
@@ -121,11 +117,10 @@ def apply(policy: Policy) -> Policy:
     private_ns = bool(entered.get("mount_namespace")) or (
         libc.unshare(CLONE_NEWNS) == 0 and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0)
     if private_ns:
-        policy.shm_private = policy.device != "cuda" and _private_shm(libc)
+        policy.shm_private = _private_shm(libc)
         if _bounded_scratch(libc, str(policy.scratch), policy.scratch_bytes):
             policy.scratch_bound_bytes = policy.scratch_bytes
-        policy.filesystem_read_only = _read_only_mounts(libc, policy.write_roots,
-                                                        policy.shm_private or policy.device == "cuda")
+        policy.filesystem_read_only = _read_only_mounts(libc, policy.write_roots, policy.shm_private)
         policy.proc_sys_read_only = all(_read_only(p) for p in ("/proc/sys", "/sys") if os.path.exists(p))
     # After the mounts (the filter refuses mount) and before the capabilities go (installing it needs CAP_SYS_ADMIN,
     # or no_new_privs where the process never had it).
@@ -195,7 +190,7 @@ def _bounded_scratch(libc: ctypes.CDLL, scratch: str, size: int) -> bool:
 
 def _read_only_mounts(libc: ctypes.CDLL, write_roots: list[Path], shm_writable: bool) -> bool:
     """Every mount read-only except the write roots (bind-mounted on themselves first) and /dev/shm where it is
-    private (the CPU) or the GPU needs the host's (CUDA's interprocess events).
+    private.
     This also stops writes made from C (torch.save, numpy.tofile) that no audit event sees. /proc, /sys and /dev
     too: the NVIDIA driver only reads /proc/driver/nvidia and /sys, and a device node opens for writing on a
     read-only mount (/dev/null, /dev/nvidia*), so CUDA works."""

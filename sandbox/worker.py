@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import carry, channel, policy, timing_child, trace
+from . import carry, channel, cudaipc, policy, timing_child, trace
 from .records import ErrorInfo, Reason
 
 CANDIDATE_MODULE = "crucible_candidate"
@@ -94,9 +94,10 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         os.environ["TRITON_CACHE_DIR"] = msg["triton_shared"]
         from triton.runtime import driver
         driver.active.get_current_device()
+        cudaipc.load()  # loading a library is refused once confined
         laps["triton_driver_s"] = lap()
     pol = policy.Policy(scratch=msg["scratch"], write_roots=[os.path.realpath(p) for p in msg["write_roots"]],
-                        cpu_seconds=int(msg["cpu_seconds"]), device=device)
+                        cpu_seconds=int(msg["cpu_seconds"]))
     os.environ["TRITON_CACHE_DIR"] = msg["triton_cache"]
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(msg["scratch"], "inductor")
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # compile in this process: no worker pool to start
@@ -190,8 +191,8 @@ def _load_parameters(model: torch.nn.Module, ref_state: dict[str, torch.Tensor])
 
 def _fresh(x: Any, device: str) -> Any:
     """The candidate's own copy of an input, at a fresh address."""
-    if isinstance(x, tuple) and x and x[0] == "cuda-ipc":  # (tag, rebuild, args) from torch's CUDA IPC
-        shared = x[1](*x[2])
+    if isinstance(x, tuple) and x and x[0] == "cuda-ipc":  # ("cuda-ipc", cudaipc.Lent) from the parent
+        shared = cudaipc.open_lent(x[1])
         mine = shared.to(device, copy=True)  # onto this process's GPU, wherever the parent's copy lives
         del shared
         return mine
@@ -207,7 +208,7 @@ def _hand_back(outs: list[torch.Tensor], buffers: list[Any]) -> list[Any]:
     for i, o in enumerate(outs):
         dest = None
         if i < len(buffers) and isinstance(buffers[i], tuple) and buffers[i][0] == "cuda-ipc" and o.is_cuda:
-            dest = buffers[i][1](*buffers[i][2])
+            dest = cudaipc.open_lent(buffers[i][1])
         if dest is not None and dest.shape == o.shape and dest.dtype == o.dtype and dest.device == o.device:
             dest.copy_(o.detach())
             sent.append({"__gpu_buffer__": i})

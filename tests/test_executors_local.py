@@ -40,7 +40,8 @@ class Recorder:
 
 
 def config(task, **over):
-    return RunConfig(task_path=task.path, **{"device": "cuda", **over})
+    """One check per GPU: these tests are about which GPU a slot uses (tests/test_pipeline.py: several per GPU)."""
+    return RunConfig(task_path=task.path, **{"device": "cuda", "checks_per_gpu": 1, **over})
 
 
 def test_slot_i_evaluates_on_gpu_ids_i(task, tmp_path, monkeypatch):

@@ -44,9 +44,11 @@ def test_timer_patching_is_detected(harness):
     assert (r.stage, r.reason) == (Stage.TIMING, Reason.TIMER_TAMPERED), r.message
 
 
-def test_caching_after_the_correctness_calls_is_caught_in_timing(harness):
+def test_caching_after_the_first_calls_is_caught_before_timing(harness):
+    """A call counter in the model: the state rule (sandbox.carry) sees it change between calls, so the cheat never
+    reaches the timing stage, whose output check caught it before that rule existed."""
     r = harness.check(RMSNORM, GPU / "warmup_then_cache.py")
-    assert (r.stage, r.reason) == (Stage.TIMING, Reason.TIMING_OUTPUT_MISMATCH), r.message
+    assert r.verdict is Verdict.REJECTED and r.reason is Reason.STATE_CARRIED, r.message
 
 
 def test_honest_kernel_is_timed_and_stable(harness):

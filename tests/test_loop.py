@@ -306,7 +306,8 @@ def test_time_and_cost_limits(tmp_path, task, kernel):
 
 
 def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
-    """With --gpus 2 two harnesses (GPU 0 and 1) evaluate at once; scripted, since this machine has no GPU."""
+    """With --gpus 2 --checks-per-gpu 1 two harnesses (GPU 0 and 1) evaluate at once; scripted, since this machine
+    has no GPU (tests/test_pipeline.py: several per GPU)."""
     import agent.loop as loop_mod
     import torch
 
@@ -331,8 +332,8 @@ def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
 
     ScriptedEvaluator.calls = 0
     with Archive(tmp_path / "a.db") as archive:
-        s = run_search(RunConfig(task_path=task, budget=6, device="cuda", gpus=2, start_from=kernel), archive,
-                       evaluator_factory=PerGpu)
+        s = run_search(RunConfig(task_path=task, budget=6, device="cuda", gpus=2, start_from=kernel, checks_per_gpu=1),
+                       archive, evaluator_factory=PerGpu)
         assert s.progress.proposals == 6 and s.timed
     assert sorted(made) == [("cuda", 0), ("cuda", 1)] and max(peak) == 2
     with Archive(tmp_path / "b.db") as archive:

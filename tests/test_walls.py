@@ -2,7 +2,8 @@
 sandbox.memory), tried by candidates that skip every Python-level layer: they call libc through ctypes.pythonapi
 (no audit event refuses that) and run their attack at import, driven through the zygote and worker directly, without
 the static stage. Each test shows the wall held on the host: no file, no segment, no connection, no process left,
-a memory kill reported."""
+a memory kill reported. With CRUCIBLE_TEST_DEVICE=cuda the same attacks run in a zygote serving the GPU, where the
+candidate holds a CUDA context and /dev/shm stays the host's (CUDA's interprocess handles need it)."""
 import json
 import os
 import secrets
@@ -17,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from sandbox import harness as harness_mod
-from sandbox import memory, policy, seccomp
+from sandbox import memory, namespaces, policy, seccomp
 from sandbox.harness import Harness
 from sandbox.records import Reason, Verdict
+from tests.conftest import DEVICE
 
 HERE = Path(__file__).parent
 ATTACKS = HERE / "candidates" / "attacks"
@@ -36,9 +38,14 @@ def harness():
     with pytest.MonkeyPatch.context() as mp:  # the zygote inherits the environment
         mp.setenv("CRUCIBLE_MEMORY_GIB", str(BOUND_GIB))
         mp.setenv("CRUCIBLE_SCRATCH_GIB", str(SCRATCH_GIB))
-        h = Harness("cpu")
+        h = Harness(DEVICE)
     with h:
         yield h
+
+
+def _pid_namespace_here() -> bool:
+    """Whether this module's zygote enters a PID namespace (by default not on a GPU: sandbox.namespaces)."""
+    return namespaces.pid_namespace_wanted({**os.environ, "TRITON_INTERPRET": "0" if DEVICE == "cuda" else "1"})
 
 
 def _setup_msg(harness, tmp_path, name, env):
@@ -49,7 +56,7 @@ def _setup_msg(harness, tmp_path, name, env):
     io.mkdir()
     (io / "walls_env.json").write_text(json.dumps(env))
     return {"op": "setup", "candidate": str(ATTACKS / name), "seeds_dir": str(HERE.parent / "seeds"),
-            "device": "cpu", "gpu": 0, "scratch": str(scratch), "write_roots": [str(scratch), str(io)],
+            "device": DEVICE, "gpu": 0, "scratch": str(scratch), "write_roots": [str(scratch), str(io)],
             "triton_cache": str(scratch / "triton"), "triton_shared": str(harness.triton_shared), "cpu_seconds": 60,
             "allow_compute": False, "seed": 1, "init_inputs": [], "state_dict": {}}
 
@@ -91,8 +98,9 @@ def test_honest_candidate_is_accepted_with_every_wall_up(harness):
     if os.geteuid() != 0:
         assert sorted(walls) == sorted(policy.WALLS)  # reported, standing or not
         return
+    pid_ns = _pid_namespace_here()
     assert walls == {"network_isolated": True, "filesystem_read_only": True, "capabilities_dropped": True,
-                     "ipc_namespace": True, "pid_namespace": True, "proc_private": True, "shm_private": True,
+                     "ipc_namespace": True, "pid_namespace": pid_ns, "proc_private": pid_ns, "shm_private": True,
                      "proc_sys_read_only": True, "seccomp": True,
                      "memory_bound_bytes": int(BOUND_GIB * (1 << 30)) if memory.Groups(1).available else 0,
                      "scratch_bound_bytes": int(SCRATCH_GIB * (1 << 30))}
@@ -118,6 +126,8 @@ def _assert_signals_confined(report):
 
 @needs_root
 def test_nothing_the_candidate_starts_outlives_it_and_it_sees_no_one(harness, tmp_path):
+    if not _pid_namespace_here():
+        pytest.skip("no PID namespace on this device by default: the next test covers that case")
     marker = "cw" + secrets.token_hex(6)
     env = {"zygote_pid": harness.zygote.proc.pid, "parent_pid": os.getpid(), "marker": marker}
     reply, report, child = _attack(harness, tmp_path, "walls_pid.py", env, keep_open=True)
@@ -143,7 +153,7 @@ def test_without_a_pid_namespace_what_the_candidate_starts_still_dies(tmp_path, 
     parent's kill of the process group reaches it, and the zygote empties the control group on wait."""
     monkeypatch.setenv("CRUCIBLE_PID_NAMESPACE", "0")
     marker = "cw" + secrets.token_hex(6)
-    with Harness("cpu") as harness:
+    with Harness(DEVICE) as harness:
         env = {"zygote_pid": harness.zygote.proc.pid, "parent_pid": os.getpid(), "marker": marker}
         reply, report, child = _attack(harness, tmp_path, "walls_pid.py", env, keep_open=True)
         try:

@@ -58,6 +58,9 @@ def add_search_options(p: argparse.ArgumentParser, *,
     p.add_argument("--concurrency", type=int, default=4,
                    help="LLM proposals whose outcome is not known yet, counting those still being checked "
                         "(default 4; 1: every request sees the previous one's verdict)")
+    p.add_argument("--checks-per-gpu", type=int, metavar="K",
+                   help="candidates checked at once on each GPU (default 4; 1 on the CPU): they compile and check "
+                        "their correctness side by side while one at a time is timed, alone on the GPU")
     p.add_argument("--samples", type=int, default=1,
                    help="requests that may share one prompt at a time (parallel sampling; default 1)")
     p.add_argument("--max-output-tokens", type=int, default=8192,
@@ -82,6 +85,7 @@ def config_from(args: argparse.Namespace, task: Path, **over: Any):
                      resume=getattr(args, "resume", None), max_tokens=args.max_tokens, max_cost=args.max_cost,
                      time_limit_s=args.time_limit, target_roofline=args.target_roofline, polish=args.polish,
                      concurrency=args.concurrency, samples=args.samples, seed=args.seed,
+                     checks_per_gpu=args.checks_per_gpu,
                      reply_max_tokens=args.max_output_tokens, temperature=args.temperature,
                      baselines=_names(args.baselines), final_baselines=_names(args.final_baselines),
                      constants=parse_constants(getattr(args, "constants", [])),
@@ -101,6 +105,8 @@ def options_problem(args: argparse.Namespace) -> str | None:
     """One sentence when a proposing option is out of range."""
     if args.concurrency < 1 or args.samples < 1:
         return "--concurrency and --samples must be at least 1"
+    if args.checks_per_gpu is not None and not 1 <= args.checks_per_gpu <= 64:
+        return f"--checks-per-gpu {args.checks_per_gpu}: give a number from 1 to 64"
     try:
         parse_constants(args.constants)
     except ValueError as exc:

@@ -1,0 +1,212 @@
+"""How many candidates a run judges a minute: the tuner's search on memory- and compute-bound tasks, end to end.
+
+    python3 benchmarks/bench_throughput.py                                   # on the H200: four tasks, ~4 min
+    python3 benchmarks/bench_throughput.py --checks-per-gpu 1 --label serial # the same, one check at a time
+    python3 benchmarks/bench_throughput.py --device cpu --tasks rmsnorm_fwd --seconds 20 --checks-per-gpu 2
+
+Each task is searched by the offline tuner (no LLM: the proposer costs nothing, so the harness is what is measured)
+from its registered seed, for `--seconds` of proposing (the loop's --time-limit), with the run's candidates timed
+against eager on the GPU. What is reported, per task:
+
+- verified a minute: accepted proposals whose verdict came between the starting kernel's verdict and the last
+  proposal's, over that window (the harness's start, the starting kernel and the final re-check are outside it);
+- where a candidate's seconds go (means over the window's proposals): load (forking its process, the CUDA context,
+  importing and building ModelNew), compile (the first call, in which Triton compiles every kernel), correctness,
+  robustness (other shapes, their compiles, the soak), timing, and of those the seconds spent waiting for the GPU's
+  gate (sandbox/gate.py: checks share the GPU, a timing holds it alone);
+- the GPU's idle fraction: the share of the window in which no gated GPU work (a check's call, reference or
+  comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
+  machine has pynvml.
+
+Every task's line is printed and appended to benchmarks/data/throughput.csv with the GPU, driver, versions and commit.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+CSV = ROOT / "benchmarks" / "data" / "throughput.csv"
+TASKS = ("rmsnorm_fwd", "softmax_fwd", "swiglu_fwd", "attention_fwd_bwd")  # three memory-bound, one compute-bound
+PARTS = ("static", "load", "compile", "correctness", "robustness", "timing")
+FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton", "task", "checks_per_gpu",
+          "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
+          "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
+          "gpu_timing_frac", "nvml_util_pct"]
+
+
+def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
+    """A verdict record's seconds by part (PARTS), and its waits for the GPU's gate."""
+    stages = {s["stage"]: float(s.get("seconds") or 0.0) for s in diagnostics.get("stages", [])}
+    costs = diagnostics.get("costs") or {}
+    out = {"static": stages.get("static", 0.0), "load": costs.get("spawn_s", 0.0) + stages.get("compile", 0.0),
+           "compile": stages.get("smoke", 0.0), "correctness": stages.get("correctness", 0.0),
+           "robustness": stages.get("robustness", 0.0), "timing": stages.get("timing", 0.0)}
+    out["gpu_wait"] = costs.get("gpu_wait_s", 0.0)
+    out["timing_wait"] = costs.get("timing_wait_s", 0.0)
+    return out
+
+
+class NvmlSampler:
+    """GPU utilisation (%) every `every_s` on a thread; `mean` is None where NVML cannot be read."""
+
+    def __init__(self, gpu: int, every_s: float = 0.2):
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._handle = None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+        except Exception:  # noqa: BLE001 - no pynvml, no driver: the gate's bookkeeping still says how busy it was
+            return
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.samples.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+
+    def stop(self) -> float | None:
+        if self._handle is None:
+            return None
+        self._stop.set()
+        self._thread.join(timeout=2)
+        return statistics.fmean(self.samples) if self.samples else None
+
+
+def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, workdir: Path) -> dict[str, Any]:
+    """One tuner run on `task`; the numbers of one CSV line."""
+    from agent.archive import Archive
+    from agent.executors import LocalExecutor
+    from agent.loop import EventKind, RunConfig, run_search
+    from sandbox.gate import EXCLUSIVE, busy_seconds
+
+    verdicts: list[tuple[float, Any]] = []  # (when, candidate) of every verdict, in order
+
+    def on_event(event: Any) -> None:
+        if event.kind is EventKind.EVALUATED and event.candidate is not None:
+            verdicts.append((time.monotonic(), event.candidate))
+
+    executor = LocalExecutor()
+    config = RunConfig(task_path=task, device=device, budget=100_000, time_limit_s=seconds, polish=0,
+                       checks_per_gpu=checks_per_gpu, final_baselines=("eager",))
+    sampler = NvmlSampler(0) if device == "cuda" else None
+    t0 = time.monotonic()
+    with Archive(workdir / f"{task.stem}.db") as archive:
+        summary = run_search(config, archive, on_event=on_event, executor=executor)
+    wall = time.monotonic() - t0
+    nvml = sampler.stop() if sampler is not None else None
+    start = next((t for t, c in verdicts if c.origin == "seed"), t0)
+    mine = [(t, c) for t, c in verdicts if c.origin != "seed" and c.verdict != "interrupted" and t > start]
+    end = mine[-1][0] if mine else start
+    window = max(end - start, 1e-9)
+    parts = [parts_of(c.diagnostics or {}) for _, c in mine if c.diagnostics]
+    holds = [h for gate in executor.gates.values() for h in gate.holds()]
+    verified = sum(c.accepted for _, c in mine)
+    row: dict[str, Any] = {
+        "task": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task), "device": device,
+        "checks_per_gpu": checks_per_gpu, "seconds": seconds, "wall_s": wall, "window_s": window,
+        "proposals": len(mine), "verified": verified, "rejected": len(mine) - verified,
+        "verified_per_min": verified * 60.0 / window if mine else 0.0,
+        "proposals_per_min": len(mine) * 60.0 / window if mine else 0.0,
+        "gpu_idle_frac": 1.0 - busy_seconds(holds, start, end) / window if mine else None,
+        "gpu_timing_frac": busy_seconds([h for h in holds if h.mode == EXCLUSIVE], start, end) / window if mine
+        else None, "nvml_util_pct": nvml, "stop_reason": summary.stop_reason}
+    for key in (*PARTS, "gpu_wait", "timing_wait"):
+        row[f"{key}_s"] = statistics.fmean(p[key] for p in parts) if parts else None
+    return row
+
+
+def environment(device: str) -> dict[str, str]:
+    import torch
+    import triton
+    out = {"torch": torch.__version__, "triton": triton.__version__, "gpu": "", "driver": ""}
+    if device == "cuda":
+        from profiler.env import environment as env
+        e = env(0)
+        out.update(gpu=(e.get("gpu") or {}).get("name") or "", driver=str(e.get("driver") or ""))
+    else:
+        out["gpu"] = "cpu (Triton interpreter)"
+    return out
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def show(row: dict[str, Any]) -> str:
+    def f(v: Any, fmt: str = ".2f") -> str:
+        return "-" if v is None else format(v, fmt)
+    parts = " ".join(f"{p} {f(row[f'{p}_s'])}" for p in PARTS)
+    return (f"{row['task']}: {f(row['verified_per_min'], '.1f')} verified/min ({row['verified']} of "
+            f"{row['proposals']} in {row['window_s']:.0f} s, {f(row['proposals_per_min'], '.1f')} proposals/min; "
+            f"K={row['checks_per_gpu']})\n  seconds a candidate: {parts}; waiting for the GPU {f(row['gpu_wait_s'])}"
+            f" + for the timing slot {f(row['timing_wait_s'])}\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
+            f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "
+            f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%"
+            f"  (stopped: {row['stop_reason']})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--tasks", default=",".join(TASKS), help="task names in tasks/ (comma-separated)")
+    ap.add_argument("--seconds", type=float, default=40.0, help="proposing time per task (default 40)")
+    ap.add_argument("--checks-per-gpu", type=int, default=4, help="candidates checked at once (default 4)")
+    ap.add_argument("--label", default="", help="a word for the CSV line (e.g. serial / pipelined)")
+    ap.add_argument("--csv", type=Path, default=CSV, help=f"append here (default {CSV.relative_to(ROOT)})")
+    ap.add_argument("--no-csv", action="store_true", help="print only")
+    args = ap.parse_args(argv)
+    tasks = [ROOT / "tasks" / (t if t.endswith(".py") else f"{t}.py") for t in args.tasks.split(",") if t.strip()]
+    missing = [str(t.relative_to(ROOT)) for t in tasks if not t.exists()]
+    if missing or not tasks:
+        print(f"no such task: {', '.join(missing) or '(none given)'}; name files in tasks/", file=sys.stderr)
+        return 2
+    if args.checks_per_gpu < 1 or args.seconds <= 0:
+        print("--checks-per-gpu must be at least 1 and --seconds above 0", file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            print("no CUDA GPU is visible; pass --device cpu to measure through Triton's interpreter", file=sys.stderr)
+            return 2
+    logging.basicConfig(level=logging.WARNING)
+    common = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
+              "label": args.label, **environment(args.device)}
+    with tempfile.TemporaryDirectory(prefix="crucible-throughput-") as tmp:
+        for task in tasks:
+            row = measure(task, device=args.device, seconds=args.seconds, checks_per_gpu=args.checks_per_gpu,
+                          workdir=Path(tmp))
+            print(show(row), flush=True)
+            if not args.no_csv:
+                new = not args.csv.exists()
+                args.csv.parent.mkdir(parents=True, exist_ok=True)
+                with args.csv.open("a", newline="") as f:
+                    w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+                    if new:
+                        w.writeheader()
+                    w.writerow({k: ("" if v is None else f"{v:.4g}" if isinstance(v, float) else v)
+                                for k, v in {**common, **row}.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

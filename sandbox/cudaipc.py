@@ -1,0 +1,190 @@
+"""Lending CUDA memory to a candidate's process by raw IPC memory handles, so that nothing of it lives in /dev/shm.
+
+torch's own CUDA IPC (`reduce_tensor`) puts a reference-counter file and an interprocess event in /dev/shm, which the
+child must open by name: a child with a private /dev/shm cannot open the tensors at all (`mapping of buffer object
+failed`), and a child sharing the host's /dev/shm can delete or rewrite the parent's files and leave its own behind.
+A raw handle (`cudaIpcGetMemHandle`) goes through the driver alone. What torch's files did is done here instead:
+- lifetime: the parent holds every lent tensor until the child is dead (`Lending`), since it cannot know when the
+  child unmapped it; the child opens each handle once and keeps it mapped;
+- ordering: the parent synchronizes its device before a request that lends memory, and the child synchronizes
+  before its reply, so neither reads what the other has not finished writing.
+
+A lent tensor travels as a `Lent` record (plain values: the request is pickled, the reply never carries one)."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+HANDLE_BYTES = 64
+LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
+
+
+class _Handle(ctypes.Structure):  # cudaIpcMemHandle_t, passed by value to cudaIpcOpenMemHandle
+    _fields_ = [("reserved", ctypes.c_ubyte * HANDLE_BYTES)]
+
+
+class LendError(RuntimeError):
+    """This tensor cannot be lent by a raw handle (e.g. the allocator's expandable segments): send it by value."""
+
+
+@dataclass(frozen=True)
+class Lent:
+    """One CUDA tensor as the child sees it: its allocation's handle, where its storage starts in that allocation,
+    and the view (dtype, shape, strides, offset in elements) over that storage."""
+    handle: bytes
+    offset: int  # bytes from the allocation's base to the storage's first byte
+    nbytes: int  # the storage's size
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    device: int
+
+
+@lru_cache(maxsize=1)
+def _runtime() -> ctypes.CDLL:
+    """The CUDA runtime torch itself loaded (its path from this process's mappings), so the handles belong to the
+    primary context torch uses."""
+    torch.cuda.init()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if "/libcudart.so" in path:
+                return ctypes.CDLL(path)
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise LendError("the CUDA runtime library torch uses was not found in this process")
+
+
+@lru_cache(maxsize=1)
+def _driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def load() -> None:
+    """Resolve the libraries now (the child does this before its confinement, which refuses loading libraries)."""
+    _runtime()
+    _driver()
+
+
+def lend(x: torch.Tensor) -> Lent:
+    """A handle to the allocation holding `x`'s storage. The caller keeps `x` alive until the child is dead."""
+    storage = x.untyped_storage()
+    ptr = storage.data_ptr()
+    handle = _Handle()
+    with torch.cuda.device(x.device):
+        err = _runtime().cudaIpcGetMemHandle(ctypes.byref(handle), ctypes.c_void_p(ptr))
+        if err:
+            raise LendError(f"cudaIpcGetMemHandle failed with CUDA error {err}")
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        err = _driver().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+        if err:
+            raise LendError(f"cuMemGetAddressRange failed with CUDA error {err}")
+    return Lent(bytes(handle), ptr - base.value, storage.nbytes(),
+                str(x.dtype).removeprefix("torch."), tuple(x.shape), tuple(x.stride()), x.storage_offset(),
+                x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
+class _Bytes:
+    """`nbytes` of device memory at `ptr`, as torch.as_tensor takes it (bytes: the interface has no bfloat16)."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
+_OPENED: dict[bytes, int] = {}  # handle -> base pointer in this process; mapped until the process ends
+
+
+def open_lent(lent: Lent) -> torch.Tensor:
+    """The parent's tensor, mapped into this process (no copy): reads see the parent's data, writes land in it."""
+    base = _OPENED.get(lent.handle)
+    if base is None:
+        ptr = ctypes.c_void_p()
+        with torch.cuda.device(lent.device):
+            err = _runtime().cudaIpcOpenMemHandle(ctypes.byref(ptr), _Handle.from_buffer_copy(lent.handle),
+                                                  LAZY_ENABLE_PEER_ACCESS)
+        if err or not ptr.value:
+            raise LendError(f"cudaIpcOpenMemHandle failed with CUDA error {err}")
+        base = _OPENED[lent.handle] = ptr.value
+    dtype = getattr(torch, lent.dtype)
+    raw = torch.as_tensor(_Bytes(base + lent.offset, lent.nbytes), device=f"cuda:{lent.device}")
+    return raw.view(dtype).as_strided(lent.shape, lent.stride, lent.storage_offset)
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """Its elements fill a block of memory once each (any order of dimensions): a copy can keep its strides."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(x.shape, x.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _lendable(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.numel() > 0
+
+
+class Lending:
+    """What one child is lent: staging tensors reused call after call (each call's CUDA tensors are copied into them),
+    held until the child is dead, up to `cap` bytes in all; a tensor that would pass the cap goes by value. Reuse keeps
+    a large task's lent memory at one call's worth however many calls the check makes."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.held = 0
+        self._pool: dict[tuple, list[torch.Tensor]] = {}
+        self._lent: dict[int, Lent] = {}
+
+    def ship(self, tensors: list[object], used: set[int]) -> tuple[list[object], list[torch.Tensor | None]]:
+        """Each item as the child receives it: CUDA tensors as ("cuda-ipc", Lent) over a staging copy, else by value;
+        and, by position, the staging tensor the child maps (None where nothing was lent). `used` holds the staging
+        tensors the same request already carries (one set per request: none is handed out twice in it)."""
+        wire: list[object] = []
+        staged: list[torch.Tensor | None] = []
+        for x in tensors:
+            stage = self._stage(x, used) if isinstance(x, torch.Tensor) and _lendable(x) else None
+            if stage is not None:
+                stage.copy_(x)
+                wire.append(("cuda-ipc", self._lent[id(stage)]))
+            elif isinstance(x, torch.Tensor):
+                wire.append(x.detach().cpu())  # by value (the child moves it to its device)
+            else:
+                wire.append(x)
+            staged.append(stage)
+        if any(t is not None for t in staged):
+            torch.cuda.synchronize()  # the child reads the staging copies as soon as the request arrives
+        return wire, staged
+
+    def _stage(self, x: torch.Tensor, used: set[int]) -> torch.Tensor | None:
+        dense = _dense(x)
+        key = (tuple(x.shape), tuple(x.stride()) if dense else None, x.dtype, x.device)
+        for t in self._pool.get(key, []):
+            if id(t) not in used:
+                used.add(id(t))
+                return t
+        nbytes = x.numel() * x.element_size()
+        if self.held + nbytes > self.cap:
+            return None
+        t = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if dense else \
+            torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        try:
+            self._lent[id(t)] = lend(t)
+        except LendError:
+            return None
+        self._pool.setdefault(key, []).append(t)
+        self.held += nbytes
+        used.add(id(t))
+        return t
+
+    def release(self) -> None:
+        """Only once the child is dead: it may map any of these until then."""
+        self._pool.clear()
+        self._lent.clear()
+        self.held = 0

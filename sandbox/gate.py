@@ -1,0 +1,115 @@
+"""Who may use one GPU now: the checks of several candidates at once, or one candidate's timing alone.
+
+Several candidates are checked on one GPU at once (agent/executors.py), so that one compiles, loads and checks its
+correctness while another is timed. Their GPU work takes the gate in shared mode, a timing stage takes it in
+exclusive mode: a timing waits until the shared holders in progress have finished, and while it waits or runs no
+new shared holder starts (writer preference, so a stream of short checks cannot starve a timing). Two timings never
+overlap.
+
+The gate is the parent's (trusted) bookkeeping: it orders the work the parent asks for. Every hold is logged with
+its start and end (`holds()`), so a benchmark can say how much of the wall time the GPU had work and a test can
+prove that no two exclusive holds overlapped.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+SHARED, EXCLUSIVE = "shared", "exclusive"
+MAX_LOGGED = 200_000  # holds kept for holds(); a long run forgets its oldest
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One use of the gate: monotonic start and end (time.monotonic), and how long it waited to start."""
+
+    mode: str  # shared | exclusive
+    holder: str  # who held it (the candidate's file name)
+    start: float
+    end: float
+    waited_s: float
+
+
+class GpuGate:
+    """A writer-preferring shared/exclusive lock for one GPU, with a log of its holds."""
+
+    def __init__(self, name: str = "gpu") -> None:
+        self.name = name
+        self._cond = threading.Condition()
+        self._shared = 0  # shared holders now
+        self._exclusive = False  # an exclusive holder now
+        self._waiting_exclusive = 0
+        self._log: deque[Hold] = deque(maxlen=MAX_LOGGED)
+
+    @contextmanager
+    def shared(self, holder: str = "") -> Iterator[float]:
+        """Hold the GPU together with other shared holders; yields the seconds spent waiting."""
+        asked = time.monotonic()
+        with self._cond:
+            while self._exclusive or self._waiting_exclusive:
+                self._cond.wait()
+            self._shared += 1
+        start = time.monotonic()
+        try:
+            yield start - asked
+        finally:
+            end = time.monotonic()
+            with self._cond:
+                self._shared -= 1
+                self._log.append(Hold(SHARED, holder, start, end, start - asked))
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self, holder: str = "") -> Iterator[float]:
+        """Hold the GPU alone; yields the seconds spent waiting for the shared holders to finish."""
+        asked = time.monotonic()
+        with self._cond:
+            self._waiting_exclusive += 1
+            try:
+                while self._exclusive or self._shared:
+                    self._cond.wait()
+            finally:
+                self._waiting_exclusive -= 1
+            self._exclusive = True
+        start = time.monotonic()
+        try:
+            yield start - asked
+        finally:
+            end = time.monotonic()
+            with self._cond:
+                self._exclusive = False
+                self._log.append(Hold(EXCLUSIVE, holder, start, end, start - asked))
+                self._cond.notify_all()
+
+    def holds(self) -> list[Hold]:
+        """The finished holds, oldest first (by end)."""
+        with self._cond:
+            return list(self._log)
+
+
+def busy_seconds(holds: list[Hold], since: float, until: float) -> float:
+    """Seconds of [since, until] during which at least one hold was in progress (the union of their intervals)."""
+    spans = sorted((max(h.start, since), min(h.end, until)) for h in holds if h.end > since and h.start < until)
+    total, reach = 0.0, since
+    for start, end in spans:
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def overlapping_exclusive(holds: list[Hold]) -> list[tuple[Hold, Hold]]:
+    """Pairs of holds that overlapped although one of them was exclusive (there must be none)."""
+    spans = sorted(holds, key=lambda h: h.start)
+    bad = []
+    for i, a in enumerate(spans):
+        for b in spans[i + 1:]:
+            if b.start >= a.end:
+                break
+            if EXCLUSIVE in (a.mode, b.mode):
+                bad.append((a, b))
+    return bad

@@ -1,0 +1,260 @@
+"""Pipelined checking: several candidates in flight per GPU, one timing at a time, and the same verdicts as one by one.
+
+The fast tests drive the loop with a scripted evaluator whose checks take the real gate (sandbox/gate.py) as the
+harness does: compiling ungated, checking shared, timing exclusive. The slow one runs the real harness through
+Triton's interpreter with three checks at once and compares verdicts and archive with the serial path.
+"""
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.archive import Archive
+from agent.executors import LocalExecutor
+from agent.fake import FakeProvider
+from agent.loop import RunConfig, run_search
+from sandbox.gate import EXCLUSIVE, SHARED, GpuGate, Hold, busy_seconds, overlapping_exclusive
+from sandbox.records import CheckResult, Reason, Stage, StageResult, Verdict
+from tests.test_loop import GOOD, SYNTAX_ERROR, WRONG, fenced
+from tests.test_loop import task as task  # noqa: F401 - the fixture
+
+
+# ---- the gate ---------------------------------------------------------------------------------------------------
+
+def test_shared_holders_overlap_and_an_exclusive_holder_is_alone():
+    gate = GpuGate()
+    start = threading.Barrier(6)
+
+    def reader(i):
+        start.wait()
+        for _ in range(5):
+            with gate.shared(f"r{i}"):
+                time.sleep(0.01)
+
+    def writer(i):
+        start.wait()
+        for _ in range(3):
+            with gate.exclusive(f"w{i}"):
+                time.sleep(0.01)
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(4)] + \
+              [threading.Thread(target=writer, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    holds = gate.holds()
+    assert sum(h.mode == EXCLUSIVE for h in holds) == 6 and sum(h.mode == SHARED for h in holds) == 20
+    assert overlapping_exclusive(holds) == []
+    shared = sorted((h for h in holds if h.mode == SHARED), key=lambda h: h.start)
+    assert any(b.start < a.end for a, b in zip(shared, shared[1:])), "no two shared holds overlapped"
+
+
+def test_a_waiting_exclusive_holder_stops_new_shared_ones():
+    """Writer preference: once a timing waits, a check that asks later waits behind it."""
+    gate = GpuGate()
+    order = []
+    release_first = threading.Event()
+
+    def first():
+        with gate.shared("first"):
+            order.append("first")
+            release_first.wait(5)
+
+    def timing():
+        with gate.exclusive("timing"):
+            order.append("timing")
+            time.sleep(0.05)
+            order.append("timing done")
+
+    def late():
+        with gate.shared("late"):
+            order.append("late")
+
+    threads = [threading.Thread(target=f) for f in (first, timing, late)]
+    threads[0].start()
+    time.sleep(0.05)
+    threads[1].start()
+    time.sleep(0.05)  # the timing now waits for "first"
+    threads[2].start()
+    time.sleep(0.05)
+    assert order == ["first"]
+    release_first.set()
+    for t in threads:
+        t.join(timeout=5)
+    assert order == ["first", "timing", "timing done", "late"]
+
+
+def test_busy_seconds_is_the_union_of_the_holds():
+    holds = [Hold(SHARED, "a", 0.0, 2.0, 0.0), Hold(SHARED, "b", 1.0, 3.0, 0.0), Hold(EXCLUSIVE, "c", 5.0, 6.0, 0.0)]
+    assert busy_seconds(holds, 0.0, 10.0) == pytest.approx(4.0)
+    assert busy_seconds(holds, 2.5, 5.5) == pytest.approx(1.0)
+    assert overlapping_exclusive(holds + [Hold(SHARED, "d", 5.5, 7.0, 0.0)]) != []
+
+
+# ---- slots ------------------------------------------------------------------------------------------------------
+
+def test_k_slots_per_gpu_share_one_gate(task, tmp_path, monkeypatch):
+    from sandbox.task import load_task
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    made = []
+    executor = LocalExecutor(lambda t, d, gpu: made.append(gpu), resolve_device=lambda d: "cuda")
+    session = executor.session(load_task(task), RunConfig(task_path=task, device="cuda", gpus=2, checks_per_gpu=3),
+                               tmp_path)
+    assert session.slots == 6 and session.gpu_ids == (0, 1, 0, 1, 0, 1)
+    assert set(executor.gates) == {0, 1} and session.gates is executor.gates
+    default = LocalExecutor(resolve_device=lambda d: "cuda").session(load_task(task), RunConfig(
+        task_path=task, device="cuda"), tmp_path)
+    assert default.slots == 4  # CHECKS_PER_GPU
+    cpu = LocalExecutor(resolve_device=lambda d: "cpu").session(load_task(task), RunConfig(task_path=task), tmp_path)
+    assert cpu.slots == 1
+
+
+# ---- the loop, scripted -----------------------------------------------------------------------------------------
+
+class GatedEvaluator:
+    """A check that uses its GPU's gate as the harness does, with a verdict that depends on the source alone."""
+
+    gates: dict = {}
+    spans: list = []  # (candidate, start, end) of every check
+    lock = threading.Lock()
+
+    def __init__(self, task_obj, device, gpu):
+        with GatedEvaluator.lock:
+            self.gate = GatedEvaluator.gates.setdefault(gpu, GpuGate())
+        self.device = device
+
+    def check(self, path: Path, baselines=None) -> CheckResult:
+        start = time.monotonic()
+        source = path.read_text()
+        time.sleep(0.05)  # compiling: no turn at the gate
+        with self.gate.shared(path.name):
+            time.sleep(0.03)  # correctness
+        wrong = "x * 3.0" in source
+        timing = None
+        if not wrong and self.device == "cuda":
+            with self.gate.exclusive(path.name):
+                time.sleep(0.03)
+            block = int(source.split("BLOCK_SIZE = ")[1].split("\n")[0])
+            timing = {"candidate_ms": 1.0, "baselines": {"eager": {"ms": 1.0, "speedup": 1.0 + block / 1e6,
+                                                                  "ci_low": 0.5, "ci_high": 1.5}},
+                      "roofline": {"pct_of_roofline": 10.0, "bound": "memory"}}
+        stage = StageResult(Stage.CORRECTNESS, not wrong, Reason.OUTPUT_MISMATCH if wrong else Reason.OK)
+        with GatedEvaluator.lock:
+            GatedEvaluator.spans.append((path.name, start, time.monotonic()))
+        return CheckResult(task="t", candidate=str(path), device=self.device,
+                           verdict=Verdict.REJECTED if wrong else Verdict.ACCEPTED, stage=stage.stage,
+                           reason=stage.reason, message="scripted", stages=(stage,), seconds=0.1,
+                           timed=timing is not None, timing=timing)
+
+    def close(self):
+        pass
+
+
+def _variants(n: int) -> list[tuple[str, str]]:
+    """n distinct proposals: good kernels at several block sizes and wrong ones."""
+    out = []
+    for i in range(n):
+        code = GOOD.replace("BLOCK_SIZE = 1024", f"BLOCK_SIZE = {2 ** (5 + i)}")
+        out.append((f"v{i}", WRONG.replace("BLOCK_SIZE = 1024", f"BLOCK_SIZE = {2 ** (5 + i)}") if i % 3 == 2
+                    else code))
+    return out
+
+
+def _run(task, tmp_path, name, per_gpu, proposals, *, device="cpu", evaluator_factory=GatedEvaluator):
+    fake = FakeProvider("fake:model")
+    for note, code in proposals:
+        fake.enqueue(fenced(code, note), delay_s=0.01)
+    GatedEvaluator.gates, GatedEvaluator.spans = {}, []
+    with Archive(tmp_path / f"{name}.db") as archive:
+        summary = run_search(RunConfig(task_path=task, budget=len(proposals), device=device, polish=0,
+                                       concurrency=per_gpu, samples=per_gpu, checks_per_gpu=per_gpu), archive,
+                             provider=fake,
+                             evaluator_factory=evaluator_factory)
+        rows = {c.reply.split("\n")[0]: (c.verdict, c.stage, c.reason, c.source_sha)
+                for c in archive.candidates() if c.origin == "llm"}
+    return summary, rows
+
+
+def test_k_checks_overlap_and_verdicts_match_the_serial_path(task, tmp_path):
+    proposals = _variants(6)
+    serial, serial_rows = _run(task, tmp_path, "serial", 1, proposals)
+    spans_serial = list(GatedEvaluator.spans)
+    piped, piped_rows = _run(task, tmp_path, "piped", 3, proposals)
+    spans = list(GatedEvaluator.spans)
+    assert piped_rows == serial_rows and len(piped_rows) == 6
+    assert (piped.progress.accepted, piped.progress.rejected) == (serial.progress.accepted, serial.progress.rejected)
+
+    def most_at_once(spans):
+        edges = sorted([(s, 1) for _, s, _ in spans] + [(e, -1) for _, _, e in spans], key=lambda x: (x[0], x[1]))
+        now = peak = 0
+        for _, step in edges:
+            now += step
+            peak = max(peak, now)
+        return peak
+
+    assert most_at_once(spans_serial) == 1
+    assert most_at_once(spans) == 3  # K candidates in flight: their check intervals overlap
+
+
+def test_on_a_gpu_the_timing_slot_is_never_held_by_two(task, tmp_path, monkeypatch):
+    import agent.loop as loop_mod
+
+    monkeypatch.setattr(loop_mod, "_device", lambda device: "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    summary, rows = _run(task, tmp_path, "gpu", 4, _variants(8), device="cuda")
+    holds = GatedEvaluator.gates[0].holds()
+    assert overlapping_exclusive(holds) == []
+    timed = [h for h in holds if h.mode == EXCLUSIVE]
+    assert len(timed) >= sum(v == "accepted" for v, *_ in rows.values())  # duels' legs are timed too
+    checks = sorted(GatedEvaluator.spans, key=lambda s: s[1])
+    assert any(b[1] < a[2] for a, b in zip(checks, checks[1:])), "no two checks overlapped"
+
+
+# ---- the real harness, through the interpreter ------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_real_harness_three_at_once_matches_the_serial_path(task, tmp_path):
+    """Three checks at once (three zygotes) give the verdicts, stages and reasons of one at a time."""
+    proposals = [("good", GOOD.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 512")), ("wrong", WRONG),
+                 ("syntax", SYNTAX_ERROR), ("good256", GOOD.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 256"))]
+
+    def run(name, per_gpu):
+        fake = FakeProvider("fake:model")
+        for note, code in proposals:
+            fake.enqueue(fenced(code, note))
+        executor = LocalExecutor(resolve_device=lambda d: "cpu")
+        with Archive(tmp_path / f"{name}.db") as archive:
+            run_search(RunConfig(task_path=task, budget=len(proposals), device="cpu", polish=0, concurrency=per_gpu,
+                                 samples=per_gpu,
+                                 checks_per_gpu=per_gpu), archive, provider=fake, executor=executor)
+            rows = {c.reply.split("\n")[0]: (c.verdict, c.stage, c.reason,
+                                             [s["stage"] for s in (c.diagnostics or {}).get("stages", [])])
+                    for c in archive.candidates() if c.origin == "llm"}
+        return rows, executor.gates[0].holds()
+
+    serial, _ = run("serial", 1)
+    piped, holds = run("piped", 3)
+    assert piped == serial
+    assert serial["good"][:3] == ("accepted", "robustness", "ok") and serial["wrong"][2] == "output_mismatch"
+    shared = sorted(holds, key=lambda h: h.start)
+    assert {h.mode for h in holds} == {SHARED} and len({h.holder for h in holds}) >= 3
+    assert any(b.start < a.end and a.holder != b.holder for a, b in zip(shared, shared[1:]))
+
+
+def test_the_benchmark_reads_where_a_candidates_seconds_went():
+    from benchmarks.bench_throughput import parts_of
+
+    stages = tuple(StageResult(st, True, Reason.OK, seconds=sec) for st, sec in (
+        (Stage.STATIC, 0.01), (Stage.COMPILE, 0.3), (Stage.SMOKE, 1.2), (Stage.CORRECTNESS, 0.2),
+        (Stage.ROBUSTNESS, 0.9), (Stage.TIMING, 1.5)))
+    result = CheckResult(task="t", candidate="c.py", device="cuda", verdict=Verdict.ACCEPTED, stage=Stage.TIMING,
+                         reason=Reason.OK, message="ok", stages=stages, seconds=4.5, timed=True,
+                         costs={"spawn_s": 0.05, "gpu_wait_s": 0.4, "timing_wait_s": 0.7})
+    assert parts_of(result.to_dict()) == pytest.approx({
+        "static": 0.01, "load": 0.35, "compile": 1.2, "correctness": 0.2, "robustness": 0.9, "timing": 1.5,
+        "gpu_wait": 0.4, "timing_wait": 0.7})
