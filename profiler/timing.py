@@ -261,10 +261,10 @@ def measure(
 
     fns: name -> callable taking one input set (a list) and returning the output(s). `watch` names the function whose
     outputs are fingerprinted and sampled (default: the first). `sample_every`: every n-th timed call of `watch`
-    (and its last) is copied to the CPU (default: about four samples). `graph`: time CUDA-graph replays, one graph
-    captured per (function, input set) before warm-up; for launch-bound ops. `hold_bytes`: memory the fingerprint
-    re-check may keep alive; past it the oldest outputs are re-checked early and released. `cover_ms`: device time
-    of flush passes queued ahead of each call, to hide host launch overhead (0: one pass). `burst`: calls of one
+    (and its last; the last alone when n >= reps) is copied to the CPU (default: about four samples). `graph`: time
+    CUDA-graph replays, one graph captured per (function, input set) before warm-up; for launch-bound ops.
+    `hold_bytes`: memory the fingerprint re-check may keep alive; past it the oldest outputs are re-checked early and
+    released. `cover_ms`: device time of flush passes queued ahead of each call, to hide host launch overhead (0: one pass). `burst`: calls of one
     function queued back to back before the device is synchronised (sustained mode, for compute-bound work whose
     clock depends on how busy the GPU has been; 1: one call at a time). Warm-up and timed calls are rounded up to
     whole bursts. `settle_ms`: before each timed burst, untimed calls of the same function on an input set kept for
@@ -478,7 +478,7 @@ def measure(
                     i = (rnd - warm_rounds) * burst + j
                     prints.append({"call": i, "input_set": k, "at_return": fingerprint(out), "later": None,
                                    "changed": False})
-                    if i % sample_every == 0 or i == reps - 1:
+                    if (sample_every < reps and i % sample_every == 0) or i == reps - 1:
                         samples.append({"fn": n, "call": i, "input_set": k, "outputs": _to_cpu(out)})
                     if not graph:
                         held.append((len(prints) - 1, out))

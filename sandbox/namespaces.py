@@ -5,8 +5,9 @@
                     └─ C3: the worker, which imports and runs the candidate
 
 C1 joins the candidate's control group (sandbox.memory), then enters new mount, IPC, network and PID namespaces
-(a PID namespace takes effect for children, hence the forks). C2 mounts a fresh /proc that shows only the namespace,
-then starts C3 and reaps. When C3 ends, C2 hands C1 C3's wait status through a pipe and exits; an init's exit kills
+(a PID namespace takes effect for children, hence the forks). C2 mounts a fresh /proc that shows only the namespace
+(writable until sandbox.policy remounts every mount read-only: the CUDA driver fails to start on a proc mounted
+read-only as a whole, and works on a read-only mount of it), then starts C3 and reaps. When C3 ends, C2 hands C1 C3's wait status through a pipe and exits; an init's exit kills
 every process left in its namespace (setsid, double fork and daemons included), and C1 then ends with C3's status
 (the same exit code, or the same signal), so the parent's view of the candidate's end is unchanged. The parent's
 SIGKILL to C1's process group reaches C2 as well (C2 also dies with C1: PR_SET_PDEATHSIG), so killing the pid the
@@ -15,7 +16,7 @@ has no handler for (SIGXCPU at the CPU-time limit among them).
 
 From inside, the candidate sees PIDs 1 (C2) and 2 (itself) and its own descendants: not the zygote, not the parent,
 nothing else on the host to signal or trace. Where the kernel refuses a namespace (an unprivileged user), or where
-the PID namespace is not wanted (`pid_namespace_wanted`: by default not on a GPU), C1 runs the worker itself and the
+the PID namespace is not wanted (`pid_namespace_wanted`: CRUCIBLE_PID_NAMESPACE=0), C1 runs the worker itself and the
 walls it could not raise are reported absent (sandbox.policy).
 """
 from __future__ import annotations
@@ -36,15 +37,11 @@ PR_SET_PDEATHSIG = 1
 
 
 def pid_namespace_wanted(env: Mapping[str, str]) -> bool:
-    """CRUCIBLE_PID_NAMESPACE=1 or 0 decides; by default a PID namespace everywhere except in a zygote serving a
-    GPU (Triton not interpreted): the parent lends the child its inputs and output buffers by legacy CUDA IPC
-    handles, which cannot be opened across PID namespaces (NCCL and UCX document that limit). There the wall is
-    reported absent, and what the candidate starts still dies with it: no new session (seccomp), so the parent's
-    kill of the process group reaches it, and the zygote kills whatever is left in the control group."""
-    setting = env.get("CRUCIBLE_PID_NAMESPACE", "").strip()
-    if setting in ("0", "1"):
-        return setting == "1"
-    return env.get("TRITON_INTERPRET", "1") != "0"
+    """A PID namespace unless CRUCIBLE_PID_NAMESPACE=0, on the CPU and the GPU alike (the parent's raw CUDA IPC
+    handles, sandbox.cudaipc, open across PID namespaces). Without one the wall is reported absent, and what the
+    candidate starts still dies with it: no new session (seccomp), so the parent's kill of the process group reaches
+    it, and the zygote kills whatever is left in the control group."""
+    return env.get("CRUCIBLE_PID_NAMESPACE", "").strip() != "0"
 
 
 def enter(group: Any, inherited_fds: list[int], pid_namespace: bool = True) -> dict[str, Any]:
@@ -85,10 +82,12 @@ def enter(group: Any, inherited_fds: list[int], pid_namespace: bool = True) -> d
 
 
 def _fresh_proc(libc: ctypes.CDLL) -> bool:
-    """A read-only /proc of this PID namespace in place of the host's (the host's is detached first, so no
-    process in here can reach it under the new one)."""
+    """A /proc of this PID namespace in place of the host's (the host's is detached first, so no process in here
+    can reach it under the new one). Mounted writable: sandbox.policy makes it read-only with every other mount
+    before any candidate code runs (a proc mounted read-only from the start stops the CUDA driver's initialisation:
+    cudaGetDeviceCount fails with error 304)."""
     libc.umount2(b"/proc", MNT_DETACH)
-    return libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, None) == 0
+    return libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0
 
 
 def _init(worker: int, status_w: int) -> None:

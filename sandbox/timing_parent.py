@@ -14,6 +14,7 @@ A child that stopped without the rule holding is a timing problem.
 """
 from __future__ import annotations
 
+import math
 import random
 import time
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from .reference import Reference
 
 REPS, WARMUP, BASE_SETS = 30, 5, 2
+# Host memory the sampled outputs of a timing stage may take in the child (they come back by value): a task whose
+# outputs are gigabytes is sampled less often, down to its last timed call alone.
+SAMPLE_BYTES = 4 << 30
 TIMING_MODES = ("auto", "isolated", "sustained")
 BURST = 10  # calls queued back to back in sustained mode
 SETTLE_MS = 100.0  # untimed calls ahead of each burst, in device ms: the clock settles under load (BENCHMARKS.md, J)
@@ -91,7 +95,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         torch.cuda.empty_cache()  # else held while the child times (run BD: 102 GiB, the child out of memory)
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
            "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,
-           "sample_every": max(1, REPS // 4)}
+           "sample_every": max(1, REPS // 4, math.ceil(REPS * out_bytes / SAMPLE_BYTES))}
     rule = race_rule(opts.incumbent_ms) if candidate else None
     if rule is not None:
         msg["race"] = {k: v for k, v in rule.to_dict().items() if k != "rule"}
@@ -99,7 +103,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     msg["burst"], msg["settle_ms"] = pacing(opts.timing_mode, roof.bound, out_bytes)
     calls = REPS + (EXTRA_REPS if rule is not None else 0)
     t0 = time.monotonic()
-    reply = harness._request(run, Stage.TIMING, msg, max_bytes=(calls // max(1, REPS // 4) + 2) * out_bytes * 2
+    reply = harness._request(run, Stage.TIMING, msg, max_bytes=(calls // msg["sample_every"] + 2) * out_bytes * 2
                              + (64 << 20))
     t1 = time.monotonic()
     measured = reply["measured"]

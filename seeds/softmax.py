@@ -3,7 +3,9 @@
     y = exp(x - max(x)) / sum(exp(x - max(x)))            (per row, fp32 arithmetic, y in x's dtype)
     dx = y * (dy - sum(dy * y))
 
-x is (..., N) in fp32/fp16/bf16 with N <= 65536, each row held whole in registers: one read, one write. Bytes at the
+x is (..., N) in fp32/fp16/bf16. Up to N = 65536 each row is held whole in registers: one read, one write. Wider rows
+(KernelBench's softmax has 393,216 columns) take a chunked forward: an online max/sum pass, then a normalising pass
+(two reads, one write). Bytes at the
 task shape (bf16, M=16384, N=8192): forward 2·M·N·2 = 537 MB; backward (read y or x, dy; write dx) 805 MB.
 
 The backward kernel takes either the saved output y (training: autograd keeps y, as PyTorch does) or the input x, from
@@ -23,7 +25,10 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from seeds._common import as_rows, row_block, row_warps
+from seeds._common import MAX_ROW_BLOCK, as_rows, row_block, row_warps
+
+LOG2E = tl.constexpr(1.4426950408889634)
+WIDE_BLOCK = 4096  # columns per chunk of a row too wide for registers
 
 
 @triton.jit
@@ -50,6 +55,39 @@ def _softmax_fwd_kernel(
     x = tl.load(X + rows * stride_x + cols[None, :], mask=mask, other=0.0)
     y = _row_softmax(x.to(tl.float32), col_ok)
     tl.store(Y + rows * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_fwd_wide_kernel(
+    X, Y,
+    N,
+    stride_x, stride_y,  # elements between rows
+    BLOCK_N: tl.constexpr,  # columns per chunk
+):
+    # One row per program. Pass 1 keeps, per lane, the running max m and the sum s of exp(x - m) over the chunks seen,
+    # rescaling s by exp(m_old - m_new) when m grows; lanes that have seen only -inf hold s = 0. Pass 2 writes
+    # exp(x - M) / S with the row's M and S combined from the lanes. A row of -inf gives NaN, as torch.softmax does.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    m = tl.full((BLOCK_N,), float("-inf"), tl.float32)
+    s = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, N, BLOCK_N):
+        ok = start + cols < N
+        x = tl.load(X + row * stride_x + start + cols, mask=ok, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        seen = m_new != float("-inf")
+        alpha = tl.where(seen, tl.exp2((m - m_new) * LOG2E), 0.0)
+        p = tl.where(seen, tl.exp2((x - m_new) * LOG2E), 0.0)
+        s = s * alpha + p
+        m = m_new
+    row_max = tl.max(m, axis=0)
+    row_sum = tl.sum(tl.where(m != float("-inf"), s * tl.exp2((m - row_max) * LOG2E), 0.0), axis=0)
+    row_sum = tl.where(row_max == float("-inf"), float("nan"), row_sum)
+    for start in range(0, N, BLOCK_N):
+        ok = start + cols < N
+        x = tl.load(X + row * stride_x + start + cols, mask=ok, other=0.0).to(tl.float32)
+        y = tl.exp2((x - row_max) * LOG2E) / row_sum
+        tl.store(Y + row * stride_y + start + cols, y.to(Y.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -100,7 +138,10 @@ def softmax_fwd(x: torch.Tensor, *, rows: int | None = None, num_warps: int | No
     x2 = as_rows(x)
     m, n = x2.shape
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    if x2.numel():
+    if x2.numel() and n > MAX_ROW_BLOCK:
+        _softmax_fwd_wide_kernel[(m,)](x2, y, n, x2.stride(0), y.stride(0), BLOCK_N=WIDE_BLOCK,
+                                       num_warps=num_warps or 8)
+    elif x2.numel():
         d_rows, d_warps = fwd_config(n, x.element_size())
         rows = rows or d_rows
         _softmax_fwd_kernel[(triton.cdiv(m, rows),)](

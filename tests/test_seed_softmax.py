@@ -134,3 +134,21 @@ def test_two_pass_variant_refuses_the_input_form(device):
     x = torch.randn(3, 32, device=device)
     with pytest.raises(ValueError, match="reads the saved y"):
         softmax_bwd.softmax_bwd_rows(x, x, from_input=True, variant=softmax_bwd.RowVariant(chunk=16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_wider_than_registers_take_the_chunked_forward(dtype, device):
+    """Past 65,536 columns (KernelBench's softmax has 393,216): two passes over chunks, the running max growing
+    mid-row, a last chunk that is partly masked, a row with a large outlier and a row of -inf (NaN, as torch)."""
+    torch.manual_seed(2)
+    n = softmax.MAX_ROW_BLOCK + 3 * softmax.WIDE_BLOCK + 77
+    x = torch.randn(4, n, device=device)
+    x[1] += torch.linspace(-20, 20, n, device=device)  # the max keeps growing along the row
+    x[2, n - 5] = 60.0
+    x[3] = float("-inf")
+    x = x.to(dtype)
+    y = softmax.softmax_fwd(x)
+    ref = torch.softmax(x.double(), -1)
+    assert torch.isnan(y[3]).all()
+    mismatch = compare("softmax", y[:3], ref[:3].to(dtype), ref[:3])
+    assert mismatch is None, mismatch
