@@ -53,7 +53,9 @@ class Session(Protocol):
     slots: int  # candidates the loop may have under evaluation at once
 
     # resolves to a CheckResult; `baselines` overrides the run's (the final re-check of a run's best)
-    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None) -> cf.Future: ...
+    # incumbent_ms: the run's best time so far; timing stops once the candidate cannot beat it (profiler.stats)
+    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
+               incumbent_ms: float | None = None) -> cf.Future: ...
     def reset(self, slot: int) -> None: ...  # the slot's last evaluation raised: start it afresh
     def close(self) -> None: ...  # the run is over; evaluations not started are dropped
 
@@ -81,7 +83,8 @@ def spawn(fn: Callable[..., Any], *args: Any) -> cf.Future:
 # ---- on this machine ------------------------------------------------------------------------------------------------
 
 class Evaluator(Protocol):
-    def check(self, candidate: Path, baselines: tuple[str, ...] | None = None) -> CheckResult: ...
+    def check(self, candidate: Path, baselines: tuple[str, ...] | None = None,
+              incumbent_ms: float | None = None) -> CheckResult: ...
     def close(self) -> None: ...
 
 
@@ -98,12 +101,14 @@ class HarnessEvaluator:
         self.timeout_s, self.baselines, self.workdir, self.gate = timeout_s, baselines, workdir, gate
         self._harness = None
 
-    def check(self, candidate: Path, baselines: tuple[str, ...] | None = None) -> CheckResult:
+    def check(self, candidate: Path, baselines: tuple[str, ...] | None = None,
+              incumbent_ms: float | None = None) -> CheckResult:
         from sandbox.harness import CheckOptions, Harness
         if self._harness is None:
             self._harness = Harness(self.device, workdir=self.workdir)
         options = CheckOptions(device=self.device, timing=self.device == "cuda", timeout_s=self.timeout_s,
-                               gpu=self.gpu, baselines=baselines or self.baselines, gate=self.gate)
+                               gpu=self.gpu, baselines=baselines or self.baselines, gate=self.gate,
+                               incumbent_ms=incumbent_ms)
         return self._harness.check(self.task, candidate, options)
 
     def close(self) -> None:
@@ -184,13 +189,17 @@ class LocalSession:
             self.gates.setdefault(gpu, GpuGate(f"{device}:{gpu}"))
         self.evaluators: dict[int, Evaluator] = {}
 
-    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None) -> cf.Future:
-        return spawn(self._evaluate, slot, candidate, baselines)
+    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
+               incumbent_ms: float | None = None) -> cf.Future:
+        return spawn(self._evaluate, slot, candidate, baselines, incumbent_ms)
 
-    def _evaluate(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None) -> CheckResult:
+    def _evaluate(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None,
+                  incumbent_ms: float | None) -> CheckResult:
         evaluator = self.evaluators.get(slot)
         if evaluator is None:
             evaluator = self.evaluators[slot] = self.factory(self.task, self.device, self.gpu_ids[slot])
+        if incumbent_ms is not None:
+            return evaluator.check(candidate, baselines, incumbent_ms=incumbent_ms)
         return evaluator.check(candidate, baselines) if baselines else evaluator.check(candidate)
 
     def reset(self, slot: int) -> None:
@@ -251,7 +260,7 @@ class _EvaluationActor:
         candidate.parent.mkdir(parents=True, exist_ok=True)
         candidate.write_text(job["candidate_source"], encoding="utf-8")
         options = CheckOptions(device=self.device, timing=self.device == "cuda", timeout_s=job["timeout_s"],
-                               gpu=0, baselines=tuple(job["baselines"]))
+                               gpu=0, baselines=tuple(job["baselines"]), incumbent_ms=job.get("incumbent_ms"))
         try:
             if self.harness is None:
                 self.harness = Harness(self.device, workdir=self.workdir)
@@ -524,12 +533,15 @@ class RaySession:
                             "constants": dict(getattr(config, "constants", None) or {}),
                             "rescale": bool(getattr(config, "rescale", True))}
 
-    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None) -> cf.Future:
+    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
+               incumbent_ms: float | None = None) -> cf.Future:
         future: cf.Future = cf.Future()
         payload = {**self.task_fields, "candidate_name": candidate.name, "candidate_path": str(candidate),
                    "candidate_source": candidate.read_text(encoding="utf-8")}
         if baselines:
             payload["baselines"] = list(baselines)
+        if incumbent_ms is not None:
+            payload["incumbent_ms"] = incumbent_ms
         self.pool.submit(_Job(payload, future, self))
         return future
 

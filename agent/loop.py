@@ -439,7 +439,12 @@ class _Coordinator:
             pending = self.ready.popleft()
             pending.slot = self.free_slots.pop()
             pending.started = time.monotonic()
-            self.evals[self.session.submit(pending.slot, pending.path)] = pending
+            incumbent = self.best.timings.candidate_ms if self.best is not None and self.best.timed else None
+            if incumbent is not None:  # racing: its timing stops once it cannot beat the best (profiler.stats)
+                future = self.session.submit(pending.slot, pending.path, incumbent_ms=incumbent)
+            else:
+                future = self.session.submit(pending.slot, pending.path)
+            self.evals[future] = pending
 
     def _wait(self) -> None:
         futures = list(self.requests) + list(self.evals)

@@ -31,7 +31,7 @@ class Recorder:
         class Evaluator:
             closed = False
 
-            def check(self, candidate, baselines=None):
+            def check(self, candidate, baselines=None, incumbent_ms=None):
                 return (device, gpu, candidate.name, baselines)
 
             def close(self):

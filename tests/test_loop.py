@@ -166,12 +166,14 @@ class ScriptedEvaluator:
 
     calls = 0
     asked: list = []  # the baselines each check was asked for (None: the run's own)
+    raced: list = []  # the incumbent time each check was given to race (None: no race)
 
     def __init__(self, *args):
         self.closed = False
 
-    def check(self, path: Path, baselines=None) -> CheckResult:
+    def check(self, path: Path, baselines=None, incumbent_ms=None) -> CheckResult:
         ScriptedEvaluator.asked.append(baselines)
+        ScriptedEvaluator.raced.append(incumbent_ms)
         ScriptedEvaluator.calls += 1
         pct = 30.0 * ScriptedEvaluator.calls
         stage = StageResult(Stage.ROBUSTNESS, True, Reason.OK)
@@ -186,6 +188,16 @@ class ScriptedEvaluator:
 
     def close(self):
         self.closed = True
+
+
+def test_each_proposal_races_the_best_time_so_far(tmp_path, task, kernel):
+    """After the first verified, timed kernel, every proposal's check is given the best's time to race (its timing
+    stops once it cannot win); the starting kernel, with nothing to beat, runs in full."""
+    ScriptedEvaluator.calls, ScriptedEvaluator.raced, ScriptedEvaluator.asked = 0, [], []
+    with Archive(tmp_path / "a.db") as archive:
+        run_search(RunConfig(task_path=task, budget=3, device="cpu", start_from=kernel, concurrency=1), archive,
+                   evaluator_factory=ScriptedEvaluator)
+    assert ScriptedEvaluator.raced == [None, 1.0, 0.5, pytest.approx(1 / 3)]  # the best so far: 1/calls ms
 
 
 def test_target_roofline_and_token_budget_stop_early(tmp_path, task, kernel):
@@ -210,7 +222,7 @@ def test_stop_records_in_flight_as_interrupted(tmp_path, task, kernel):
     stop = threading.Event()
 
     class Slow(ScriptedEvaluator):
-        def check(self, path, baselines=None):
+        def check(self, path, baselines=None, incumbent_ms=None):
             if ScriptedEvaluator.calls >= 1:  # the starting kernel passes; the next check hangs
                 stop.set()
                 release.wait(30)
@@ -321,7 +333,7 @@ def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
             made.append((device, gpu))
             self.gpu = gpu
 
-        def check(self, path, baselines=None):
+        def check(self, path, baselines=None, incumbent_ms=None):
             with lock:
                 busy.add(self.gpu)
                 peak.append(len(busy))
@@ -364,7 +376,7 @@ def test_the_best_is_checked_again_against_the_final_baselines(tmp_path, task, k
         assert not s.notes
 
     class RejectsLast(ScriptedEvaluator):
-        def check(self, path, baselines=None):
+        def check(self, path, baselines=None, incumbent_ms=None):
             result = super().check(path, baselines)
             if baselines is None:
                 return result

@@ -54,7 +54,7 @@ def clocked(ms: dict[str, float], drift=lambda kind, baselines: 1.0, on_check=No
         def __init__(self, *args):
             pass
 
-        def check(self, path, baselines=None):
+        def check(self, path, baselines=None, incumbent_ms=None):
             kind = "seed" if path.read_text() == GOOD else "variant"
             log.append((kind, baselines))
             if on_check is not None:
