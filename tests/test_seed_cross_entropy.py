@@ -45,6 +45,16 @@ def _check_knobs(shape, smoothing, reduction, device, **knobs):
     _compare_all(got, model(x, t), _truth(model, [x, t]))
 
 
+def _latin(cases, shapes, options):
+    """Each case at every shape, the options taking turns (case i at shape j takes option (i + j) mod their
+    number): every case meets every shape and every option (there are at least as many shapes as options), and
+    every shape every option, at 1/len(options) of the full cross product's cost."""
+    assert len(shapes) >= len(options)
+    name = lambda v: "x".join(map(name, v)) if isinstance(v, tuple) else str(v)  # noqa: E731
+    return [pytest.param(*case, *options[(i + j) % len(options)], shape,
+                         id="-".join(map(name, (*case, *options[(i + j) % len(options)], shape))))
+            for i, case in enumerate(cases) for j, shape in enumerate(shapes)]
+
 @pytest.mark.parametrize("task_file", ["cross_entropy.py", "cross_entropy_smooth_sum.py"])
 @pytest.mark.parametrize("shape", CE_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -91,12 +101,12 @@ FORM_CASES = [  # (form, programs, lanes, hints): the persistent form with fewer
 ]
 
 
-@pytest.mark.parametrize("form,programs,lanes,hints", FORM_CASES)
-@pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum"), (0.3, "mean")])
-@pytest.mark.parametrize("shape,block", [((10, 1000), 256), ((7, 515), 128), ((4, 100), 128)])
-def test_cross_entropy_forms(form, programs, lanes, hints, smoothing, reduction, shape, block, device):
+@pytest.mark.parametrize("form,programs,lanes,hints,smoothing,reduction,shape_block", _latin(
+    FORM_CASES, [((10, 1000), 256), ((7, 515), 128), ((4, 100), 128)], [(0.0, "mean"), (0.1, "sum"), (0.3, "mean")]))
+def test_cross_entropy_forms(form, programs, lanes, hints, smoothing, reduction, shape_block, device):
     """Every form and knob the bench sweeps: several tiles a row (a partial last tile; V below one tile), ignored
     rows first, last and in a run, bf16 logits with outliers."""
+    shape, block = shape_block
     _check_knobs(shape, smoothing, reduction, device, form=form, programs=programs, lanes=lanes, hints=hints,
                  block=block, num_warps=4)
 
@@ -158,9 +168,8 @@ VARIANT_CASES = [  # (programs, block, sub, store_cache, split): tiles of sub x 
 ]
 
 
-@pytest.mark.parametrize("programs,block,sub,store_cache,split", VARIANT_CASES)
-@pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum"), (0.3, "mean")])
-@pytest.mark.parametrize("shape", [(10, 1000), (7, 515), (4, 100)])
+@pytest.mark.parametrize("programs,block,sub,store_cache,split,smoothing,reduction,shape", _latin(
+    VARIANT_CASES, [(10, 1000), (7, 515), (4, 100)], [(0.0, "mean"), (0.1, "sum"), (0.3, "mean")]))
 def test_cross_entropy_sweep_options(programs, block, sub, store_cache, split, smoothing, reduction, shape, device):
     """The persistent form's sweep options (benchmarks/sweep_ce.py): sub x block tiles (a partial last tile, a row
     shorter than one tile, whole rows of -inf padding in a tile), the stores' cache modifier and rows split over
@@ -282,9 +291,8 @@ RESIDENT_CASES = [  # (programs, block, split, prefetch): a row's share is one R
 ]
 
 
-@pytest.mark.parametrize("programs,block,split,prefetch", RESIDENT_CASES)
-@pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum"), (0.3, "mean")])
-@pytest.mark.parametrize("shape", [(10, 1000), (7, 515), (4, 100), (5, 40)])
+@pytest.mark.parametrize("programs,block,split,prefetch,smoothing,reduction,shape", _latin(
+    RESIDENT_CASES, [(10, 1000), (7, 515), (4, 100), (5, 40)], [(0.0, "mean"), (0.1, "sum"), (0.3, "mean")]))
 def test_cross_entropy_resident(programs, block, split, prefetch, smoothing, reduction, shape, device):
     """The resident form (each row read once, its shares held in registers by split programs that meet once per
     row): segments with no column (split 8 at V 100 and 40), rows shorter than one tile, ignored rows first, last
@@ -348,9 +356,8 @@ TAIL_CASES = [  # (programs, block, sub, split, order, head, tail_drop): pass 2'
 ]
 
 
-@pytest.mark.parametrize("programs,block,sub,split,order,head,tail_drop", TAIL_CASES)
-@pytest.mark.parametrize("smoothing,reduction", [(0.0, "mean"), (0.1, "sum")])
-@pytest.mark.parametrize("shape", [(10, 1000), (7, 515), (4, 100), (5, 40)])
+@pytest.mark.parametrize("programs,block,sub,split,order,head,tail_drop,smoothing,reduction,shape", _latin(
+    TAIL_CASES, [(10, 1000), (7, 515), (4, 100), (5, 40)], [(0.0, "mean"), (0.1, "sum")]))
 def test_cross_entropy_tail_options(programs, block, sub, split, order, head, tail_drop, smoothing, reduction, shape,
                                     device):
     """Pass 2's order of the re-read tiles, tile 0 kept in registers (head) and the last tile loaded to be dropped
