@@ -29,6 +29,9 @@ if os.environ.get("CRUCIBLE_TEST_DEVICE", "cpu") != "cuda" and not os.environ.ge
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # an xdist worker: its share of the cores, not all of them each
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 DEVICE = "cuda" if os.environ.get("CRUCIBLE_TEST_DEVICE") == "cuda" and torch.cuda.is_available() else "cpu"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run on the H200 with CRUCIBLE_TEST_DEVICE=cuda")
 
