@@ -42,8 +42,9 @@ def test_running_out_of_gpu_memory_is_the_harness_s_error_not_the_candidate_s(mo
     def out_of_memory(self, inputs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.83 GiB.")
 
-    monkeypatch.setattr(Reference, "run", out_of_memory)
     with Harness("cpu") as harness:
+        harness.load(root / "tasks" / "rmsnorm_fwd.py")  # its CPU size is probed by running the reference: first
+        monkeypatch.setattr(Reference, "run", out_of_memory)
         result = harness.check(root / "tasks" / "rmsnorm_fwd.py", root / "tests" / "candidates" / "rmsnorm_honest.py",
                                CheckOptions(device="cpu", timeout_s=120))
     assert not result.accepted and result.reason is Reason.HARNESS_ERROR and result.stage is Stage.SMOKE
