@@ -6,7 +6,7 @@ CRUCIBLE_COMPILE_CHILD there), which import their test file, and so this module,
 
 Two tiers (the README gives their times):
 - the full suite, `python -m pytest -q`, runs every test, spread over pytest-xdist workers (pyproject's addopts:
-  one per core, at most 8, `--dist loadgroup`). Each worker is its own process with its own module-scoped
+  `-n auto`, one per CPU, at most 8, none with CRUCIBLE_TEST_DEVICE=cuda; `-n 0` runs in this process). Each worker is its own process with its own module-scoped
   fixtures (its own sandbox zygote, its own archive files under tmp_path); the tests that share one Ray cluster
   stay on one worker (the xdist group "ray"). Files with slow tests are handed out first, so that the longest
   checks do not start last.
@@ -18,7 +18,8 @@ Two tiers (the README gives their times):
   - all but the first case of each parametrised test in the kernel files (KERNEL_FILES: seeds and their variants
     through the interpreter): the first case runs each kernel's code once; the full suite runs every shape, dtype,
     distribution and option.
-  It still imports and exercises every package (agent, sandbox, profiler, seeds, models, patching).
+  It still runs tests of every package (agent, sandbox, profiler, seeds, models, patching) and of every test file
+  but those in SLOW_FILES.
 """
 import os
 import re
@@ -30,7 +31,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # an xdist worker: its share of the cores, not all of them each
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 DEVICE = "cuda" if os.environ.get("CRUCIBLE_TEST_DEVICE") == "cuda" and torch.cuda.is_available() else "cpu"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run on the H200 with CRUCIBLE_TEST_DEVICE=cuda")
@@ -39,6 +40,15 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): one worker per CPU this process may use (xdist's own count would take physical
+    cores where psutil is installed: one on a CI machine of two hyperthreads); none on the GPU, whose tests time
+    kernels and would share one device. PYTEST_XDIST_AUTO_NUM_WORKERS still decides where it is set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return 0 if DEVICE == "cuda" else len(os.sched_getaffinity(0))
 
 
 SLOW_FILES = {"test_seeds_harness.py", "test_cli_run.py", "test_check_cli.py", "test_ray_executor.py",
