@@ -25,7 +25,7 @@ from . import channel, cudaipc, pyparse, static, tolerance, wire
 from .deadlines import BUDGETS, CompileSigns, Deadline
 from .gate import GpuGate
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
-from .records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict
+from .records import CheckResult, ErrorInfo, Reason, Rejected, Stage, StageResult, Verdict
 from .reference import Expected, Reference
 from .task import Task, TaskError, load_task
 from .timing_child import derive
@@ -70,13 +70,6 @@ def resolve_device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("no CUDA GPU is visible; use --device cpu to check correctness through Triton's interpreter")
     return device
-
-
-class _Reject(Exception):
-    def __init__(self, stage: Stage, reason: Reason, message: str, *, mismatch: Mismatch | None = None,
-                 error: ErrorInfo | None = None, details: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.result = StageResult(stage, False, reason, message, details=details or {}, mismatch=mismatch, error=error)
 
 
 @dataclass
@@ -227,7 +220,7 @@ class Harness:
             if self.device == "cuda" and options.timing:
                 with self._gpu(run, exclusive=True):
                     timing = self._stage(run, Stage.TIMING, self._timing, reference)
-        except _Reject as rej:
+        except Rejected as rej:
             stages.append(replace(rej.result, seconds=time.monotonic() - run.stage_start))
             if rej.result.stage is Stage.TIMING:
                 timing = rej.result.details.get("timing")
@@ -302,7 +295,7 @@ class Harness:
             scratch = self._scratch(child)
             self._request(run, Stage.TIMING, self._setup_msg(run, None, reference, scratch))
             return timing_parent.measure(self, run, reference, candidate=False)
-        except _Reject as rej:
+        except Rejected as rej:
             return {"candidate_ms": None, "baselines": {}, "rows": [],
                     "problems": [{"reason": rej.result.reason.value, "message": rej.result.message}]}
         finally:
@@ -350,19 +343,19 @@ class Harness:
             reply = run.child.request(msg, within if within is not None else run.deadline, max_bytes)
         except ZygoteLost as exc:
             run.child.close(graceful=False)
-            raise _Reject(stage, Reason.SANDBOX_VIOLATION, f"{exc} while the candidate's process ran; the candidate "
+            raise Rejected(stage, Reason.SANDBOX_VIOLATION, f"{exc} while the candidate's process ran; the candidate "
                           "was rejected (its process must not signal the process that started it)") from None
         except ChildStopped:
             run.child.close(graceful=False)
-            raise _Reject(stage, Reason.SANDBOX_VIOLATION, "the candidate's process stopped itself (SIGSTOP) and "
+            raise Rejected(stage, Reason.SANDBOX_VIOLATION, "the candidate's process stopped itself (SIGSTOP) and "
                           "would never answer; it was killed") from None
         except channel.ChannelTimeout:
             run.child.close(graceful=False)
             if within is not None and not within.by_ceiling:
-                raise _Reject(stage, Reason.TIMEOUT, f"{within.describe()}; its process group was killed",
+                raise Rejected(stage, Reason.TIMEOUT, f"{within.describe()}; its process group was killed",
                               details={"deadline_s": within() - within.start, "request": within.what,
                                        "reference_s": within.reference_s, "calls": within.calls}) from None
-            raise _Reject(stage, Reason.TIMEOUT, f"the candidate did not finish within {run.options.timeout_s:.0f} s "
+            raise Rejected(stage, Reason.TIMEOUT, f"the candidate did not finish within {run.options.timeout_s:.0f} s "
                           "(the check's ceiling, --timeout; its process group was killed)") from None
         except channel.ChannelClosed:
             run.child.close(graceful=False)
@@ -370,17 +363,17 @@ class Harness:
             reason = Reason.TIMEOUT if "SIGXCPU" in how else Reason.CRASH
             tail = run.child.output_tail()
             last = tail.strip().splitlines()[-1] if tail.strip() else ""
-            raise _Reject(stage, reason, f"the candidate's process {how}" + (f": {last}" if last else ""),
+            raise Rejected(stage, reason, f"the candidate's process {how}" + (f": {last}" if last else ""),
                           details={"output_tail": tail}) from None
         except wire.WireError as exc:
             run.child.close(graceful=False)
-            raise _Reject(stage, Reason.SANDBOX_VIOLATION,
+            raise Rejected(stage, Reason.SANDBOX_VIOLATION,
                           f"the candidate's process sent a malformed reply: {exc}") from None
         if not reply.get("ok"):
             raise self._reject_from_reply(stage, reply, run)
         return reply
 
-    def _reject_from_reply(self, stage: Stage, reply: dict[str, Any], run: _Run) -> _Reject:
+    def _reject_from_reply(self, stage: Stage, reply: dict[str, Any], run: _Run) -> Rejected:
         try:
             reason = Reason(reply.get("reason"))
         except ValueError:
@@ -394,7 +387,7 @@ class Harness:
         tail = run.child.output_tail(2000)
         if tail:
             details["output_tail"] = tail
-        return _Reject(stage, reason, str(reply.get("message", ""))[:4000], error=error, details=details)
+        return Rejected(stage, reason, str(reply.get("message", ""))[:4000], error=error, details=details)
 
     # ---- stages ---------------------------------------------------------------------------------------------
     def _compile(self, run: _Run) -> tuple[Reference, dict[str, Any]]:
@@ -466,23 +459,23 @@ class Harness:
         run.call_seconds += float(reply.get("seconds") or 0.0)
         outs = _claim(reply.get("outputs"), buffers)
         if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
-            raise _Reject(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
+            raise Rejected(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
         # Outputs that came back by value (past the lending cap) go where the reference's are, so that every comparison
         # (including two calls' bits in the robustness stage, one from each path) sees one device.
         outs = reply["outputs"] = [o if o.device == r.device else o.to(r.device)
                                    for o, r in zip(outs, expected.ref)] + outs[len(expected.ref):]
         if len(outs) != len(expected.ref) or reply.get("structure") != expected.structure:
-            raise _Reject(stage, Reason.OUTPUT_SHAPE,
+            raise Rejected(stage, Reason.OUTPUT_SHAPE,
                           f"the candidate returned {len(outs)} output(s) as a {reply.get('structure')}; "
                           f"the reference returns {len(expected.ref)} as a {expected.structure}")
         for i, (got, ref, strides) in enumerate(zip(outs, expected.ref, reply.get("strides", []))):
             if got.shape != ref.shape:
-                raise _Reject(stage, Reason.OUTPUT_SHAPE,
+                raise Rejected(stage, Reason.OUTPUT_SHAPE,
                               f"output {i} has shape {list(got.shape)}, expected {list(ref.shape)}")
             if got.dtype != ref.dtype:
-                raise _Reject(stage, Reason.OUTPUT_DTYPE, f"output {i} has dtype {got.dtype}, expected {ref.dtype}")
+                raise Rejected(stage, Reason.OUTPUT_DTYPE, f"output {i} has dtype {got.dtype}, expected {ref.dtype}")
             if ref.is_contiguous() and not _contiguous(list(got.shape), list(strides)):
-                raise _Reject(stage, Reason.OUTPUT_SHAPE, f"output {i} has strides {strides}, expected contiguous "
+                raise Rejected(stage, Reason.OUTPUT_SHAPE, f"output {i} has strides {strides}, expected contiguous "
                               f"{list(ref.stride())}")
         return reply, expected
 
@@ -499,7 +492,7 @@ class Harness:
                 # unwritten or uninitialised output.
                 reason = Reason.NONFINITE_MISMATCH if mismatch.first_nonfinite_diff is not None \
                     else Reason.OUTPUT_MISMATCH
-                raise _Reject(stage, reason, f"wrong result on {label}:\n{mismatch.describe()}", mismatch=mismatch,
+                raise Rejected(stage, reason, f"wrong result on {label}:\n{mismatch.describe()}", mismatch=mismatch,
                               details={"inputs": label})
 
     def _smoke(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -530,7 +523,7 @@ class Harness:
         for i, (a, b) in enumerate(zip(first["outputs"], reply["outputs"])):
             if run.task.meta.deterministic and not torch.equal(_bits(a), _bits(b)):
                 diff = int((_bits(a) != _bits(b)).sum())
-                raise _Reject(Stage.ROBUSTNESS, Reason.NONDETERMINISTIC, f"output {i} differs between two runs on the "
+                raise Rejected(Stage.ROBUSTNESS, Reason.NONDETERMINISTIC, f"output {i} differs between two runs on the "
                               f"same inputs in {diff} of {a.numel()} elements (a race or an uninitialised read?)")
         self._compare(run, Stage.ROBUSTNESS, reply["outputs"], first["expected"], "a repeat of the first inputs")
         shapes = []
@@ -590,13 +583,13 @@ class Harness:
         per = len(expected[0].ref)
         if not isinstance(outs, list) or len(outs) != per * len(checked) or \
                 not all(isinstance(t, torch.Tensor) for t in outs) or reply.get("structure") != expected[0].structure:
-            raise _Reject(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"the candidate's outputs over {n} calls in a row "
+            raise Rejected(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"the candidate's outputs over {n} calls in a row "
                           "did not come back as its single calls' did")
         for j, (k, exp) in enumerate(zip(checked, expected)):
             got = outs[j * per:(j + 1) * per]
             for i, (g, r) in enumerate(zip(got, exp.ref)):
                 if g.shape != r.shape or g.dtype != r.dtype:
-                    raise _Reject(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"call {k + 1} of {n} in a row: output {i} "
+                    raise Rejected(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"call {k + 1} of {n} in a row: output {i} "
                                   f"is {list(g.shape)} {g.dtype}, expected {list(r.shape)} {r.dtype}")
             self._compare(run, Stage.ROBUSTNESS, [g.to(r.device) for g, r in zip(got, exp.ref)], exp,
                           f"call {k + 1} of {n} in a row (fresh inputs each call)")

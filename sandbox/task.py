@@ -45,6 +45,7 @@ from typing import Any, Callable
 import torch
 
 from . import pyparse
+from .records import TaskError
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,6 @@ DISTRIBUTIONS = ("normal", "uniform", "large", "outliers", "constant_rows")
 CPU_ELEMENT_BUDGET = 1 << 17  # largest input tensor on the CPU interpreter
 CPU_PROBE_LIMIT = 1 << 26  # the largest input the rescaling's back-off runs a reference on (float64 too)
 MIN_SCALABLE = 16  # integer constants below this are structural (dims, kernel sizes) and never rescaled
-
-
-class TaskError(Exception):
-    """The task file cannot be used; the message says what to fix."""
 
 
 @dataclass(frozen=True)
@@ -242,7 +239,7 @@ def _fit(task: Task, budget: int) -> tuple[dict[str, int], str]:
     """Halve towards `budget`; where the smaller task fails or stops depending on its inputs, step back to the last
     size that works and halve the constant whose halving broke it together with the others of its value at the
     task's own size; where that breaks too, or it has no such partner, keep it at that size (module docstring)."""
-    from .reference import check_task  # reference imports this module
+    from .reference import check_task
 
     start = task.current_constants()
     consts, frozen, notes = dict(start), set(), []
