@@ -44,6 +44,8 @@ from typing import Any, Callable
 
 import torch
 
+from profiler.roofline import Declared
+
 from . import pyparse
 from .records import TaskError
 
@@ -106,6 +108,15 @@ class Task:
 
     def current_constants(self) -> dict[str, int]:
         return {k: _value(self.module, k) for k in self.constants}
+
+    def declared_roofline(self) -> Declared:
+        """What the task declares for profiler.roofline at its current shapes (CRUCIBLE_BYTES, CRUCIBLE_FLOPS,
+        CRUCIBLE_ALLOW_TF32)."""
+        consts = self.current_constants()
+        bytes_fn, flops_fn = formula(self.meta.bytes_formula), formula(self.meta.flops_formula)
+        return Declared(bytes=float(bytes_fn(consts)) if bytes_fn is not None else None,
+                        flops=float(flops_fn(consts)) if flops_fn is not None else None,
+                        allow_tf32=self.meta.allow_tf32)
 
     def scaled_for_cpu(self, budget: int = CPU_ELEMENT_BUDGET) -> "Task":
         """The task at a size the CPU interpreter checks in seconds, still consistent and still depending on its

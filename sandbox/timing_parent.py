@@ -88,7 +88,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     out_bytes = reference.output_bytes(base[0])  # the reference alone: no float64 truth to size the transfers
     t_roof = time.monotonic()
     with torch.no_grad():
-        roof = task_roofline(task, reference.model, base[0], get_ceilings(opts.gpu))
+        roof = task_roofline(task.declared_roofline(), reference.model, base[0], get_ceilings(opts.gpu))
     if torch.device(run.device).type == "cuda":  # run.device is "cuda:N": what the parent ran stays cached
         torch.cuda.empty_cache()  # else held while the child times (run BD: 102 GiB, the child out of memory)
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
