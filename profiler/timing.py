@@ -65,6 +65,7 @@ import gc
 import math
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
@@ -281,6 +282,127 @@ def measure(
     the watched function cannot beat the rule's incumbent, and time a contest still open after `reps` calls for up
     to `extra_reps` more (see the module's docstring); without it, exactly `reps`.
     """
+    plan = _plan(fns, input_sets, reps=reps, warmup=warmup, burst=burst, settle_ms=settle_ms, watch=watch,
+                 sample_every=sample_every, graph=graph, hold_bytes=hold_bytes, fresh_inputs=fresh_inputs,
+                 tail_tolerance=(tail_tolerance_ms, tail_tolerance_rel), cover_ms=cover_ms, reserve=reserve,
+                 isolate=isolate, race=race, extra_reps=extra_reps)
+    bench = _Bench.on_current_device(flush_bytes)
+    state = _State.start(plan)
+    if bench.persisting.method is None:
+        state.warnings.append(f"persisting L2 could not be reset: {bench.persisting.error}")
+
+    gc_was_enabled = gc.isenabled()
+    stream = torch.cuda.Stream(device=bench.dev, priority=HIGHEST_PRIORITY)
+    stream.wait_stream(_CURRENT_STREAM())
+    stream_ctx = torch.cuda.stream(stream)
+    stream_ctx.__enter__()
+    try:
+        _run_rounds(plan, state, bench)
+    except _Fatal:
+        pass
+    finally:
+        stream_ctx.__exit__(None, None, None)
+        _CURRENT_STREAM().wait_stream(stream)
+        if gc_was_enabled:
+            gc.enable()
+    return _result(plan, state, bench, stream.priority)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What `measure` was asked to do, checked: the functions, the rounds, and what is done with the outputs."""
+    names: list[str]
+    calls: dict[str, Callable[[list], Any]]  # the functions, the empty call (NULL_FN) first
+    watch: str
+    fresh: set[str]
+    isolated: set[str]
+    pools: dict[str, Any]
+    input_sets: list[list]  # the timed calls' sets
+    heat_set: list  # the heating calls' set
+    burst: int
+    reps: int
+    warm_rounds: int
+    timed_rounds: int
+    extra_rounds: int
+    sample_every: int
+    settle_ms: float
+    graph: bool
+    hold_bytes: int
+    tail_tolerance: tuple[float, float]  # (ms, share of the burst's stream time)
+    cover_ms: float
+    reserve: bool
+    race: stats.RaceRule | None
+    warnings: tuple[str, ...]
+
+    @property
+    def order_base(self) -> list[str]:
+        return [NULL_FN] + self.names
+
+
+@dataclass
+class _Bench:
+    """The device, its flush buffer and persisting-L2 reset, and the flush cover measured on it."""
+    dev: int
+    props: Any
+    l2: int
+    flush_bytes: int
+    flush: torch.Tensor | None
+    persisting: _PersistingL2
+    passes: int = 1
+    pass_ms: float = 0.0
+
+    @classmethod
+    def on_current_device(cls, flush_bytes: int | None) -> "_Bench":
+        dev = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(dev)
+        l2 = int(getattr(props, "L2_cache_size", 0) or (50 << 20))
+        flush_bytes = max(2 * l2, 256 << 20) if flush_bytes is None else int(flush_bytes)
+        if flush_bytes < 2 * l2:
+            raise ValueError(f"flush_bytes={flush_bytes} is under twice the L2 size ({l2} bytes)")
+        return cls(dev, props, l2, flush_bytes, _flush_buffer(flush_bytes, dev), _PersistingL2())
+
+
+@dataclass
+class _State:
+    """What the rounds have measured and kept so far."""
+    raw: dict[str, list[dict[str, Any]]]  # timed bursts (the null call's: all)
+    errors: dict[str, dict[str, str] | None]
+    warm_ms: dict[str, list[float]]  # warm-up stream times: size the heating
+    heat_calls: dict[str, int]
+    race: dict[str, Any] | None
+    warnings: list[str]
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    prints: list[dict[str, Any]] = field(default_factory=list)  # fingerprints of the watched function's timed calls
+    held: list[tuple[int, Any]] = field(default_factory=list)  # (index into prints, output) awaiting the re-check
+    held_bytes: int = 0
+    graphs: dict[tuple[str, int], tuple[Any, Any]] = field(default_factory=dict)
+    order: list[list[str]] = field(default_factory=list)
+    fatal: dict[str, str] | None = None
+    segments_timed: int | None = None
+    watch_sample: Any = None  # the watched function's last warm-up output: the reserve's pattern
+    reserved: int = 0
+    segments_before: int | None = None
+
+    @classmethod
+    def start(cls, plan: _Plan) -> "_State":
+        race = None if plan.race is None else \
+            {**plan.race.to_dict(), "planned_reps": plan.reps, "extra_reps": plan.extra_rounds * plan.burst,
+             "stopped_early": False, "extended": False, "decision": stats.OPEN}
+        return cls({n: [] for n in plan.order_base}, {n: None for n in plan.order_base},
+                   {n: [] for n in plan.order_base}, {n: 0 for n in plan.order_base}, race, list(plan.warnings))
+
+    def recheck(self, entry_idx: int, out: Any) -> None:
+        entry = self.prints[entry_idx]
+        entry["later"] = fingerprint(out)
+        entry["changed"] = not _same_fp(entry["at_return"], entry["later"])
+
+
+def _plan(fns: dict[str, Callable[[list], Any]], input_sets: list[list], *, reps: int, warmup: int, burst: int,
+          settle_ms: float, watch: str | None, sample_every: int | None, graph: bool, hold_bytes: int,
+          fresh_inputs: Iterable[str], tail_tolerance: tuple[float, float], cover_ms: float, reserve: bool,
+          isolate: Iterable[str],
+          race: stats.RaceRule | None, extra_reps: int) -> _Plan:
+    """The arguments checked (ValueError names the wrong one) and the rounds they ask for."""
     if not torch.cuda.is_available():
         raise RuntimeError("measure needs a CUDA device")
     if not fns:
@@ -305,20 +427,7 @@ def measure(
     warm_rounds, timed_rounds = max(-(-warmup // burst), 1 if settle_ms else 0), -(-reps // burst)
     extra_rounds = -(-extra_reps // burst) if race is not None else 0
     reps = timed_rounds * burst
-    race_state: dict[str, Any] | None = None if race is None else \
-        {**race.to_dict(), "planned_reps": reps, "extra_reps": extra_rounds * burst, "stopped_early": False,
-         "extended": False, "decision": stats.OPEN}
-    sample_every = max(1, reps // 3) if sample_every is None else max(1, int(sample_every))
-
-    dev = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(dev)
-    l2 = int(getattr(props, "L2_cache_size", 0) or (50 << 20))
-    flush_bytes = max(2 * l2, 256 << 20) if flush_bytes is None else int(flush_bytes)
-    if flush_bytes < 2 * l2:
-        raise ValueError(f"flush_bytes={flush_bytes} is under twice the L2 size ({l2} bytes)")
-    flush = _flush_buffer(flush_bytes, dev)
-    persisting = _PersistingL2()
-    warnings: list[str] = []
+    warnings = []
     if isolated and not pools:
         warnings.append("this torch has no MemPool: the baselines share the allocator with the candidate (their "
                         "outputs are still scrubbed before they are freed)")
@@ -327,226 +436,237 @@ def measure(
         input_sets = input_sets[:-1]  # the heating calls' set is never a timed call's: no result to reuse
     elif settle_ms:
         warnings.append("one input set: the heating calls before each burst use the timed calls' inputs")
-    n_sets = len(input_sets)
-    if (warm_rounds + timed_rounds) * burst > n_sets:
-        warnings.append(f"{n_sets} input sets for {(warm_rounds + timed_rounds) * burst} calls per function: inputs "
-                        "are reused, so a candidate that caches results by input address could go unnoticed; pass "
-                        "more input sets")
-    if persisting.method is None:
-        warnings.append(f"persisting L2 could not be reset: {persisting.error}")
+    if (warm_rounds + timed_rounds) * burst > len(input_sets):
+        warnings.append(f"{len(input_sets)} input sets for {(warm_rounds + timed_rounds) * burst} calls per "
+                        "function: inputs are reused, so a candidate that caches results by input address could go "
+                        "unnoticed; pass more input sets")
+    return _Plan(names, {NULL_FN: lambda args: None, **fns}, watch, fresh, isolated, pools, input_sets, heat_set,
+                 burst, reps, warm_rounds, timed_rounds, extra_rounds,
+                 max(1, reps // 3) if sample_every is None else max(1, int(sample_every)), settle_ms, graph,
+                 hold_bytes, tail_tolerance, cover_ms, reserve, race, tuple(warnings))
 
-    calls: dict[str, Callable[[list], Any]] = {NULL_FN: lambda args: None, **fns}
-    order_base = [NULL_FN] + names
-    raw: dict[str, list[dict[str, Any]]] = {n: [] for n in order_base}  # timed bursts (the null call's: all)
-    errors: dict[str, dict[str, str] | None] = {n: None for n in order_base}
-    samples: list[dict[str, Any]] = []
-    prints: list[dict[str, Any]] = []  # fingerprints of the watched function's timed calls
-    held: list[tuple[int, Any]] = []  # (index into prints, output) awaiting the later re-check
-    held_bytes = 0
-    graphs: dict[tuple[str, int], tuple[Any, Any]] = {}
-    order: list[list[str]] = []
-    fatal: dict[str, str] | None = None
-    segments_timed: int | None = None
-    warm_ms: dict[str, list[float]] = {n: [] for n in order_base}  # warm-up stream times: size the heating
-    heat_calls: dict[str, int] = {n: 0 for n in order_base}
-    watch_sample: Any = None  # the watched function's last warm-up output: the reserve's pattern
-    reserved, segments_before = 0, None
 
-    def recheck(entry_idx: int, out: Any) -> None:
-        entry = prints[entry_idx]
-        entry["later"] = fingerprint(out)
-        entry["changed"] = not _same_fp(entry["at_return"], entry["later"])
+def _run_rounds(plan: _Plan, state: _State, bench: _Bench) -> None:
+    """Graph capture (graph mode), the flush cover, then every round; the held outputs are re-checked at the end.
+    Raises _Fatal when the CUDA context became unusable."""
+    n_sets = len(plan.input_sets)
+    if plan.graph:
+        used = sorted({c % n_sets for c in range((plan.warm_rounds + plan.timed_rounds) * plan.burst)})
+        for n in plan.names:
+            try:
+                state.graphs.update(_capture(n, plan.calls[n], plan.input_sets, used))
+            except Exception as exc:  # noqa: BLE001 - a candidate that cannot be captured is reported, not fatal
+                state.errors[n] = _error(exc)
+        state.warnings.append("graph mode: each output is the graph's static buffer, so the later fingerprint "
+                              "re-check is skipped")
+    events = _Events(plan.burst)
+    bench.pass_ms = _flush_pass_ms(bench.flush, events.starts[0], events.ends[0])
+    bench.passes = max(1, math.ceil(plan.cover_ms / bench.pass_ms)) if bench.pass_ms > 0 else 1
+    gc.collect()
+    gc.disable()
+    for rnd in range(plan.warm_rounds + plan.timed_rounds + plan.extra_rounds):
+        if not _round(plan, state, bench, events, rnd):
+            break
+    if state.race is not None:
+        done = [s for b in state.raw[plan.watch] for s in b["stream_ms"]]
+        state.race["decision"] = stats.race(done, plan.race) if done else stats.OPEN
+    for idx, old in state.held:
+        state.recheck(idx, old)
+    state.held.clear()
+    state.segments_timed = None if state.segments_before is None else _segments(bench.dev) - state.segments_before
 
-    gc_was_enabled = gc.isenabled()
-    stream = torch.cuda.Stream(device=dev, priority=HIGHEST_PRIORITY)
-    stream.wait_stream(_CURRENT_STREAM())
-    passes, pass_ms = 1, 0.0
-    stream_ctx = torch.cuda.stream(stream)
-    stream_ctx.__enter__()
+
+class _Events:
+    """The CUDA events of one burst: heating, each call's start and end, and the whole device idle after it."""
+
+    def __init__(self, burst: int) -> None:
+        self.heat_start, self.heat_end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
+        self.starts = [_EVENT(enable_timing=True) for _ in range(burst)]
+        self.ends = [_EVENT(enable_timing=True) for _ in range(burst)]
+        self.end_all = _EVENT(enable_timing=True)
+
+
+def _round(plan: _Plan, state: _State, bench: _Bench, events: _Events, rnd: int) -> bool:
+    """One round: a burst of each function still without an error, in this round's rotated order. False: the race
+    is decided and the rounds stop."""
+    if state.race is not None and rnd > plan.warm_rounds:
+        done = [s for b in state.raw[plan.watch] for s in b["stream_ms"]]
+        go, state.race["decision"] = stats.keep_racing(done, plan.race, plan.reps,
+                                                       plan.reps + plan.extra_rounds * plan.burst)
+        if not go:
+            state.race["stopped_early"] = len(done) < plan.reps
+            return False
+        state.race["extended"] = len(done) >= plan.reps
+    timed = rnd >= plan.warm_rounds
+    # the same input sets for every function in a round: ratios are paired
+    ks = [(rnd * plan.burst + j) % len(plan.input_sets) for j in range(plan.burst)]
+    alive = [n for n in plan.order_base if state.errors[n] is None]
+    shift = rnd % len(alive)
+    alive = alive[shift:] + alive[:shift]
+    if timed:
+        state.order.append(alive)
+    if rnd == plan.warm_rounds and not plan.graph:
+        copies = _held_at_once(_nbytes(state.watch_sample), plan.hold_bytes, plan.timed_rounds, plan.burst)
+        state.reserved = _reserve(state.watch_sample, copies, bench.dev, state.warnings) if plan.reserve else 0
+        state.watch_sample = None
+        state.segments_before = _segments(bench.dev)
+    if rnd == plan.warm_rounds and plan.settle_ms:
+        for n in plan.names:
+            est = _median(state.warm_ms[n]) if state.warm_ms[n] else 0.0
+            state.heat_calls[n] = min(MAX_HEAT_CALLS, math.ceil(plan.settle_ms / est)) if est > 0 else 0
+    for n in alive:
+        burst = _burst(plan, state, bench, events, n, ks, timed)
+        if burst is None:
+            continue
+        rec, outs = burst
+        if n == NULL_FN or timed:
+            state.raw[n].append(rec)
+        else:
+            state.warm_ms[n].extend(rec["stream_ms"])
+        if not timed and n == plan.watch and outs and not plan.graph:
+            state.watch_sample = outs[-1]
+        if timed and n == plan.watch:
+            _keep(plan, state, rnd, ks, outs)
+        del outs
+    return True
+
+
+def _burst(plan: _Plan, state: _State, bench: _Bench, events: _Events, n: str, ks: list[int],
+           timed: bool) -> tuple[dict[str, Any], list[Any]] | None:
+    """One burst of function `n` on input sets `ks`: its events' record and its outputs, or None when it raised
+    (recorded in state.errors). Raises _Fatal when the device cannot be synchronised after the error."""
+    outs: list[Any] = []
+    host: list[float] = []
     try:
-        if graph:
-            used = sorted({c % n_sets for c in range((warm_rounds + timed_rounds) * burst)})
-            for n in names:
-                try:
-                    graphs.update(_capture(n, calls[n], input_sets, used))
-                except Exception as exc:  # noqa: BLE001 - a candidate that cannot be captured is reported, not fatal
-                    errors[n] = _error(exc)
-            warnings.append("graph mode: each output is the graph's static buffer, so the later fingerprint "
-                            "re-check is skipped")
-        heat_start, heat_end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
-        starts = [_EVENT(enable_timing=True) for _ in range(burst)]
-        ends = [_EVENT(enable_timing=True) for _ in range(burst)]
-        end_all = _EVENT(enable_timing=True)
-        pass_ms = _flush_pass_ms(flush, starts[0], ends[0])
-        passes = max(1, math.ceil(cover_ms / pass_ms)) if pass_ms > 0 else 1
-        gc.collect()
-        gc.disable()
-        for rnd in range(warm_rounds + timed_rounds + extra_rounds):
-            if race_state is not None and rnd > warm_rounds:
-                done = [s for b in raw[watch] for s in b["stream_ms"]]
-                go, race_state["decision"] = stats.keep_racing(done, race, reps, reps + extra_rounds * burst)
-                if not go:
-                    race_state["stopped_early"] = len(done) < reps
-                    break
-                race_state["extended"] = len(done) >= reps
-            timed = rnd >= warm_rounds
-            # the same input sets for every function in a round: ratios are paired
-            ks = [(rnd * burst + j) % n_sets for j in range(burst)]
-            alive = [n for n in order_base if errors[n] is None]
-            shift = rnd % len(alive)
-            alive = alive[shift:] + alive[:shift]
-            if timed:
-                order.append(alive)
-            if rnd == warm_rounds and not graph:
-                copies = _held_at_once(_nbytes(watch_sample), hold_bytes, timed_rounds, burst)
-                reserved = _reserve(watch_sample, copies, dev, warnings) if reserve else 0
-                watch_sample = None
-                segments_before = _segments(dev)
-            if rnd == warm_rounds and settle_ms:
-                for n in names:
-                    est = _median(warm_ms[n]) if warm_ms[n] else 0.0
-                    heat_calls[n] = min(MAX_HEAT_CALLS, math.ceil(settle_ms / est)) if est > 0 else 0
-            for n in alive:
-                outs: list[Any] = []
-                host: list[float] = []
-                try:
-                    _device_sync()
-                    persisting.reset()
-                    heating = heat_calls[n] if timed else 0
-                    with _pool_context(pools.get(n), dev):
-                        args = [_private(input_sets[k]) if n in fresh else input_sets[k] for k in ks]
-                        if n in fresh:
-                            _device_sync()  # the copies are made before the burst's host wall time starts
-                        if heating:
-                            heat_args = _private(heat_set) if n in fresh else heat_set
-                            _RECORD(heat_start)
-                            for _ in range(heating):
-                                calls[n](heat_args)
-                            _RECORD(heat_end)
-                            _device_sync()  # the burst's wall time starts with the device free, as without heating
-                            if n in isolated and n in fresh:
-                                _scrub(heat_args)
-                            del heat_args
-                        for _ in range(passes):
-                            _ZERO(flush)
-                        t0 = _PERF()
-                        for j, k in enumerate(ks):
-                            if j:
-                                _ZERO(flush)
-                            g = graphs.get((n, k)) if graph and n != NULL_FN else None
-                            th = _PERF()
-                            _RECORD(starts[j])
-                            if g is not None:
-                                g[0].replay()
-                                outs.append(g[1])
-                            else:
-                                outs.append(calls[n](args[j]))
-                            host.append((_PERF() - th) * 1e3)
-                            _RECORD(ends[j])
-                        _device_sync()
-                        t1 = _PERF()
-                        _RECORD(end_all)
-                        _device_sync()
-                        if n in isolated and not graph:  # what another thread (autograd's) put outside the pool
-                            _scrub(outs)
-                            if n in fresh:
-                                _scrub(args)
-                        del args
-                    rec = {"stream_ms": [float(_ELAPSED(starts[j], ends[j])) for j in range(burst)],
-                           "gap_ms": [float(_ELAPSED(ends[j - 1], ends[j])) for j in range(1, burst)],
-                           "tail_ms": float(_ELAPSED(ends[-1], end_all)), "wall_ms": (t1 - t0) * 1e3,
-                           "host_ms": host, "input_set": ks, "heat_calls": heating,
-                           "heat_ms": float(_ELAPSED(heat_start, heat_end)) if heating else 0.0}
-                except Exception as exc:  # noqa: BLE001 - recorded per function; a dead context ends the run below
-                    errors[n] = _error(exc)
-                    try:
-                        _device_sync()
-                    except Exception as exc2:  # noqa: BLE001
-                        fatal = _error(exc2)
-                        raise _Fatal from None
-                    continue
-                if n == NULL_FN or timed:
-                    raw[n].append(rec)
+        _device_sync()
+        bench.persisting.reset()
+        heating = state.heat_calls[n] if timed else 0
+        with _pool_context(plan.pools.get(n), bench.dev):
+            args = [_private(plan.input_sets[k]) if n in plan.fresh else plan.input_sets[k] for k in ks]
+            if n in plan.fresh:
+                _device_sync()  # the copies are made before the burst's host wall time starts
+            if heating:
+                heat_args = _private(plan.heat_set) if n in plan.fresh else plan.heat_set
+                _RECORD(events.heat_start)
+                for _ in range(heating):
+                    plan.calls[n](heat_args)
+                _RECORD(events.heat_end)
+                _device_sync()  # the burst's wall time starts with the device free, as without heating
+                if n in plan.isolated and n in plan.fresh:
+                    _scrub(heat_args)
+                del heat_args
+            for _ in range(bench.passes):
+                _ZERO(bench.flush)
+            t0 = _PERF()
+            for j, k in enumerate(ks):
+                if j:
+                    _ZERO(bench.flush)
+                g = state.graphs.get((n, k)) if plan.graph and n != NULL_FN else None
+                th = _PERF()
+                _RECORD(events.starts[j])
+                if g is not None:
+                    g[0].replay()
+                    outs.append(g[1])
                 else:
-                    warm_ms[n].extend(rec["stream_ms"])
-                if not timed and n == watch and outs and not graph:
-                    watch_sample = outs[-1]
-                if not timed or n != watch:
-                    del outs
-                    continue
-                for j, (k, out) in enumerate(zip(ks, outs)):
-                    i = (rnd - warm_rounds) * burst + j
-                    prints.append({"call": i, "input_set": k, "at_return": fingerprint(out), "later": None,
-                                   "changed": False})
-                    if (sample_every < reps and i % sample_every == 0) or i == reps - 1:
-                        samples.append({"fn": n, "call": i, "input_set": k, "outputs": _to_cpu(out)})
-                    if not graph:
-                        held.append((len(prints) - 1, out))
-                        held_bytes += _nbytes(out)
-                        while held_bytes > hold_bytes and len(held) > 1:
-                            idx, old = held.pop(0)
-                            held_bytes -= _nbytes(old)
-                            recheck(idx, old)
-                del outs
-        if race_state is not None:
-            done = [s for b in raw[watch] for s in b["stream_ms"]]
-            race_state["decision"] = stats.race(done, race) if done else stats.OPEN
-        for idx, old in held:
-            recheck(idx, old)
-        held.clear()
-        segments_timed = None if segments_before is None else _segments(dev) - segments_before
-    except _Fatal:
-        pass
-    finally:
-        stream_ctx.__exit__(None, None, None)
-        _CURRENT_STREAM().wait_stream(stream)
-        if gc_was_enabled:
-            gc.enable()
+                    outs.append(plan.calls[n](args[j]))
+                host.append((_PERF() - th) * 1e3)
+                _RECORD(events.ends[j])
+            _device_sync()
+            t1 = _PERF()
+            _RECORD(events.end_all)
+            _device_sync()
+            if n in plan.isolated and not plan.graph:  # what another thread (autograd's) put outside the pool
+                _scrub(outs)
+                if n in plan.fresh:
+                    _scrub(args)
+            del args
+        starts, ends = events.starts, events.ends
+        rec = {"stream_ms": [float(_ELAPSED(starts[j], ends[j])) for j in range(plan.burst)],
+               "gap_ms": [float(_ELAPSED(ends[j - 1], ends[j])) for j in range(1, plan.burst)],
+               "tail_ms": float(_ELAPSED(ends[-1], events.end_all)), "wall_ms": (t1 - t0) * 1e3,
+               "host_ms": host, "input_set": ks, "heat_calls": heating,
+               "heat_ms": float(_ELAPSED(events.heat_start, events.heat_end)) if heating else 0.0}
+    except Exception as exc:  # noqa: BLE001 - recorded per function; a dead context ends the run below
+        state.errors[n] = _error(exc)
+        try:
+            _device_sync()
+        except Exception as exc2:  # noqa: BLE001
+            state.fatal = _error(exc2)
+            raise _Fatal from None
+        return None
+    return rec, outs
 
-    calibration = calibrate(raw[NULL_FN])
-    per = {n: count(raw[n], calibration, first_cover_ms=passes * pass_ms, flush_ms=pass_ms,
-                    tail_tolerance_ms=tail_tolerance_ms, tail_tolerance_rel=tail_tolerance_rel)
-           for n in names}
-    for n in names:
+
+def _keep(plan: _Plan, state: _State, rnd: int, ks: list[int], outs: list[Any]) -> None:
+    """The watched function's timed outputs: fingerprinted now, sampled to the CPU, held for the later re-check
+    (the oldest re-checked early and released past plan.hold_bytes)."""
+    for j, (k, out) in enumerate(zip(ks, outs)):
+        i = (rnd - plan.warm_rounds) * plan.burst + j
+        state.prints.append({"call": i, "input_set": k, "at_return": fingerprint(out), "later": None,
+                             "changed": False})
+        if (plan.sample_every < plan.reps and i % plan.sample_every == 0) or i == plan.reps - 1:
+            state.samples.append({"fn": plan.watch, "call": i, "input_set": k, "outputs": _to_cpu(out)})
+        if not plan.graph:
+            state.held.append((len(state.prints) - 1, out))
+            state.held_bytes += _nbytes(out)
+            while state.held_bytes > plan.hold_bytes and len(state.held) > 1:
+                idx, old = state.held.pop(0)
+                state.held_bytes -= _nbytes(old)
+                state.recheck(idx, old)
+
+
+def _count_all(plan: _Plan, state: _State, bench: _Bench) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """The empty call's calibration, and each function's counted calls (`count`) with its error; warns of
+    host-bound calls."""
+    calibration = calibrate(state.raw[NULL_FN])
+    per = {n: count(state.raw[n], calibration, first_cover_ms=bench.passes * bench.pass_ms, flush_ms=bench.pass_ms,
+                    tail_tolerance_ms=plan.tail_tolerance[0], tail_tolerance_rel=plan.tail_tolerance[1])
+           for n in plan.names}
+    for n in plan.names:
         p = per[n]
-        p["error"] = errors[n]
+        p["error"] = state.errors[n]
         if p["host_bound"] > len(p["ms"]) // 4:
-            warnings.append(f"{n}: in {p['host_bound']} of {len(p['ms'])} calls the host took longer to launch the "
-                            f"work (median {_median(p['host_ms']):.3f} ms) than the device work queued ahead of it: "
-                            "those times include waiting for the host (graph mode removes launch cost)")
+            state.warnings.append(f"{n}: in {p['host_bound']} of {len(p['ms'])} calls the host took longer to "
+                                  f"launch the work (median {_median(p['host_ms']):.3f} ms) than the device work "
+                                  "queued ahead of it: those times include waiting for the host (graph mode removes "
+                                  "launch cost)")
+    return calibration, per
 
-    if persisting.method is not None and not persisting.working:
-        warnings.append(f"persisting L2 could not be reset: {persisting.error}")
-    mismatched = [{"fn": watch, "call": e["call"], "input_set": e["input_set"]} for e in prints if e["changed"]]
+
+def _result(plan: _Plan, state: _State, bench: _Bench, stream_priority: int) -> dict[str, Any]:
+    """measure's record, with the warnings the run's end adds (host-bound calls, persisting L2, tampered timers,
+    changed outputs)."""
+    calibration, per = _count_all(plan, state, bench)
+    if bench.persisting.method is not None and not bench.persisting.working:
+        state.warnings.append(f"persisting L2 could not be reset: {bench.persisting.error}")
+    mismatched = [{"fn": plan.watch, "call": e["call"], "input_set": e["input_set"]}
+                  for e in state.prints if e["changed"]]
     changed_timer = tampered()
     if changed_timer:
-        warnings.append("timer functions were replaced during the run: " + ", ".join(changed_timer))
+        state.warnings.append("timer functions were replaced during the run: " + ", ".join(changed_timer))
     if mismatched:
-        warnings.append(f"{len(mismatched)} timed outputs of {watch} changed after their call returned")
-    del flush, graphs
-    return {
-        "schema": SCHEMA,
-        "device": {"index": dev, "name": props.name, "l2_bytes": l2, "sm_count": props.multi_processor_count},
-        "race": race_state,
-        "config": {"reps": len(order) * burst, "warmup": warm_rounds * burst, "burst": burst, "settle_ms": settle_ms,
-                   "heat_calls": {n: heat_calls[n] for n in names}, "flush_bytes": flush_bytes,
-                   "n_input_sets": n_sets, "sample_every": sample_every, "watch": watch, "graph": graph,
-                   "tail_tolerance_ms": tail_tolerance_ms, "tail_tolerance_rel": tail_tolerance_rel,
-                   "cover_ms": cover_ms, "flush_passes": passes, "flush_pass_ms": pass_ms,
-                   "stream_priority": stream.priority, "reserved_bytes": reserved,
-                   "allocator_segments_timed": segments_timed},
-        "l2": {"flush_bytes": flush_bytes, "persisting_reset": persisting.method if persisting.working else None,
-               "persisting_error": persisting.error},
-        "calibration": calibration,
-        "order": order,
-        "fns": per,
-        "samples": samples,
-        "fingerprints": prints,
-        "fingerprint_mismatches": mismatched,
-        "tampered": changed_timer,
-        "fatal": fatal,
-        "warnings": warnings,
-    }
+        state.warnings.append(f"{len(mismatched)} timed outputs of {plan.watch} changed after their call returned")
+    bench.flush = None
+    state.graphs.clear()
+    props = bench.props
+    config = {"reps": len(state.order) * plan.burst, "warmup": plan.warm_rounds * plan.burst, "burst": plan.burst,
+              "settle_ms": plan.settle_ms, "heat_calls": {n: state.heat_calls[n] for n in plan.names},
+              "flush_bytes": bench.flush_bytes, "n_input_sets": len(plan.input_sets),
+              "sample_every": plan.sample_every, "watch": plan.watch, "graph": plan.graph,
+              "tail_tolerance_ms": plan.tail_tolerance[0], "tail_tolerance_rel": plan.tail_tolerance[1],
+              "cover_ms": plan.cover_ms, "flush_passes": bench.passes, "flush_pass_ms": bench.pass_ms,
+              "stream_priority": stream_priority, "reserved_bytes": state.reserved,
+              "allocator_segments_timed": state.segments_timed}
+    return {"schema": SCHEMA,
+            "device": {"index": bench.dev, "name": props.name, "l2_bytes": bench.l2,
+                       "sm_count": props.multi_processor_count},
+            "race": state.race, "config": config,
+            "l2": {"flush_bytes": bench.flush_bytes,
+                   "persisting_reset": bench.persisting.method if bench.persisting.working else None,
+                   "persisting_error": bench.persisting.error},
+            "calibration": calibration, "order": state.order, "fns": per, "samples": state.samples,
+            "fingerprints": state.prints, "fingerprint_mismatches": mismatched, "tampered": changed_timer,
+            "fatal": state.fatal, "warnings": state.warnings}
 
 
 # ---- counting: raw events -> each call's time (pure arithmetic, tested on the CPU) ------------------------------
