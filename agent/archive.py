@@ -158,13 +158,13 @@ MIGRATIONS: list[str] = [
     );
     CREATE TABLE batch_tasks (
         batch_id  TEXT NOT NULL REFERENCES batches(id),
-        task_path TEXT NOT NULL,
+        task_name TEXT NOT NULL,      -- the task file's name, unique in its folder
         position  INTEGER NOT NULL,   -- the task's place in the folder's order
         status    TEXT NOT NULL,
         run_id    TEXT,
         row       TEXT NOT NULL,      -- JSON: the task's summary row (agent/batch_summary.py)
         updated   TEXT NOT NULL,
-        PRIMARY KEY (batch_id, task_path)
+        PRIMARY KEY (batch_id, task_name)
     );
     CREATE INDEX batches_folder ON batches(folder, started);
     """,
@@ -624,12 +624,12 @@ class Archive:
         """A task's summary row in a batch (replacing the one it had): one transaction, so a kill keeps the last."""
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO batch_tasks VALUES (?,?,?,?,?,?,?)",
-                             (batch_id, str(row["task"]), position, str(row["status"]), row.get("run_id"),
+                             (batch_id, Path(str(row["task"])).name, position, str(row["status"]), row.get("run_id"),
                               json.dumps(row, default=str), now()))
 
     def batch_rows(self, batch_id: str) -> list[dict[str, Any]]:
         """The batch's task rows in the folder's order."""
-        rows = self._all("SELECT row FROM batch_tasks WHERE batch_id=? ORDER BY position, task_path", (batch_id,))
+        rows = self._all("SELECT row FROM batch_tasks WHERE batch_id=? ORDER BY position, task_name", (batch_id,))
         return [json.loads(r[0]) for r in rows]
 
     # ---- duels ----------------------------------------------------------------------------------------------
