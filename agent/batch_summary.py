@@ -61,9 +61,10 @@ def metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def write_json(path: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+def write_json(path: Path, rows: list[dict[str, Any]], summary: dict[str, Any], batch_id: str | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"tasks": rows, "metrics": summary}, indent=2) + "\n", encoding="utf-8")
+    head = {"batch": batch_id} if batch_id else {}
+    path.write_text(json.dumps({**head, "tasks": rows, "metrics": summary}, indent=2) + "\n", encoding="utf-8")
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:

@@ -81,7 +81,7 @@ def batch_title(batch: Batch, rows: list[dict]) -> str:
            "references only" if config.get("reference_only") else "seeds and references")
     budget = f", budget {config['budget']}" if config.get("budget") is not None else ""
     state = "finished " + batch.finished if batch.finished else "not finished"
-    return f"batch {batch.id}: {len(rows)} tasks on {batch.device}, {how}{budget}\nstarted {batch.started}, {state}"
+    return f"batch {batch.id}: {len(rows)} tasks on {batch.device}\n{how}{budget}\nstarted {batch.started}, {state}"
 
 
 # ---- sections -------------------------------------------------------------------------------------------------

@@ -66,8 +66,8 @@ def test_archive_report_rebuilds_the_batch_table_from_the_archive(db, tmp_path, 
 
     assert main(["archive", "report", "--kernelbench", "--archive", str(db)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "KernelBench: /kb/level1" and out[1].startswith("batch batch-1: 4 tasks on cuda, model openai:m")
-    assert out[2] == "started 2026-01-01T00:00:00+00:00, not finished"
+    assert out[:4] == ["KernelBench: /kb/level1", "batch batch-1: 4 tasks on cuda", "model openai:m, budget 5",
+                       "started 2026-01-01T00:00:00+00:00, not finished"]
     assert LONG in out and all(len(ln) <= 80 for ln in out)
 
     page = tmp_path / "r.html"

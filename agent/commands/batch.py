@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             fresh = dict(zip(todo, reference_rows(todo, args, constants, err_console, on_row=batch.record)))
             archive.finish_batch(batch.id)
         rows = [batch.kept.get(t) or fresh[t] for t in tasks]
-        return _finish(args, rows, reference_only=True)
+        return _finish(args, rows, batch.id, reference_only=True)
     if lanes > 1:
         out.print(f"{len(tasks)} tasks on {lanes} GPUs: one task per GPU at a time")
     elif args.gpus > 1 and args.executor == "local" and not _visible_gpus(args.device):
@@ -229,21 +229,25 @@ def run(args: argparse.Namespace) -> int:
         rows = run_lanes(tasks, lanes, one_task, not_started=not_started, failed=failed, stop=stop)
         if not any(r["status"] == "interrupted" for r in rows):
             archive.finish_batch(batch.id)
-    code = _finish(args, rows, reference_only=False)
+    code = _finish(args, rows, batch.id, reference_only=False)
     if any(r["status"] == "interrupted" for r in rows):
         return 130
     return code
 
 
-def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], *, reference_only: bool) -> int:
+def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], batch_id: str, *, reference_only: bool) -> int:
     """Print and write the summary; exit 0 when every task is usable (reference only) or has a verified kernel."""
     summary = summary_mod.metrics(rows)
     if args.json:
-        print(json.dumps({"tasks": rows, "metrics": summary}, default=str))
+        print(json.dumps({"batch": batch_id, "tasks": rows, "metrics": summary}, default=str))
     else:
         summary_mod.render(console, rows, summary, reference_only=reference_only)
+        console.print(f"archived as batch {batch_id}; its table again:", markup=False, highlight=False)
+        console.print(f"  crucible archive report --kernelbench --batch {batch_id}"
+                      + (f" --archive {args.archive}" if args.archive else ""),
+                      markup=False, highlight=False, soft_wrap=True)
     if args.json_out:
-        summary_mod.write_json(args.json_out, rows, summary)
+        summary_mod.write_json(args.json_out, rows, summary, batch_id)
     if args.csv:
         summary_mod.write_csv(args.csv, rows, summary)
     if reference_only:
