@@ -6,8 +6,8 @@ task only runs while batch_size == input_shape[0]). At the task's size, 32768 x 
 clamp, the mean) and writes two 4.3 GB temporaries.
 
 One pass: predictions are viewed as (R, L) rows, L its last dimension; each program sums the hinge of a contiguous
-band of rows in float32 (a BLOCK_R x BLOCK_L tile at a time, 4096 elements, targets' slice loaded with each tile and
-served from L2) and writes its partial sum; a second one-program kernel adds the partials in a fixed order and divides
+band of rows in float32, a column block at a time (BLOCK_R x BLOCK_L tiles of 4096 elements; where targets are the
+same for every row, as here, their slice is loaded once per column block), and writes its partial sum; a second one-program kernel adds the partials in a fixed order and divides
 by the element count. No atomics, so the result is the same bits at every call. Speed on the H200 is measured by the
 command in docs/kernelbench.md ("Level-1 slice").
 """
@@ -28,21 +28,27 @@ def _hinge_partial_kernel(
     stride_tr, stride_tl,  # targets broadcast to (R, L): 0 along a broadcast dimension
     ROWS_PER_PROG,  # rows each program sums (a multiple of BLOCK_R)
     BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
+    T_SAME_ROWS: tl.constexpr,  # stride_tr == 0 (the task's case): targets' slice is loaded once per column block
 ):
     pid = tl.program_id(0)
     first = pid * ROWS_PER_PROG
+    last = tl.minimum(first + ROWS_PER_PROG, R)
     acc = tl.zeros((BLOCK_R, BLOCK_L), dtype=tl.float32)
-    for r0 in range(first, tl.minimum(first + ROWS_PER_PROG, R), BLOCK_R):
-        rows = r0 + tl.arange(0, BLOCK_R)
-        row_ok = rows < R
-        rows64 = rows.to(tl.int64)[:, None]
-        for c0 in range(0, L, BLOCK_L):
-            cols = c0 + tl.arange(0, BLOCK_L)
-            mask = row_ok[:, None] & (cols < L)[None, :]
-            p = tl.load(P + rows64 * stride_pr + cols[None, :], mask=mask, other=0.0)
-            t = tl.load(T + rows64 * stride_tr + cols[None, :] * stride_tl, mask=mask, other=0.0)
-            h = tl.maximum(1.0 - p.to(tl.float32) * t.to(tl.float32), 0.0)
-            acc += tl.where(mask, h, 0.0)
+    for c0 in range(0, L, BLOCK_L):
+        cols = c0 + tl.arange(0, BLOCK_L)
+        col_ok = cols < L
+        if T_SAME_ROWS:
+            t_cols = tl.load(T + cols * stride_tl, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        for r0 in range(first, last, BLOCK_R):
+            rows = r0 + tl.arange(0, BLOCK_R)
+            rows64 = rows.to(tl.int64)[:, None]
+            mask = (rows < last)[:, None] & col_ok[None, :]
+            p = tl.load(P + rows64 * stride_pr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if T_SAME_ROWS:
+                t = t_cols
+            else:
+                t = tl.load(T + rows64 * stride_tr + cols[None, :] * stride_tl, mask=mask, other=0.0).to(tl.float32)
+            acc += tl.where(mask, tl.maximum(1.0 - p * t, 0.0), 0.0)
     tl.store(Partial + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
 
 
@@ -79,7 +85,7 @@ def hinge_loss(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     programs = triton.cdiv(R, rows_per_prog)
     partial = torch.empty(programs, device=predictions.device, dtype=torch.float32)
     _hinge_partial_kernel[(programs,)](p, t, partial, R, L, p.stride(0), t.stride(0), t.stride(1), rows_per_prog,
-                                       BLOCK_R=block_r, BLOCK_L=block_l, num_warps=8)
+                                       BLOCK_R=block_r, BLOCK_L=block_l, T_SAME_ROWS=t.stride(0) == 0, num_warps=8)
     _mean_kernel[(1,)](partial, out, programs, count, BLOCK=triton.next_power_of_2(programs), num_warps=8)
     return out
 
