@@ -2,7 +2,7 @@
 markers (the GPU path itself runs in tests/test_harness_gpu.py on the H200)."""
 import torch
 
-from sandbox.harness import _claim, _poisoned
+from sandbox.stage_runners import _claim, _poisoned
 
 
 def test_poisoned_buffers_read_as_nan_or_minus_one():

@@ -20,7 +20,6 @@ LONG_MODULES: dict[str, str] = {
     "agent/loop.py": "the search loop's threads and their shared state",
     "sandbox/trace.py": "the launch trace's allow-list of torch ops is data",
     "sandbox/task.py": "the task file's settings, each validated where it is read",
-    "sandbox/harness.py": "the check's orchestration and its stage runners, one class over the check's state",
 }
 LONG_FUNCTIONS: dict[str, str] = {
     "sandbox/trace.py:install": "the launch hooks share one closure over the tracer's state, which the candidate cannot reach",
