@@ -109,6 +109,12 @@ class Task:
     def current_constants(self) -> dict[str, int]:
         return {k: _value(self.module, k) for k in self.constants}
 
+    def input_bytes(self) -> int:
+        """Bytes of one call's tensor inputs at the current shapes (from a probe on the meta device: nothing is
+        allocated)."""
+        return sum(t.numel() * t.element_size() for t in self._shape_probe(self.current_constants())
+                   if isinstance(t, torch.Tensor))
+
     def declared_roofline(self) -> Declared:
         """What the task declares for profiler.roofline at its current shapes (CRUCIBLE_BYTES, CRUCIBLE_FLOPS,
         CRUCIBLE_ALLOW_TF32)."""

@@ -297,7 +297,7 @@ def _export(archive: Any, args: argparse.Namespace) -> int:
             raise BrowseError("exporting the whole archive writes JSONL; name a candidate ID to export a .py module")
         counts = transfer.dump_file(archive, args.output, task=args.task)
         console.print(f"wrote {counts['candidate']} candidates, {counts['run']} runs, {counts['reverification']} "
-                      f"re-checks and {counts['duel']} duels to {args.output}")
+                      f"re-checks, {counts['duel']} duels and {counts['batch']} batches to {args.output}")
         return 0
     if args.output.suffix != ".py":
         raise BrowseError(f"{args.output} does not end in .py; a kernel exports as a Python module")
@@ -319,7 +319,7 @@ def _import(archive: Any, args: argparse.Namespace) -> int:
         merged = transfer.load_file(archive, path)
         a, s = merged.added, merged.skipped
         console.print(f"{path}: added {a['candidate']} candidates, {a['run']} runs, {a['reverification']} re-checks, "
-                      f"{a['duel']} duels; skipped {sum(s.values())} already here"
+                      f"{a['duel']} duels, {a['batch']} batches; skipped {sum(s.values())} already here"
                       + (f"; {merged.orphans} parent links to records in neither archive dropped"
                          if merged.orphans else "")
                       + (f"; {merged.unmatched_duels} duels skipped, their challenger or incumbent in neither the "
