@@ -180,7 +180,9 @@ class LocalExecutor:
         if max(gpu_ids, default=-1) >= visible:
             what = f"--gpus {config.gpus}" if self.gpu_ids is None else f"GPU {max(gpu_ids)}"
             raise ExecutorError(f"{what} asks for more GPUs than the {visible} visible")
-        per_gpu = per_gpu or checks_that_fit(task, torch.cuda.get_device_properties(gpu_ids[0]).total_memory)
+        if per_gpu is None:
+            gpu_bytes = torch.cuda.get_device_properties(gpu_ids[0]).total_memory if torch.cuda.is_available() else 0
+            per_gpu = checks_that_fit(task, gpu_bytes) if gpu_bytes else CHECKS_PER_GPU
         return LocalSession(task, device, len(gpu_ids) * per_gpu, factory, gpu_ids=gpu_ids * per_gpu, gates=gates)
 
     def close(self) -> None:
