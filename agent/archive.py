@@ -145,6 +145,29 @@ MIGRATIONS: list[str] = [
     CREATE INDEX reflections_task ON reflections(task_hash, id);
     CREATE INDEX reflections_name ON reflections(task_name, id);
     """,
+    # 5: `crucible batch` over a folder: one row per batch and one per task of it, written as each task ends, so
+    # `crucible archive report` can rebuild a level's table (fast_p and all) and `batch --resume` can skip the done.
+    """
+    CREATE TABLE batches (
+        id        TEXT PRIMARY KEY,
+        folder    TEXT NOT NULL,      -- the task folder, resolved
+        device    TEXT NOT NULL,
+        config    TEXT NOT NULL,      -- JSON: model, budget, --from, reference-only
+        started   TEXT NOT NULL,
+        finished  TEXT
+    );
+    CREATE TABLE batch_tasks (
+        batch_id  TEXT NOT NULL REFERENCES batches(id),
+        task_name TEXT NOT NULL,      -- the task file's name, unique in its folder
+        position  INTEGER NOT NULL,   -- the task's place in the folder's order
+        status    TEXT NOT NULL,
+        run_id    TEXT,
+        row       TEXT NOT NULL,      -- JSON: the task's summary row (agent/batch_summary.py)
+        updated   TEXT NOT NULL,
+        PRIMARY KEY (batch_id, task_name)
+    );
+    CREATE INDEX batches_folder ON batches(folder, started);
+    """,
 ]
 
 
@@ -365,6 +388,18 @@ class Run:
     stop_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class Batch:
+    """One `crucible batch` over a folder; its tasks' rows live in `batch_tasks` (Archive.batch_rows)."""
+
+    id: str
+    folder: str
+    device: str
+    config: dict[str, Any]
+    started: str
+    finished: str | None = None
+
+
 _CANDIDATE_COLUMNS = [
     "uid", "run_id", "task_path", "task_hash", "source_sha", "parent_id", "parent2_id", "origin", "proposer", "niche",
     "prompt", "reply", "verdict", "stage", "reason", "message", "diagnostics", "timed", "candidate_ms",
@@ -563,6 +598,40 @@ class Archive:
         """Each re-checked candidate's latest re-check."""
         return {r.candidate_id: r for r in self.reverifications()}
 
+    # ---- batches --------------------------------------------------------------------------------------------
+    def add_batch(self, batch: Batch) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO batches VALUES (?,?,?,?,?,?)",
+                             (batch.id, batch.folder, batch.device, json.dumps(batch.config), batch.started,
+                              batch.finished))
+
+    def finish_batch(self, batch_id: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE batches SET finished=? WHERE id=?", (now(), batch_id))
+
+    def batches(self, *, folder: str | None = None) -> list[Batch]:
+        """Batches in the order they started, of one folder or of all."""
+        sql, params = "SELECT * FROM batches", ()
+        if folder is not None:
+            sql, params = sql + " WHERE folder=?", (folder,)
+        return [_batch(r) for r in self._all(sql + " ORDER BY started, rowid", params)]
+
+    def get_batch(self, batch_id: str) -> Batch | None:
+        row = self._one("SELECT * FROM batches WHERE id=?", (batch_id,))
+        return _batch(row) if row else None
+
+    def set_batch_row(self, batch_id: str, position: int, row: dict[str, Any]) -> None:
+        """A task's summary row in a batch (replacing the one it had): one transaction, so a kill keeps the last."""
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO batch_tasks VALUES (?,?,?,?,?,?,?)",
+                             (batch_id, Path(str(row["task"])).name, position, str(row["status"]), row.get("run_id"),
+                              json.dumps(row, default=str), now()))
+
+    def batch_rows(self, batch_id: str) -> list[dict[str, Any]]:
+        """The batch's task rows in the folder's order."""
+        rows = self._all("SELECT row FROM batch_tasks WHERE batch_id=? ORDER BY position, task_name", (batch_id,))
+        return [json.loads(r[0]) for r in rows]
+
     # ---- duels ----------------------------------------------------------------------------------------------
     def add_duel(self, duel: Duel) -> Duel:
         duel = dataclasses.replace(duel, uid=duel.uid or uuid.uuid4().hex, created=duel.created or now())
@@ -678,6 +747,12 @@ def _run(row: sqlite3.Row) -> Run:
     d = {k: v for k, v in dict(row).items() if k in Run.__dataclass_fields__}
     d["config"] = json.loads(d["config"])
     return Run(**d)
+
+
+def _batch(row: sqlite3.Row) -> Batch:
+    d = {k: v for k, v in dict(row).items() if k in Batch.__dataclass_fields__}
+    d["config"] = json.loads(d["config"])
+    return Batch(**d)
 
 
 def _num(v: Any) -> float | None:

@@ -8,7 +8,9 @@ the speedups of the correct kernels that were timed; tokens and cost per correct
 (the CPU) the speedup metrics are None ("not measured"), never 0.
 
 The text output fits 80 columns and survives a pipe: on a terminal a table whose task column folds; otherwise one
-line per task (name first, long names on their own line) and every path whole, on its own line.
+line per task (name first, long names on their own line) and every path whole, on its own line. The archive keeps
+each batch's rows (agent/commands/batch.py), and `crucible archive report` rebuilds the same metrics from them with
+`metrics()` here and prints them as `kernelbench_lines()`: one implementation for the batch and the report.
 """
 from __future__ import annotations
 
@@ -59,9 +61,10 @@ def metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def write_json(path: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+def write_json(path: Path, rows: list[dict[str, Any]], summary: dict[str, Any], batch_id: str | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"tasks": rows, "metrics": summary}, indent=2) + "\n", encoding="utf-8")
+    head = {"batch": batch_id} if batch_id else {}
+    path.write_text(json.dumps({**head, "tasks": rows, "metrics": summary}, indent=2) + "\n", encoding="utf-8")
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
@@ -159,3 +162,53 @@ def line(console: Console, name: str, detail: str, width: int = 80) -> None:
     else:
         console.print(name, markup=False, highlight=False, soft_wrap=True)
         console.print(f"    {detail}", markup=False, highlight=False, soft_wrap=True)
+
+
+# ---- the KernelBench table, as `crucible archive report --kernelbench` prints it ----------------------------------
+KB_WIDTH = 80
+SPEED_COL = 20  # "12.34x [12.10,12.60]"
+RESULT_COL = 7  # "correct" / "no"
+
+
+def kb_cell(row: dict[str, Any], base: str) -> str:
+    """A task's speedup over `base` with its interval; for a task without a correct kernel, why not."""
+    if not row.get("correct") and row.get("status") not in ("done", "usable"):
+        return str(row.get("status") or "-")
+    return speedup_text(row, base)
+
+
+def kernelbench_lines(rows: list[dict[str, Any]], summary: dict[str, Any], width: int = KB_WIDTH) -> list[str]:
+    """The per-task table and the folder's metrics as plain lines of at most `width` columns. A task name too long
+    for its column goes on a line of its own, its numbers on the next; nothing is cut."""
+    name_col = width - RESULT_COL - 2 * SPEED_COL - 3 * 2
+    lines = [f"{'task':<{name_col}}  {'correct':<{RESULT_COL}}  {'vs eager [95% CI]':<{SPEED_COL}}  "
+             f"{'vs compile [95% CI]'}".rstrip()]
+    for r in rows:
+        name = Path(str(r["task"])).stem
+        cells = (f"{'yes' if r.get('correct') else 'no':<{RESULT_COL}}  {kb_cell(r, 'eager'):<{SPEED_COL}}  "
+                 f"{kb_cell(r, 'compile')}").rstrip()
+        if len(name) > name_col or len(cells) > width - name_col - 2:
+            lines.append(name)
+            name = ""
+        lines.append(f"{name:<{name_col}}  {cells}")
+    lines.append("")
+    lines.append(f"{'fast_p':<{name_col}}  {'p=0':>5}  {'p=1':>5}  {'p=2':>5}")
+    for base in BASELINES:
+        cells = "  ".join(f"{_pct(summary.get(f'fast_{p}_{base}')):>5}" for p in FAST_P)
+        lines.append(f"{'vs ' + base:<{name_col}}  {cells}")
+    if any(summary.get(f"fast_{p}_{base}") is None for p in FAST_P for base in BASELINES):
+        lines.append("(-: not measured, no correct kernel was timed against that baseline)")
+    lines.append(f"correct: {summary['correct']} of {summary['tasks']} tasks, {summary['timed']} timed")
+    for base in BASELINES:
+        lines.append(f"geomean speedup vs {base}: {_fmt(summary.get(f'geomean_{base}'))} over "
+                     f"{summary.get(f'timed_vs_{base}', 0)} timed")
+    per = summary.get("tokens_per_correct")
+    cost = summary.get("cost_per_correct")
+    lines.append(f"tokens: {summary.get('tokens') or 0:,}"
+                 + (f", {per:,.0f} per correct kernel" if per else "")
+                 + (f"; ${cost:.4f} per correct kernel" if cost is not None else ""))
+    return lines
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"

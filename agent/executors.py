@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from agent.runs import RunConfig
 
 log = logging.getLogger(__name__)
+CHECK_FOOTPRINT = 8  # GPU bytes a check keeps alive, in multiples of the task's input bytes (checks_that_fit)
 CHECKS_PER_GPU = 4  # slots per GPU when the run does not say: enough that a compile is ready before the GPU is free
 
 
@@ -132,6 +133,18 @@ def _resolve_local(device: str) -> str:
         raise ExecutorError(str(exc)) from None
 
 
+def checks_that_fit(task: Task, gpu_bytes: int, wanted: int = CHECKS_PER_GPU) -> int:
+    """How many checks one GPU holds at once when the run does not say: a check keeps about CHECK_FOOTPRINT times the
+    task's input bytes alive there (the parent's inputs, reference output and float64 truth, the lent staging copies,
+    the child's own copies), so a task of gigabytes (KernelBench's level 1 has 6 GB tensors) is checked fewer at a
+    time instead of running the GPU out of memory."""
+    try:
+        need = CHECK_FOOTPRINT * task.input_bytes()
+    except Exception:  # noqa: BLE001 - a task whose inputs cannot be probed keeps the default
+        return wanted
+    return max(1, min(wanted, gpu_bytes // max(1, need)))
+
+
 class LocalExecutor:
     """Warm harnesses in this process: `checks_per_gpu` per GPU (`--gpus`), or one on the CPU (more if asked).
 
@@ -167,7 +180,9 @@ class LocalExecutor:
         if max(gpu_ids, default=-1) >= visible:
             what = f"--gpus {config.gpus}" if self.gpu_ids is None else f"GPU {max(gpu_ids)}"
             raise ExecutorError(f"{what} asks for more GPUs than the {visible} visible")
-        per_gpu = per_gpu or CHECKS_PER_GPU
+        if per_gpu is None:
+            gpu_bytes = torch.cuda.get_device_properties(gpu_ids[0]).total_memory if torch.cuda.is_available() else 0
+            per_gpu = checks_that_fit(task, gpu_bytes) if gpu_bytes else CHECKS_PER_GPU
         return LocalSession(task, device, len(gpu_ids) * per_gpu, factory, gpu_ids=gpu_ids * per_gpu, gates=gates)
 
     def close(self) -> None:

@@ -226,7 +226,7 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
 
 def _allowed(node: ast.Import | ast.ImportFrom) -> bool:
     """A candidate may make this import (the harness's static allow-list)."""
-    from sandbox.static import ALLOWED_IMPORTS
+    from sandbox.allowlist import ALLOWED_IMPORTS
 
     roots = [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) else \
         [(node.module or "").split(".")[0]]

@@ -1,4 +1,5 @@
-"""What the loop sees of a language model: typed messages and replies, the Provider protocol, and `make_provider`.
+"""What the loop sees of a language model: typed messages and replies, the Provider protocol (agent.chat), and
+`make_provider`, which builds the provider registered for a spec's prefix.
 
 A provider turns a list of messages into one `Reply`, retrying transient failures itself; anything it cannot recover
 from ends in a `ProviderError` whose message is one sentence telling the user what to do. `make_provider(None)` returns
@@ -12,74 +13,17 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from pydantic import ValidationError
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from agent.chat import Message, Price, Provider, ProviderError, Reply, Usage, registered
+
+__all__ = ["Message", "Price", "Provider", "ProviderError", "Reply", "Usage", "ModelPool", "make_provider",
+           "load_prices"]
 
 MODEL_ENV = "CRUCIBLE_MODEL"
 PRICES_ENV = "CRUCIBLE_PRICES"
 # Specs that mean "no language model": the loop proposes with the offline tuner.
 TUNER_SPECS = ("tuner", "none")
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-class Usage(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
-
-
-class Reply(BaseModel):
-    """One completed request. `latency_s` is the wall time of the whole call, retries and their waits included."""
-
-    model_config = ConfigDict(frozen=True)
-
-    text: str
-    model: str  # the model that answered, as the server reports it (falls back to the requested name)
-    provider: str  # the provider's name, e.g. "openai:gpt-x"
-    usage: Usage
-    cost_usd: float | None  # None when the model has no configured price (never guessed)
-    latency_s: float = Field(ge=0)
-    attempts: int = Field(ge=1)
-    finish_reason: str | None = None  # "stop", "length", "end_turn", "max_tokens"... as the server says
-
-
-class Price(BaseModel):
-    """USD per million tokens."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    input: float = Field(ge=0)
-    output: float = Field(ge=0)
-
-    def cost(self, usage: Usage) -> float:
-        return (usage.input_tokens * self.input + usage.output_tokens * self.output) / 1e6
-
-
-@runtime_checkable
-class Provider(Protocol):
-    name: str  # "openai:gpt-x", "anthropic:claude-y", "fake", ...
-
-    def complete(self, messages: list[Message], *, max_tokens: int, temperature: float) -> Reply: ...
-
-
-class ProviderError(Exception):
-    """A failure the provider could not recover from; the message is one sentence for the user.
-
-    `transient` is True when the cause may pass by itself (rate limits, server errors, an endpoint down, malformed
-    replies, all after the retries ran out), False when the user must change something (key, model name, spec).
-    """
-
-    def __init__(self, message: str, *, transient: bool = False):
-        super().__init__(message)
-        self.transient = transient
 
 
 class ModelPool:
@@ -147,12 +91,11 @@ def make_provider(spec: str | None, *, timeout_s: float = 120, prices: dict | No
                             "OpenAI-compatible server via OPENAI_BASE_URL) or anthropic:NAME")
     table = load_prices(prices)
     price = table.get(f"{kind}:{model}") or table.get(model)
-    from agent import providers  # the SDKs load here, not when the tuner runs
+    from agent import providers  # noqa: F401 - registers openai and anthropic; their SDKs load on first use
 
-    if kind == "openai":
-        return providers.OpenAIProvider(model, timeout_s=timeout_s, price=price, **options)
-    if kind == "anthropic":
-        return providers.AnthropicProvider(model, timeout_s=timeout_s, price=price, **options)
+    factory = registered(kind)
+    if factory is not None:
+        return factory(model, timeout_s=timeout_s, price=price, **options)
     raise ProviderError(f"unknown provider {kind!r} in {spec!r}; use openai:NAME (also for vLLM, SGLang, Ollama and "
                         "llama.cpp through OPENAI_BASE_URL) or anthropic:NAME")
 

@@ -76,7 +76,7 @@ def system_prompt(*, gpu: str = "h200", allow_torch_compute: bool = False, max_o
     `gpu_facts` replaces the template agent/prompts/gpu_{gpu}.md where the loop measured the facts; `example` is
     (what it is, its source), by default the RMSNorm forward kept with the prompts.
     """
-    from sandbox.static import ALLOWED_IMPORTS, FORBIDDEN_NAMES
+    from sandbox.allowlist import ALLOWED_IMPORTS, FORBIDDEN_NAMES
 
     torch_compute = ("This task allows PyTorch compute besides your kernels, but the speed of your own kernels is "
                      "what is being measured." if allow_torch_compute else "")

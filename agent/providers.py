@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
-from agent.llm import Message, Price, ProviderError, Reply, Usage
+from agent.chat import Message, Price, ProviderError, Reply, Usage, register
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +201,7 @@ class _SDKProvider(abc.ABC):
         return ProviderError(f"{self.name} failed {tries} with {type(exc).__name__}: {_short(exc)}")
 
 
+@register("openai")
 class OpenAIProvider(_SDKProvider):
     """Chat Completions, plain or streamed (`stream=True`), against OpenAI or any server that speaks its format."""
 
@@ -281,6 +282,7 @@ class OpenAIProvider(_SDKProvider):
         return _Raw(text="".join(parts), model=model, usage=usage, finish_reason=finish)
 
 
+@register("anthropic")
 class AnthropicProvider(_SDKProvider):
     """The Messages API, plain or streamed (`stream=True`); system messages go to the `system` parameter."""
 

@@ -1,5 +1,11 @@
 """`crucible archive report -o report.html`: one static page that shows what an archive holds.
 
+Where the archive holds `crucible batch` runs, the page opens with a KernelBench table per batch: each task's
+verdict and speedup over eager and torch.compile with their intervals, then fast_0/1/2 against both, the
+geometric-mean speedups and tokens and cost per correct kernel, computed from the archived rows by the batch
+summary's own `metrics()` (agent/batch_summary.py). `batch_table()` gives the same numbers to the plain-text and
+JSON forms of `crucible archive report --kernelbench`.
+
 Per task: the leaderboard of verified kernels, the speedup over proposals (an inline SVG: each timed kernel with its
 95% CI, the best so far as a step line, 1.0x marked), the lineage as a nested list, and the winner's code
 highlighted with its diff against its parent. Everything is inline (styles, SVG, highlighting by Pygments, which
@@ -16,7 +22,8 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer, PythonLexer
 
-from agent.archive import Archive, Candidate, Reverification
+from agent import batch_summary
+from agent.archive import Archive, Batch, Candidate, Reverification
 from agent.browse import (TaskSummary, diff, env_text, speed_text, task_name, task_summaries, uncrowned,
                           winners)
 
@@ -43,7 +50,10 @@ def render(archive: Archive, *, task: str | None = None, title: str = "crucible 
     parts = [f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>"
              f"<style>{CSS}</style></head><body>",
              f"<h1>{_e(title)}</h1><p class='muted'>{_e(archive.path)} &middot; {len(summaries)} task(s) &middot; "
-             f"written {stamp}</p>", _overview(summaries)]
+             f"written {stamp}</p>"]
+    if task is None:
+        parts += [_batch_section(*batch_table(archive, b)) for b in archive.batches()]
+    parts.append(_overview(summaries))
     for summary in summaries:
         parts.append(_task_section(archive, summary, status))
     if not summaries:
@@ -58,7 +68,57 @@ def write(archive: Archive, out: Path, *, task: str | None = None) -> Path:
     return out
 
 
+def batch_table(archive: Archive, batch: Batch) -> tuple[Batch, list[dict], dict]:
+    """A batch, its task rows in the folder's order and the metrics over them, from the archive alone."""
+    rows = archive.batch_rows(batch.id)
+    return batch, rows, batch_summary.metrics(rows)
+
+
+def batch_title(batch: Batch, rows: list[dict]) -> str:
+    config = batch.config
+    how = (f"model {config['model']}" if config.get("model") else
+           f"from {config['from']}" if config.get("from") else
+           "references only" if config.get("reference_only") else "seeds and references")
+    budget = f", budget {config['budget']}" if config.get("budget") is not None else ""
+    state = "finished " + batch.finished if batch.finished else "not finished"
+    return f"batch {batch.id}: {len(rows)} tasks on {batch.device}\n{how}{budget}\nstarted {batch.started}, {state}"
+
+
 # ---- sections -------------------------------------------------------------------------------------------------
+def _batch_section(batch: Batch, rows: list[dict], m: dict) -> str:
+    body = []
+    for r in rows:
+        ok = "<span class='ok'>yes</span>" if r.get("correct") else "<span class='bad'>no</span>"
+        tokens = f"{r['tokens']:,}" if r.get("tokens") else ""
+        cost = f"${r['cost_usd']:.4f}" if r.get("cost_usd") else ""
+        body.append(f"<tr><td>{_e(Path(str(r['task'])).stem)}</td><td>{ok}</td>"
+                    f"<td>{_e(batch_summary.kb_cell(r, 'eager'))}</td><td>{_e(batch_summary.kb_cell(r, 'compile'))}"
+                    f"</td><td class='num'>{tokens}</td><td class='num'>{cost}</td>"
+                    f"<td class='muted'>{_e(r.get('note') or '')}</td></tr>")
+    fast = []
+    for base in batch_summary.BASELINES:
+        cells = "".join(f"<td class='num'>{_pct(m[f'fast_{p}_{base}'])}</td>" for p in batch_summary.FAST_P)
+        geo = m[f"geomean_{base}"]
+        fast.append(f"<tr><td>vs {base}</td>{cells}<td class='num'>{'' if geo is None else f'{geo:.2f}x'}</td>"
+                    f"<td class='num'>{m[f'timed_vs_{base}']}</td></tr>")
+    per = m["tokens_per_correct"]
+    cost = m["cost_per_correct"]
+    spend = (f"{m['tokens']:,} tokens" + (f", {per:,.0f} per correct kernel" if per else "")
+             + (f"; ${cost:.4f} per correct kernel" if cost is not None else ""))
+    return (f"<section class='kernelbench' id='{_e(batch.id)}'><h2>KernelBench: {_e(batch.folder)}</h2>"
+            f"<p class='muted'>{_e(batch_title(batch, rows))}</p>"
+            "<table class='kb-tasks'><tr><th>task</th><th>correct</th><th>vs eager [95% CI]</th>"
+            "<th>vs torch.compile [95% CI]</th><th>tokens</th><th>cost</th><th>note</th></tr>" + "".join(body)
+            + "</table><table class='kb-metrics'><tr><th></th><th>fast_0</th><th>fast_1</th><th>fast_2</th>"
+            "<th>geomean</th><th>timed</th></tr>" + "".join(fast) + "</table>"
+            f"<p>{m['correct']} of {m['tasks']} tasks correct; {_e(spend)}. fast_p counts all the batch's tasks; "
+            "empty cells were not measured (nothing timed against that baseline).</p></section>")
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.0f}%"
+
+
 def _overview(summaries: list[TaskSummary]) -> str:
     rows = []
     for s in summaries:

@@ -1,14 +1,15 @@
 """A whole archive as JSON Lines, so a team can merge the runs of several machines into one archive.
 
 One object per line, each with a "kind": `run`, `candidate` (with its source inline and its parents named by uid,
-since local ids differ between machines), `reverification` (its candidate named by uid) or `duel` (challenger and
-incumbent named by uid). Lines are written parents first, and a re-check or a duel after the candidates it names.
-Importing skips what is already there: runs by id, candidates, re-checks and duels by uid, so importing the same
-file twice, or files that overlap, adds each record once. A duel whose challenger or incumbent is in neither the file
+since local ids differ between machines), `reverification` (its candidate named by uid), `duel` (challenger and
+incumbent named by uid) or `batch` (one `crucible batch` over a folder with its tasks' summary rows, from which
+`crucible archive report` rebuilds the KernelBench table). Lines are written parents first, and a re-check, a duel
+or a batch after what it names. Importing skips what is already there: runs and batches by id, candidates, re-checks
+and duels by uid, so importing the same file twice, or files that overlap, adds each record once. A duel whose challenger or incumbent is in neither the file
 nor the archive is skipped and counted: without both kernels it says nothing.
 
 The header's format names the kinds a file may hold: crucible-archive/1 runs, candidates and re-checks; /2 adds
-duels. A reader reads every format up to its own and refuses a newer one at the header, before it adds anything, so
+duels; /3 batches (a whole archive's export only: a task's filtered export leaves them out). A reader reads every format up to its own and refuses a newer one at the header, before it adds anything, so
 an older crucible stops with one sentence instead of half-way through, at the first line of a kind it does not know.
 """
 from __future__ import annotations
@@ -21,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from agent.archive import Archive, Candidate, Duel, DuelLeg, Reverification, Run, Timings
+from agent.archive import Archive, Batch, Candidate, Duel, DuelLeg, Reverification, Run, Timings
 
 log = logging.getLogger(__name__)
-FORMAT = "crucible-archive/2"
-READS = ("crucible-archive/1", FORMAT)  # every format up to this one: a file of an older crucible still imports
-KINDS = ("run", "candidate", "reverification", "duel")
+FORMAT = "crucible-archive/3"
+READS = ("crucible-archive/1", "crucible-archive/2", FORMAT)  # every format up to this one: a file of an older crucible still imports
+KINDS = ("run", "candidate", "reverification", "duel", "batch")
 
 
 class TransferError(ValueError):
@@ -75,6 +76,10 @@ def dump(archive: Archive, out: IO[str], *, task: str | None = None) -> dict[str
         record["incumbent_uid"] = uids[record.pop("incumbent_id")]
         out.write(json.dumps({"kind": "duel", **record}) + "\n")
         counts["duel"] += 1
+    for batch in archive.batches() if task is None else []:
+        rows = archive.batch_rows(batch.id)
+        out.write(json.dumps({"kind": "batch", **dataclasses.asdict(batch), "rows": rows}, default=str) + "\n")
+        counts["batch"] += 1
     return counts
 
 
@@ -109,6 +114,8 @@ def load(archive: Archive, lines: Iterable[str], *, name: str = "input") -> Merg
                 added = _add_duel(archive, record, merged)
                 if added is None:
                     continue
+            elif kind == "batch":
+                added = _add_batch(archive, record)
             else:
                 raise TransferError(f"{name} line {lineno}: unknown record kind {kind!r}")
         except (TypeError, KeyError, ValueError) as exc:
@@ -190,6 +197,18 @@ def _add_duel(archive: Archive, record: dict[str, Any], merged: Merged) -> bool 
         record["run_id"] = None
     legs = tuple(DuelLeg(**leg) for leg in record.pop("legs"))
     archive.add_duel(Duel(challenger_id=sides["challenger"], incumbent_id=sides["incumbent"], legs=legs, **record))
+    return True
+
+
+def _add_batch(archive: Archive, record: dict[str, Any]) -> bool:
+    rows = record.pop("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "task" in r and "status" in r for r in rows):
+        raise ValueError("a batch whose rows are not task summary rows")
+    if archive.get_batch(record["id"]) is not None:
+        return False
+    archive.add_batch(Batch(**record))
+    for position, row in enumerate(rows):
+        archive.set_batch_row(record["id"], position, row)
     return True
 
 

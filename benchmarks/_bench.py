@@ -1,9 +1,11 @@
-"""What the GPU bench scripts share: their --smoke / --budget options, a median time over rotating input sets, and
-the relative L2 error."""
+"""What the GPU bench scripts share: their --smoke / --budget options, a median time over rotating input sets, the
+relative L2 error, and the commit a measurement is recorded under."""
 from __future__ import annotations
 
 import argparse
+import subprocess
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -92,3 +94,21 @@ def versions() -> str:
     import triton
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
     return f"torch {torch.__version__}, triton {triton.__version__}, {device}"
+
+
+def commit(root: Path) -> str:
+    """The commit of the tree at `root`: its COMMIT file where the tree was exported without git (a copy sent to a GPU
+    machine carries one), else HEAD's short hash with '+dirty' when tracked files differ; '' if neither is known."""
+    stamp = root / "COMMIT"
+    if stamp.exists():
+        return stamp.read_text().strip()[:12]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return ""
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=30)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return ""

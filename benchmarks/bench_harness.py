@@ -24,25 +24,14 @@ import csv
 import datetime
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
+from _bench import commit as repo_commit  # noqa: E402  (this script's folder is on sys.path)
 CSV_FIELDS = ["date", "label", "commit", "device", "torch", "triton", "task", "candidate", "n", "accepted",
               "total_s", "harness_s", "candidate_calls_s", "calls", "timing_stage_s", "total_s_min", "total_s_max"]
-
-
-def _commit(root: Path) -> str:
-    stamp = root / "COMMIT"  # an exported tree carries its commit in this file
-    if stamp.exists():
-        return stamp.read_text().strip()[:12]
-    try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:
@@ -90,14 +79,14 @@ def main() -> None:
     keys = sorted({k for row in rows for k in row}, key=lambda k: (not k.endswith("_s") or "." in k, k))
     med = {k: statistics.median(row.get(k, 0.0) for row in rows) for k in keys}
     print(f"\nharness start (zygote: imports torch+triton once): {start_s:.2f} s")
-    print(f"{'metric':28s} median over {len(rows)} checks ({args.device}, {Path(args.task).name}, {_commit(root)})")
+    print(f"{'metric':28s} median over {len(rows)} checks ({args.device}, {Path(args.task).name}, {repo_commit(root)})")
     for k, v in med.items():
         print(f"{k:28s} {v:8.3f}")
     if args.csv:
         device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (Triton interpreter)"
         totals = [row["total_s"] for row in rows]
         row = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "label": args.label, "commit": _commit(root), "device": device, "torch": torch.__version__,
+               "label": args.label, "commit": repo_commit(root), "device": device, "torch": torch.__version__,
                "triton": triton.__version__, "task": args.task, "candidate": args.candidate, "n": args.n,
                "accepted": accepted, "total_s_min": f"{min(totals):.3f}", "total_s_max": f"{max(totals):.3f}",
                **{k: f"{med.get(k, 0.0):.3f}" for k in ("total_s", "harness_s", "candidate_calls_s", "calls",

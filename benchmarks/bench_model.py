@@ -20,7 +20,6 @@ import html
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import types
@@ -28,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._bench import commit as repo_commit  # noqa: E402
 VARIANTS = ("eager", "compile", "liger", "crucible")
 
 
@@ -143,14 +143,6 @@ def _iqr(xs: list[float]) -> float:
     return q[2] - q[0]
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def svg_lines(series: dict[str, list[float]], title: str, w: int = 640, h: int = 280) -> str:
     pts = [v for s in series.values() for v in s]
     lo, hi = min(pts), max(pts)
@@ -228,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         row, losses = measure(v, spec, args, args.device, out)
         row.update(model=spec.name, device=args.device, gpu=env.get("gpu"), torch=env["torch"],
-                   triton=env["triton"], liger_kernel=env["liger_kernel"], commit=commit(),
+                   triton=env["triton"], liger_kernel=env["liger_kernel"], commit=repo_commit(ROOT),
                    batch_tokens=spec.inputs("cpu")[0].numel(), wall_s=time.perf_counter() - t0)
         rows.append(row)
         curves[v] = losses

@@ -26,7 +26,6 @@ import argparse
 import csv
 import logging
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from benchmarks._bench import commit as repo_commit  # noqa: E402
 CSV = ROOT / "benchmarks" / "data" / "throughput.csv"
 TASKS = ("rmsnorm_fwd", "softmax_fwd", "swiglu_fwd", "attention_fwd_bwd")  # three memory-bound, one compute-bound
 PARTS = ("static", "load", "compile", "correctness", "robustness", "timing")
@@ -144,14 +144,6 @@ def environment(device: str) -> dict[str, str]:
     return out
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def show(row: dict[str, Any]) -> str:
     def f(v: Any, fmt: str = ".2f") -> str:
         return "-" if v is None else format(v, fmt)
@@ -189,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             print("no CUDA GPU is visible; pass --device cpu to measure through Triton's interpreter", file=sys.stderr)
             return 2
     logging.basicConfig(level=logging.WARNING)
-    common = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
+    common = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": repo_commit(ROOT),
               "label": args.label, **environment(args.device)}
     with tempfile.TemporaryDirectory(prefix="crucible-throughput-") as tmp:
         for task in tasks:

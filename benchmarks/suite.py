@@ -22,7 +22,6 @@ import argparse
 import csv
 import fnmatch
 import functools
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere: the repository's packages (seeds, sandbox, profiler)
     sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "data" / "results.csv"
+from benchmarks._bench import commit as repo_commit  # noqa: E402
 
 # One line per implementation and baseline it was compared with (an implementation with no comparison, or one that
 # could not be timed, gets one line with `vs` empty). `source` says where a line came from: "suite" for lines this
@@ -141,20 +141,6 @@ def select(rows: Iterable[Bench], only: str | None) -> list[Bench]:
     pats = [p.strip() for p in only.split(",") if p.strip()]
     pats = [p if any(c in p for c in "*?[") or p in names else f"*{p}*" for p in pats]
     return [r for r in rows if any(fnmatch.fnmatchcase(r.name, p) for p in pats)]
-
-
-def git_commit() -> str:
-    """HEAD's short hash, '+dirty' when tracked files differ from it; '' where there is no git checkout."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10)
-        if head.returncode != 0:
-            return ""
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=30)
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def _fmt(value: Any) -> str:
@@ -303,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r.name}: {r.command()}")
         print(f"would append to {args.out}")
         return 0
-    commit = args.commit if args.commit is not None else git_commit()
+    commit = args.commit if args.commit is not None else repo_commit(ROOT)
     if not commit:
         # A copy of the working tree without .git (how a GPU machine often gets it): measure anyway, say so.
         print("no git checkout here to read the commit from: rows are recorded with commit 'unknown'; pass "

@@ -160,25 +160,32 @@ def roofline(nbytes: float, flops: float, ceilings: dict[str, Any] | None, dtype
                     compute_ms=compute_ms, floor_ms=max(memory_ms, compute_ms), bound=bound)
 
 
-def task_roofline(task: Any, model: torch.nn.Module, inputs: list[Any], ceilings: dict[str, Any] | None) -> Roofline:
-    """The roofline of a sandbox.task.Task at its current shapes, from its formulas or its reference."""
-    from sandbox.task import formula
+@dataclass(frozen=True)
+class Declared:
+    """What a task declares for its roofline at its current shapes (the caller reads it from the task): bytes and
+    FLOPs from its own formulas (None: counted from the tensors and the reference), and whether its float32 matmuls
+    may run as TF32."""
+    bytes: float | None = None
+    flops: float | None = None
+    allow_tf32: bool = False
 
-    consts = task.current_constants()
-    bytes_fn, flops_fn = formula(task.meta.bytes_formula), formula(task.meta.flops_formula)
+
+def task_roofline(declared: Declared, model: torch.nn.Module, inputs: list[Any],
+                  ceilings: dict[str, Any] | None) -> Roofline:
+    """The roofline of a task's reference `model` on `inputs`, from what the task declares or else by counting."""
     outputs = None
-    if flops_fn is not None:
-        flops, flops_source = float(flops_fn(consts)), "task formula (CRUCIBLE_FLOPS)"
+    if declared.flops is not None:
+        flops, flops_source = declared.flops, "task formula (CRUCIBLE_FLOPS)"
     else:
         flops, outputs, flops_source = count_flops(model, inputs)
-    if bytes_fn is not None:
-        nbytes, bytes_source = float(bytes_fn(consts)), "task formula (CRUCIBLE_BYTES)"
+    if declared.bytes is not None:
+        nbytes, bytes_source = declared.bytes, "task formula (CRUCIBLE_BYTES)"
     else:
         if outputs is None:
             outputs, _, _ = _forward(model, inputs)
         nbytes, bytes_source = tensor_bytes(inputs, outputs, model), "tensor sizes (inputs + parameters + outputs)"
     dtype = compute_dtype(inputs, model)
-    if dtype == "fp32" and task.meta.allow_tf32:
+    if dtype == "fp32" and declared.allow_tf32:
         dtype = "tf32"
     return roofline(nbytes, flops, ceilings, dtype, bytes_source=bytes_source, flops_source=flops_source)
 

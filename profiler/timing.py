@@ -43,8 +43,8 @@ every call's outputs would be a new cudaMalloc inside its host time, which only 
 suspected cause of the AdamW seed's 0.77 ms of host time a call in `crucible bench` against 0.21 in a plain loop,
 315 MB of outputs a call; benchmarks/bench_child_overhead.py measures it). So before the first timed call, blocks
 the size of the watched function's warm-up output storages, as many as the re-check will hold at once, are
-allocated, NaN-poisoned and freed into the allocator's cache (`_reserve`): the held outputs are carved from them.
-`config.allocator_segments_timed` counts the segments (cudaMallocs) the timed rounds still needed.
+allocated, NaN-poisoned and freed into the allocator's cache (`device_memory.reserve_outputs`): the held outputs are
+carved from them. `config.allocator_segments_timed` counts the segments (cudaMallocs) the timed rounds still needed.
 
 The timer functions are captured when this module is imported (before any candidate code) and called through those
 captured references; their identity is checked after the run, and a change is reported as tampering (THREATS #17).
@@ -54,13 +54,12 @@ bound on its counted times) go through profiler.stats.race; once its interval li
 rounds stop (`race.stopped_early`), and a contest still open after the planned rounds gets up to `extra_reps` more
 calls. The trusted parent repeats the rule on the returned times (sandbox.timing_parent).
 
-Imports: torch, the standard library and profiler.stats (standard library only); this module runs inside the sandbox
-child.
+The counting arithmetic is profiler.counting; the outputs and the allocator around them, profiler.device_memory;
+the plan and the state of the rounds, profiler.timing_plan. Imports: torch, the standard library, profiler.stats
+(standard library only) and those three; this module runs inside the sandbox child.
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import math
 import time
@@ -70,8 +69,12 @@ from typing import Any, Callable, Iterable
 import torch
 
 from . import stats
+from .counting import calibrate, count, median
+from .device_memory import (
+    fingerprint, held_at_once, nbytes, pool_context, private_copy, reserve_outputs, scrub, segments, to_cpu,
+)
+from .timing_plan import NULL_FN, Bench, Plan, State, make_plan
 
-NULL_FN = "_null"  # the empty call that calibrates the honest tail and wall time
 SCHEMA = 1
 
 # ---- the trusted timer, captured before any candidate is imported -------------------------------------------------
@@ -83,15 +86,9 @@ _SYNC = torch.cuda.synchronize
 _C_SYNC = getattr(torch._C, "_cuda_synchronize", None)  # absent from CPU-only builds
 _PERF = time.perf_counter
 _ZERO = torch.Tensor.zero_
-_FILL = torch.Tensor.fill_
 _CURRENT_STREAM = torch.cuda.current_stream
-_MEMPOOL = getattr(torch.cuda, "MemPool", None)  # private allocator pools (torch >= 2.6)
-_POOL_BEGIN = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
-_POOL_END = getattr(torch._C, "_cuda_endAllocateToPool", None)
-_POOL_RELEASE = getattr(torch._C, "_cuda_releasePool", None)
 HIGHEST_PRIORITY = -1000  # torch maps it to the greatest priority it supports
 MAX_HEAT_CALLS = 256  # heating calls before one burst, whatever settle_ms asks
-RESERVE_SHARE = 0.25  # the most of the free device memory the held outputs' reserve may take (see _reserve)
 
 _WATCHED: dict[str, Callable[[], Any]] = {
     "torch.cuda.Event": lambda: torch.cuda.Event,
@@ -125,113 +122,9 @@ def _device_sync() -> None:
     _C_SYNC()  # the whole device (every stream), without going through the patchable torch.cuda.synchronize
 
 
-# ---- persisting L2 -------------------------------------------------------------------------------------------------
-class _PersistingL2:
-    """cuCtxResetPersistingL2Cache through the driver (ctypes), else cuda.bindings; records which, or why neither."""
-
-    def __init__(self) -> None:
-        self.method: str | None = None
-        self.error: str | None = None
-        self._call: Callable[[], int] | None = None
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            fn = lib.cuCtxResetPersistingL2Cache
-            fn.restype = ctypes.c_int
-            self._call, self.method = fn, "cuCtxResetPersistingL2Cache (libcuda, ctypes)"
-        except (OSError, AttributeError) as exc:
-            self.error = f"libcuda: {exc}"
-            try:
-                from cuda.bindings import runtime as cudart  # type: ignore[import-not-found]
-
-                def call() -> int:
-                    return int(cudart.cudaCtxResetPersistingL2Cache()[0])
-
-                self._call, self.method, self.error = call, "cudaCtxResetPersistingL2Cache (cuda.bindings)", None
-            except Exception as exc2:  # noqa: BLE001 - any import failure means: not available
-                self.error += f"; cuda.bindings: {exc2}"
-
-    @property
-    def working(self) -> bool:
-        return self._call is not None
-
-    def reset(self) -> None:
-        if self._call is None:
-            return
-        rc = int(self._call())
-        if rc != 0:
-            self.error = f"{self.method} returned error {rc}"
-            self._call = None
-
-
-# ---- outputs -------------------------------------------------------------------------------------------------------
-def _tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []
-
-
-def fingerprint(out: Any) -> list[tuple[float, float]]:
-    """Per output tensor: (float64 sum, float64 sum of squares). Deterministic for an unchanged tensor."""
-    fp = []
-    for t in _tensors(out):
-        x = t.detach()
-        if x.is_complex():
-            x = torch.view_as_real(x)
-        if x.dtype == torch.bool:
-            x = x.to(torch.uint8)
-        x64 = x.to(torch.float64) if x.numel() <= (1 << 26) else None
-        if x64 is None:  # big outputs: reduce chunk by chunk instead of materialising a float64 copy
-            flat = x.reshape(-1)
-            s = ss = 0.0
-            for i in range(0, flat.numel(), 1 << 26):
-                c = flat[i:i + (1 << 26)].to(torch.float64)
-                s += float(c.sum())
-                ss += float((c * c).sum())
-        else:
-            s, ss = float(x64.sum()), float((x64 * x64).sum())
-        fp.append((s, ss))
-    return fp
-
-
-def _same_fp(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
-    if len(a) != len(b):
-        return False
-    for (s1, q1), (s2, q2) in zip(a, b):
-        for u, v in ((s1, s2), (q1, q2)):
-            if not (u == v or (math.isnan(u) and math.isnan(v))):
-                return False
-    return True
-
-
-def _nbytes(out: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(out))
-
-
-def _to_cpu(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return out.detach().to("cpu", copy=True)
-    if isinstance(out, (list, tuple)):
-        return type(out)(_to_cpu(o) for o in out) if isinstance(out, list) else tuple(_to_cpu(o) for o in out)
-    if isinstance(out, dict):
-        return {k: _to_cpu(v) for k, v in out.items()}
-    return out
-
-
 def _error(exc: BaseException) -> dict[str, str]:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return {"type": type(exc).__name__, "message": str(exc)[:4000], "traceback": tb[-8000:]}
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    if n == 0:
-        return float("nan")
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 # ---- measure -------------------------------------------------------------------------------------------------------
@@ -273,7 +166,7 @@ def measure(
     timed ones flag the burst (`count`). `fresh_inputs`: functions that get a private copy of each input set, made
     before the flush, because they may write over their inputs (Liger's cross-entropy stores the gradient in its
     logits): every function then sees the same values. `reserve`: grow the allocator's cache for the held outputs
-    before the timed rounds (see `_reserve`; False only to measure what it saves). `isolate`: functions (the
+    before the timed rounds (see `reserve_outputs`; False only to measure what it saves). `isolate`: functions (the
     baselines) whose results the watched function must never be handed by the caching allocator (THREATS #5):
     their calls and private input copies allocate from a memory pool of their own, and what they return (autograd's
     gradients come from its own thread, outside the pool) and their private inputs are set to NaN bytes before
@@ -281,220 +174,22 @@ def measure(
     the watched function cannot beat the rule's incumbent, and time a contest still open after `reps` calls for up
     to `extra_reps` more (see the module's docstring); without it, exactly `reps`.
     """
-    if not torch.cuda.is_available():
-        raise RuntimeError("measure needs a CUDA device")
-    if not fns:
-        raise ValueError("measure needs at least one function")
-    if not input_sets:
-        raise ValueError("measure needs at least one input set")
-    if NULL_FN in fns:
-        raise ValueError(f"{NULL_FN!r} is reserved for the calibration call")
-    if reps < 2 or warmup < 0 or burst < 1 or settle_ms < 0 or extra_reps < 0:
-        raise ValueError("reps must be at least 2, warmup non-negative, burst at least 1 and settle_ms non-negative")
-    names = list(fns)
-    fresh = set(fresh_inputs)
-    if fresh - set(names):
-        raise ValueError(f"fresh_inputs names {sorted(fresh - set(names))}, which are not measured")
-    isolated = set(isolate)
-    if isolated - set(names) or (watch or names[0]) in isolated:
-        raise ValueError(f"isolate names {sorted(isolated)}: each must be measured and none the watched function")
-    pools = {n: _MEMPOOL() for n in isolated} if _MEMPOOL is not None and _POOL_BEGIN is not None else {}
-    watch = names[0] if watch is None else watch
-    if watch not in fns:
-        raise ValueError(f"watch={watch!r} is not one of {names}")
-    warm_rounds, timed_rounds = max(-(-warmup // burst), 1 if settle_ms else 0), -(-reps // burst)
-    extra_rounds = -(-extra_reps // burst) if race is not None else 0
-    reps = timed_rounds * burst
-    race_state: dict[str, Any] | None = None if race is None else \
-        {**race.to_dict(), "planned_reps": reps, "extra_reps": extra_rounds * burst, "stopped_early": False,
-         "extended": False, "decision": stats.OPEN}
-    sample_every = max(1, reps // 3) if sample_every is None else max(1, int(sample_every))
-
-    dev = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(dev)
-    l2 = int(getattr(props, "L2_cache_size", 0) or (50 << 20))
-    flush_bytes = max(2 * l2, 256 << 20) if flush_bytes is None else int(flush_bytes)
-    if flush_bytes < 2 * l2:
-        raise ValueError(f"flush_bytes={flush_bytes} is under twice the L2 size ({l2} bytes)")
-    flush = _flush_buffer(flush_bytes, dev)
-    persisting = _PersistingL2()
-    warnings: list[str] = []
-    if isolated and not pools:
-        warnings.append("this torch has no MemPool: the baselines share the allocator with the candidate (their "
-                        "outputs are still scrubbed before they are freed)")
-    heat_set = input_sets[-1]
-    if settle_ms and len(input_sets) > 1:
-        input_sets = input_sets[:-1]  # the heating calls' set is never a timed call's: no result to reuse
-    elif settle_ms:
-        warnings.append("one input set: the heating calls before each burst use the timed calls' inputs")
-    n_sets = len(input_sets)
-    if (warm_rounds + timed_rounds) * burst > n_sets:
-        warnings.append(f"{n_sets} input sets for {(warm_rounds + timed_rounds) * burst} calls per function: inputs "
-                        "are reused, so a candidate that caches results by input address could go unnoticed; pass "
-                        "more input sets")
-    if persisting.method is None:
-        warnings.append(f"persisting L2 could not be reset: {persisting.error}")
-
-    calls: dict[str, Callable[[list], Any]] = {NULL_FN: lambda args: None, **fns}
-    order_base = [NULL_FN] + names
-    raw: dict[str, list[dict[str, Any]]] = {n: [] for n in order_base}  # timed bursts (the null call's: all)
-    errors: dict[str, dict[str, str] | None] = {n: None for n in order_base}
-    samples: list[dict[str, Any]] = []
-    prints: list[dict[str, Any]] = []  # fingerprints of the watched function's timed calls
-    held: list[tuple[int, Any]] = []  # (index into prints, output) awaiting the later re-check
-    held_bytes = 0
-    graphs: dict[tuple[str, int], tuple[Any, Any]] = {}
-    order: list[list[str]] = []
-    fatal: dict[str, str] | None = None
-    segments_timed: int | None = None
-    warm_ms: dict[str, list[float]] = {n: [] for n in order_base}  # warm-up stream times: size the heating
-    heat_calls: dict[str, int] = {n: 0 for n in order_base}
-    watch_sample: Any = None  # the watched function's last warm-up output: the reserve's pattern
-    reserved, segments_before = 0, None
-
-    def recheck(entry_idx: int, out: Any) -> None:
-        entry = prints[entry_idx]
-        entry["later"] = fingerprint(out)
-        entry["changed"] = not _same_fp(entry["at_return"], entry["later"])
+    plan = make_plan(fns, input_sets, reps=reps, warmup=warmup, burst=burst, settle_ms=settle_ms, watch=watch,
+                 sample_every=sample_every, graph=graph, hold_bytes=hold_bytes, fresh_inputs=fresh_inputs,
+                 tail_tolerance=(tail_tolerance_ms, tail_tolerance_rel), cover_ms=cover_ms, reserve=reserve,
+                 isolate=isolate, race=race, extra_reps=extra_reps)
+    bench = Bench.on_current_device(flush_bytes)
+    state = State.start(plan)
+    if bench.persisting.method is None:
+        state.warnings.append(f"persisting L2 could not be reset: {bench.persisting.error}")
 
     gc_was_enabled = gc.isenabled()
-    stream = torch.cuda.Stream(device=dev, priority=HIGHEST_PRIORITY)
+    stream = torch.cuda.Stream(device=bench.dev, priority=HIGHEST_PRIORITY)
     stream.wait_stream(_CURRENT_STREAM())
-    passes, pass_ms = 1, 0.0
     stream_ctx = torch.cuda.stream(stream)
     stream_ctx.__enter__()
     try:
-        if graph:
-            used = sorted({c % n_sets for c in range((warm_rounds + timed_rounds) * burst)})
-            for n in names:
-                try:
-                    graphs.update(_capture(n, calls[n], input_sets, used))
-                except Exception as exc:  # noqa: BLE001 - a candidate that cannot be captured is reported, not fatal
-                    errors[n] = _error(exc)
-            warnings.append("graph mode: each output is the graph's static buffer, so the later fingerprint "
-                            "re-check is skipped")
-        heat_start, heat_end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
-        starts = [_EVENT(enable_timing=True) for _ in range(burst)]
-        ends = [_EVENT(enable_timing=True) for _ in range(burst)]
-        end_all = _EVENT(enable_timing=True)
-        pass_ms = _flush_pass_ms(flush, starts[0], ends[0])
-        passes = max(1, math.ceil(cover_ms / pass_ms)) if pass_ms > 0 else 1
-        gc.collect()
-        gc.disable()
-        for rnd in range(warm_rounds + timed_rounds + extra_rounds):
-            if race_state is not None and rnd > warm_rounds:
-                done = [s for b in raw[watch] for s in b["stream_ms"]]
-                go, race_state["decision"] = stats.keep_racing(done, race, reps, reps + extra_rounds * burst)
-                if not go:
-                    race_state["stopped_early"] = len(done) < reps
-                    break
-                race_state["extended"] = len(done) >= reps
-            timed = rnd >= warm_rounds
-            # the same input sets for every function in a round: ratios are paired
-            ks = [(rnd * burst + j) % n_sets for j in range(burst)]
-            alive = [n for n in order_base if errors[n] is None]
-            shift = rnd % len(alive)
-            alive = alive[shift:] + alive[:shift]
-            if timed:
-                order.append(alive)
-            if rnd == warm_rounds and not graph:
-                copies = _held_at_once(_nbytes(watch_sample), hold_bytes, timed_rounds, burst)
-                reserved = _reserve(watch_sample, copies, dev, warnings) if reserve else 0
-                watch_sample = None
-                segments_before = _segments(dev)
-            if rnd == warm_rounds and settle_ms:
-                for n in names:
-                    est = _median(warm_ms[n]) if warm_ms[n] else 0.0
-                    heat_calls[n] = min(MAX_HEAT_CALLS, math.ceil(settle_ms / est)) if est > 0 else 0
-            for n in alive:
-                outs: list[Any] = []
-                host: list[float] = []
-                try:
-                    _device_sync()
-                    persisting.reset()
-                    heating = heat_calls[n] if timed else 0
-                    with _pool_context(pools.get(n), dev):
-                        args = [_private(input_sets[k]) if n in fresh else input_sets[k] for k in ks]
-                        if n in fresh:
-                            _device_sync()  # the copies are made before the burst's host wall time starts
-                        if heating:
-                            heat_args = _private(heat_set) if n in fresh else heat_set
-                            _RECORD(heat_start)
-                            for _ in range(heating):
-                                calls[n](heat_args)
-                            _RECORD(heat_end)
-                            _device_sync()  # the burst's wall time starts with the device free, as without heating
-                            if n in isolated and n in fresh:
-                                _scrub(heat_args)
-                            del heat_args
-                        for _ in range(passes):
-                            _ZERO(flush)
-                        t0 = _PERF()
-                        for j, k in enumerate(ks):
-                            if j:
-                                _ZERO(flush)
-                            g = graphs.get((n, k)) if graph and n != NULL_FN else None
-                            th = _PERF()
-                            _RECORD(starts[j])
-                            if g is not None:
-                                g[0].replay()
-                                outs.append(g[1])
-                            else:
-                                outs.append(calls[n](args[j]))
-                            host.append((_PERF() - th) * 1e3)
-                            _RECORD(ends[j])
-                        _device_sync()
-                        t1 = _PERF()
-                        _RECORD(end_all)
-                        _device_sync()
-                        if n in isolated and not graph:  # what another thread (autograd's) put outside the pool
-                            _scrub(outs)
-                            if n in fresh:
-                                _scrub(args)
-                        del args
-                    rec = {"stream_ms": [float(_ELAPSED(starts[j], ends[j])) for j in range(burst)],
-                           "gap_ms": [float(_ELAPSED(ends[j - 1], ends[j])) for j in range(1, burst)],
-                           "tail_ms": float(_ELAPSED(ends[-1], end_all)), "wall_ms": (t1 - t0) * 1e3,
-                           "host_ms": host, "input_set": ks, "heat_calls": heating,
-                           "heat_ms": float(_ELAPSED(heat_start, heat_end)) if heating else 0.0}
-                except Exception as exc:  # noqa: BLE001 - recorded per function; a dead context ends the run below
-                    errors[n] = _error(exc)
-                    try:
-                        _device_sync()
-                    except Exception as exc2:  # noqa: BLE001
-                        fatal = _error(exc2)
-                        raise _Fatal from None
-                    continue
-                if n == NULL_FN or timed:
-                    raw[n].append(rec)
-                else:
-                    warm_ms[n].extend(rec["stream_ms"])
-                if not timed and n == watch and outs and not graph:
-                    watch_sample = outs[-1]
-                if not timed or n != watch:
-                    del outs
-                    continue
-                for j, (k, out) in enumerate(zip(ks, outs)):
-                    i = (rnd - warm_rounds) * burst + j
-                    prints.append({"call": i, "input_set": k, "at_return": fingerprint(out), "later": None,
-                                   "changed": False})
-                    if (sample_every < reps and i % sample_every == 0) or i == reps - 1:
-                        samples.append({"fn": n, "call": i, "input_set": k, "outputs": _to_cpu(out)})
-                    if not graph:
-                        held.append((len(prints) - 1, out))
-                        held_bytes += _nbytes(out)
-                        while held_bytes > hold_bytes and len(held) > 1:
-                            idx, old = held.pop(0)
-                            held_bytes -= _nbytes(old)
-                            recheck(idx, old)
-                del outs
-        if race_state is not None:
-            done = [s for b in raw[watch] for s in b["stream_ms"]]
-            race_state["decision"] = stats.race(done, race) if done else stats.OPEN
-        for idx, old in held:
-            recheck(idx, old)
-        held.clear()
-        segments_timed = None if segments_before is None else _segments(dev) - segments_before
+        _run_rounds(plan, state, bench)
     except _Fatal:
         pass
     finally:
@@ -502,202 +197,230 @@ def measure(
         _CURRENT_STREAM().wait_stream(stream)
         if gc_was_enabled:
             gc.enable()
+    return _result(plan, state, bench, stream.priority)
 
-    calibration = calibrate(raw[NULL_FN])
-    per = {n: count(raw[n], calibration, first_cover_ms=passes * pass_ms, flush_ms=pass_ms,
-                    tail_tolerance_ms=tail_tolerance_ms, tail_tolerance_rel=tail_tolerance_rel)
-           for n in names}
-    for n in names:
+
+def _run_rounds(plan: Plan, state: State, bench: Bench) -> None:
+    """Graph capture (graph mode), the flush cover, then every round; the held outputs are re-checked at the end.
+    Raises _Fatal when the CUDA context became unusable."""
+    n_sets = len(plan.input_sets)
+    if plan.graph:
+        used = sorted({c % n_sets for c in range((plan.warm_rounds + plan.timed_rounds) * plan.burst)})
+        for n in plan.names:
+            try:
+                state.graphs.update(_capture(n, plan.calls[n], plan.input_sets, used))
+            except Exception as exc:  # noqa: BLE001 - a candidate that cannot be captured is reported, not fatal
+                state.errors[n] = _error(exc)
+        state.warnings.append("graph mode: each output is the graph's static buffer, so the later fingerprint "
+                              "re-check is skipped")
+    events = _Events(plan.burst)
+    bench.pass_ms = _flush_pass_ms(bench.flush, events.starts[0], events.ends[0])
+    bench.passes = max(1, math.ceil(plan.cover_ms / bench.pass_ms)) if bench.pass_ms > 0 else 1
+    gc.collect()
+    gc.disable()
+    for rnd in range(plan.warm_rounds + plan.timed_rounds + plan.extra_rounds):
+        if not _round(plan, state, bench, events, rnd):
+            break
+    if state.race is not None:
+        done = [s for b in state.raw[plan.watch] for s in b["stream_ms"]]
+        state.race["decision"] = stats.race(done, plan.race) if done else stats.OPEN
+    for idx, old in state.held:
+        state.recheck(idx, old)
+    state.held.clear()
+    state.segments_timed = None if state.segments_before is None else segments(bench.dev) - state.segments_before
+
+
+class _Events:
+    """The CUDA events of one burst: heating, each call's start and end, and the whole device idle after it."""
+
+    def __init__(self, burst: int) -> None:
+        self.heat_start, self.heat_end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
+        self.starts = [_EVENT(enable_timing=True) for _ in range(burst)]
+        self.ends = [_EVENT(enable_timing=True) for _ in range(burst)]
+        self.end_all = _EVENT(enable_timing=True)
+
+
+def _round(plan: Plan, state: State, bench: Bench, events: _Events, rnd: int) -> bool:
+    """One round: a burst of each function still without an error, in this round's rotated order. False: the race
+    is decided and the rounds stop."""
+    if state.race is not None and rnd > plan.warm_rounds:
+        done = [s for b in state.raw[plan.watch] for s in b["stream_ms"]]
+        go, state.race["decision"] = stats.keep_racing(done, plan.race, plan.reps,
+                                                       plan.reps + plan.extra_rounds * plan.burst)
+        if not go:
+            state.race["stopped_early"] = len(done) < plan.reps
+            return False
+        state.race["extended"] = len(done) >= plan.reps
+    timed = rnd >= plan.warm_rounds
+    # the same input sets for every function in a round: ratios are paired
+    ks = [(rnd * plan.burst + j) % len(plan.input_sets) for j in range(plan.burst)]
+    alive = [n for n in plan.order_base if state.errors[n] is None]
+    shift = rnd % len(alive)
+    alive = alive[shift:] + alive[:shift]
+    if timed:
+        state.order.append(alive)
+    if rnd == plan.warm_rounds and not plan.graph:
+        copies = held_at_once(nbytes(state.watch_sample), plan.hold_bytes, plan.timed_rounds, plan.burst)
+        state.reserved = reserve_outputs(state.watch_sample, copies, bench.dev, state.warnings) if plan.reserve else 0
+        state.watch_sample = None
+        state.segments_before = segments(bench.dev)
+    if rnd == plan.warm_rounds and plan.settle_ms:
+        for n in plan.names:
+            est = median(state.warm_ms[n]) if state.warm_ms[n] else 0.0
+            state.heat_calls[n] = min(MAX_HEAT_CALLS, math.ceil(plan.settle_ms / est)) if est > 0 else 0
+    for n in alive:
+        burst = _burst(plan, state, bench, events, n, ks, timed)
+        if burst is None:
+            continue
+        rec, outs = burst
+        if n == NULL_FN or timed:
+            state.raw[n].append(rec)
+        else:
+            state.warm_ms[n].extend(rec["stream_ms"])
+        if not timed and n == plan.watch and outs and not plan.graph:
+            state.watch_sample = outs[-1]
+        if timed and n == plan.watch:
+            _keep(plan, state, rnd, ks, outs)
+        del outs
+    return True
+
+
+def _burst(plan: Plan, state: State, bench: Bench, events: _Events, n: str, ks: list[int],
+           timed: bool) -> tuple[dict[str, Any], list[Any]] | None:
+    """One burst of function `n` on input sets `ks`: its events' record and its outputs, or None when it raised
+    (recorded in state.errors). Raises _Fatal when the device cannot be synchronised after the error."""
+    outs: list[Any] = []
+    host: list[float] = []
+    try:
+        _device_sync()
+        bench.persisting.reset()
+        heating = state.heat_calls[n] if timed else 0
+        with pool_context(plan.pools.get(n), bench.dev):
+            args = [private_copy(plan.input_sets[k]) if n in plan.fresh else plan.input_sets[k] for k in ks]
+            if n in plan.fresh:
+                _device_sync()  # the copies are made before the burst's host wall time starts
+            if heating:
+                heat_args = private_copy(plan.heat_set) if n in plan.fresh else plan.heat_set
+                _RECORD(events.heat_start)
+                for _ in range(heating):
+                    plan.calls[n](heat_args)
+                _RECORD(events.heat_end)
+                _device_sync()  # the burst's wall time starts with the device free, as without heating
+                if n in plan.isolated and n in plan.fresh:
+                    scrub(heat_args)
+                del heat_args
+            for _ in range(bench.passes):
+                _ZERO(bench.flush)
+            t0 = _PERF()
+            for j, k in enumerate(ks):
+                if j:
+                    _ZERO(bench.flush)
+                g = state.graphs.get((n, k)) if plan.graph and n != NULL_FN else None
+                th = _PERF()
+                _RECORD(events.starts[j])
+                if g is not None:
+                    g[0].replay()
+                    outs.append(g[1])
+                else:
+                    outs.append(plan.calls[n](args[j]))
+                host.append((_PERF() - th) * 1e3)
+                _RECORD(events.ends[j])
+            _device_sync()
+            t1 = _PERF()
+            _RECORD(events.end_all)
+            _device_sync()
+            if n in plan.isolated and not plan.graph:  # what another thread (autograd's) put outside the pool
+                scrub(outs)
+                if n in plan.fresh:
+                    scrub(args)
+            del args
+        starts, ends = events.starts, events.ends
+        rec = {"stream_ms": [float(_ELAPSED(starts[j], ends[j])) for j in range(plan.burst)],
+               "gap_ms": [float(_ELAPSED(ends[j - 1], ends[j])) for j in range(1, plan.burst)],
+               "tail_ms": float(_ELAPSED(ends[-1], events.end_all)), "wall_ms": (t1 - t0) * 1e3,
+               "host_ms": host, "input_set": ks, "heat_calls": heating,
+               "heat_ms": float(_ELAPSED(events.heat_start, events.heat_end)) if heating else 0.0}
+    except Exception as exc:  # noqa: BLE001 - recorded per function; a dead context ends the run below
+        state.errors[n] = _error(exc)
+        try:
+            _device_sync()
+        except Exception as exc2:  # noqa: BLE001
+            state.fatal = _error(exc2)
+            raise _Fatal from None
+        return None
+    return rec, outs
+
+
+def _keep(plan: Plan, state: State, rnd: int, ks: list[int], outs: list[Any]) -> None:
+    """The watched function's timed outputs: fingerprinted now, sampled to the CPU, held for the later re-check
+    (the oldest re-checked early and released past plan.hold_bytes)."""
+    for j, (k, out) in enumerate(zip(ks, outs)):
+        i = (rnd - plan.warm_rounds) * plan.burst + j
+        state.prints.append({"call": i, "input_set": k, "at_return": fingerprint(out), "later": None,
+                             "changed": False})
+        if (plan.sample_every < plan.reps and i % plan.sample_every == 0) or i == plan.reps - 1:
+            state.samples.append({"fn": plan.watch, "call": i, "input_set": k, "outputs": to_cpu(out)})
+        if not plan.graph:
+            state.held.append((len(state.prints) - 1, out))
+            state.held_bytes += nbytes(out)
+            while state.held_bytes > plan.hold_bytes and len(state.held) > 1:
+                idx, old = state.held.pop(0)
+                state.held_bytes -= nbytes(old)
+                state.recheck(idx, old)
+
+
+def _count_all(plan: Plan, state: State, bench: Bench) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """The empty call's calibration, and each function's counted calls (`count`) with its error; warns of
+    host-bound calls."""
+    calibration = calibrate(state.raw[NULL_FN])
+    per = {n: count(state.raw[n], calibration, first_cover_ms=bench.passes * bench.pass_ms, flush_ms=bench.pass_ms,
+                    tail_tolerance_ms=plan.tail_tolerance[0], tail_tolerance_rel=plan.tail_tolerance[1])
+           for n in plan.names}
+    for n in plan.names:
         p = per[n]
-        p["error"] = errors[n]
+        p["error"] = state.errors[n]
         if p["host_bound"] > len(p["ms"]) // 4:
-            warnings.append(f"{n}: in {p['host_bound']} of {len(p['ms'])} calls the host took longer to launch the "
-                            f"work (median {_median(p['host_ms']):.3f} ms) than the device work queued ahead of it: "
-                            "those times include waiting for the host (graph mode removes launch cost)")
+            state.warnings.append(f"{n}: in {p['host_bound']} of {len(p['ms'])} calls the host took longer to "
+                                  f"launch the work (median {median(p['host_ms']):.3f} ms) than the device work "
+                                  "queued ahead of it: those times include waiting for the host (graph mode removes "
+                                  "launch cost)")
+    return calibration, per
 
-    if persisting.method is not None and not persisting.working:
-        warnings.append(f"persisting L2 could not be reset: {persisting.error}")
-    mismatched = [{"fn": watch, "call": e["call"], "input_set": e["input_set"]} for e in prints if e["changed"]]
+
+def _result(plan: Plan, state: State, bench: Bench, stream_priority: int) -> dict[str, Any]:
+    """measure's record, with the warnings the run's end adds (host-bound calls, persisting L2, tampered timers,
+    changed outputs)."""
+    calibration, per = _count_all(plan, state, bench)
+    if bench.persisting.method is not None and not bench.persisting.working:
+        state.warnings.append(f"persisting L2 could not be reset: {bench.persisting.error}")
+    mismatched = [{"fn": plan.watch, "call": e["call"], "input_set": e["input_set"]}
+                  for e in state.prints if e["changed"]]
     changed_timer = tampered()
     if changed_timer:
-        warnings.append("timer functions were replaced during the run: " + ", ".join(changed_timer))
+        state.warnings.append("timer functions were replaced during the run: " + ", ".join(changed_timer))
     if mismatched:
-        warnings.append(f"{len(mismatched)} timed outputs of {watch} changed after their call returned")
-    del flush, graphs
-    return {
-        "schema": SCHEMA,
-        "device": {"index": dev, "name": props.name, "l2_bytes": l2, "sm_count": props.multi_processor_count},
-        "race": race_state,
-        "config": {"reps": len(order) * burst, "warmup": warm_rounds * burst, "burst": burst, "settle_ms": settle_ms,
-                   "heat_calls": {n: heat_calls[n] for n in names}, "flush_bytes": flush_bytes,
-                   "n_input_sets": n_sets, "sample_every": sample_every, "watch": watch, "graph": graph,
-                   "tail_tolerance_ms": tail_tolerance_ms, "tail_tolerance_rel": tail_tolerance_rel,
-                   "cover_ms": cover_ms, "flush_passes": passes, "flush_pass_ms": pass_ms,
-                   "stream_priority": stream.priority, "reserved_bytes": reserved,
-                   "allocator_segments_timed": segments_timed},
-        "l2": {"flush_bytes": flush_bytes, "persisting_reset": persisting.method if persisting.working else None,
-               "persisting_error": persisting.error},
-        "calibration": calibration,
-        "order": order,
-        "fns": per,
-        "samples": samples,
-        "fingerprints": prints,
-        "fingerprint_mismatches": mismatched,
-        "tampered": changed_timer,
-        "fatal": fatal,
-        "warnings": warnings,
-    }
-
-
-# ---- counting: raw events -> each call's time (pure arithmetic, tested on the CPU) ------------------------------
-def calibrate(null_bursts: list[dict[str, Any]]) -> dict[str, float]:
-    """What an empty call leaves: its tail after the burst, the burst's host wall time, and (bursts of two or more)
-    the device time from one call's end to the next, which is the flush pass between them."""
-    gaps = [g for b in null_bursts for g in b["gap_ms"]]
-    return {"null_tail_ms": _median([b["tail_ms"] for b in null_bursts]) if null_bursts else 0.0,
-            "null_wall_ms": _median([b["wall_ms"] for b in null_bursts]) if null_bursts else 0.0,
-            "null_stream_ms": _median([s for b in null_bursts for s in b["stream_ms"]]) if null_bursts else 0.0,
-            "null_gap_ms": _median(gaps) if gaps else 0.0}
-
-
-def count(bursts: list[dict[str, Any]], calibration: dict[str, float], *, first_cover_ms: float, flush_ms: float,
-          tail_tolerance_ms: float = 0.05, tail_tolerance_rel: float = 0.10) -> dict[str, Any]:
-    """Each timed call's counted time from its burst's events.
-
-    The first call of a burst counts its stream time (start -> end). A later call counts the device time since the
-    previous call's end less an empty call's (the flush pass between them), and never less than its own stream time:
-    work a candidate left running on another stream during the flush slows the flush or the next call and is
-    counted. Device work still running after the burst (its tail beyond an empty call's) is spread over the burst's
-    calls, and the burst's calls are flagged; so are calls whose host wall time the events cannot explain.
-    """
-    tol = (tail_tolerance_ms, tail_tolerance_rel)
-    p: dict[str, Any] = {"ms": [], "stream_ms": [], "gap_ms": [], "tail_ms": [], "wall_ms": [], "host_ms": [],
-                         "input_set": [], "flagged": [], "host_bound": 0}
-    cal_gap = calibration.get("null_gap_ms", 0.0)
-    for b in bursts:
-        first = len(p["ms"])
-        ms = []
-        for j, s in enumerate(b["stream_ms"]):
-            t = s
-            if j:
-                hidden = b["gap_ms"][j - 1] - cal_gap - s
-                if hidden > max(tol[0], tol[1] * s):
-                    p["flagged"].append({"call": first + j, "why": "gap", "excess_ms": hidden})
-                t = max(s, b["gap_ms"][j - 1] - cal_gap)
-            ms.append(t)
-        if b.get("heat_calls") and not 0.5 <= b["heat_ms"] / b["heat_calls"] / max(_median(ms), 1e-6) <= 2.0:
-            # the untimed heating calls ran far faster or slower than the timed ones: the function behaves
-            # differently when it is not timed, and the clock the burst started at is not the one it settles at
-            p["flagged"].extend({"call": first + j, "why": "heat", "excess_ms": 0.0} for j in range(len(ms)))
-        excess = b["tail_ms"] - calibration["null_tail_ms"]
-        if excess > max(tol[0], tol[1] * sum(b["stream_ms"])):
-            p["flagged"].extend({"call": first + j, "why": "tail", "excess_ms": excess / len(ms)}
-                                for j in range(len(ms)))
-            ms = [t + excess / len(ms) for t in ms]
-        if b["wall_ms"] - calibration["null_wall_ms"] > 1.5 * sum(ms) + 0.2:
-            p["flagged"].extend({"call": first + j, "why": "wall",
-                                 "excess_ms": (b["wall_ms"] - calibration["null_wall_ms"] - sum(ms)) / len(ms)}
-                                for j in range(len(ms)))
-        for j, t in enumerate(ms):
-            cover = first_cover_ms if j == 0 else flush_ms + ms[j - 1]
-            p["host_bound"] += b["host_ms"][j] > cover
-        p["ms"].extend(ms)
-        p["stream_ms"].extend(b["stream_ms"])
-        p["gap_ms"].extend([None] + list(b["gap_ms"]))
-        p["tail_ms"].extend([b["tail_ms"]] * len(ms))
-        p["wall_ms"].extend([b["wall_ms"]] * len(ms))
-        p["host_ms"].extend(b["host_ms"])
-        p["input_set"].extend(b["input_set"])
-    p["inconsistent"] = len({f["call"] for f in p["flagged"]}) > max(1, len(p["ms"]) // 4)
-    return p
-
-
-def _storages(out: Any) -> list[int]:
-    """Byte sizes of the distinct CUDA storages behind an output (views of one buffer count once)."""
-    seen: dict[int, int] = {}
-    for t in _tensors(out):
-        if t.is_cuda:
-            st = t.untyped_storage()
-            seen.setdefault(st.data_ptr(), st.nbytes())
-    return [b for b in seen.values() if b]
-
-
-def _held_at_once(out_bytes: int, hold_bytes: int, timed_rounds: int, burst: int) -> int:
-    """The most outputs of the watched function alive at once in the timed rounds: those the later re-check holds
-    (within hold_bytes, at least one) plus a burst's own, never more than the timed calls; 0 without outputs."""
-    if out_bytes <= 0:
-        return 0
-    return min(timed_rounds * burst, max(1, hold_bytes // out_bytes) + burst)
-
-
-def _reserve(sample: Any, copies: int, device: int, warnings: list[str]) -> int:
-    """Grow the caching allocator (on the current stream) by `copies` blocks of each storage size of `sample` (an
-    output of the watched function), poisoned with NaN (all-ones bytes), and by the fingerprint's working memory
-    (one fingerprint of the sample while the blocks are taken), then free them all: the outputs measure holds, and
-    their fingerprints, are carved from cached blocks instead of a cudaMalloc inside the timed call. Returns the
-    bytes reserved; at most RESERVE_SHARE of the free device memory (the baselines' own pool and the candidate's
-    working memory need the rest), and a reserve cut short says so in a warning (calls then allocate as before)."""
-    storages = _storages(sample)
-    per_copy = sum(storages)
-    if per_copy:
-        free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
-            torch.cuda.memory_allocated(device)
-        affordable = int(free * RESERVE_SHARE) // per_copy
-        if affordable < copies:
-            warnings.append(f"reserved {affordable} of the {copies} output blocks the re-check may hold (at most "
-                            f"{RESERVE_SHARE:.0%} of the free device memory): timed calls beyond them allocate device "
-                            "memory inside their host time")
-            copies = affordable
-    blocks: list[torch.Tensor] = []
-    try:
-        for _ in range(copies):
-            for nbytes in storages:
-                blocks.append(torch.empty(nbytes, dtype=torch.uint8, device=device))
-        fingerprint(sample)
-    except torch.cuda.OutOfMemoryError:
-        warnings.append(f"could reserve only {len(blocks)} of {copies * len(storages)} output blocks: timed calls "
-                        "beyond them allocate device memory inside their host time")
-    for b in blocks:
-        _FILL(b, 255)
-    reserved = sum(b.numel() for b in blocks)
-    del blocks
-    return reserved
-
-
-def _segments(device: int) -> int:
-    """Device memory segments the caching allocator has allocated so far (each one a cudaMalloc)."""
-    return int(torch.cuda.memory_stats(device).get("segment.all.allocated", 0))
-
-
-@contextlib.contextmanager
-def _pool_context(pool: Any, device: int):
-    """This thread's device allocations come from `pool` inside (None: the default pool); torch's use_mem_pool,
-    through the functions captured at import."""
-    if pool is None:
-        yield
-        return
-    _POOL_BEGIN(device, pool.id)
-    try:
-        yield
-    finally:
-        _POOL_END(device, pool.id)
-        _POOL_RELEASE(device, pool.id)
-
-
-def _scrub(out: Any) -> None:
-    """Every byte of the CUDA storages behind `out` set to 0xFF (NaN in every float format), before they are freed."""
-    for t in _tensors(out):
-        if t.is_cuda and t.untyped_storage().nbytes():
-            _FILL(torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()), 255)
-
-
-def _private(input_set: list) -> list:
-    """A copy of an input set's tensors, for a function that may write over its inputs."""
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in input_set]
-
-
-def _flush_buffer(nbytes: int, device: int) -> torch.Tensor:
-    return torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+        state.warnings.append(f"{len(mismatched)} timed outputs of {plan.watch} changed after their call returned")
+    bench.flush = None
+    state.graphs.clear()
+    props = bench.props
+    config = {"reps": len(state.order) * plan.burst, "warmup": plan.warm_rounds * plan.burst, "burst": plan.burst,
+              "settle_ms": plan.settle_ms, "heat_calls": {n: state.heat_calls[n] for n in plan.names},
+              "flush_bytes": bench.flush_bytes, "n_input_sets": len(plan.input_sets),
+              "sample_every": plan.sample_every, "watch": plan.watch, "graph": plan.graph,
+              "tail_tolerance_ms": plan.tail_tolerance[0], "tail_tolerance_rel": plan.tail_tolerance[1],
+              "cover_ms": plan.cover_ms, "flush_passes": bench.passes, "flush_pass_ms": bench.pass_ms,
+              "stream_priority": stream_priority, "reserved_bytes": state.reserved,
+              "allocator_segments_timed": state.segments_timed}
+    return {"schema": SCHEMA,
+            "device": {"index": bench.dev, "name": props.name, "l2_bytes": bench.l2,
+                       "sm_count": props.multi_processor_count},
+            "race": state.race, "config": config,
+            "l2": {"flush_bytes": bench.flush_bytes,
+                   "persisting_reset": bench.persisting.method if bench.persisting.working else None,
+                   "persisting_error": bench.persisting.error},
+            "calibration": calibration, "order": state.order, "fns": per, "samples": state.samples,
+            "fingerprints": state.prints, "fingerprint_mismatches": mismatched, "tampered": changed_timer,
+            "fatal": state.fatal, "warnings": state.warnings}
 
 
 def _flush_pass_ms(flush: torch.Tensor, start: Any, end: Any) -> float:
@@ -710,7 +433,7 @@ def _flush_pass_ms(flush: torch.Tensor, start: Any, end: Any) -> float:
         _RECORD(end)
         _device_sync()
         times.append(float(_ELAPSED(start, end)))
-    return _median(times[1:])
+    return median(times[1:])
 
 
 class _Fatal(Exception):

@@ -1,9 +1,11 @@
 """The staged harness: static → compile → smoke → correctness → robustness → timing.
 
-The parent (this module) is trusted: it loads the task, computes expected outputs (in the task's dtype and in
-float64) and compares. The candidate runs in a child forked from a warm zygote (sandbox.process), confined by
-sandbox.policy, traced by sandbox.trace; the child never holds an expected output, and everything it sends back is
-decoded with sandbox.wire, never unpickled.
+The parent (this module, and the stage runners of sandbox.stage_runners it calls) is trusted: it loads the task,
+computes expected outputs (in the task's dtype and in float64) and compares. This module orchestrates a check: the
+warm zygote, the candidate's process, its requests and their deadlines, the stages in order and the verdict.
+The candidate runs in a child forked from a warm zygote (sandbox.process), confined by sandbox.policy, traced by
+sandbox.trace; the child never holds an expected output, and everything it sends back is decoded with sandbox.wire,
+never unpickled.
 """
 from __future__ import annotations
 
@@ -21,21 +23,16 @@ from typing import Any, Iterator
 
 import torch
 
-from . import channel, cudaipc, pyparse, static, tolerance, wire
+from . import channel, cudaipc, pyparse, stage_runners, static, wire
 from .deadlines import BUDGETS, CompileSigns, Deadline
 from .gate import GpuGate
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
-from .records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict
-from .reference import Expected, Reference
-from .task import Task, TaskError, load_task
-from .timing_child import derive
+from .records import CheckResult, ErrorInfo, Reason, Rejected, Stage, StageResult, Verdict
+from .reference import Reference
+from .task import Task, load_task
 
 log = logging.getLogger(__name__)
 SEEDS_DIR = REPO_ROOT / "seeds"
-# The soak's calls: (seconds of the candidate's time, most calls) by device, and the fewest. On the CPU interpreter a
-# call costs milliseconds even at the smallest shape, so the soak stays short; on a GPU cheap calls run by hundreds.
-SOAK_BUDGET_S = {"cpu": (0.2, 64), "cuda": (1.0, 2000)}
-SOAK_MIN_CALLS = 3
 # GPU memory the tensors lent to one child may pin (they stay alive until it is dead). Past it, outputs come back
 # through host memory and inputs are no longer pinned: a task whose every call moves gigabytes (cross-entropy over a
 # 128k vocabulary) must not run the parent out of memory. docs/threats.md names the residual risk.
@@ -70,13 +67,6 @@ def resolve_device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("no CUDA GPU is visible; use --device cpu to check correctness through Triton's interpreter")
     return device
-
-
-class _Reject(Exception):
-    def __init__(self, stage: Stage, reason: Reason, message: str, *, mismatch: Mismatch | None = None,
-                 error: ErrorInfo | None = None, details: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.result = StageResult(stage, False, reason, message, details=details or {}, mismatch=mismatch, error=error)
 
 
 @dataclass
@@ -219,15 +209,15 @@ class Harness:
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
         try:
-            reference = self._stage(run, Stage.COMPILE, self._compile)
-            first = self._stage(run, Stage.SMOKE, self._smoke, reference)
-            self._stage(run, Stage.CORRECTNESS, self._correctness, reference, first)
-            self._stage(run, Stage.ROBUSTNESS, self._robustness, reference, first)
+            reference = self._stage(run, Stage.COMPILE, stage_runners.compile_candidate)
+            first = self._stage(run, Stage.SMOKE, stage_runners.smoke, reference)
+            self._stage(run, Stage.CORRECTNESS, stage_runners.correctness, reference, first)
+            self._stage(run, Stage.ROBUSTNESS, stage_runners.robustness, reference, first)
             first = None  # its float64 truth would pin cached device blocks the timing child needs (run W)
             if self.device == "cuda" and options.timing:
                 with self._gpu(run, exclusive=True):
-                    timing = self._stage(run, Stage.TIMING, self._timing, reference)
-        except _Reject as rej:
+                    timing = self._stage(run, Stage.TIMING, stage_runners.timing, reference)
+        except Rejected as rej:
             stages.append(replace(rej.result, seconds=time.monotonic() - run.stage_start))
             if rej.result.stage is Stage.TIMING:
                 timing = rej.result.details.get("timing")
@@ -302,7 +292,7 @@ class Harness:
             scratch = self._scratch(child)
             self._request(run, Stage.TIMING, self._setup_msg(run, None, reference, scratch))
             return timing_parent.measure(self, run, reference, candidate=False)
-        except _Reject as rej:
+        except Rejected as rej:
             return {"candidate_ms": None, "baselines": {}, "rows": [],
                     "problems": [{"reason": rej.result.reason.value, "message": rej.result.message}]}
         finally:
@@ -311,7 +301,7 @@ class Harness:
 
     def _stage(self, run: _Run, stage: Stage, fn, *args: Any) -> Any:
         run.stage, run.stage_start = stage, time.monotonic()
-        value, details = fn(run, *args)
+        value, details = fn(self, run, *args)
         run.stages.append(StageResult(stage, True, Reason.OK, seconds=time.monotonic() - run.stage_start,
                                       details=details))
         return value
@@ -350,19 +340,19 @@ class Harness:
             reply = run.child.request(msg, within if within is not None else run.deadline, max_bytes)
         except ZygoteLost as exc:
             run.child.close(graceful=False)
-            raise _Reject(stage, Reason.SANDBOX_VIOLATION, f"{exc} while the candidate's process ran; the candidate "
+            raise Rejected(stage, Reason.SANDBOX_VIOLATION, f"{exc} while the candidate's process ran; the candidate "
                           "was rejected (its process must not signal the process that started it)") from None
         except ChildStopped:
             run.child.close(graceful=False)
-            raise _Reject(stage, Reason.SANDBOX_VIOLATION, "the candidate's process stopped itself (SIGSTOP) and "
+            raise Rejected(stage, Reason.SANDBOX_VIOLATION, "the candidate's process stopped itself (SIGSTOP) and "
                           "would never answer; it was killed") from None
         except channel.ChannelTimeout:
             run.child.close(graceful=False)
             if within is not None and not within.by_ceiling:
-                raise _Reject(stage, Reason.TIMEOUT, f"{within.describe()}; its process group was killed",
+                raise Rejected(stage, Reason.TIMEOUT, f"{within.describe()}; its process group was killed",
                               details={"deadline_s": within() - within.start, "request": within.what,
                                        "reference_s": within.reference_s, "calls": within.calls}) from None
-            raise _Reject(stage, Reason.TIMEOUT, f"the candidate did not finish within {run.options.timeout_s:.0f} s "
+            raise Rejected(stage, Reason.TIMEOUT, f"the candidate did not finish within {run.options.timeout_s:.0f} s "
                           "(the check's ceiling, --timeout; its process group was killed)") from None
         except channel.ChannelClosed:
             run.child.close(graceful=False)
@@ -370,17 +360,17 @@ class Harness:
             reason = Reason.TIMEOUT if "SIGXCPU" in how else Reason.CRASH
             tail = run.child.output_tail()
             last = tail.strip().splitlines()[-1] if tail.strip() else ""
-            raise _Reject(stage, reason, f"the candidate's process {how}" + (f": {last}" if last else ""),
+            raise Rejected(stage, reason, f"the candidate's process {how}" + (f": {last}" if last else ""),
                           details={"output_tail": tail}) from None
         except wire.WireError as exc:
             run.child.close(graceful=False)
-            raise _Reject(stage, Reason.SANDBOX_VIOLATION,
+            raise Rejected(stage, Reason.SANDBOX_VIOLATION,
                           f"the candidate's process sent a malformed reply: {exc}") from None
         if not reply.get("ok"):
             raise self._reject_from_reply(stage, reply, run)
         return reply
 
-    def _reject_from_reply(self, stage: Stage, reply: dict[str, Any], run: _Run) -> _Reject:
+    def _reject_from_reply(self, stage: Stage, reply: dict[str, Any], run: _Run) -> Rejected:
         try:
             reason = Reason(reply.get("reason"))
         except ValueError:
@@ -394,22 +384,9 @@ class Harness:
         tail = run.child.output_tail(2000)
         if tail:
             details["output_tail"] = tail
-        return _Reject(stage, reason, str(reply.get("message", ""))[:4000], error=error, details=details)
+        return Rejected(stage, reason, str(reply.get("message", ""))[:4000], error=error, details=details)
 
-    # ---- stages ---------------------------------------------------------------------------------------------
-    def _compile(self, run: _Run) -> tuple[Reference, dict[str, Any]]:
-        t0 = time.monotonic()
-        reference = Reference(run.task, run.device, run.rng.randrange(1 << 31))
-        reference_s = time.monotonic() - t0
-        msg = self._setup_msg(run, str(run.candidate), reference, self._scratch(run.child))
-        reply = self._request(run, Stage.COMPILE, msg, within=run.within("the setup (import and ModelNew(...))"))
-        run.network_isolated = bool(reply.get("network_isolated"))
-        laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
-        return reference, {"network_isolated": run.network_isolated, "reference_s": reference_s,
-                           "filesystem_read_only": bool(reply.get("filesystem_read_only")),
-                           "capabilities_dropped": bool(reply.get("capabilities_dropped")),
-                           "walls": reply.get("walls") if isinstance(reply.get("walls"), dict) else {}, **laps}
-
+    # ---- the candidate's process ---------------------------------------------------------------------------
     def _retire(self, child: Child, lending: cudaipc.Lending) -> None:
         """End the child and remove its scratch directory. On the CPU, at once; on a GPU, where a process takes a
         quarter of a second to give its context back, on a thread the next check does not wait for (the tensors the
@@ -447,167 +424,6 @@ class Harness:
             "init_inputs": reference.init_inputs(), "state_dict": reference.state_dict(),
         }
 
-    def _call(self, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
-              expected: Expected | None = None) -> tuple[dict[str, Any], Expected]:
-        if expected is None:
-            with run.lap("reference"), self._gpu(run):
-                expected = reference.run(inputs)
-        used: set[int] = set()
-        msg: dict[str, Any] = {"op": "call", "inputs": run.lending.ship(inputs, used)[0]}
-        buffers: list[torch.Tensor | None] = []
-        if run.device != "cpu":
-            # Outputs come back into lent buffers on the GPU (no trip through host memory).
-            msg["out_buffers"], buffers = run.lending.ship([_poisoned(r) for r in expected.ref], used)
-        within = run.within(f"the {stage.value} call", reference, calls=1)
-        with run.lap("request"):
-            reply = self._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24), within=within)
-        run.timed_call(reference, time.monotonic() - within.start)
-        run.calls += 1
-        run.call_seconds += float(reply.get("seconds") or 0.0)
-        outs = _claim(reply.get("outputs"), buffers)
-        if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
-            raise _Reject(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
-        # Outputs that came back by value (past the lending cap) go where the reference's are, so that every comparison
-        # (including two calls' bits in the robustness stage, one from each path) sees one device.
-        outs = reply["outputs"] = [o if o.device == r.device else o.to(r.device)
-                                   for o, r in zip(outs, expected.ref)] + outs[len(expected.ref):]
-        if len(outs) != len(expected.ref) or reply.get("structure") != expected.structure:
-            raise _Reject(stage, Reason.OUTPUT_SHAPE,
-                          f"the candidate returned {len(outs)} output(s) as a {reply.get('structure')}; "
-                          f"the reference returns {len(expected.ref)} as a {expected.structure}")
-        for i, (got, ref, strides) in enumerate(zip(outs, expected.ref, reply.get("strides", []))):
-            if got.shape != ref.shape:
-                raise _Reject(stage, Reason.OUTPUT_SHAPE,
-                              f"output {i} has shape {list(got.shape)}, expected {list(ref.shape)}")
-            if got.dtype != ref.dtype:
-                raise _Reject(stage, Reason.OUTPUT_DTYPE, f"output {i} has dtype {got.dtype}, expected {ref.dtype}")
-            if ref.is_contiguous() and not _contiguous(list(got.shape), list(strides)):
-                raise _Reject(stage, Reason.OUTPUT_SHAPE, f"output {i} has strides {strides}, expected contiguous "
-                              f"{list(ref.stride())}")
-        return reply, expected
-
-    def _compare(self, run: _Run, stage: Stage, outs: list[torch.Tensor], expected: Expected, label: str) -> None:
-        meta = run.task.meta
-        for i, got in enumerate(outs):
-            truth = expected.truth[i] if expected.truth is not None else None
-            with run.lap("compare"), self._gpu(run):
-                mismatch = tolerance.compare(f"output {i}", got.to(expected.ref[i].device), expected.ref[i], truth,
-                                             allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale,
-                                             alternates=expected.alternates_for(i))
-            if mismatch is not None:
-                # NaN/Inf where the reference has none (or the reverse) is named as such: the clearest signal of
-                # unwritten or uninitialised output.
-                reason = Reason.NONFINITE_MISMATCH if mismatch.first_nonfinite_diff is not None \
-                    else Reason.OUTPUT_MISMATCH
-                raise _Reject(stage, reason, f"wrong result on {label}:\n{mismatch.describe()}", mismatch=mismatch,
-                              details={"inputs": label})
-
-    def _smoke(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
-        seed = run.rng.randrange(1 << 31)
-        with run.lap("inputs"), self._gpu(run):
-            inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], run.device)
-        reply, expected = self._call(run, Stage.SMOKE, reference, inputs)
-        first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
-                 "label": f"{run.task.meta.distributions[0]} inputs"}
-        return first, {"trace": reply.get("trace"), "seconds": reply.get("seconds")}
-
-    def _correctness(self, run: _Run, reference: Reference, first: dict[str, Any]) -> tuple[None, dict[str, Any]]:
-        self._compare(run, Stage.CORRECTNESS, first["outputs"], first["expected"], first["label"])
-        checked = [run.task.meta.distributions[0]]
-        rest = list(run.task.meta.distributions[1:])
-        run.rng.shuffle(rest)  # no fixed order of calls to count on
-        for dist in rest:
-            with run.lap("inputs"), self._gpu(run):
-                inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
-            reply, expected = self._call(run, Stage.CORRECTNESS, reference, inputs)
-            self._compare(run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
-            checked.append(dist)
-        return None, {"distributions": checked}
-
-    def _robustness(self, run: _Run, reference: Reference, first: dict[str, Any]) -> tuple[None, dict[str, Any]]:
-        # Repeat the first call on the same values at fresh addresses: a deterministic op must agree bitwise.
-        reply, _ = self._call(run, Stage.ROBUSTNESS, reference, first["inputs"], first["expected"])
-        for i, (a, b) in enumerate(zip(first["outputs"], reply["outputs"])):
-            if run.task.meta.deterministic and not torch.equal(_bits(a), _bits(b)):
-                diff = int((_bits(a) != _bits(b)).sum())
-                raise _Reject(Stage.ROBUSTNESS, Reason.NONDETERMINISTIC, f"output {i} differs between two runs on the "
-                              f"same inputs in {diff} of {a.numel()} elements (a race or an uninitialised read?)")
-        self._compare(run, Stage.ROBUSTNESS, reply["outputs"], first["expected"], "a repeat of the first inputs")
-        shapes = []
-        variants = run.task.shape_variants()
-        run.rng.shuffle(variants)
-        tried = [(float(reply.get("seconds") or 0.0), run.task, reference)]  # the soak takes the cheapest shape
-        for variant in variants:
-            vtask = run.task.with_constants(variant)
-            vref = Reference(vtask, run.device, reference.model_seed)
-            with run.lap("rebuild"):
-                self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
-                                                      "state_dict": vref.state_dict(),
-                                                      "seed": reference.model_seed},
-                              within=run.within("the rebuild at a new shape"))
-            with run.lap("inputs"), self._gpu(run):
-                inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
-            reply, expected = self._call(run, Stage.ROBUSTNESS, vref, inputs)
-            label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
-            self._compare(run, Stage.ROBUSTNESS, reply["outputs"], expected, label)
-            shapes.append(variant)
-            tried.append((float(reply.get("seconds") or 0.0), vtask, vref))
-        seconds, soak_task, soak_ref = min(tried, key=lambda t: t[0])
-        if soak_ref is not tried[-1][2]:
-            with run.lap("rebuild"):
-                self._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": soak_ref.init_inputs(),
-                                                      "state_dict": soak_ref.state_dict(),
-                                                      "seed": reference.model_seed},
-                              within=run.within("the rebuild at the soak's shape"))
-        soak = self._soak(run, soak_task, soak_ref, seconds)
-        return None, {"shapes": shapes, "repeat_bitwise": run.task.meta.deterministic, "soak": soak}
-
-    def _soak(self, run: _Run, task: Task, reference: Reference, seconds: float) -> dict[str, Any]:
-        """Many calls back to back at the model's current shape (the cheapest tried), on fresh inputs: a number
-        drawn log-uniformly up to what SOAK_BUDGET_S allows at this call's time, so a kernel that turns to a stored
-        output after its first N calls cannot know N's safe value. The last call and one other drawn at random are
-        verified here; the child checks every call as any other (trace, state), and cannot tell which are verified."""
-        n = soak_length(run.rng, seconds, run.device.split(":")[0])
-        checked = sorted({n - 1} | set(run.rng.sample(range(n - 1), 1)))  # each costs a reference and a compare
-        dists = task.meta.distributions
-        with run.lap("inputs"), self._gpu(run):
-            base = [task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
-                    for dist in (dists[0], run.rng.choice(dists))]
-        expected = []
-        for k in checked:
-            with run.lap("reference"), self._gpu(run):
-                expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
-        used: set[int] = set()
-        msg = {"op": "soak", "base": [run.lending.ship(b, used)[0] for b in base], "n": n, "checked": checked,
-               "fixed": list(task.meta.fixed_inputs)}
-        within = run.within(f"the soak of {n} calls", reference, calls=n)
-        with run.lap("soak"):
-            reply = self._request(run, Stage.ROBUSTNESS, msg, max_bytes=4 * sum(e.nbytes for e in expected) + (1 << 24),
-                                  within=within)
-        run.calls += n
-        run.call_seconds += float(reply.get("seconds") or 0.0)
-        outs = reply.get("outputs")
-        per = len(expected[0].ref)
-        if not isinstance(outs, list) or len(outs) != per * len(checked) or \
-                not all(isinstance(t, torch.Tensor) for t in outs) or reply.get("structure") != expected[0].structure:
-            raise _Reject(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"the candidate's outputs over {n} calls in a row "
-                          "did not come back as its single calls' did")
-        for j, (k, exp) in enumerate(zip(checked, expected)):
-            got = outs[j * per:(j + 1) * per]
-            for i, (g, r) in enumerate(zip(got, exp.ref)):
-                if g.shape != r.shape or g.dtype != r.dtype:
-                    raise _Reject(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"call {k + 1} of {n} in a row: output {i} "
-                                  f"is {list(g.shape)} {g.dtype}, expected {list(r.shape)} {r.dtype}")
-            self._compare(run, Stage.ROBUSTNESS, [g.to(r.device) for g, r in zip(got, exp.ref)], exp,
-                          f"call {k + 1} of {n} in a row (fresh inputs each call)")
-        return {"calls": n, "verified": len(checked)}
-
-    def _timing(self, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
-        from . import timing_parent
-        if self.device == "cuda":  # the correctness stages' cached blocks (float64 truths) go back to the driver,
-            torch.cuda.empty_cache()  # for the child's input sets, baselines and held outputs
-        return timing_parent.run(self, run, reference)
-
     # ---- the verdict ----------------------------------------------------------------------------------------
     def _result(self, task: Task, candidate: Path, stages: list[StageResult], start: float,
                 timing: dict[str, Any] | None, network_isolated: bool = False,
@@ -642,49 +458,11 @@ class Harness:
                 "timing_stage_s": timing_s, "harness_s": max(0.0, total - calls_s - timing_s), **laps}
 
 
-def soak_length(rng: random.Random, seconds: float, device: str) -> int:
-    """The soak's number of calls: log-uniform between SOAK_MIN_CALLS and what the device's budget allows at
-    `seconds` a call."""
-    budget, cap = SOAK_BUDGET_S[device]
-    most = max(SOAK_MIN_CALLS, min(cap, int(budget / max(seconds, 1e-6))))
-    return int(round(math.exp(rng.uniform(math.log(SOAK_MIN_CALLS), math.log(most)))))
-
-
 def check(task: str | Path, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:
     """One-shot: start a harness, check one candidate, stop it."""
     options = options or CheckOptions()
     with Harness(options.device) as harness:
         return harness.check(task, candidate, options)
-
-
-def _poisoned(ref: torch.Tensor) -> torch.Tensor | None:
-    """A contiguous buffer like `ref`, every byte 0xFF (NaN in every float format, -1 in every integer one): where the
-    child writes nothing, the comparison says so. None for bool outputs, which have no such pattern (they travel by
-    value)."""
-    if ref.dtype == torch.bool or ref.is_complex():
-        return None
-    buf = torch.empty_like(ref, memory_format=torch.contiguous_format)
-    if buf.numel():
-        buf.reshape(-1).view(torch.uint8).fill_(0xFF)
-    return buf
-
-
-def _claim(outs: Any, buffers: list[torch.Tensor | None]) -> Any:
-    """The reply's outputs with each {"__gpu_buffer__": i} the child put at position i replaced by a copy of our
-    buffer i (a copy: the child maps the buffer until it is dead). Anything else forged stays as it is and fails the
-    output-type check."""
-    if not isinstance(outs, list):
-        return outs
-    claimed = []
-    for i, o in enumerate(outs):
-        if isinstance(o, dict) and set(o) == {"__gpu_buffer__"}:
-            buf = buffers[i] if o["__gpu_buffer__"] == i and i < len(buffers) else None
-            if buf is None:
-                return None
-            claimed.append(buf.clone())
-        else:
-            claimed.append(o)
-    return claimed
 
 
 def _lending_cap(device: str) -> int:
@@ -693,23 +471,6 @@ def _lending_cap(device: str) -> int:
     if device != "cuda":
         return 0
     return max(8 << 30, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 4)
-
-
-def _contiguous(shape: list[int], strides: list[int]) -> bool:
-    """Row-major contiguity as torch defines it: the strides of size-1 dimensions do not matter."""
-    if len(shape) != len(strides):
-        return False
-    expected = 1
-    for size, stride in zip(reversed(shape), reversed(strides)):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    return t.contiguous().view(kind)
 
 
 def _triton_version() -> str:

@@ -143,6 +143,19 @@ class StageResult:
             raise ValueError(f"stage {self.stage.value}: passed={self.passed} with reason {self.reason.value}")
 
 
+class Rejected(Exception):
+    """Ends a check at `stage`: carries the failed stage's result (the harness and the timing stage raise it)."""
+
+    def __init__(self, stage: Stage, reason: Reason, message: str, *, mismatch: Mismatch | None = None,
+                 error: ErrorInfo | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.result = StageResult(stage, False, reason, message, details=details or {}, mismatch=mismatch, error=error)
+
+
+class TaskError(Exception):
+    """The task file cannot be used; the message says what to fix."""
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """The harness's verdict on one candidate for one task."""

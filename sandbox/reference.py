@@ -8,11 +8,14 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .task import Task, TaskError
+from .records import TaskError
+
+if TYPE_CHECKING:
+    from .task import Task
 
 log = logging.getLogger(__name__)
 

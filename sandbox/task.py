@@ -44,7 +44,10 @@ from typing import Any, Callable
 
 import torch
 
+from profiler.roofline import Declared
+
 from . import pyparse
+from .records import TaskError
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +55,6 @@ DISTRIBUTIONS = ("normal", "uniform", "large", "outliers", "constant_rows")
 CPU_ELEMENT_BUDGET = 1 << 17  # largest input tensor on the CPU interpreter
 CPU_PROBE_LIMIT = 1 << 26  # the largest input the rescaling's back-off runs a reference on (float64 too)
 MIN_SCALABLE = 16  # integer constants below this are structural (dims, kernel sizes) and never rescaled
-
-
-class TaskError(Exception):
-    """The task file cannot be used; the message says what to fix."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +108,21 @@ class Task:
 
     def current_constants(self) -> dict[str, int]:
         return {k: _value(self.module, k) for k in self.constants}
+
+    def input_bytes(self) -> int:
+        """Bytes of one call's tensor inputs at the current shapes (from a probe on the meta device: nothing is
+        allocated)."""
+        return sum(t.numel() * t.element_size() for t in self._shape_probe(self.current_constants())
+                   if isinstance(t, torch.Tensor))
+
+    def declared_roofline(self) -> Declared:
+        """What the task declares for profiler.roofline at its current shapes (CRUCIBLE_BYTES, CRUCIBLE_FLOPS,
+        CRUCIBLE_ALLOW_TF32)."""
+        consts = self.current_constants()
+        bytes_fn, flops_fn = formula(self.meta.bytes_formula), formula(self.meta.flops_formula)
+        return Declared(bytes=float(bytes_fn(consts)) if bytes_fn is not None else None,
+                        flops=float(flops_fn(consts)) if flops_fn is not None else None,
+                        allow_tf32=self.meta.allow_tf32)
 
     def scaled_for_cpu(self, budget: int = CPU_ELEMENT_BUDGET) -> "Task":
         """The task at a size the CPU interpreter checks in seconds, still consistent and still depending on its
@@ -242,7 +256,7 @@ def _fit(task: Task, budget: int) -> tuple[dict[str, int], str]:
     """Halve towards `budget`; where the smaller task fails or stops depending on its inputs, step back to the last
     size that works and halve the constant whose halving broke it together with the others of its value at the
     task's own size; where that breaks too, or it has no such partner, keep it at that size (module docstring)."""
-    from .reference import check_task  # reference imports this module
+    from .reference import check_task
 
     start = task.current_constants()
     consts, frozen, notes = dict(start), set(), []

@@ -24,7 +24,7 @@ import torch
 from profiler import stats
 
 from . import tolerance
-from .records import Reason, Stage
+from .records import Reason, Rejected, Stage
 from .timing_child import derive
 
 if TYPE_CHECKING:
@@ -57,8 +57,6 @@ def pacing(mode: str, bound: str, out_bytes: int) -> tuple[int, float]:
 
 
 def run(harness: "Harness", run: "_Run", reference: "Reference") -> tuple[dict[str, Any], dict[str, Any]]:
-    from .harness import _Reject
-
     task = run.task
     harness._request(run, Stage.TIMING, {"op": "rebuild", "init_inputs": reference.init_inputs(),
                                          "state_dict": reference.state_dict(), "seed": reference.model_seed})
@@ -69,7 +67,7 @@ def run(harness: "Harness", run: "_Run", reference: "Reference") -> tuple[dict[s
             reason = Reason(first["reason"])
         except ValueError:
             reason = Reason.TIMING_INCONSISTENT
-        raise _Reject(Stage.TIMING, reason, first["message"], details={"timing": report})
+        raise Rejected(Stage.TIMING, reason, first["message"], details={"timing": report})
     b = report["baselines"].get("eager") or {}
     details = {"candidate_ms": report["candidate_ms"], "speedup_vs_eager": b.get("speedup"),
                "constants": task.current_constants()}
@@ -90,7 +88,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     out_bytes = reference.output_bytes(base[0])  # the reference alone: no float64 truth to size the transfers
     t_roof = time.monotonic()
     with torch.no_grad():
-        roof = task_roofline(task, reference.model, base[0], get_ceilings(opts.gpu))
+        roof = task_roofline(task.declared_roofline(), reference.model, base[0], get_ceilings(opts.gpu))
     if torch.device(run.device).type == "cuda":  # run.device is "cuda:N": what the parent ran stays cached
         torch.cuda.empty_cache()  # else held while the child times (run BD: 102 GiB, the child out of memory)
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,

@@ -190,7 +190,7 @@ def test_jsonl_merge_of_two_machines_dedupes_by_uid(family, h200, tmp_path, caps
     out = " ".join(out.split())
     assert code == 0 and "added 6 candidates, 0 runs, 1 re-checks" in out and "added 4 candidates, 2 runs" in out
     code, out, _ = cli(capsys, "import", tmp_path / "a.jsonl", "--archive", merged)
-    assert "added 0 candidates, 0 runs, 0 re-checks, 0 duels; skipped 7 already here" in " ".join(out.split())
+    assert "added 0 candidates, 0 runs, 0 re-checks, 0 duels, 0 batches; skipped 7 already here" in " ".join(out.split())
     with Archive(merged) as m, Archive(path) as src:
         assert len(m.candidates()) == 10
         cross = m.by_uid(f["cross"].uid)[0]

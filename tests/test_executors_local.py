@@ -92,3 +92,29 @@ def test_bad_gpu_ids_are_refused(task):
             LocalExecutor(gpu_ids=bad)
     with pytest.raises(ValueError, match="2 slot"):
         LocalSession(task, "cuda", 2, Recorder(), gpu_ids=(0,))
+
+
+def test_a_task_of_gigabytes_is_checked_fewer_at_a_time():
+    """The default number of checks per GPU shrinks to what the GPU holds (about 8x the inputs a check), never
+    below one; a small task keeps the default; a task whose inputs cannot be probed too."""
+    from types import SimpleNamespace
+
+    from agent.executors import CHECKS_PER_GPU, checks_that_fit
+    gib = 1 << 30
+    relu = SimpleNamespace(input_bytes=lambda: int(6.4 * gib))  # KernelBench level 1's ReLU: 4096 x 393216 fp32
+    small = SimpleNamespace(input_bytes=lambda: 64 << 20)
+    def broken():
+        raise RuntimeError("get_inputs failed")
+    assert checks_that_fit(relu, 141 * gib) == 2
+    assert checks_that_fit(relu, 40 * gib) == 1
+    assert checks_that_fit(small, 141 * gib) == CHECKS_PER_GPU
+    assert checks_that_fit(SimpleNamespace(input_bytes=broken), 141 * gib) == CHECKS_PER_GPU
+
+
+def test_input_bytes_are_probed_without_allocating():
+    from pathlib import Path
+
+    from sandbox.task import load_task
+    task = load_task(Path(__file__).parent.parent / "tasks" / "rmsnorm_fwd.py", rescale=False)
+    consts = task.current_constants()
+    assert task.input_bytes() == consts["M"] * consts["N"] * 2  # one bf16 (M, N) input

@@ -2,7 +2,7 @@
 markers (the GPU path itself runs in tests/test_harness_gpu.py on the H200)."""
 import torch
 
-from sandbox.harness import _claim, _poisoned
+from sandbox.stage_runners import _claim, _poisoned
 
 
 def test_poisoned_buffers_read_as_nan_or_minus_one():
@@ -36,16 +36,18 @@ def test_running_out_of_gpu_memory_is_the_harness_s_error_not_the_candidate_s(mo
     from sandbox.harness import CheckOptions, Harness
     from sandbox.records import Reason, Stage
     from sandbox.reference import Reference
+    from sandbox.task import load_task
 
     root = Path(__file__).resolve().parent.parent
 
     def out_of_memory(self, inputs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.83 GiB.")
 
+    # Loaded (and fitted to the CPU, which runs the reference) first: the failure is the smoke stage's reference.
+    task = load_task(root / "tasks" / "rmsnorm_fwd.py").scaled_for_cpu()
+    monkeypatch.setattr(Reference, "run", out_of_memory)
     with Harness("cpu") as harness:
-        harness.load(root / "tasks" / "rmsnorm_fwd.py")  # its CPU size is probed by running the reference: first
-        monkeypatch.setattr(Reference, "run", out_of_memory)
-        result = harness.check(root / "tasks" / "rmsnorm_fwd.py", root / "tests" / "candidates" / "rmsnorm_honest.py",
+        result = harness.check(task, root / "tests" / "candidates" / "rmsnorm_honest.py",
                                CheckOptions(device="cpu", timeout_s=120))
     assert not result.accepted and result.reason is Reason.HARNESS_ERROR and result.stage is Stage.SMOKE
     assert "ran out of GPU memory" in result.message and "says nothing about the candidate" in result.message

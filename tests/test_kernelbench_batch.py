@@ -21,8 +21,10 @@ KERNELS = ROOT / "tests" / "data" / "kernelbench_kernels"
 
 
 def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    # PYTHONPATH: this checkout's crucible, whatever checkout the environment was installed from
+    env = {**__import__("os").environ, "CRUCIBLE_MODEL": "", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=240, env={**__import__("os").environ, "CRUCIBLE_MODEL": ""})
+                          timeout=240, env=env)
 
 
 def test_kernels_match_tasks_by_name(tmp_path):
@@ -89,19 +91,35 @@ def test_batch_with_nothing_to_search_with_checks_every_reference(tmp_path):
     assert "--from DIR" in out.stderr and "--model" in out.stderr
 
 
-def test_batch_from_a_folder_of_kernels(tmp_path):
+def test_batch_from_a_folder_of_kernels(tmp_path, capsys):
+    from agent.archive import Archive
+    from agent.cli import main
+
     folder = tmp_path / "level1"
     folder.mkdir()
-    for name in ("19_ReLU.py", "2_Standard_matrix_multiplication_.py"):
-        shutil.copy(KB / "level1" / name, folder / name)
+    shutil.copy(KB / "level1" / "19_ReLU.py", folder / "19_ReLU.py")
+    shutil.copy(KB / "level2" / "1_Conv2D_ReLU_BiasAdd.py", folder / "1_Conv2D_ReLU_BiasAdd.py")
+    db = tmp_path / "a.db"
     out = _cli("batch", str(folder), "--from", str(KERNELS), "--device", "cpu", "--budget", "0",
-               "--archive", str(tmp_path / "a.db"), "--json-out", str(tmp_path / "s.json"),
+               "--archive", str(db), "--json-out", str(tmp_path / "s.json"),
                "--csv", str(tmp_path / "s.csv"), cwd=tmp_path)
-    assert out.returncode == 1, out.stdout + out.stderr  # the matmul had no kernel: checked, not searched
+    assert out.returncode == 1, out.stdout + out.stderr  # the conv had no kernel: checked, not searched
     got = json.loads((tmp_path / "s.json").read_text())
-    relu, matmul = got["tasks"][1], got["tasks"][0]
+    conv, relu = got["tasks"]
     assert relu["correct"] is True and relu["start_from"] == str(KERNELS / "19_ReLU.py")
-    assert matmul["status"] == "usable" and matmul["correct"] is False
+    assert conv["status"] == "usable" and conv["correct"] is False
     assert got["metrics"]["fast_0_eager"] == 0.5 and got["metrics"]["fast_1_eager"] is None
     assert "correct: 1 of 2 (fast_0 50%)" in out.stdout
     assert "ALL,fast_0_eager" in (tmp_path / "s.csv").read_text()
+
+    # The archive alone gives the same table back, and --resume keeps both tasks: they are finished.
+    assert main(["archive", "report", "--json", "--archive", str(db)]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["tasks"] == got["tasks"] and again["metrics"] == got["metrics"]
+    with Archive(db) as a:
+        runs = len(a.runs())
+    assert main(["batch", str(folder), "--from", str(KERNELS), "--device", "cpu", "--budget", "0", "--resume",
+                 "--archive", str(db)]) == 1
+    assert "2 of 2 tasks finished before are kept" in capsys.readouterr().out
+    with Archive(db) as a:
+        assert len(a.runs()) == runs and len(a.batches()) == 1

@@ -8,30 +8,30 @@ import torch
 import triton
 import triton.language as tl
 
-from profiler import baselines, ceilings, compile_stats, env, timing
+from profiler import baselines, ceilings, compile_stats, device_memory, env, timing
 
 
 # ---- fingerprints and tampering ------------------------------------------------------------------------------------
 def test_fingerprint_sees_any_change_and_ignores_non_tensors():
     x = torch.randn(64, 33)
-    before = timing.fingerprint((x, [x[:3]], 7, None))
+    before = device_memory.fingerprint((x, [x[:3]], 7, None))
     assert len(before) == 2
-    assert timing._same_fp(before, timing.fingerprint((x.clone(), [x[:3].clone()])))
+    assert device_memory.same_fp(before, device_memory.fingerprint((x.clone(), [x[:3].clone()])))
     y = x.clone()
     y[17, 5] += 0.5
-    assert not timing._same_fp(before, timing.fingerprint((y, [y[:3]])))
+    assert not device_memory.same_fp(before, device_memory.fingerprint((y, [y[:3]])))
 
 
 @pytest.mark.parametrize("t", [torch.tensor([1.0, float("nan")]), torch.tensor([True, False]),
                                torch.arange(10, dtype=torch.int32), torch.randn(4, dtype=torch.bfloat16),
                                torch.randn(3, dtype=torch.complex64)])
 def test_fingerprint_is_stable_for_every_dtype(t):
-    assert timing._same_fp(timing.fingerprint(t), timing.fingerprint(t.clone()))
+    assert device_memory.same_fp(device_memory.fingerprint(t), device_memory.fingerprint(t.clone()))
 
 
 def test_fingerprint_of_different_length_outputs_differs():
     x = torch.ones(4)
-    assert not timing._same_fp(timing.fingerprint((x, x)), timing.fingerprint(x))
+    assert not device_memory.same_fp(device_memory.fingerprint((x, x)), device_memory.fingerprint(x))
 
 
 def test_timer_patching_is_reported(monkeypatch):

@@ -14,8 +14,9 @@ import torch
 from agent import prompting
 from agent.prompting import (PROMPTS_DIR, PromptError, crossover_messages, describe_result, fields_of, fix_messages,
                              numbered, propose_messages, render, system_prompt)
+from sandbox.allowlist import ALLOWED_IMPORTS, FORBIDDEN_NAMES
 from sandbox.records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict
-from sandbox.static import ALLOWED_IMPORTS, FORBIDDEN_NAMES, check_source
+from sandbox.static import check_source
 from sandbox.task import load_task
 from sandbox.tolerance import compare
 

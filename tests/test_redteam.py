@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.allowlist import ALLOWED_IMPORTS, FORBIDDEN_ATTRS, FORBIDDEN_PATHS
 from sandbox.harness import CheckOptions, Harness
 from sandbox.records import Reason, Stage, Verdict
-from sandbox.static import ALLOWED_IMPORTS, FORBIDDEN_ATTRS, FORBIDDEN_PATHS
 
 HERE = Path(__file__).parent
 ATTACKS = HERE / "candidates" / "attacks"

@@ -89,7 +89,7 @@ def test_reason_matches_the_harness_reason_code():
 def test_task_formula_is_used_when_declared():
     task = load_task("tasks/rmsnorm_fwd.py")
     x = torch.empty(task.constants["M"], task.constants["N"], dtype=torch.bfloat16, device="meta")
-    r = task_roofline(task, task.make_reference(0, "cpu"), [x], CEIL)
+    r = task_roofline(task.declared_roofline(), task.make_reference(0, "cpu"), [x], CEIL)
     assert r.bytes == 2 * (2 * 16384 * 4096 + 4096)
     assert r.flops == 0 and r.bound == "memory" and "CRUCIBLE_BYTES" in r.bytes_source
 
@@ -111,7 +111,7 @@ def test_tensor_sizes_and_flop_counter_when_the_task_declares_nothing(tmp_path):
             return []
     """))
     task = load_task(path)
-    r = task_roofline(task, task.make_reference(0, "cpu"), task.make_inputs(0, "normal"), CEIL)
+    r = task_roofline(task.declared_roofline(), task.make_reference(0, "cpu"), task.make_inputs(0, "normal"), CEIL)
     assert r.flops == 2 * 64 * 32 * 16
     assert r.bytes == 4 * (64 * 32 + 32 * 16 + 64 * 16)
     assert r.peak_dtype == "tf32"  # a float32 task that allows tf32 is held to the tf32 rate
@@ -122,7 +122,7 @@ def test_backward_tasks_count_their_flops_even_when_the_caller_disabled_grad(nam
     # their references call autograd.grad inside forward; the timing stage computes the roofline under no_grad
     task = load_task(f"tasks/{name}.py").scaled_for_cpu()
     with torch.no_grad():
-        r = task_roofline(task, task.make_reference(0, "cpu"), task.make_inputs(0, "normal"), CEIL)
+        r = task_roofline(task.declared_roofline(), task.make_reference(0, "cpu"), task.make_inputs(0, "normal"), CEIL)
     if name == "linear_cross_entropy":  # FLOPs by formula; bytes from a meta run of the reference's forward
         assert "tensor sizes" in r.bytes_source and r.bytes > 0 and r.bound == "compute"
     else:
@@ -135,7 +135,7 @@ def test_bytes_are_counted_for_a_reference_that_reads_tensor_values():
     # tensor cannot do, so the outputs come from a real run (it crashed `crucible bench` on the H200, session 4)
     task = load_task("tasks/moe_grouped_gemm.py").scaled_for_cpu()
     model, inputs = task.make_reference(0, "cpu"), task.make_inputs(0, "normal")
-    r = task_roofline(task, model, inputs, CEIL)
+    r = task_roofline(task.declared_roofline(), model, inputs, CEIL)
     x, counts = inputs
     weight = model.weight
     out_bytes = x.shape[0] * weight.shape[1] * 2

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from sandbox import harness as harness_mod
-from sandbox.harness import CheckOptions, Harness, soak_length
+from sandbox.harness import CheckOptions, Harness
 from sandbox.records import Reason, Stage, Verdict
+from sandbox.stage_runners import SOAK_MIN_CALLS, soak_length
 
 HERE = Path(__file__).parent
 ATTACKS = HERE / "candidates" / "attacks"
@@ -117,7 +118,7 @@ def test_honest_candidate_is_accepted_with_a_soak(harness):
     result = _check(harness, HERE / "candidates" / "rmsnorm_honest.py")
     assert result.accepted, result.message
     soak = next(s for s in result.stages if s.stage is Stage.ROBUSTNESS).details["soak"]
-    assert soak["calls"] >= harness_mod.SOAK_MIN_CALLS and soak["verified"] >= 2
+    assert soak["calls"] >= SOAK_MIN_CALLS and soak["verified"] >= 2
     assert result.costs["calls"] == 8 + soak["calls"]
 
 
@@ -129,7 +130,7 @@ def test_the_calls_of_a_check_are_not_fixed(harness):
         orders.add(tuple(next(s for s in result.stages if s.stage is Stage.CORRECTNESS).details["distributions"]))
     assert len(orders) > 1
     lengths = {soak_length(random.Random(seed), 0.004, "cpu") for seed in range(20)}
-    assert len(lengths) >= 4 and min(lengths) >= harness_mod.SOAK_MIN_CALLS
+    assert len(lengths) >= 4 and min(lengths) >= SOAK_MIN_CALLS
     assert max(soak_length(random.Random(seed), 1e-5, "cuda") for seed in range(50)) > 200
 
 

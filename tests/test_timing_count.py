@@ -1,9 +1,9 @@
-"""profiler.timing's counting (raw events of each burst -> each call's time) and the timing stage's choice of burst:
+"""profiler.counting (raw events of each burst -> each call's time) and the timing stage's choice of burst:
 pure arithmetic, checked on the CPU with event times as an honest call, a side-stream cheat and a host-bound call
 would leave them."""
 import pytest
 
-from profiler import timing
+from profiler import counting
 from sandbox.timing_parent import BURST, SETTLE_MS, pacing
 
 FLUSH = 0.07  # device ms of one flush pass between two calls of a burst
@@ -20,7 +20,7 @@ def burst(stream, *, hidden=(), tail=0.010, host=0.02, ks=None):
 
 
 def counted(bursts):
-    return timing.count(bursts, CAL, first_cover_ms=0.5, flush_ms=FLUSH)
+    return counting.count(bursts, CAL, first_cover_ms=0.5, flush_ms=FLUSH)
 
 
 def test_honest_bursts_count_their_stream_time_and_flag_nothing():
@@ -70,9 +70,9 @@ def test_wall_time_the_events_cannot_explain_is_flagged():
 
 def test_calibration_takes_medians_of_empty_bursts():
     nulls = [burst([0.002, 0.002], tail=t) for t in (0.01, 0.02, 0.50)]
-    cal = timing.calibrate(nulls)
+    cal = counting.calibrate(nulls)
     assert cal["null_tail_ms"] == 0.02 and cal["null_gap_ms"] == pytest.approx(FLUSH + 0.004)
-    assert timing.calibrate([])["null_gap_ms"] == 0.0
+    assert counting.calibrate([])["null_gap_ms"] == 0.0
 
 
 @pytest.mark.parametrize("mode,bound,out_bytes,burst_,settle", [

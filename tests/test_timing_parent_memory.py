@@ -35,7 +35,7 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
         raise _ChildAsked
 
     task = types.SimpleNamespace(make_inputs=lambda seed, distribution, device: [torch.zeros(4)], path="t.py",
-                                 overrides={})
+                                 overrides={}, declared_roofline=lambda: None)
     run = types.SimpleNamespace(task=task, device="cuda:0", rng=random.Random(0),  # as _Run.device gives it
                                 options=types.SimpleNamespace(gpu=0, timing_mode="auto", baselines=("eager",),
                                                               incumbent_ms=None))

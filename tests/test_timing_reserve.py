@@ -6,21 +6,21 @@ AdamW seed host-bound in `crucible bench`). The sizing is arithmetic (CPU); the 
 import pytest
 import torch
 
-from profiler import timing
+from profiler import device_memory, timing
 
 MB = 1 << 20
 
 
 def test_held_at_once_counts_the_recheck_budget_and_the_burst():
-    assert timing._held_at_once(315 * MB, 8 << 30, 30, 1) == 27      # the AdamW task: 26 held + the call's own
-    assert timing._held_at_once(315 * MB, 8 << 30, 3, 10) == 30      # never more than the timed calls
-    assert timing._held_at_once(16 << 30, 8 << 30, 30, 1) == 2       # over budget: one held, one new
-    assert timing._held_at_once(0, 8 << 30, 30, 1) == 0              # no outputs, no reserve
+    assert device_memory.held_at_once(315 * MB, 8 << 30, 30, 1) == 27      # the AdamW task: 26 held + the call's own
+    assert device_memory.held_at_once(315 * MB, 8 << 30, 3, 10) == 30      # never more than the timed calls
+    assert device_memory.held_at_once(16 << 30, 8 << 30, 30, 1) == 2       # over budget: one held, one new
+    assert device_memory.held_at_once(0, 8 << 30, 30, 1) == 0              # no outputs, no reserve
 
 
 def test_storages_of_cpu_outputs_reserve_nothing():
     flat = torch.empty(64)
-    assert timing._storages(flat.split(16)) == []
+    assert device_memory.storages(flat.split(16)) == []
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -39,7 +39,7 @@ def _carved(args):
 @cuda
 def test_storages_count_a_shared_buffer_once():
     outs = _carved([torch.ones(1024, device="cuda")])
-    assert timing._storages(outs) == [4 * 1024 * 4]
+    assert device_memory.storages(outs) == [4 * 1024 * 4]
 
 
 @cuda

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from sandbox.harness import _contiguous
+from sandbox.stage_runners import _contiguous
 from sandbox.tolerance import REF_FACTOR, compare, tolerance_for
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

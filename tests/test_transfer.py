@@ -97,9 +97,9 @@ def test_duels_round_trip_relinked_by_uid_and_import_once(dueled, tmp_path, caps
     path, f = dueled
     with Archive(path) as a:
         counts = dump_file(a, tmp_path / "all.jsonl")
-    assert counts == {"run": 3, "candidate": 5, "reverification": 0, "duel": 3}
+    assert counts == {"run": 3, "candidate": 5, "reverification": 0, "duel": 3, "batch": 0}
     lines = [json.loads(line) for line in (tmp_path / "all.jsonl").read_text().splitlines()]
-    assert lines[0]["format"] == transfer.FORMAT == "crucible-archive/2"
+    assert lines[0]["format"] == transfer.FORMAT == "crucible-archive/3"
     kinds = [line["kind"] for line in lines]
     assert kinds.index("duel") > max(i for i, k in enumerate(kinds) if k == "candidate")  # after what they name
     assert all("challenger_id" not in line and "incumbent_id" not in line for line in lines)
@@ -120,7 +120,7 @@ def test_duels_round_trip_relinked_by_uid_and_import_once(dueled, tmp_path, caps
 
     # the same file again, through the CLI: every duel is already here
     code, out = cli(capsys, "import", tmp_path / "all.jsonl", "--archive", tmp_path / "m.db")
-    assert code == 0 and "added 0 candidates, 0 runs, 0 re-checks, 0 duels; skipped 11 already here" in out
+    assert code == 0 and "added 0 candidates, 0 runs, 0 re-checks, 0 duels, 0 batches; skipped 11 already here" in out
     with Archive(tmp_path / "m.db") as m:
         assert len(m.duels()) == 3
 
@@ -153,7 +153,7 @@ def test_a_duel_without_its_candidates_is_skipped_and_counted(dueled, tmp_path, 
     (tmp_path / "cut.jsonl").write_text("\n".join(cut) + "\n")
 
     code, out = cli(capsys, "import", tmp_path / "cut.jsonl", "--archive", tmp_path / "m.db")
-    assert code == 0 and "2 duels;" in out
+    assert code == 0 and "2 duels, 0 batches;" in out
     assert "1 duels skipped, their challenger or incumbent in neither the file nor the archive" in out
     with Archive(tmp_path / "m.db") as m:
         assert {d.uid for d in m.duels()} == {f["crowned"].uid, f["within"].uid}
@@ -176,7 +176,7 @@ def test_format_rule_older_files_read_newer_refused_at_the_header(dueled, tmp_pa
             load_file(old, tmp_path / "all.jsonl")
         assert old.candidates() == [] and old.runs() == []
     message = str(err.value)
-    assert "'crucible-archive/2'" in message and "newer crucible" in message and message.count(". ") == 0
+    assert "'crucible-archive/3'" in message and "newer crucible" in message and message.count(". ") == 0
     monkeypatch.undo()
     # a file of that older crucible still imports here
     v1 = [line for line in (tmp_path / "all.jsonl").read_text().splitlines() if json.loads(line)["kind"] != "duel"]
@@ -190,3 +190,29 @@ def test_format_rule_older_files_read_newer_refused_at_the_header(dueled, tmp_pa
     (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
     with Archive(tmp_path / "new.db") as new, pytest.raises(TransferError, match="line 1: not a duel record"):
         load_file(new, tmp_path / "bad.jsonl")
+
+
+def test_batches_travel_with_a_whole_archive_and_import_once(tmp_path, capsys):
+    """A batch and its task rows survive export and import (the KernelBench table rebuilds from the merged archive);
+    a task's filtered export leaves batches out; a second import adds nothing; a batch line without task rows is
+    one sentence naming the line."""
+    from agent.archive import Batch
+    rows = [{"task": "/k/level1/19_ReLU.py", "status": "done", "correct": True, "speedup_eager": 1.5},
+            {"task": "/k/level1/23_Softmax.py", "status": "done", "correct": False, "note": "rejected"}]
+    with Archive(tmp_path / "a.db") as a:
+        a.add_batch(Batch("b1", "/k/level1", "cuda", {"budget": 0}, "2026-12-03T13:50:00+00:00"))
+        for i, row in enumerate(rows):
+            a.set_batch_row("b1", i, row)
+        counts = dump_file(a, tmp_path / "all.jsonl")
+        assert counts["batch"] == 1
+        assert dump_file(a, tmp_path / "one.jsonl", task="/k/level1/19_ReLU.py")["batch"] == 0
+    with Archive(tmp_path / "m.db") as m:
+        assert load_file(m, tmp_path / "all.jsonl").added["batch"] == 1
+        assert m.get_batch("b1").config == {"budget": 0} and m.batch_rows("b1") == rows
+        again = load_file(m, tmp_path / "all.jsonl")
+        assert again.added["batch"] == 0 and again.skipped["batch"] == 1 and m.batch_rows("b1") == rows
+    bad = json.loads([line for line in (tmp_path / "all.jsonl").read_text().splitlines() if '"batch"' in line][0])
+    bad["id"], bad["rows"] = "b2", [{"no": "task"}]
+    (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
+    with Archive(tmp_path / "n.db") as n, pytest.raises(TransferError, match="line 1: not a batch record"):
+        load_file(n, tmp_path / "bad.jsonl")

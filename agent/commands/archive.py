@@ -8,7 +8,8 @@
   export     ID -o FILE.py: a standalone kernel module; without ID, -o FILE.jsonl: the whole archive
   import     FILE.jsonl...: merge exported archives (records already here are skipped, by uid)
   reverify   re-check winners measured in another environment; marks them confirmed or stale
-  report     -o FILE.html: one static page (leaderboards, plots, lineage, winners' code)
+  report     -o FILE.html: one static page (KernelBench tables of batches, leaderboards, plots, lineage,
+             winners' code); --kernelbench: a batch's KernelBench table as text (80 columns), --json as JSON
 
 IDs are the numbers `list` shows, or a uid prefix (6+ hex digits). The archive is --archive PATH, else
 $CRUCIBLE_ARCHIVE, else runs/archive.db.
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +72,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rv.add_argument("--task", help="only this task")
     rv.add_argument("--all", action="store_true", help="every verified candidate, not only each task's best")
     rv.add_argument("--force", action="store_true", help="re-check even when the environment is the same")
-    rp = verbs.add_parser("report", parents=[common], help="one static HTML page")
-    rp.add_argument("-o", "--output", type=Path, required=True)
+    rp = verbs.add_parser("report", parents=[common], help="one static HTML page, or a batch's KernelBench table")
+    rp.add_argument("-o", "--output", type=Path, help="the HTML page to write")
     rp.add_argument("--task", help="only this task")
+    rp.add_argument("--kernelbench", action="store_true",
+                    help="print a `crucible batch` run's KernelBench table (per task correct and speedups, fast_p, "
+                         "geomean, tokens per correct kernel) as text, 80 columns wide")
+    rp.add_argument("--batch", metavar="ID", help="that batch (an id or its prefix; default: the latest)")
+    rp.add_argument("--json", action="store_true", help="the batch's table as one JSON object: tasks and metrics")
     p.set_defaults(func=run, parser=p)
 
 
@@ -106,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
         except (BrowseError, ExportError, ReverifyError, TransferError) as exc:
             err_console.print(str(exc))
             return 2
+        except BrokenPipeError:  # the pipe's reader stopped early (`| head`): nothing more to say, and no error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         except OSError as exc:
             err_console.print(f"cannot write or read {exc.filename}: {exc.strerror}")
             return 2
@@ -286,7 +297,7 @@ def _export(archive: Any, args: argparse.Namespace) -> int:
             raise BrowseError("exporting the whole archive writes JSONL; name a candidate ID to export a .py module")
         counts = transfer.dump_file(archive, args.output, task=args.task)
         console.print(f"wrote {counts['candidate']} candidates, {counts['run']} runs, {counts['reverification']} "
-                      f"re-checks and {counts['duel']} duels to {args.output}")
+                      f"re-checks, {counts['duel']} duels and {counts['batch']} batches to {args.output}")
         return 0
     if args.output.suffix != ".py":
         raise BrowseError(f"{args.output} does not end in .py; a kernel exports as a Python module")
@@ -308,7 +319,7 @@ def _import(archive: Any, args: argparse.Namespace) -> int:
         merged = transfer.load_file(archive, path)
         a, s = merged.added, merged.skipped
         console.print(f"{path}: added {a['candidate']} candidates, {a['run']} runs, {a['reverification']} re-checks, "
-                      f"{a['duel']} duels; skipped {sum(s.values())} already here"
+                      f"{a['duel']} duels, {a['batch']} batches; skipped {sum(s.values())} already here"
                       + (f"; {merged.orphans} parent links to records in neither archive dropped"
                          if merged.orphans else "")
                       + (f"; {merged.unmatched_duels} duels skipped, their challenger or incumbent in neither the "
@@ -333,9 +344,46 @@ def _reverify(archive: Any, args: argparse.Namespace) -> int:
 
 def _report(archive: Any, args: argparse.Namespace) -> int:
     from agent import report
+    from agent.browse import BrowseError
 
+    if args.kernelbench or args.json or args.batch:
+        return _kernelbench(archive, args)
+    if args.output is None:
+        raise BrowseError("name the page to write with -o FILE.html, or print a batch's table with --kernelbench")
     out = report.write(archive, args.output, task=args.task)
     console.print(f"wrote {out}")
+    return 0
+
+
+def _kernelbench(archive: Any, args: argparse.Namespace) -> int:
+    """A batch's table from the archive alone: as text that a pipe keeps whole, or as JSON."""
+    import dataclasses
+
+    from agent import batch_summary, report
+    from agent.browse import BrowseError
+
+    batches = archive.batches()
+    if args.batch:
+        batches = [b for b in batches if b.id.startswith(args.batch)]
+        if len(batches) != 1:
+            raise BrowseError(f"{'no' if not batches else 'more than one'} batch matches {args.batch!r}; "
+                              "`crucible archive report --kernelbench` names the latest one")
+    if not batches:
+        raise BrowseError("the archive holds no batch; `crucible batch DIR` records one")
+    batch, rows, metrics = report.batch_table(archive, batches[-1])
+    if args.json:
+        print(json.dumps({"batch": dataclasses.asdict(batch), "tasks": rows, "metrics": metrics}, default=str))
+        return 0
+    plain = Console(emoji=False, highlight=False, soft_wrap=True)  # nothing folded or cut, in a pipe too
+    plain.print(f"KernelBench: {batch.folder}", markup=False)
+    plain.print(report.batch_title(batch, rows), markup=False)
+    plain.print()
+    for text in batch_summary.kernelbench_lines(rows, metrics):
+        plain.print(text, markup=False)
+    others = [b.id for b in archive.batches() if b.id != batch.id]
+    if others:
+        plain.print(f"{len(others)} other batch(es) in this archive: --batch {others[-1]}"
+                    + (" ..." if len(others) > 1 else ""), markup=False)
     return 0
 
 

@@ -14,8 +14,13 @@ eager and torch.compile baselines timed) instead of a search; --reference-only d
 
 With --executor ray the candidates are evaluated across a Ray cluster (--address; one worker per GPU of the cluster,
 docs/ray.md) while the search, the LLM requests and the archive stay in this process; the tasks run one after
-another there. --resume continues each task's latest run, so a batch whose driver was killed picks up where its
-archive stops.
+another there.
+
+The archive keeps the batch: one record per batch and each task's summary row, written as the task ends, so
+`crucible archive report` rebuilds the table and its metrics from the archive alone. --resume continues the folder's
+latest batch: the tasks it finished with their budget spent (and the reference checks of tasks that still have
+nothing to search from) are kept as they are; every other task continues its latest run, so a batch whose driver
+was killed picks up where its archive stops.
 """
 from __future__ import annotations
 
@@ -24,9 +29,10 @@ import ast
 import contextlib
 import json
 import re
-from dataclasses import replace
+import uuid
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -55,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the Ray cluster to join (HOST:6379, or auto); default: $RAY_ADDRESS, else the cluster "
                         "`ray start` made on this machine, else a new local one")
     p.add_argument("--resume", dest="resume_all", action="store_true",
-                   help="continue each task's latest run in the archive instead of starting new ones")
+                   help="continue the folder's latest batch: keep the tasks it finished, continue each other "
+                        "task's latest run instead of starting a new one")
     p.add_argument("--from", dest="from_dir", type=Path, metavar="DIR",
                    help="start each task from the kernel (a file defining ModelNew) in DIR named after it")
     p.add_argument("--reference-only", action="store_true",
@@ -140,16 +147,24 @@ def run(args: argparse.Namespace) -> int:
         archive.close()
         err_console.print(str(exc), markup=False, soft_wrap=True)  # "kernel-crucible[ray]" is not markup
         return 2
-    if args.reference_only or not searchable:  # the references are checked here, whatever the executor
-        archive.close()
+    reference_mode = args.reference_only or not searchable
+    batch = open_batch(archive, args, tasks, searchable=set(searchable), reference_only=reference_mode)
+    if batch.kept:
+        out.print(f"resuming batch {batch.id}: {len(batch.kept)} of {len(tasks)} tasks finished before are kept",
+                  highlight=False, soft_wrap=True)
+    if reference_mode:  # the references are checked here, whatever the executor
         if executor is not None:
             executor.close()
         if not args.reference_only:
             out.print("no model and no kernel to start from: checking each task's reference (and timing its "
                       "baselines on a GPU); to propose kernels, pass --model openai:NAME or anthropic:NAME, or "
                       "--from DIR with kernels named after the tasks", highlight=False, soft_wrap=True)
-        rows = reference_rows(tasks, args, constants, err_console)
-        return _finish(args, rows, reference_only=True)
+        with archive:
+            todo = [t for t in tasks if t not in batch.kept]
+            fresh = dict(zip(todo, reference_rows(todo, args, constants, err_console, on_row=batch.record)))
+            archive.finish_batch(batch.id)
+        rows = [batch.kept.get(t) or fresh[t] for t in tasks]
+        return _finish(args, rows, batch.id, reference_only=True)
     if lanes > 1:
         out.print(f"{len(tasks)} tasks on {lanes} GPUs: one task per GPU at a time")
     elif args.gpus > 1 and args.executor == "local" and not _visible_gpus(args.device):
@@ -163,6 +178,12 @@ def run(args: argparse.Namespace) -> int:
         ids = {t: bars.add_task(t.name, total=args.budget or 20, status="waiting") for t in tasks}
 
         def one_task(task: Path, lane: int) -> dict[str, Any]:
+            if task in batch.kept:
+                bars.update(ids[task], status="kept from batch " + batch.id)
+                return batch.kept[task]
+            return batch.record(task, search_task(task, lane))
+
+        def search_task(task: Path, lane: int) -> dict[str, Any]:
             bar = ids[task]
 
             def on_event(event: Any) -> None:
@@ -196,30 +217,37 @@ def run(args: argparse.Namespace) -> int:
 
         def not_started(task: Path) -> dict[str, Any]:
             bars.update(ids[task], status="not started")
-            return _row(task, "interrupted", note="not started")
+            return batch.kept.get(task) or _row(task, "interrupted", note="not started")
 
         def failed(task: Path, exc: Exception) -> dict[str, Any]:
             bars.update(ids[task], status="failed")
             what = (str(exc).splitlines() or [""])[0][:200]
-            return _row(task, "failed", note=f"crucible failed on this task ({type(exc).__name__}: {what}); this is "
-                                             "a bug in crucible, rerun with -v for the traceback")
+            return batch.record(task, _row(task, "failed", note=f"crucible failed on this task ({type(exc).__name__}: "
+                                                                f"{what}); this is a bug in crucible, rerun with -v "
+                                                                "for the traceback"))
 
         rows = run_lanes(tasks, lanes, one_task, not_started=not_started, failed=failed, stop=stop)
-    code = _finish(args, rows, reference_only=False)
+        if not any(r["status"] == "interrupted" for r in rows):
+            archive.finish_batch(batch.id)
+    code = _finish(args, rows, batch.id, reference_only=False)
     if any(r["status"] == "interrupted" for r in rows):
         return 130
     return code
 
 
-def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], *, reference_only: bool) -> int:
+def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], batch_id: str, *, reference_only: bool) -> int:
     """Print and write the summary; exit 0 when every task is usable (reference only) or has a verified kernel."""
     summary = summary_mod.metrics(rows)
     if args.json:
-        print(json.dumps({"tasks": rows, "metrics": summary}, default=str))
+        print(json.dumps({"batch": batch_id, "tasks": rows, "metrics": summary}, default=str))
     else:
         summary_mod.render(console, rows, summary, reference_only=reference_only)
+        console.print(f"archived as batch {batch_id}; its table again:", markup=False, highlight=False)
+        console.print(f"  crucible archive report --kernelbench --batch {batch_id}"
+                      + (f" --archive {args.archive}" if args.archive else ""),
+                      markup=False, highlight=False, soft_wrap=True)
     if args.json_out:
-        summary_mod.write_json(args.json_out, rows, summary)
+        summary_mod.write_json(args.json_out, rows, summary, batch_id)
     if args.csv:
         summary_mod.write_csv(args.csv, rows, summary)
     if reference_only:
@@ -263,8 +291,10 @@ def match_kernels(tasks: list[Path], folder: Path) -> dict[Path, Path]:
 
 
 def reference_rows(tasks: list[Path], args: argparse.Namespace, constants: dict[str, int],
-                   progress: Console | None) -> list[dict[str, Any]]:
-    """Each task's reference checked (on the CPU at the rescaled size) and, on a GPU, its baselines timed."""
+                   progress: Console | None,
+                   on_row: Callable[[Path, dict[str, Any]], Any] | None = None) -> list[dict[str, Any]]:
+    """Each task's reference checked (on the CPU at the rescaled size) and, on a GPU, its baselines timed; `on_row`
+    is called with each task's row as soon as it is made."""
     import torch
 
     from sandbox.reference import check_task
@@ -293,6 +323,8 @@ def reference_rows(tasks: list[Path], args: argparse.Namespace, constants: dict[
                         row[f"{r['impl']}_ms"] = r.get("ms")
                 row["timed"] = row["eager_ms"] is not None
             rows.append(row)
+            if on_row is not None:
+                on_row(path, row)
             if progress is not None:  # a long folder: each task as it is checked, on stderr
                 progress.print(f"[{len(rows)}/{len(tasks)}] {path.name}: {row['status']}", markup=False,
                                highlight=False, soft_wrap=True)
@@ -300,6 +332,65 @@ def reference_rows(tasks: list[Path], args: argparse.Namespace, constants: dict[
         if harness is not None:
             harness.close()
     return rows
+
+
+@dataclass
+class BatchRecord:
+    """The archive's record of this batch: `record(task, row)` writes a task's row as it ends; `kept` holds the rows
+    a resumed batch keeps from before, by task."""
+
+    archive: Any
+    id: str
+    position: dict[Path, int]
+    kept: dict[Path, dict[str, Any]] = field(default_factory=dict)
+
+    def record(self, task: Path, row: dict[str, Any]) -> dict[str, Any]:
+        self.archive.set_batch_row(self.id, self.position[task], row)
+        return row
+
+
+def open_batch(archive: Any, args: argparse.Namespace, tasks: list[Path], *, searchable: set[Path],
+               reference_only: bool) -> BatchRecord:
+    """A new batch in the archive, or with --resume the folder's latest one, keeping the rows that are final: a search
+    that ended with its budget spent (unless --budget now asks for more) and, for a task that still has nothing to
+    search from, its reference check. Every task of the folder gets a row at once ("not started" until it ends), so
+    a batch killed midway still counts all its tasks."""
+    from agent.archive import Batch, now
+
+    folder = str(args.dir.resolve())
+    position = {t: i for i, t in enumerate(tasks)}
+    earlier = archive.batches(folder=folder) if args.resume_all else []
+    if earlier:
+        record = BatchRecord(archive, earlier[-1].id, position)
+        by_name = {Path(r["task"]).name: r for r in archive.batch_rows(record.id)}
+        for task in tasks:
+            row = by_name.get(task.name)
+            if row is not None and _final(row, args, reference_only or task not in searchable):
+                record.kept[task] = row
+    else:
+        stamp = now().replace(":", "").replace("-", "")[:15]
+        record = BatchRecord(archive, f"batch-{stamp}-{uuid.uuid4().hex[:6]}", position)
+        archive.add_batch(Batch(id=record.id, folder=folder, device=_device_name(args.device), started=now(),
+                                config={"model": args.model, "budget": args.budget,
+                                        "from": str(args.from_dir) if args.from_dir else None,
+                                        "reference_only": bool(args.reference_only)}))
+    for task in tasks:
+        if task not in record.kept:
+            record.record(task, summary_mod.empty_row(task, "not started"))
+    return record
+
+
+def _final(row: dict[str, Any], args: argparse.Namespace, reference: bool) -> bool:
+    if reference:
+        return row["status"] in ("usable", "refused")
+    if row["status"] != "done" or row.get("note") != "budget spent":
+        return False
+    return args.budget is None or (row.get("proposals") or 0) >= args.budget
+
+
+def _device_name(device: str) -> str:
+    import torch
+    return device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _executor(args: argparse.Namespace) -> Any:

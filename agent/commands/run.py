@@ -222,8 +222,8 @@ class LiveView:
         if kind == "start":
             self.header = event.message
         line = Text(event.message, style=_style(event))
-        if self.live is None:
-            console.print(line)
+        if self.live is None:  # a pipe or a log: one line per event, never wrapped, so paths stay whole
+            console.print(line, soft_wrap=True)
             return
         if kind != "start":
             self.last.append(line)
@@ -326,7 +326,7 @@ def render_summary(s: Any, archive_path: Path) -> None:
         table.add_row("best kernel", "[red]none verified[/red]")
     else:
         t = b.timings
-        table.add_row("best kernel", Text(f"#{b.id} ({b.origin}, {b.proposer}) → {s.best_path}"))
+        table.add_row("best kernel", Text(f"#{b.id} ({b.origin}, {b.proposer}), written to the best.py below"))
         if b.timed and s.final is not None:
             f = s.final
             colour = "green" if f.status == "confirmed" else "red"
@@ -354,8 +354,16 @@ def render_summary(s: Any, archive_path: Path) -> None:
     console.print(table)
     for line in s.not_measured:
         console.print(Text.assemble(("not measured", "yellow"), f": {line}"))
-    console.print(Text(f"archive: {archive_path}; continue with: crucible run {s.task_path} --resume {s.run_id}"
-                       + (f" --archive {archive_path}" if archive_path != Path("runs/archive.db") else "")))
+    # Paths and the command to paste each on a line of their own, never wrapped or cut (soft_wrap), in a pipe too.
+    if b is not None:
+        console.print("best kernel:")
+        console.print(Text(f"  {s.best_path}"), soft_wrap=True)
+    console.print("archive:")
+    console.print(Text(f"  {archive_path}"), soft_wrap=True)
+    console.print("continue with:")
+    console.print(Text(f"  crucible run {s.task_path} --resume {s.run_id}"
+                       + (f" --archive {archive_path}" if archive_path != Path("runs/archive.db") else "")),
+                  soft_wrap=True)
 
 
 def cost_text(cost: float | None) -> str:

@@ -1,0 +1,270 @@
+"""The check's stage runners: compile, smoke, correctness, robustness (with its soak) and timing, and what they
+share: one call of the candidate with its outputs read back and checked, and the comparison with the reference.
+
+sandbox.harness.Harness.check runs them in order on one candidate's process; each takes the harness (its requests
+to the child, its turn at the GPU) and the check in progress, and returns its value and the stage's details, or
+raises Rejected.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import tolerance
+from .records import Reason, Rejected, Stage
+from .reference import Reference
+from .timing_child import derive
+
+if TYPE_CHECKING:
+    from .harness import Harness, _Run
+    from .reference import Expected
+    from .task import Task
+
+# The soak's calls: (seconds of the candidate's time, most calls) by device, and the fewest. On the CPU interpreter a
+# call costs milliseconds even at the smallest shape, so the soak stays short; on a GPU cheap calls run by hundreds.
+SOAK_BUDGET_S = {"cpu": (0.2, 64), "cuda": (1.0, 2000)}
+SOAK_MIN_CALLS = 3
+
+
+def compile_candidate(harness: Harness, run: _Run) -> tuple[Reference, dict[str, Any]]:
+    t0 = time.monotonic()
+    reference = Reference(run.task, run.device, run.rng.randrange(1 << 31))
+    reference_s = time.monotonic() - t0
+    msg = harness._setup_msg(run, str(run.candidate), reference, harness._scratch(run.child))
+    reply = harness._request(run, Stage.COMPILE, msg, within=run.within("the setup (import and ModelNew(...))"))
+    run.network_isolated = bool(reply.get("network_isolated"))
+    laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
+    return reference, {"network_isolated": run.network_isolated, "reference_s": reference_s,
+                       "filesystem_read_only": bool(reply.get("filesystem_read_only")),
+                       "capabilities_dropped": bool(reply.get("capabilities_dropped")),
+                       "walls": reply.get("walls") if isinstance(reply.get("walls"), dict) else {}, **laps}
+
+
+def smoke(harness: Harness, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
+    seed = run.rng.randrange(1 << 31)
+    with run.lap("inputs"), harness._gpu(run):
+        inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], run.device)
+    reply, expected = call(harness, run, Stage.SMOKE, reference, inputs)
+    first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
+             "label": f"{run.task.meta.distributions[0]} inputs"}
+    return first, {"trace": reply.get("trace"), "seconds": reply.get("seconds")}
+
+
+def correctness(harness: Harness, run: _Run, reference: Reference,
+                first: dict[str, Any]) -> tuple[None, dict[str, Any]]:
+    compare(harness, run, Stage.CORRECTNESS, first["outputs"], first["expected"], first["label"])
+    checked = [run.task.meta.distributions[0]]
+    rest = list(run.task.meta.distributions[1:])
+    run.rng.shuffle(rest)  # no fixed order of calls to count on
+    for dist in rest:
+        with run.lap("inputs"), harness._gpu(run):
+            inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
+        reply, expected = call(harness, run, Stage.CORRECTNESS, reference, inputs)
+        compare(harness, run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
+        checked.append(dist)
+    return None, {"distributions": checked}
+
+
+def robustness(harness: Harness, run: _Run, reference: Reference,
+               first: dict[str, Any]) -> tuple[None, dict[str, Any]]:
+    # Repeat the first call on the same values at fresh addresses: a deterministic op must agree bitwise.
+    reply, _ = call(harness, run, Stage.ROBUSTNESS, reference, first["inputs"], first["expected"])
+    for i, (a, b) in enumerate(zip(first["outputs"], reply["outputs"])):
+        if run.task.meta.deterministic and not torch.equal(_bits(a), _bits(b)):
+            diff = int((_bits(a) != _bits(b)).sum())
+            raise Rejected(Stage.ROBUSTNESS, Reason.NONDETERMINISTIC, f"output {i} differs between two runs on the "
+                          f"same inputs in {diff} of {a.numel()} elements (a race or an uninitialised read?)")
+    compare(harness, run, Stage.ROBUSTNESS, reply["outputs"], first["expected"], "a repeat of the first inputs")
+    shapes = []
+    variants = run.task.shape_variants()
+    run.rng.shuffle(variants)
+    tried = [(float(reply.get("seconds") or 0.0), run.task, reference)]  # the soak takes the cheapest shape
+    for variant in variants:
+        vtask = run.task.with_constants(variant)
+        vref = Reference(vtask, run.device, reference.model_seed)
+        with run.lap("rebuild"):
+            harness._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
+                                                  "state_dict": vref.state_dict(),
+                                                  "seed": reference.model_seed},
+                          within=run.within("the rebuild at a new shape"))
+        with run.lap("inputs"), harness._gpu(run):
+            inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
+        reply, expected = call(harness, run, Stage.ROBUSTNESS, vref, inputs)
+        label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
+        compare(harness, run, Stage.ROBUSTNESS, reply["outputs"], expected, label)
+        shapes.append(variant)
+        tried.append((float(reply.get("seconds") or 0.0), vtask, vref))
+    seconds, soak_task, soak_ref = min(tried, key=lambda t: t[0])
+    if soak_ref is not tried[-1][2]:
+        with run.lap("rebuild"):
+            harness._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": soak_ref.init_inputs(),
+                                                  "state_dict": soak_ref.state_dict(),
+                                                  "seed": reference.model_seed},
+                          within=run.within("the rebuild at the soak's shape"))
+    soaked = soak(harness, run, soak_task, soak_ref, seconds)
+    return None, {"shapes": shapes, "repeat_bitwise": run.task.meta.deterministic, "soak": soaked}
+
+
+def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds: float) -> dict[str, Any]:
+    """Many calls back to back at the model's current shape (the cheapest tried), on fresh inputs: a number
+    drawn log-uniformly up to what SOAK_BUDGET_S allows at this call's time, so a kernel that turns to a stored
+    output after its first N calls cannot know N's safe value. The last call and one other drawn at random are
+    verified here; the child checks every call as any other (trace, state), and cannot tell which are verified."""
+    n = soak_length(run.rng, seconds, run.device.split(":")[0])
+    checked = sorted({n - 1} | set(run.rng.sample(range(n - 1), 1)))  # each costs a reference and a compare
+    dists = task.meta.distributions
+    with run.lap("inputs"), harness._gpu(run):
+        base = [task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
+                for dist in (dists[0], run.rng.choice(dists))]
+    expected = []
+    for k in checked:
+        with run.lap("reference"), harness._gpu(run):
+            expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
+    used: set[int] = set()
+    msg = {"op": "soak", "base": [run.lending.ship(b, used)[0] for b in base], "n": n, "checked": checked,
+           "fixed": list(task.meta.fixed_inputs)}
+    within = run.within(f"the soak of {n} calls", reference, calls=n)
+    with run.lap("soak"):
+        reply = harness._request(run, Stage.ROBUSTNESS, msg, max_bytes=4 * sum(e.nbytes for e in expected) + (1 << 24),
+                              within=within)
+    run.calls += n
+    run.call_seconds += float(reply.get("seconds") or 0.0)
+    outs = reply.get("outputs")
+    per = len(expected[0].ref)
+    if not isinstance(outs, list) or len(outs) != per * len(checked) or \
+            not all(isinstance(t, torch.Tensor) for t in outs) or reply.get("structure") != expected[0].structure:
+        raise Rejected(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"the candidate's outputs over {n} calls in a row "
+                      "did not come back as its single calls' did")
+    for j, (k, exp) in enumerate(zip(checked, expected)):
+        got = outs[j * per:(j + 1) * per]
+        for i, (g, r) in enumerate(zip(got, exp.ref)):
+            if g.shape != r.shape or g.dtype != r.dtype:
+                raise Rejected(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"call {k + 1} of {n} in a row: output {i} "
+                              f"is {list(g.shape)} {g.dtype}, expected {list(r.shape)} {r.dtype}")
+        compare(harness, run, Stage.ROBUSTNESS, [g.to(r.device) for g, r in zip(got, exp.ref)], exp,
+                      f"call {k + 1} of {n} in a row (fresh inputs each call)")
+    return {"calls": n, "verified": len(checked)}
+
+
+def timing(harness: Harness, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
+    from . import timing_parent
+    if harness.device == "cuda":  # the correctness stages' cached blocks (float64 truths) go back to the driver,
+        torch.cuda.empty_cache()  # for the child's input sets, baselines and held outputs
+    return timing_parent.run(harness, run, reference)
+
+
+def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
+         expected: Expected | None = None) -> tuple[dict[str, Any], Expected]:
+    if expected is None:
+        with run.lap("reference"), harness._gpu(run):
+            expected = reference.run(inputs)
+    used: set[int] = set()
+    msg: dict[str, Any] = {"op": "call", "inputs": run.lending.ship(inputs, used)[0]}
+    buffers: list[torch.Tensor | None] = []
+    if run.device != "cpu":
+        # Outputs come back into lent buffers on the GPU (no trip through host memory).
+        msg["out_buffers"], buffers = run.lending.ship([_poisoned(r) for r in expected.ref], used)
+    within = run.within(f"the {stage.value} call", reference, calls=1)
+    with run.lap("request"):
+        reply = harness._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24), within=within)
+    run.timed_call(reference, time.monotonic() - within.start)
+    run.calls += 1
+    run.call_seconds += float(reply.get("seconds") or 0.0)
+    outs = _claim(reply.get("outputs"), buffers)
+    if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
+        raise Rejected(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
+    # Outputs that came back by value (past the lending cap) go where the reference's are, so that every comparison
+    # (including two calls' bits in the robustness stage, one from each path) sees one device.
+    outs = reply["outputs"] = [o if o.device == r.device else o.to(r.device)
+                               for o, r in zip(outs, expected.ref)] + outs[len(expected.ref):]
+    if len(outs) != len(expected.ref) or reply.get("structure") != expected.structure:
+        raise Rejected(stage, Reason.OUTPUT_SHAPE,
+                      f"the candidate returned {len(outs)} output(s) as a {reply.get('structure')}; "
+                      f"the reference returns {len(expected.ref)} as a {expected.structure}")
+    for i, (got, ref, strides) in enumerate(zip(outs, expected.ref, reply.get("strides", []))):
+        if got.shape != ref.shape:
+            raise Rejected(stage, Reason.OUTPUT_SHAPE,
+                          f"output {i} has shape {list(got.shape)}, expected {list(ref.shape)}")
+        if got.dtype != ref.dtype:
+            raise Rejected(stage, Reason.OUTPUT_DTYPE, f"output {i} has dtype {got.dtype}, expected {ref.dtype}")
+        if ref.is_contiguous() and not _contiguous(list(got.shape), list(strides)):
+            raise Rejected(stage, Reason.OUTPUT_SHAPE, f"output {i} has strides {strides}, expected contiguous "
+                          f"{list(ref.stride())}")
+    return reply, expected
+
+
+def compare(harness: Harness, run: _Run, stage: Stage, outs: list[torch.Tensor], expected: Expected,
+            label: str) -> None:
+    meta = run.task.meta
+    for i, got in enumerate(outs):
+        truth = expected.truth[i] if expected.truth is not None else None
+        with run.lap("compare"), harness._gpu(run):
+            mismatch = tolerance.compare(f"output {i}", got.to(expected.ref[i].device), expected.ref[i], truth,
+                                         allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale,
+                                         alternates=expected.alternates_for(i))
+        if mismatch is not None:
+            # NaN/Inf where the reference has none (or the reverse) is named as such: the clearest signal of
+            # unwritten or uninitialised output.
+            reason = Reason.NONFINITE_MISMATCH if mismatch.first_nonfinite_diff is not None \
+                else Reason.OUTPUT_MISMATCH
+            raise Rejected(stage, reason, f"wrong result on {label}:\n{mismatch.describe()}", mismatch=mismatch,
+                          details={"inputs": label})
+
+
+def soak_length(rng: random.Random, seconds: float, device: str) -> int:
+    """The soak's number of calls: log-uniform between SOAK_MIN_CALLS and what the device's budget allows at
+    `seconds` a call."""
+    budget, cap = SOAK_BUDGET_S[device]
+    most = max(SOAK_MIN_CALLS, min(cap, int(budget / max(seconds, 1e-6))))
+    return int(round(math.exp(rng.uniform(math.log(SOAK_MIN_CALLS), math.log(most)))))
+
+
+def _poisoned(ref: torch.Tensor) -> torch.Tensor | None:
+    """A contiguous buffer like `ref`, every byte 0xFF (NaN in every float format, -1 in every integer one): where the
+    child writes nothing, the comparison says so. None for bool outputs, which have no such pattern (they travel by
+    value)."""
+    if ref.dtype == torch.bool or ref.is_complex():
+        return None
+    buf = torch.empty_like(ref, memory_format=torch.contiguous_format)
+    if buf.numel():
+        buf.reshape(-1).view(torch.uint8).fill_(0xFF)
+    return buf
+
+
+def _claim(outs: Any, buffers: list[torch.Tensor | None]) -> Any:
+    """The reply's outputs with each {"__gpu_buffer__": i} the child put at position i replaced by a copy of our
+    buffer i (a copy: the child maps the buffer until it is dead). Anything else forged stays as it is and fails the
+    output-type check."""
+    if not isinstance(outs, list):
+        return outs
+    claimed = []
+    for i, o in enumerate(outs):
+        if isinstance(o, dict) and set(o) == {"__gpu_buffer__"}:
+            buf = buffers[i] if o["__gpu_buffer__"] == i and i < len(buffers) else None
+            if buf is None:
+                return None
+            claimed.append(buf.clone())
+        else:
+            claimed.append(o)
+    return claimed
+
+
+def _contiguous(shape: list[int], strides: list[int]) -> bool:
+    """Row-major contiguity as torch defines it: the strides of size-1 dimensions do not matter."""
+    if len(shape) != len(strides):
+        return False
+    expected = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.contiguous().view(kind)
