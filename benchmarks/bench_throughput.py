@@ -59,6 +59,15 @@ def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def laps_of(diagnostics: dict[str, Any]) -> dict[str, float]:
+    """Finer than PARTS: the verdict's cost laps (the parent's seconds by phase, e.g. reference_build_s, ship_s,
+    compare_s) and the timing stage's own laps (timing.child_measure_s, ...)."""
+    out = {k: float(v) for k, v in (diagnostics.get("costs") or {}).items() if isinstance(v, (int, float))}
+    laps = ((diagnostics.get("timing") or {}).get("laps") or {})
+    out.update({f"timing.{k}": float(v) for k, v in laps.items() if isinstance(v, (int, float))})
+    return out
+
+
 class NvmlSampler:
     """GPU utilisation (%) every `every_s` on a thread; `mean` is None where NVML cannot be read."""
 
@@ -128,6 +137,8 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         else None, "nvml_util_pct": nvml, "stop_reason": summary.stop_reason}
     for key in (*PARTS, "gpu_wait", "timing_wait"):
         row[f"{key}_s"] = statistics.fmean(p[key] for p in parts) if parts else None
+    laps = [laps_of(c.diagnostics) for _, c in mine if c.diagnostics]
+    row["laps"] = {k: statistics.fmean(lap.get(k, 0.0) for lap in laps) for k in sorted({k for lap in laps for k in lap})}
     return row
 
 
@@ -154,7 +165,9 @@ def show(row: dict[str, Any]) -> str:
             f" + for the timing slot {f(row['timing_wait_s'])}\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
             f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "
             f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%"
-            f"  (stopped: {row['stop_reason']})")
+            f"  (stopped: {row['stop_reason']})\n  laps a candidate (s): " +
+            ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("laps", {}).items(), key=lambda kv: -kv[1])
+                      if k not in ("total_s", "calls") and v >= 0.05))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ A lent tensor travels as a `Lent` record (plain values: the request is pickled, 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -127,64 +127,80 @@ def _dense(x: torch.Tensor) -> bool:
     return True
 
 
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 def _lendable(x: torch.Tensor) -> bool:
     return x.is_cuda and x.numel() > 0
 
 
 class Lending:
-    """What one child is lent: staging tensors reused call after call (each call's CUDA tensors are copied into them),
-    held until the child is dead, up to `cap` bytes in all; a tensor that would pass the cap goes by value. Reuse keeps
-    a large task's lent memory at one call's worth however many calls the check makes."""
+    """What one child is lent: staging blocks of raw device memory reused call after call (each call's CUDA tensors
+    are copied into views over them), held until the child is dead, up to `cap` bytes in all; a tensor that would pass
+    the cap goes by value. A block serves any tensor that fits in it, whatever its shape or dtype, so a check that
+    moves through several shapes (the robustness stage's, the soak's) holds one request's worth of blocks, not one
+    set per shape."""
 
     def __init__(self, cap: int):
         self.cap = cap
         self.held = 0
-        self._pool: dict[tuple, list[torch.Tensor]] = {}
-        self._lent: dict[int, Lent] = {}
+        self._blocks: list[torch.Tensor] = []  # uint8, each lent as a whole; smallest first
+        self._handles: dict[int, Lent] = {}  # id(block) -> its handle (the view's fields are filled in per use)
 
     def ship(self, tensors: list[object], used: set[int]) -> tuple[list[object], list[torch.Tensor | None]]:
         """Each item as the child receives it: CUDA tensors as ("cuda-ipc", Lent) over a staging copy, else by value;
-        and, by position, the staging tensor the child maps (None where nothing was lent). `used` holds the staging
-        tensors the same request already carries (one set per request: none is handed out twice in it)."""
+        and, by position, the staging tensor the child maps (None where nothing was lent). `used` holds the blocks the
+        same request already carries (one set per request: none is handed out twice in it)."""
         wire: list[object] = []
         staged: list[torch.Tensor | None] = []
         for x in tensors:
-            stage = self._stage(x, used) if isinstance(x, torch.Tensor) and _lendable(x) else None
-            if stage is not None:
+            found = self._stage(x, used) if isinstance(x, torch.Tensor) and _lendable(x) else None
+            if found is not None:
+                stage, lent = found
                 stage.copy_(x)
-                wire.append(("cuda-ipc", self._lent[id(stage)]))
-            elif isinstance(x, torch.Tensor):
+                wire.append(("cuda-ipc", lent))
+                staged.append(stage)
+                continue
+            if isinstance(x, torch.Tensor):
                 wire.append(x.detach().cpu())  # by value (the child moves it to its device)
             else:
                 wire.append(x)
-            staged.append(stage)
+            staged.append(None)
         if any(t is not None for t in staged):
             torch.cuda.synchronize()  # the child reads the staging copies as soon as the request arrives
         return wire, staged
 
-    def _stage(self, x: torch.Tensor, used: set[int]) -> torch.Tensor | None:
-        dense = _dense(x)
-        key = (tuple(x.shape), tuple(x.stride()) if dense else None, x.dtype, x.device)
-        for t in self._pool.get(key, []):
-            if id(t) not in used:
-                used.add(id(t))
-                return t
+    def _stage(self, x: torch.Tensor, used: set[int]) -> tuple[torch.Tensor, Lent] | None:
+        """A view shaped like `x` over the smallest free block that holds it (a new block where none does and the
+        cap allows), and the Lent that maps that view in the child."""
+        stride = tuple(x.stride()) if _dense(x) else _contiguous_strides(tuple(x.shape))
         nbytes = x.numel() * x.element_size()
-        if self.held + nbytes > self.cap:
-            return None
-        t = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if dense else \
-            torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        try:
-            self._lent[id(t)] = lend(t)
-        except LendError:
-            return None
-        self._pool.setdefault(key, []).append(t)
-        self.held += nbytes
-        used.add(id(t))
-        return t
+        block = next((b for b in self._blocks if id(b) not in used and b.numel() >= nbytes
+                      and b.device == x.device), None)
+        if block is None:
+            if self.held + nbytes > self.cap:
+                return None
+            block = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+            try:
+                self._handles[id(block)] = lend(block)
+            except LendError:
+                return None
+            self._blocks.append(block)
+            self._blocks.sort(key=lambda b: b.numel())
+            self.held += nbytes
+        used.add(id(block))
+        view = block[:nbytes].view(x.dtype).as_strided(x.shape, stride)
+        lent = replace(self._handles[id(block)], nbytes=nbytes, dtype=str(x.dtype).removeprefix("torch."),
+                       shape=tuple(x.shape), stride=stride, storage_offset=0)
+        return view, lent
 
     def release(self) -> None:
         """Only once the child is dead: it may map any of these until then."""
-        self._pool.clear()
-        self._lent.clear()
+        self._blocks.clear()
+        self._handles.clear()
         self.held = 0

@@ -137,6 +137,7 @@ class Harness:
         self._zygote_env = {"TRITON_INTERPRET": "1" if self.device == "cpu" else "0"}
         self.zygote = Zygote(self._zygote_env)
         self._tasks: dict[tuple[str, float], Task] = {}
+        self._variants: dict[int, tuple[Task, list[tuple[dict[str, int], Task]]]] = {}
         self._reapers: list[threading.Thread] = []
 
     def close(self) -> None:
@@ -161,6 +162,14 @@ class Harness:
             loaded = load_task(path)
             self._tasks[key] = loaded.scaled_for_cpu() if self.device == "cpu" else loaded
         return self._tasks[key]
+
+    def _variant_tasks(self, task: Task) -> list[tuple[dict[str, int], Task]]:
+        """The task at each of its robustness shapes (Task.shape_variants), worked out once per task: a warm harness
+        checks candidate after candidate of the same task."""
+        hit = self._variants.get(id(task))
+        if hit is None or hit[0] is not task:
+            hit = self._variants[id(task)] = (task, [(v, task.with_constants(v)) for v in task.shape_variants()])
+        return list(hit[1])
 
     # ---- the check ------------------------------------------------------------------------------------------
     def _ensure_zygote(self) -> None:

@@ -80,12 +80,13 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
                           f"same inputs in {diff} of {a.numel()} elements (a race or an uninitialised read?)")
     compare(harness, run, Stage.ROBUSTNESS, reply["outputs"], first["expected"], "a repeat of the first inputs")
     shapes = []
-    variants = run.task.shape_variants()
+    with run.lap("variants"):
+        variants = harness._variant_tasks(run.task)
     run.rng.shuffle(variants)
     tried = [(float(reply.get("seconds") or 0.0), run.task, reference)]  # the soak takes the cheapest shape
-    for variant in variants:
-        vtask = run.task.with_constants(variant)
-        vref = Reference(vtask, run.device, reference.model_seed)
+    for variant, vtask in variants:
+        with run.lap("reference_build"):
+            vref = Reference(vtask, run.device, reference.model_seed)
         with run.lap("rebuild"):
             harness._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
                                                   "state_dict": vref.state_dict(),
@@ -125,7 +126,9 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
         with run.lap("reference"), harness._gpu(run):
             expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
     used: set[int] = set()
-    msg = {"op": "soak", "base": [run.lending.ship(b, used)[0] for b in base], "n": n, "checked": checked,
+    with run.lap("ship"):
+        shipped = [run.lending.ship(b, used)[0] for b in base]
+    msg = {"op": "soak", "base": shipped, "n": n, "checked": checked,
            "fixed": list(task.meta.fixed_inputs)}
     within = run.within(f"the soak of {n} calls", reference, calls=n)
     with run.lap("soak"):
@@ -163,11 +166,12 @@ def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs
         with run.lap("reference"), harness._gpu(run):
             expected = reference.run(inputs)
     used: set[int] = set()
-    msg: dict[str, Any] = {"op": "call", "inputs": run.lending.ship(inputs, used)[0]}
-    buffers: list[torch.Tensor | None] = []
-    if run.device != "cpu":
-        # Outputs come back into lent buffers on the GPU (no trip through host memory).
-        msg["out_buffers"], buffers = run.lending.ship([_poisoned(r) for r in expected.ref], used)
+    with run.lap("ship"):
+        msg: dict[str, Any] = {"op": "call", "inputs": run.lending.ship(inputs, used)[0]}
+        buffers: list[torch.Tensor | None] = []
+        if run.device != "cpu":
+            # Outputs come back into lent buffers on the GPU (no trip through host memory).
+            msg["out_buffers"], buffers = run.lending.ship([_poisoned(r) for r in expected.ref], used)
     within = run.within(f"the {stage.value} call", reference, calls=1)
     with run.lap("request"):
         reply = harness._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24), within=within)
