@@ -79,11 +79,14 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
             raise Rejected(Stage.ROBUSTNESS, Reason.NONDETERMINISTIC, f"output {i} differs between two runs on the "
                           f"same inputs in {diff} of {a.numel()} elements (a race or an uninitialised read?)")
     compare(harness, run, Stage.ROBUSTNESS, reply["outputs"], first["expected"], "a repeat of the first inputs")
+    first.clear()  # the smoke call's inputs, outputs and float64 truth are done with: the shapes below need the room
     shapes = []
     with run.lap("variants"):
         variants = harness._variant_tasks(run.task)
     run.rng.shuffle(variants)
     tried = [(float(reply.get("seconds") or 0.0), run.task, reference)]  # the soak takes the cheapest shape
+    del reply
+    _return_cached(run)
     for variant, vtask in variants:
         with run.lap("reference_build"):
             vref = Reference(vtask, run.device, reference.model_seed)
@@ -99,6 +102,8 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
         compare(harness, run, Stage.ROBUSTNESS, reply["outputs"], expected, label)
         shapes.append(variant)
         tried.append((float(reply.get("seconds") or 0.0), vtask, vref))
+        del reply, expected, inputs
+        _return_cached(run)
     seconds, soak_task, soak_ref = min(tried, key=lambda t: t[0])
     if soak_ref is not tried[-1][2]:
         with run.lap("rebuild"):
@@ -128,6 +133,8 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
     used: set[int] = set()
     with run.lap("ship"):
         shipped = [run.lending.ship(b, used)[0] for b in base]
+    del base  # the lent copies are what the child derives its calls' inputs from
+    _return_cached(run)
     msg = {"op": "soak", "base": shipped, "n": n, "checked": checked,
            "fixed": list(task.meta.fixed_inputs)}
     within = run.within(f"the soak of {n} calls", reference, calls=n)
@@ -155,9 +162,16 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
 
 def timing(harness: Harness, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
     from . import timing_parent
-    if harness.device == "cuda":  # the correctness stages' cached blocks (float64 truths) go back to the driver,
-        torch.cuda.empty_cache()  # for the child's input sets, baselines and held outputs
+    _return_cached(run)  # for the child's input sets, baselines and held outputs
     return timing_parent.run(harness, run, reference)
+
+
+def _return_cached(run: _Run) -> None:
+    """The parent's freed but cached GPU blocks (float64 truths, earlier shapes' inputs) go back to the driver: the
+    child's process allocates from what is left of the same GPU, and a full-size task's next call needs the room."""
+    if run.device != "cpu":
+        with run.lap("empty_cache"):
+            torch.cuda.empty_cache()
 
 
 def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
