@@ -21,6 +21,7 @@ import json
 import os
 import statistics
 import sys
+from datetime import datetime, timezone
 import time
 import types
 from pathlib import Path
@@ -219,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     for v in variants:
         t0 = time.perf_counter()
         row, losses = measure(v, spec, args, args.device, out)
-        row.update(model=spec.name, device=args.device, gpu=env.get("gpu"), torch=env["torch"],
+        gpu = env.get("gpu")
+        row.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), model=spec.name,
+                   device=args.device, gpu=gpu.get("name") if isinstance(gpu, dict) else gpu, torch=env["torch"],
                    triton=env["triton"], liger_kernel=env["liger_kernel"], commit=repo_commit(ROOT),
                    batch_tokens=spec.inputs("cpu")[0].numel(), wall_s=time.perf_counter() - t0)
         rows.append(row)
