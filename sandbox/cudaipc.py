@@ -204,3 +204,25 @@ class Lending:
         self._blocks.clear()
         self._handles.clear()
         self.held = 0
+
+
+# A child's out-of-memory error is put down to the harness when the parent holds at least this share of the GPU.
+PARENT_SHARE_BLAMED = 0.25
+
+
+def parent_share(device: str) -> str | None:
+    """'X GiB of the GPU's Y GiB' where the parent's reserved memory is at least PARENT_SHARE_BLAMED of the GPU, else
+    None (the candidate's own allocations are the likelier cause)."""
+    reserved = torch.cuda.memory_reserved(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    if total <= 0 or reserved < PARENT_SHARE_BLAMED * total:
+        return None
+    return f"{reserved / 2**30:.1f} GiB of the GPU's {total / 2**30:.1f} GiB"
+
+
+def lending_cap(device: str) -> int:
+    """Bytes of GPU memory one child may be lent (staging copies of its inputs and output buffers, reused call after
+    call): a quarter of the device, at least 8 GiB. Past it, tensors travel by value through host memory."""
+    if device != "cuda":
+        return 0
+    return max(8 << 30, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 4)

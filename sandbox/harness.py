@@ -217,7 +217,7 @@ class Harness:
                                       "about the candidate", seconds=time.monotonic() - t0))
             return self._result(task_obj, candidate, stages, start, None)
         run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages,
-                   lending=cudaipc.Lending(_lending_cap(self.device)))
+                   lending=cudaipc.Lending(cudaipc.lending_cap(self.device)))
         run.signs = CompileSigns(self._scratch(child) / "triton", child.pid)
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
@@ -299,7 +299,7 @@ class Harness:
         child = self.zygote.spawn()
         start = time.monotonic()
         run = _Run(task_obj, Path("-"), options, child, start + timeout_s, random.Random(secrets.randbits(31)),
-                   lending=cudaipc.Lending(_lending_cap(self.device)))
+                   lending=cudaipc.Lending(cudaipc.lending_cap(self.device)))
         try:
             reference = Reference(task_obj, run.device, run.rng.randrange(1 << 31))
             scratch = self._scratch(child)
@@ -391,13 +391,20 @@ class Harness:
         err = reply.get("error")
         error = ErrorInfo(str(err.get("type")), str(err.get("message")), str(err.get("traceback"))) \
             if isinstance(err, dict) else None
+        message = str(reply.get("message", ""))[:4000]
         if error is not None and error.type in COMPILE_ERRORS:
             stage, reason = Stage.COMPILE, Reason.COMPILE_ERROR
+        elif error is not None and error.type == "OutOfMemoryError" and run.device != "cpu":
+            held = cudaipc.parent_share(run.device)
+            if held is not None:  # the parent's own tensors filled the GPU the child allocates from
+                reason = Reason.HARNESS_ERROR
+                message = (f"the candidate's process ran out of GPU memory while the harness itself held {held}; at "
+                           f"this task's size that says nothing certain about the candidate. {message}")[:4000]
         details = {"trace": reply["trace"]} if isinstance(reply.get("trace"), dict) else {}
         tail = run.child.output_tail(2000)
         if tail:
             details["output_tail"] = tail
-        return Rejected(stage, reason, str(reply.get("message", ""))[:4000], error=error, details=details)
+        return Rejected(stage, reason, message, error=error, details=details)
 
     # ---- the candidate's process ---------------------------------------------------------------------------
     def _retire(self, child: Child, lending: cudaipc.Lending) -> None:
@@ -476,14 +483,6 @@ def check(task: str | Path, candidate: str | Path, options: CheckOptions | None 
     options = options or CheckOptions()
     with Harness(options.device) as harness:
         return harness.check(task, candidate, options)
-
-
-def _lending_cap(device: str) -> int:
-    """Bytes of GPU memory one child may be lent (staging copies of its inputs and output buffers, reused call after
-    call): a quarter of the device, at least 8 GiB. Past it, tensors travel by value through host memory."""
-    if device != "cuda":
-        return 0
-    return max(8 << 30, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 4)
 
 
 def _triton_version() -> str:
