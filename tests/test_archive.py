@@ -4,8 +4,8 @@ import sqlite3
 
 import pytest
 
-from agent import archive as archive_mod
-from agent.archive import Archive, Candidate, Run, Timings, sha256
+from agent.archive import store as archive_mod
+from agent.archive.store import Archive, Candidate, Run, Timings, sha256
 
 TIMING = {
     "candidate_ms": 0.25,
@@ -144,7 +144,7 @@ def test_reads_wait_for_the_archive_lock(tmp_path, read):
     t.join()
 
 
-# ---- duels (agent/duel.py) ------------------------------------------------------------------------------------------
+# ---- duels (agent/search/duel.py) ------------------------------------------------------------------------------------------
 def _duel_pair(a: Archive) -> tuple[Candidate, Candidate]:
     inc = a.add(cand(verdict="accepted", reason="ok", stage="timing", source="inc = 1\n", timed=True))
     chal = a.add(cand(verdict="accepted", reason="ok", stage="timing", source="chal = 1\n", timed=True))
@@ -152,7 +152,7 @@ def _duel_pair(a: Archive) -> tuple[Candidate, Candidate]:
 
 
 def test_duel_round_trip_and_show(tmp_path, capsys):
-    from agent.archive import Duel, DuelLeg, DuelOutcome
+    from agent.archive.store import Duel, DuelLeg, DuelOutcome
     from agent.cli import main
 
     path = tmp_path / "a.db"
@@ -198,7 +198,7 @@ def test_an_archive_from_before_duels_opens_and_migrates(tmp_path, monkeypatch):
 
 
 def test_duel_records_validate_their_invariants():
-    from agent.archive import Duel, DuelLeg, DuelOutcome
+    from agent.archive.store import Duel, DuelLeg, DuelOutcome
 
     common = dict(task_hash="h", challenger_id=2, incumbent_id=1, note="")
     with pytest.raises(ValueError, match="crowned only"):

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent import archive as archive_mod
-from agent.archive import Archive, Candidate, Reverification, Timings
-from agent.browse import BrowseError, Query, diff, lineage, resolve, select, task_summaries
+from agent.archive import store as archive_mod
+from agent.archive.store import Archive, Candidate, Reverification, Timings
+from agent.archive.browse import BrowseError, Query, diff, lineage, resolve, select, task_summaries
 from agent.cli import main
-from agent.export import ExportError, standalone
-from agent.reverify import reverify
-from agent.transfer import TransferError, dump_file, load_file
+from agent.archive.export import ExportError, standalone
+from agent.archive.reverify import reverify
+from agent.archive.transfer import TransferError, dump_file, load_file
 from sandbox.task import load_task
 from sandbox.tolerance import compare
 

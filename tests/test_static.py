@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.tuner import Tuner
+from agent.search.tuner import Tuner
 from sandbox import static
 from sandbox.records import Reason
 from sandbox.static import check_source
@@ -40,7 +40,7 @@ def test_every_shipped_candidate_passes(path):
 def test_the_honest_corpus_is_what_the_brief_names():
     names = {_rel(p) for p in HONEST}
     assert "seeds/rmsnorm.py" in names and "tests/candidates/rmsnorm_honest.py" in names
-    assert "agent/prompts/examples/rmsnorm_fwd.py" in names
+    assert "agent/llm/prompts/examples/rmsnorm_fwd.py" in names
     assert any(n.startswith("benchmarks/candidates/") for n in names)
     assert sum(n.startswith("seeds/") for n in names) >= 20
 

@@ -36,7 +36,7 @@ from sandbox.records import CheckResult
 from sandbox.task import Task
 
 if TYPE_CHECKING:
-    from agent.runs import RunConfig
+    from agent.search.runs import RunConfig
 
 log = logging.getLogger(__name__)
 CHECK_FOOTPRINT = 8  # GPU bytes a check keeps alive, in multiples of the task's input bytes (checks_that_fit)
@@ -574,7 +574,7 @@ def _checkout_env() -> dict[str, Any]:
         importlib.metadata.distribution("kernel-crucible")
         return {}
     except importlib.metadata.PackageNotFoundError:
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])
         return {"runtime_env": {"env_vars": {"PYTHONPATH": f"{root}{os.pathsep}${{PYTHONPATH}}"}}}
 
 

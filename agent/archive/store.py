@@ -3,12 +3,12 @@
 Sources are stored once, keyed by sha256; a candidate row points at its source, its parents (a second parent for
 crossovers), the run and task it belongs to, and holds the harness's verdict, diagnostics, timings, the environment
 they were taken on, and the tokens and cost of the request that produced it. Every write is one transaction, so a
-kill at any moment leaves only whole records. Sampling parents lives in agent/search.py, not here.
+kill at any moment leaves only whole records. Sampling parents lives in agent/search/elites.py, not here.
 
 Each candidate has a random `uid` besides its local integer id, so that archives from several machines can be merged
 without id clashes (issue 8's import/export).
 
-A timed run crowns a new best only after a duel (agent/duel.py): challenger and incumbent re-timed back to back on
+A timed run crowns a new best only after a duel (agent/search/duel.py): challenger and incumbent re-timed back to back on
 one GPU; each duel is a row of `duels`, with its legs, so `crucible archive show` can say why a kernel is or is not
 the best.
 """
@@ -130,7 +130,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX duels_incumbent ON duels(incumbent_id);
     CREATE INDEX duels_task ON duels(task_hash);
     """,
-    # 4: what has worked for a task, summarised by a run every few verdicts (agent/reflect.py); the latest one is
+    # 4: what has worked for a task, summarised by a run every few verdicts (agent/search/reflect.py); the latest one is
     # shown to the model by later requests, on --resume and by later runs on the same task.
     """
     CREATE TABLE reflections (
@@ -162,7 +162,7 @@ MIGRATIONS: list[str] = [
         position  INTEGER NOT NULL,   -- the task's place in the folder's order
         status    TEXT NOT NULL,
         run_id    TEXT,
-        row       TEXT NOT NULL,      -- JSON: the task's summary row (agent/batch_summary.py)
+        row       TEXT NOT NULL,      -- JSON: the task's summary row (agent/archive/batch_summary.py)
         updated   TEXT NOT NULL,
         PRIMARY KEY (batch_id, task_name)
     );

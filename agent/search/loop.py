@@ -1,7 +1,7 @@
 """The search loop: propose (LLM or tuner) and evaluate (the harness) concurrently, archive everything.
 
 One coordinating thread owns the archive and the search; LLM requests run on daemon threads, so that a stop never
-waits for a slow request. Evaluations go through an executor (agent/executors.py), which says how many slots the run
+waits for a slow request. Evaluations go through an executor (agent/search/executors.py), which says how many slots the run
 has and on what device: by default warm harnesses on this machine, several per GPU (one candidate compiles while
 another is timed, alone on the GPU), or one on the CPU, where the harness checks correctness through Triton's
 interpreter and nothing is timed; or actors across a Ray cluster.
@@ -11,7 +11,7 @@ Every finished candidate is committed as soon as its verdict is known. A stop (C
 continues a run under the same id, counting what it already spent against the budgets.
 
 On a GPU a candidate that ranks above the best on its own check is only a challenger: before it is crowned, it and
-the incumbent are re-timed back to back on one slot (challenger, incumbent, challenger, incumbent; agent/duel.py), and
+the incumbent are re-timed back to back on one slot (challenger, incumbent, challenger, incumbent; agent/search/duel.py), and
 it becomes the best only if that paired comparison says faster with its interval above 1.0. At most one duel runs at
 a time, only for a challenger whose lower bound clears the incumbent's point estimate; its checks are not proposals
 (they spend time, not budget), every duel is archived, and the final re-check is of the paired winner.
@@ -19,8 +19,8 @@ a time, only for a challenger whose lower bound clears the incumbent's point est
 Library code: progress goes to the `on_event` callback, never to the terminal.
 
 This module is the control flow; the pieces live apart: the run's records (RunConfig, Event, RunSummary) in
-agent/runs.py, checking and completing a run's settings before it starts in agent/prepare.py, what a proposal asks the
-tuner or the LLM for in agent/proposing.py. Their public names stay importable from here.
+agent/search/runs.py, checking and completing a run's settings before it starts in agent/search/prepare.py, what a proposal asks the
+tuner or the LLM for in agent/search/proposing.py. Their public names stay importable from here.
 """
 from __future__ import annotations
 
@@ -34,21 +34,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from agent import duel as duel_mod
-from agent import tuner as tuner_mod
-from agent.archive import Archive, Candidate, Duel, Reverification, Run, Timings, now, sha256
-from agent.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
+from agent.search import duel as duel_mod
+from agent.search import tuner as tuner_mod
+from agent.archive.store import Archive, Candidate, Duel, Reverification, Run, Timings, now, sha256
+from agent.search.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
                              HarnessEvaluator, LocalExecutor)
-from agent.executors import spawn as _spawn
-from agent import diffs, reflect
-from agent.extract import NoCode, extract_code, normal_form, outside_reasoning
-from agent.flatten import flatten
-from agent.llm import ModelPool, Provider, ProviderError, Reply
-from agent.prepare import new_run_id, open_task, prepare, resolve_start
-from agent.proposing import Pending, llm_messages, messages_text, rank, speed, system_for, tuner_proposal
-from agent.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
+from agent.search.executors import spawn as _spawn
+from agent.llm import diffs
+from agent.search import reflect
+from agent.llm.extract import NoCode, extract_code, normal_form, outside_reasoning
+from agent.search.flatten import flatten
+from agent.llm.chat import Provider, ProviderError, Reply
+from agent.llm.pool import ModelPool
+from agent.search.prepare import new_run_id, open_task, prepare, resolve_start
+from agent.search.proposing import Pending, llm_messages, messages_text, rank, speed, system_for, tuner_proposal
+from agent.search.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
                         RunConfig, RunSummary)
-from agent.search import MAX_FIXES, Search, Selection, best_of, niche
+from agent.search.elites import MAX_FIXES, Search, Selection, best_of, niche
 from sandbox.records import CheckResult
 
 log = logging.getLogger(__name__)
@@ -179,8 +181,8 @@ class _Coordinator:
         self.elites = [self.archive.with_source(c) for c in self.archive.elites(task.source_hash, timed=self.timed)]
         self.failures = [self.archive.with_source(c) for c in mine
                          if c.verdict == "rejected" and c.source_sha and c.stage != "propose"]
-        self.history = list(mine)  # this run's records: the attempts each prompt lists (agent/proposing.py)
-        # what has worked for this task: the latest reflection, this run's or an earlier one's (agent/reflect.py)
+        self.history = list(mine)  # this run's records: the attempts each prompt lists (agent/search/proposing.py)
+        # what has worked for this task: the latest reflection, this run's or an earlier one's (agent/search/reflect.py)
         self.reflection = self.archive.latest_reflection(task.source_hash, task.path.name)
         self.since_reflection = 0
         self.normal_forms: dict[str, int] = {}  # normal form -> the first candidate with it (near-duplicates)
@@ -359,7 +361,7 @@ class _Coordinator:
         return None
 
     def _system_prompt(self) -> str:
-        """The run's system prompt (agent/proposing.py's system_for). The versions and the GPU come from the
+        """The run's system prompt (agent/search/proposing.py's system_for). The versions and the GPU come from the
         harness's checks (the coordinator never touches the GPU itself)."""
         checked = [c for c in [self.start, *reversed(self.elites)] if c is not None and c.env]
         env = {k: v for k, v in checked[0].env.items() if v is not None} if checked else {}
@@ -505,7 +507,7 @@ class _Coordinator:
         """The run's best, checked once more from the start (fresh hidden seeds, every stage) and timed against the
         final baselines: the verdict a user acts on is never a single lucky check, and torch.compile and Liger are
         timed once per run rather than once per candidate."""
-        from agent import reverify
+        from agent.archive import reverify
 
         best = self.best
         if best is None or not best.timed or not self.timed:
@@ -598,7 +600,7 @@ class _Coordinator:
         if cand.timed:
             self._emit(EventKind.NEW_BEST, f"new best #{cand.id}: {speed(cand)}{why}", cand)
 
-    # ---- duels (agent/duel.py) -------------------------------------------------------------------------------
+    # ---- duels (agent/search/duel.py) -------------------------------------------------------------------------------
     def _start_duel(self) -> None:
         while self.bout is None and self.challengers and self.free_slots and not self.stop.is_set():
             cand, best = self.challengers.popleft(), self.best

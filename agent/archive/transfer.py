@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from agent.archive import Archive, Batch, Candidate, Duel, DuelLeg, Reverification, Run, Timings
+from agent.archive.store import Archive, Batch, Candidate, Duel, DuelLeg, Reverification, Run, Timings
 
 log = logging.getLogger(__name__)
 FORMAT = "crucible-archive/3"
