@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.archive.store import Candidate
+from agent.archive.records import Candidate
 from agent.search.duel import LEGS, Bout, leg
 from sandbox.harness import CheckOptions, Harness
 

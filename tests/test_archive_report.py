@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.archive.store import Archive, Candidate, Reverification, Timings
+from agent.archive.records import Candidate, Reverification, Timings
+
+from agent.archive.store import Archive
 from agent.cli import main
 from agent.archive.report import plot, render
 

@@ -347,7 +347,7 @@ def test_gpu_facts_give_device_ceilings_floor_and_time_to_beat():
 
 # ---- knowledge and diversity ----------------------------------------------------------------------------------------
 def test_examples_are_retrieved_by_op_family(tmp_path):
-    from agent.archive.store import Candidate
+    from agent.archive.records import Candidate
     from agent.search.examples import family, retrieve
 
     assert family("rmsnorm_residual_fwd") == "norm" and family("swiglu_bwd") == "glu" and family("scale") is None
@@ -474,7 +474,7 @@ def test_a_timed_run_states_the_gpu_and_the_time_to_beat_from_its_checks(tmp_pat
 
 
 def test_attempts_list_the_lineage_and_what_each_child_changed():
-    from agent.archive.store import Candidate
+    from agent.archive.records import Candidate
     from agent.search.proposing import attempts_text
 
     common = dict(task_path="t", task_hash="h", proposer="m", verdict="accepted", reason="ok", source="x")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from agent.archive import batch_summary
-from agent.archive.store import Archive, Batch
+from agent.archive.records import Batch
+from agent.archive.store import Archive
 from agent.cli import main
 from agent.commands.batch import open_batch
 
@@ -119,7 +120,7 @@ def test_the_run_summary_keeps_paths_and_the_resume_command_whole_in_a_pipe(tmp_
 
     from rich.console import Console
 
-    from agent.archive.store import Candidate
+    from agent.archive.records import Candidate
     from agent.commands import run as run_cmd
     from agent.search.runs import Progress, RunSummary
 

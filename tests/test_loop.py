@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.archive.store import Archive, Candidate
+from agent.archive.records import Candidate
+
+from agent.archive.store import Archive
 from agent.llm.fake import FakeProvider
 from agent.llm.chat import ProviderError, Usage
 from agent.search.loop import EventKind, LoopError, RunConfig, run_search
@@ -392,7 +394,7 @@ def test_the_best_is_checked_again_against_the_final_baselines(tmp_path, task, k
 
 
 def test_fitness_prefers_a_speedup_that_holds():
-    from agent.archive.store import Timings
+    from agent.archive.records import Timings
     from agent.search.elites import fitness
 
     def timed(speed, low, high):

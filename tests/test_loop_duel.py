@@ -9,7 +9,9 @@ import threading
 
 import pytest
 
-from agent.archive.store import Archive, DuelOutcome
+from agent.archive.records import DuelOutcome
+
+from agent.archive.store import Archive
 from agent.search.duel import LEGS
 from agent.search.loop import EventKind, RunConfig, run_search
 from agent.search.proposing import rank

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.archive import transfer
-from agent.archive.store import Archive, Candidate, DuelLeg, DuelOutcome, Run, Timings
+from agent.archive.records import Candidate, DuelLeg, DuelOutcome, Run, Timings
+from agent.archive.store import Archive
 from agent.cli import main
 from agent.search.duel import LEGS, Bout, not_contested
 from agent.archive.transfer import TransferError, dump_file, load_file
@@ -196,7 +197,7 @@ def test_batches_travel_with_a_whole_archive_and_import_once(tmp_path, capsys):
     """A batch and its task rows survive export and import (the KernelBench table rebuilds from the merged archive);
     a task's filtered export leaves batches out; a second import adds nothing; a batch line without task rows is
     one sentence naming the line."""
-    from agent.archive.store import Batch
+    from agent.archive.records import Batch
     rows = [{"task": "/k/level1/19_ReLU.py", "status": "done", "correct": True, "speedup_eager": 1.5},
             {"task": "/k/level1/23_Softmax.py", "status": "done", "correct": False, "note": "rejected"}]
     with Archive(tmp_path / "a.db") as a:

@@ -2,7 +2,7 @@
 import ast
 from pathlib import Path
 
-from agent.archive.store import sha256
+from agent.archive.records import sha256
 from agent.llm.extract import ExtractedCode, extract_code
 from agent.search.elites import niche
 from agent.search.tuner import Tuner, find_knobs, skeleton

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.archive.store import Archive, Candidate
+from agent.archive.records import Candidate
+
+from agent.archive.store import Archive
 from agent.search.elites import best_key
 
 SORTS = ("id", "speedup", "created")

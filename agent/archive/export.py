@@ -13,7 +13,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.archive.store import Candidate
+from agent.archive.records import Candidate
 from agent.archive.browse import env_text, result_text, task_name
 from sandbox import pyparse
 

@@ -23,7 +23,8 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer, PythonLexer
 
 from agent.archive import batch_summary
-from agent.archive.store import Archive, Batch, Candidate, Reverification
+from agent.archive.records import Batch, Candidate, Reverification
+from agent.archive.store import Archive
 from agent.archive.browse import (TaskSummary, diff, env_text, speed_text, task_name, task_summaries, uncrowned,
                           winners)
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.archive.store import Archive, Candidate, Reverification, Timings, sha256
+from agent.archive.records import Candidate, Reverification, Timings, sha256
+
+from agent.archive.store import Archive
 from agent.archive.browse import fingerprint, speed_text, task_name, uncrowned, winners
 
 log = logging.getLogger(__name__)

@@ -356,7 +356,7 @@ def open_batch(archive: Any, args: argparse.Namespace, tasks: list[Path], *, sea
     that ended with its budget spent (unless --budget now asks for more) and, for a task that still has nothing to
     search from, its reference check. Every task of the folder gets a row at once ("not started" until it ends), so
     a batch killed midway still counts all its tasks."""
-    from agent.archive.store import Batch, now
+    from agent.archive.records import Batch, now
 
     folder = str(args.dir.resolve())
     position = {t: i for i, t in enumerate(tasks)}

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.archive.store import Candidate, Duel, DuelLeg, DuelOutcome
+from agent.archive.records import Candidate, Duel, DuelLeg, DuelOutcome
 from profiler import stats
 from sandbox.records import CheckResult
 

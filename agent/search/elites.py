@@ -18,7 +18,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 
-from agent.archive.store import Candidate
+from agent.archive.records import Candidate
 from agent.search.tuner import find_knobs, skeleton
 from sandbox import pyparse
 

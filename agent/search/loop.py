@@ -36,7 +36,8 @@ from typing import Callable
 
 from agent.search import duel as duel_mod
 from agent.search import tuner as tuner_mod
-from agent.archive.store import Archive, Candidate, Duel, Reverification, Run, Timings, now, sha256
+from agent.archive.records import Candidate, Duel, Reverification, Run, Timings, now, sha256
+from agent.archive.store import Archive
 from agent.search.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
                              HarnessEvaluator, LocalExecutor)
 from agent.search.executors import spawn as _spawn

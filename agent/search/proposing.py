@@ -14,7 +14,8 @@ from typing import Sequence
 
 from agent.llm import diffs, prompting
 from agent.search import tuner as tuner_mod
-from agent.archive.store import Archive, Candidate
+from agent.archive.records import Candidate
+from agent.archive.store import Archive
 from agent.llm.chat import Message, Reply
 from agent.search.elites import Search, Selection, rank
 from sandbox.task import Task

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from agent.archive.store import Candidate
+from agent.archive.records import Candidate
 from agent.search.proposing import what_changed
 from agent.search.elites import rank
 

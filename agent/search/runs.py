@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.archive.store import Candidate, Duel, Reverification
+from agent.archive.records import Candidate, Duel, Reverification
 
 DEFAULT_BUDGET = 20
 

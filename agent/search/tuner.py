@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.archive.store import sha256
+from agent.archive.records import sha256
 from agent.llm.chat import Reply, Usage
 from sandbox import pyparse
 

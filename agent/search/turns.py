@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from agent.archive.store import Candidate
+from agent.archive.records import Candidate
 from agent.search.flatten import flatten
 from agent.llm.chat import Message
 from agent.search.proposing import llm_messages, system_for
