@@ -93,7 +93,7 @@ def test_batch_on_a_ray_cluster_records_every_candidate(cluster, served, tmp_pat
 
 
 def test_a_worker_killed_mid_check_loses_no_record(cluster, tmp_path):
-    from agent.search.executors import RayExecutor
+    from agent.search.ray_executor import RayExecutor
 
     task, = tasks(tmp_path, {"scale": 4096})
     kernel = tmp_path / "start.py"

@@ -398,7 +398,7 @@ def _executor(args: argparse.Namespace) -> Any:
     """None: the loop's own local executor (harnesses on this machine)."""
     if args.executor == "local":
         return None
-    from agent.search.executors import RayExecutor
+    from agent.search.ray_executor import RayExecutor
     executor = RayExecutor(args.address)
     where = f"{executor.gpus} GPU(s)" if executor.gpus else f"no GPU, {executor.cpus} CPU(s)"
     console.print(f"Ray cluster: {where}; one evaluation worker per {'GPU' if executor.gpus else 'CPU'}"
