@@ -133,7 +133,8 @@ def load_prices(prices: dict | None = None) -> dict[str, Price]:
 
 
 def _register_providers() -> None:
-    """Import every module of agent.llm.providers, each of which registers its provider; their SDKs load on first use."""
+    """Import every module of agent.llm.providers, each of which registers its provider (their SDKs load on first
+    use)."""
     from agent.llm import providers
 
     for module in pkgutil.iter_modules(providers.__path__, f"{providers.__name__}."):

@@ -1,7 +1,7 @@
 """What the SDK-backed providers share: one retry policy, error translation and token accounting.
 
-The providers (openai.py, anthropic.py beside this module) go through their official SDKs with the SDKs' own retries switched off, so that one policy (tenacity, below)
-decides: rate limits (429, honouring Retry-After up to a cap), 408/409, 5xx, timeouts, dropped connections and
+The providers (openai.py, anthropic.py beside this module) go through their official SDKs with the SDKs' own retries
+switched off, so that one policy (tenacity, below) decides: rate limits (429, honouring Retry-After up to a cap), 408/409, 5xx, timeouts, dropped connections and
 malformed replies are retried with exponential backoff; anything else fails at once. Whatever cannot be recovered
 ends in a ProviderError of one sentence. Keys and base URLs come from the SDKs' usual variables.
 """
