@@ -19,7 +19,7 @@ ATTACKS = ROOT / "tests" / "candidates" / "attacks"
 def _candidates() -> list[Path]:
     files = (sorted((ROOT / "seeds").glob("*.py")) + sorted((ROOT / "tests" / "candidates").glob("*.py"))
              + sorted((ROOT / "benchmarks" / "candidates").glob("*.py"))
-             + sorted((ROOT / "agent" / "prompts" / "examples").glob("*.py")))
+             + sorted((ROOT / "agent" / "llm" / "prompts" / "examples").glob("*.py")))
     return [p for p in files if "class ModelNew" in p.read_text(encoding="utf-8")]
 
 
