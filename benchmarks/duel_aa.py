@@ -1,5 +1,5 @@
 """An A/A duel on the GPU: a seed re-timed against a copy of itself (another file, the same kernel) in the loop's
-ABAB order must come out "no significant difference" (agent/duel.py); a duel that crowned a copy would be the flaw
+ABAB order must come out "no significant difference" (agent/search/duel.py); a duel that crowned a copy would be the flaw
 it exists to fix (BENCHMARKS.md, run AP).
 
     python3 benchmarks/duel_aa.py tasks/rmsnorm_fwd.py seeds/rmsnorm.py   (repo root, on a GPU; about a minute)
@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.archive import Candidate
-from agent.duel import LEGS, Bout, leg
+from agent.archive.records import Candidate
+from agent.search.duel import LEGS, Bout, leg
 from sandbox.harness import CheckOptions, Harness
 
 

@@ -33,7 +33,7 @@ class KernelSource:
 def sources_for(task_name: str, archive_path: Path | None, workdir: Path) -> list[KernelSource]:
     out: list[KernelSource] = []
     if archive_path is not None and archive_path.exists():
-        from agent.archive import Archive
+        from agent.archive.store import Archive
 
         with Archive(archive_path) as archive:
             winners = archive.candidates(task=task_name, verdict="accepted")

@@ -1,6 +1,6 @@
 """Who may use one GPU now: the checks of several candidates at once, or one candidate's timing alone.
 
-Several candidates are checked on one GPU at once (agent/executors.py), so that one compiles, loads and checks its
+Several candidates are checked on one GPU at once (agent/search/executors.py), so that one compiles, loads and checks its
 correctness while another is timed. Their GPU work takes the gate in shared mode, a timing stage takes it in
 exclusive mode: a timing waits until the shared holders in progress have finished, and while it waits or runs no
 new shared holder starts (writer preference, so a stream of short checks cannot starve a timing). Two timings never

@@ -30,11 +30,9 @@ only while `batch_size == input_shape[0]`) are halved together once halving one 
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import logging
 import math
-import re
 import sys
 import types
 import dataclasses
@@ -48,6 +46,7 @@ from profiler.roofline import Declared
 
 from . import pyparse
 from .records import TaskError
+from .task_constants import by_target, constant_value, derived_names, pin_assignments, replaced
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ class Task:
         return dataclasses.replace(self, rescale=False)
 
     def current_constants(self) -> dict[str, int]:
-        return {k: _value(self.module, k) for k in self.constants}
+        return {k: constant_value(self.module, k) for k in self.constants}
 
     def input_bytes(self) -> int:
         """Bytes of one call's tensor inputs at the current shapes (from a probe on the meta device: nothing is
@@ -360,86 +359,6 @@ def _short(message: str, limit: int = 200) -> str:
     return message if len(message) <= limit else message[:limit - 3] + "..."
 
 
-def _element(name: str) -> tuple[str, int] | None:
-    """`input_shape[0]` -> ("input_shape", 0): the name of a tuple's element; None for a plain name."""
-    m = re.fullmatch(r"([A-Za-z_]\w*)\[(\d+)\]", name)
-    return (m.group(1), int(m.group(2))) if m else None
-
-
-def _value(module: types.ModuleType, name: str) -> int:
-    element = _element(name)
-    return int(getattr(module, element[0])[element[1]] if element else getattr(module, name))
-
-
-def _replaced(value: Any, elements: dict[int, int]) -> Any:
-    """The tuple `value` with some elements replaced; a value that is no longer a tuple long enough is left alone."""
-    if not isinstance(value, tuple) or max(elements) >= len(value):
-        return value
-    return tuple(elements.get(i, v) for i, v in enumerate(value))
-
-
-def _by_target(overrides: dict[str, int]) -> dict[str, Any]:
-    """Overrides by the top-level name they replace: an int for a plain constant, {index: int} for a tuple's."""
-    out: dict[str, Any] = {}
-    for name, v in overrides.items():
-        element = _element(name)
-        if element:
-            out.setdefault(element[0], {})[element[1]] = v
-        else:
-            out[name] = v
-    return out
-
-
-def _pin_assignments(tree: ast.Module, overrides: dict[str, int]) -> set[str]:
-    """After each top-level assignment to an overridden name insert `NAME = value` (for a tuple's elements, the
-    tuple with those elements replaced); the overrides placed."""
-    placed: set[str] = set()
-    targets = _by_target(overrides)
-    body = []
-    for stmt in tree.body:
-        body.append(stmt)
-        names = _assigned_names(stmt)
-        for name in sorted(names & set(targets)):
-            value = targets[name]
-            if isinstance(value, dict):
-                pin = pyparse.parse(f"{name} = _crucible_replaced({name}, {value!r})").body[0]
-                placed |= {f"{name}[{i}]" for i in value}
-            else:
-                pin = ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=ast.Constant(value))
-                placed.add(name)
-            body.append(ast.copy_location(pin, stmt))
-    tree.body = body
-    ast.fix_missing_locations(tree)
-    return placed
-
-
-def _assigned_names(stmt: ast.stmt) -> set[str]:
-    targets: list[ast.expr] = []
-    if isinstance(stmt, ast.Assign):
-        targets = list(stmt.targets)
-    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
-        targets = [stmt.target]
-    names = set()
-    for t in targets:
-        names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-    return names
-
-
-def _derived_names(tree: ast.Module) -> set[str]:
-    """Top-level names the file computes from its own earlier names or assigns more than once: they follow their
-    sources when those are rescaled and are never rescaled on their own (`int(1e6)` or `2**20` stays literal)."""
-    assigned: set[str] = set()
-    derived: set[str] = set()
-    for stmt in tree.body:
-        names = _assigned_names(stmt)
-        value = getattr(stmt, "value", None)
-        reads = value is not None and any(isinstance(n, ast.Name) and n.id in assigned for n in ast.walk(value))
-        if isinstance(stmt, ast.AugAssign) or reads or names & assigned:
-            derived |= names
-        assigned |= names
-    return derived
-
-
 def _load(path: Path, overrides: dict[str, int], *, base: dict[str, int] | None = None,
           pinned: frozenset[str] = frozenset(), rescale: bool = True) -> Task:
     source = path.read_text(encoding="utf-8", errors="replace")
@@ -453,11 +372,11 @@ def _load(path: Path, overrides: dict[str, int], *, base: dict[str, int] | None 
         raise TaskError(f"{path.name} has a syntax error at line {exc.lineno}: {exc.msg}") from None
     # Overrides are pinned right after the file's own assignments, so that the values it derives from them at the
     # top level follow; one the file never assigns at the top level is set after the whole file has run.
-    derived = _derived_names(tree)  # of the file as written
-    placed = _pin_assignments(tree, overrides) if overrides else set()
+    derived = derived_names(tree)  # of the file as written
+    placed = pin_assignments(tree, overrides) if overrides else set()
     code = compile(tree, str(path), "exec")
     sys.modules[name] = module
-    module.__dict__["_crucible_replaced"] = _replaced
+    module.__dict__["_crucible_replaced"] = replaced
     try:
         exec(code, module.__dict__)
     except ModuleNotFoundError as exc:
@@ -483,8 +402,8 @@ def _load(path: Path, overrides: dict[str, int], *, base: dict[str, int] | None 
             if k in derived:
                 derived |= {f"{k}[{i}]" for i in range(len(v))}
     constants = dict(base) if base is not None else found
-    for k, v in _by_target({k: v for k, v in overrides.items() if k not in placed}).items():
-        setattr(module, k, _replaced(getattr(module, k, None), v) if isinstance(v, dict) else v)
+    for k, v in by_target({k: v for k, v in overrides.items() if k not in placed}).items():
+        setattr(module, k, replaced(getattr(module, k, None), v) if isinstance(v, dict) else v)
     meta = _read_meta(module, path)
     return Task(path=path, name=path.stem, module=module, meta=meta, constants=constants,
                 source_hash=digest, overrides=dict(overrides), derived=frozenset(derived & set(constants)),

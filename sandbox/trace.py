@@ -44,29 +44,8 @@ import torch
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-GLUE_OPS = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
-    "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor", "arange", "fill_", "zero_",
-    "copy_", "clone", "contiguous", "_to_copy", "to", "detach", "alias", "lift_fresh", "lift_fresh_copy", "view",
-    "_unsafe_view", "reshape", "_reshape_alias", "view_as", "as_strided", "transpose", "t", "permute", "expand",
-    "expand_as", "squeeze", "unsqueeze", "flatten", "unflatten", "select", "slice", "narrow", "split",
-    "split_with_sizes", "chunk", "unbind", "cat", "stack", "_local_scalar_dense", "resize_", "sym_size",
-    "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "record_stream", "set_",
-})
-ALLOCATING_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
-# Values a forward may read into Python a call (an exponent, a count for a grid): enough for control, too few to
-# compute an output from.
-SCALAR_READS = 16
-# Python data a tensor may be built from: any number of ints (index tables, offsets), at most this many floats.
-PY_FLOATS = 16
-_SCALAR_FUNCS = frozenset({"item", "__float__", "__int__", "__bool__", "__index__", "__complex__"})
-_BUILDERS = frozenset({"tensor", "as_tensor", "asarray", "new_tensor"})
-_REFUSED_FUNCS = {"numpy": "Tensor.numpy()", "__array__": "converting a tensor to a numpy array"}
-# Names a kernel body must not touch on the interpreter: the raw numpy data behind its tensors and pointers.
-_BODY_ATTRS = frozenset({"handle", "numpy", "tolist", "item", "data_ptr", "untyped_storage", "storage"})
-_BODY_BUILTINS_REFUSED = frozenset({"eval", "exec", "open", "__import__", "getattr", "setattr", "delattr", "globals",
-                                    "vars", "locals", "compile", "breakpoint", "input", "memoryview", "type", "object"})
-_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype)
+from .trace_rules import (ALLOCATING_OPS, BODY_ATTRS, BODY_BUILTINS_REFUSED, BUILDERS, GLUE_OPS, PLAIN, REFUSED_FUNCS,
+                          SCALAR_FUNCS, SCALAR_READS, py_data_problem)
 
 
 class ForeignCompute(RuntimeError):
@@ -112,29 +91,6 @@ def _poison(t: torch.Tensor) -> None:
             t.fill_(torch.iinfo(t.dtype).min)
 
 
-def _py_data_problem(data: Any) -> str | None:
-    """Why a tensor must not be built from `data` (Python values or an array), or None."""
-    if isinstance(data, torch.Tensor) or isinstance(data, _PLAIN):
-        return None
-    if hasattr(data, "__array_interface__") or hasattr(data, "__array__") or isinstance(data, (bytearray, memoryview)):
-        return f"building a tensor from a {type(data).__name__}"
-    floats, stack, seen = 0, [data], 0
-    while stack:
-        x = stack.pop()
-        seen += 1
-        if isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, (float, complex)):
-            floats += 1
-        elif isinstance(x, torch.Tensor):
-            floats += x.numel() if x.is_floating_point() else 0
-        elif not isinstance(x, (int, bool)):
-            return f"building a tensor from a {type(x).__name__}"
-        if floats > PY_FLOATS:
-            return f"building a tensor from more than {PY_FLOATS} Python floats"
-    return None
-
-
 def _make_modes(cell: _Cell) -> tuple[type, type]:
     """The dispatch and function mode classes, closing over `cell` (instances carry no state of their own)."""
 
@@ -165,17 +121,17 @@ def _make_modes(cell: _Cell) -> tuple[type, type]:
             trace = cell.active
             if trace is not None and not cell.in_launch:
                 name = getattr(func, "__name__", "")
-                if name in _REFUSED_FUNCS:
-                    refuse(trace, _REFUSED_FUNCS[name])
-                elif name in _SCALAR_FUNCS or name == "tolist":
+                if name in REFUSED_FUNCS:
+                    refuse(trace, REFUSED_FUNCS[name])
+                elif name in SCALAR_FUNCS or name == "tolist":
                     this = args[0] if args else None
                     trace.scalar_reads += this.numel() if name == "tolist" and isinstance(this, torch.Tensor) else 1
                     if trace.scalar_reads > SCALAR_READS:
                         refuse(trace, f"reading more than {SCALAR_READS} tensor values into Python (.item(), "
                                       ".tolist(), float(t)) in one call")
-                elif name in _BUILDERS:
+                elif name in BUILDERS:
                     data = args[1] if name == "new_tensor" and len(args) > 1 else (args[0] if args else None)
-                    problem = _py_data_problem(data)
+                    problem = py_data_problem(data)
                     if problem:
                         refuse(trace, problem)
             return func(*args, **kwargs)
@@ -268,7 +224,7 @@ def install(candidate_file: str, seeds_dir: str) -> Tracer:
         return isinstance(mod, str) and (mod == "triton" or mod.startswith("triton."))
 
     def value_problem(v: Any, attrs: frozenset, seen: set[int], depth: int = 0) -> str | None:
-        if isinstance(v, _PLAIN) or isinstance(v, (tl.constexpr, tl.dtype)):
+        if isinstance(v, PLAIN) or isinstance(v, (tl.constexpr, tl.dtype)):
             return None
         if isinstance(v, tuple):
             return next((p for p in (value_problem(x, attrs, seen, depth) for x in v) if p), None)
@@ -301,7 +257,7 @@ def install(candidate_file: str, seeds_dir: str) -> Tracer:
             return None
         seen.add(id(fn))
         globs, attrs = names_of(fn.__code__)
-        bad_attrs = sorted(attrs & _BODY_ATTRS)
+        bad_attrs = sorted(attrs & BODY_ATTRS)
         if bad_attrs:
             return f"the kernel {fn.__name__} reads `.{bad_attrs[0]}` (the interpreter's raw data)"
         if fn.__closure__:
@@ -318,7 +274,7 @@ def install(candidate_file: str, seeds_dir: str) -> Tracer:
                 p = value_problem(scope[name], attrs, seen)
                 if p:
                     return f"the kernel {fn.__name__} refers to `{name}`, {p}"
-            elif name in _BODY_BUILTINS_REFUSED and hasattr(builtins, name):
+            elif name in BODY_BUILTINS_REFUSED and hasattr(builtins, name):
                 return f"the kernel {fn.__name__} calls the builtin {name}"
         return None
 
@@ -329,7 +285,7 @@ def install(candidate_file: str, seeds_dir: str) -> Tracer:
         if type(v) in (torch.Tensor, torch.nn.Parameter):
             return None if pointer else "a torch tensor as a tl.constexpr or in a list (the kernel body would get " \
                                         "the tensor itself and compute with torch)"
-        if isinstance(v, _PLAIN) or isinstance(v, tl.dtype):
+        if isinstance(v, PLAIN) or isinstance(v, tl.dtype):
             return None
         if isinstance(v, tl.constexpr):
             return arg_problem(v.value, seen, False)

@@ -248,7 +248,7 @@ STORE_CACHES = ("", ".cs")
 
 class RowVariant:
     """How a one-row-per-program kernel is launched (the softmax backward and the fused residual RMSNorm), checked
-    when built. A plain class: agent/export.py vendors it into one file, which a user may load with importlib without
+    when built. A plain class: agent/archive/export.py vendors it into one file, which a user may load with importlib without
     registering it in sys.modules, where a dataclass under `from __future__ import annotations` cannot be built; and
     the harness's static check refuses the `super().__new__` a validated NamedTuple would need."""
 

@@ -4,8 +4,9 @@ import sqlite3
 
 import pytest
 
-from agent import archive as archive_mod
-from agent.archive import Archive, Candidate, Run, Timings, sha256
+from agent.archive import records, schema, store
+from agent.archive.records import Candidate, Run, Timings, sha256
+from agent.archive.store import Archive
 
 TIMING = {
     "candidate_ms": 0.25,
@@ -26,12 +27,12 @@ def cand(**kw) -> Candidate:
 def test_fresh_archive_is_wal_at_the_latest_schema(tmp_path):
     path = tmp_path / "a.db"
     with Archive(path) as a:
-        assert a.schema_version() == len(archive_mod.MIGRATIONS)
+        assert a.schema_version() == len(schema.MIGRATIONS)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"schema_version", "sources", "runs", "candidates"} <= tables
-    assert db.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == len(archive_mod.MIGRATIONS)
+    assert db.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == len(schema.MIGRATIONS)
 
 
 def test_migrations_append_only_and_applied_once(tmp_path, monkeypatch):
@@ -39,17 +40,17 @@ def test_migrations_append_only_and_applied_once(tmp_path, monkeypatch):
     with Archive(path) as a:
         kept = a.add(cand(source="x = 1\n"))
     # A later release appends a migration: an existing archive gets only that one, its rows intact.
-    monkeypatch.setattr(archive_mod, "MIGRATIONS",
-                        archive_mod.MIGRATIONS + ["ALTER TABLE candidates ADD COLUMN status TEXT DEFAULT 'fresh';"])
+    monkeypatch.setattr(schema, "MIGRATIONS",
+                        schema.MIGRATIONS + ["ALTER TABLE candidates ADD COLUMN status TEXT DEFAULT 'fresh';"])
     with Archive(path) as a:
-        assert a.schema_version() == len(archive_mod.MIGRATIONS)
+        assert a.schema_version() == len(schema.MIGRATIONS)
         assert a.get(kept.id).source == "x = 1\n"
     with Archive(path) as a:  # reopening applies nothing twice (a second ALTER would raise)
-        assert a.schema_version() == len(archive_mod.MIGRATIONS)
+        assert a.schema_version() == len(schema.MIGRATIONS)
     db = sqlite3.connect(path)
     assert db.execute("SELECT status FROM candidates").fetchone()[0] == "fresh"
     assert [r[0] for r in db.execute("SELECT version FROM schema_version ORDER BY version")] == \
-        list(range(1, len(archive_mod.MIGRATIONS) + 1))
+        list(range(1, len(schema.MIGRATIONS) + 1))
 
 
 def test_sources_are_stored_once_by_hash(tmp_path):
@@ -79,7 +80,7 @@ def test_interrupted_and_sourceless_candidates(tmp_path):
 def test_record_round_trip_with_timings_and_elites(tmp_path):
     with Archive(tmp_path / "a.db") as a:
         a.add_run(Run(id="r1", task_path="tasks/t.py", task_hash="h1", proposer="tuner", device="cuda",
-                      config={"budget": 5}, started=archive_mod.now()))
+                      config={"budget": 5}, started=records.now()))
         seed = a.add(cand(origin="seed", proposer="seed", source="s\n", verdict="accepted", reason="ok", run_id="r1",
                           timed=True, timings=Timings.from_check(TIMING), env={"gpu": "H200"}))
         child = a.add(cand(source="c\n", parent_id=seed.id, run_id="r1", input_tokens=10, output_tokens=5,
@@ -120,7 +121,7 @@ def test_default_path_from_environment(tmp_path, monkeypatch):
     with Archive() as a:
         assert a.path == tmp_path / "env.db"
     monkeypatch.delenv("CRUCIBLE_ARCHIVE")
-    assert str(archive_mod.default_path()) == "runs/archive.db"
+    assert str(store.default_path()) == "runs/archive.db"
 
 
 
@@ -144,7 +145,7 @@ def test_reads_wait_for_the_archive_lock(tmp_path, read):
     t.join()
 
 
-# ---- duels (agent/duel.py) ------------------------------------------------------------------------------------------
+# ---- duels (agent/search/duel.py) ------------------------------------------------------------------------------------------
 def _duel_pair(a: Archive) -> tuple[Candidate, Candidate]:
     inc = a.add(cand(verdict="accepted", reason="ok", stage="timing", source="inc = 1\n", timed=True))
     chal = a.add(cand(verdict="accepted", reason="ok", stage="timing", source="chal = 1\n", timed=True))
@@ -152,7 +153,7 @@ def _duel_pair(a: Archive) -> tuple[Candidate, Candidate]:
 
 
 def test_duel_round_trip_and_show(tmp_path, capsys):
-    from agent.archive import Duel, DuelLeg, DuelOutcome
+    from agent.archive.records import Duel, DuelLeg, DuelOutcome
     from agent.cli import main
 
     path = tmp_path / "a.db"
@@ -184,7 +185,7 @@ def test_duel_round_trip_and_show(tmp_path, capsys):
 
 def test_an_archive_from_before_duels_opens_and_migrates(tmp_path, monkeypatch):
     path = tmp_path / "old.db"
-    monkeypatch.setattr(archive_mod, "MIGRATIONS", archive_mod.MIGRATIONS[:2])  # the schema before duels
+    monkeypatch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:2])  # the schema before duels
     with Archive(path) as a:
         inc, chal = _duel_pair(a)
     monkeypatch.undo()
@@ -192,13 +193,13 @@ def test_an_archive_from_before_duels_opens_and_migrates(tmp_path, monkeypatch):
     assert "duels" not in {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     db.close()
     with Archive(path) as a:
-        assert a.schema_version() == len(archive_mod.MIGRATIONS)
+        assert a.schema_version() == len(schema.MIGRATIONS)
         assert a.duels() == [] and a.uncrowned("h1") == set()
         assert a.get(chal.id).source == "chal = 1\n"
 
 
 def test_duel_records_validate_their_invariants():
-    from agent.archive import Duel, DuelLeg, DuelOutcome
+    from agent.archive.records import Duel, DuelLeg, DuelOutcome
 
     common = dict(task_hash="h", challenger_id=2, incumbent_id=1, note="")
     with pytest.raises(ValueError, match="crowned only"):

@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent import archive as archive_mod
-from agent.archive import Archive, Candidate, Reverification, Timings
-from agent.browse import BrowseError, Query, diff, lineage, resolve, select, task_summaries
+from agent.archive import schema
+from agent.archive.records import Candidate, Reverification, Timings
+from agent.archive.store import Archive
+from agent.archive.browse import BrowseError, Query, diff, lineage, resolve, select, task_summaries
 from agent.cli import main
-from agent.export import ExportError, standalone
-from agent.reverify import reverify
-from agent.transfer import TransferError, dump_file, load_file
+from agent.archive.export import ExportError, standalone
+from agent.archive.reverify import reverify
+from agent.archive.transfer import TransferError, dump_file, load_file
 from sandbox.task import load_task
 from sandbox.tolerance import compare
 
@@ -168,7 +169,7 @@ def test_tasks_one_row_per_task(family, h200, capsys):
 
 def test_real_archive_migrates_to_the_reverification_schema(h200):
     with Archive(h200) as a:
-        assert a.schema_version() == len(archive_mod.MIGRATIONS) >= 2
+        assert a.schema_version() == len(schema.MIGRATIONS) >= 2
         assert len(a.candidates()) == 4 and a.reverifications() == []
         rev = a.add_reverification(Reverification(candidate_id=2, status="stale", note="slower now", verdict="accepted",
                                                   reason="ok", timed=True, timings=Timings(speedup_eager=1.0)))

@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.archive import Archive, Candidate, Reverification, Timings
+from agent.archive.records import Candidate, Reverification, Timings
+
+from agent.archive.store import Archive
 from agent.cli import main
-from agent.report import plot, render
+from agent.archive.report import plot, render
 
 H200_DB = Path(__file__).parent / "data" / "h200_archive.db"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import agent.commands.batch as batch_mod
-import agent.loop as loop_mod
+import agent.search.loop as loop_mod
 from agent.cli import main
 from sandbox.records import CheckResult, Reason, Stage, StageResult, Verdict
 

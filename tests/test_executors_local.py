@@ -4,8 +4,8 @@ import threading
 import pytest
 import torch
 
-from agent.executors import ExecutorError, LocalExecutor, LocalSession
-from agent.runs import RunConfig
+from agent.search.executors import ExecutorError, LocalExecutor, LocalSession
+from agent.search.runs import RunConfig
 from sandbox.task import load_task
 from tests.test_loop import TASK
 
@@ -99,7 +99,7 @@ def test_a_task_of_gigabytes_is_checked_fewer_at_a_time():
     below one; a small task keeps the default; a task whose inputs cannot be probed too."""
     from types import SimpleNamespace
 
-    from agent.executors import CHECKS_PER_GPU, checks_that_fit
+    from agent.search.executors import CHECKS_PER_GPU, checks_that_fit
     gib = 1 << 30
     relu = SimpleNamespace(input_bytes=lambda: int(6.4 * gib))  # KernelBench level 1's ReLU: 4096 x 393216 fp32
     small = SimpleNamespace(input_bytes=lambda: 64 << 20)

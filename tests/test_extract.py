@@ -5,7 +5,7 @@ import ast
 
 import pytest
 
-from agent.extract import ExtractedCode, NoCode, extract_code
+from agent.llm.extract import ExtractedCode, NoCode, extract_code
 
 KERNEL = '''import triton
 import triton.language as tl

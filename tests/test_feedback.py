@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.archive import Archive
-from agent.fake import FakeProvider
-from agent.llm import Usage
-from agent.loop import RunConfig, run_search
+from agent.archive.store import Archive
+from agent.llm.fake import FakeProvider
+from agent.llm.chat import Usage
+from agent.search.loop import RunConfig, run_search
 from sandbox.records import CheckResult, Reason, Stage, StageResult, Verdict
 from tests.test_loop import COMPILE_ERROR, GOOD, TASK, WRONG, fenced
 
@@ -184,7 +184,7 @@ def test_near_duplicates_are_recognised_and_not_checked_again(tmp_path, task):
 
 
 def test_edit_blocks_apply_tolerantly_and_say_why_they_do_not():
-    from agent.diffs import EditError, apply_edits, parse_edits
+    from agent.llm.diffs import EditError, apply_edits, parse_edits
 
     src = "def f(x):\n    if x:\n        return 1   \n    return 2\n"
     loose = "<<<<<<< SEARCH\nif x:\n    return 1\n=======\nif x:\n    return 3\n>>>>>>> REPLACE\n"
@@ -196,7 +196,7 @@ def test_edit_blocks_apply_tolerantly_and_say_why_they_do_not():
 
 
 def test_every_seed_flattens_or_says_why():
-    from agent.flatten import SEEDS_DIR, flatten
+    from agent.search.flatten import SEEDS_DIR, flatten
     from sandbox.static import check_source
 
     flattened = 0
@@ -269,7 +269,7 @@ def test_crucible_run_learns_from_its_diagnostics(tmp_path, task):
 # ---- honest accounting --------------------------------------------------------------------------------------------
 def test_an_unpriced_model_costs_unknown_and_max_cost_is_refused(tmp_path, task):
     from agent.commands.run import summary_dict
-    from agent.loop import LoopError
+    from agent.search.loop import LoopError
 
     fake = FakeProvider("fake:m").enqueue(fenced(GOOD, "one"), usage=Usage(input_tokens=900, output_tokens=500))
     with Archive(tmp_path / "a.db") as archive:
@@ -298,7 +298,7 @@ def test_cli_refuses_max_cost_unpriced_and_prints_model_names_literally(tmp_path
 
 
 def test_one_definition_of_best_for_the_run_and_the_archive(tmp_path, task):
-    from agent.browse import Query, select, task_summaries
+    from agent.archive.browse import Query, select, task_summaries
 
     fake = FakeProvider("fake:m").enqueue(fenced(GOOD, "one"))
     fake.enqueue(fenced(GOOD.replace("BLOCK_SIZE = 1024", "BLOCK_SIZE = 512"), "two"))
@@ -328,7 +328,7 @@ def test_cpu_prompt_states_the_installed_versions_and_that_nothing_is_timed(tmp_
 
 
 def test_gpu_facts_give_device_ceilings_floor_and_time_to_beat():
-    from agent.facts import facts_text
+    from agent.search.facts import facts_text
     from sandbox.task import load_task
 
     task = load_task(ROOT / "tasks" / "rmsnorm_fwd.py")
@@ -347,8 +347,8 @@ def test_gpu_facts_give_device_ceilings_floor_and_time_to_beat():
 
 # ---- knowledge and diversity ----------------------------------------------------------------------------------------
 def test_examples_are_retrieved_by_op_family(tmp_path):
-    from agent.archive import Candidate
-    from agent.examples import family, retrieve
+    from agent.archive.records import Candidate
+    from agent.search.examples import family, retrieve
 
     assert family("rmsnorm_residual_fwd") == "norm" and family("swiglu_bwd") == "glu" and family("scale") is None
     title, source = retrieve(ROOT / "tasks" / "softmax_bwd.py", own_seed=ROOT / "seeds" / "softmax_bwd.py")
@@ -374,7 +374,7 @@ def test_a_reflection_is_kept_in_the_archive_and_reused_by_later_runs(tmp_path, 
 
 
 def test_a_second_near_copy_of_a_kernel_is_shown_as_a_diff():
-    from agent.prompting import code_block, fix_messages
+    from agent.llm.prompting import code_block, fix_messages
 
     best = "\n".join(f"line_{i} = {i}" for i in range(200))
     broken = best.replace("line_100 = 100", "line_100 = oops")
@@ -386,7 +386,8 @@ def test_a_second_near_copy_of_a_kernel_is_shown_as_a_diff():
 
 
 def test_several_models_are_weighted_by_verified_improvement(tmp_path, task, monkeypatch):
-    from agent.llm import ModelPool, Price, make_provider
+    from agent.llm.chat import Price
+    from agent.llm.pool import ModelPool, make_provider
 
     bad = FakeProvider("fake:bad", default=fenced(WRONG, "Wrong."))
     variants = iter(GOOD.replace("BLOCK_SIZE = 1024", f"BLOCK_SIZE = {b}") for b in range(64, 2000, 8))
@@ -412,7 +413,7 @@ def test_several_models_are_weighted_by_verified_improvement(tmp_path, task, mon
 
 
 def test_gpu_diagnostics_show_per_kernel_time_registers_spills_and_shared_memory():
-    from agent.prompting import describe_result
+    from agent.llm.prompting import describe_result
 
     timing = {"candidate_ms": 0.2, "baselines": {"eager": {"ms": 0.3, "speedup": 1.5, "ci_low": 1.4, "ci_high": 1.6}},
               "roofline": {"pct_of_roofline": 61.0, "bound": "memory", "gbps": 2600.0},
@@ -444,7 +445,7 @@ def test_a_timed_run_states_the_gpu_and_the_time_to_beat_from_its_checks(tmp_pat
     """On a GPU (scripted here), the facts come from the harness's checks and the archive's baseline times."""
     import json as json_mod
 
-    import agent.loop as loop_mod
+    import agent.search.loop as loop_mod
     from tests.test_loop import ScriptedEvaluator
 
     monkeypatch.setattr(loop_mod, "_device", lambda device: "cuda")
@@ -473,8 +474,8 @@ def test_a_timed_run_states_the_gpu_and_the_time_to_beat_from_its_checks(tmp_pat
 
 
 def test_attempts_list_the_lineage_and_what_each_child_changed():
-    from agent.archive import Candidate
-    from agent.proposing import attempts_text
+    from agent.archive.records import Candidate
+    from agent.search.proposing import attempts_text
 
     common = dict(task_path="t", task_hash="h", proposer="m", verdict="accepted", reason="ok", source="x")
     seed = Candidate(id=1, origin="seed", **common)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from agent import batch_summary
+from agent.archive import batch_summary
 from agent.commands.batch import match_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def test_batch_with_nothing_to_search_with_checks_every_reference(tmp_path):
 
 
 def test_batch_from_a_folder_of_kernels(tmp_path, capsys):
-    from agent.archive import Archive
+    from agent.archive.store import Archive
     from agent.cli import main
 
     folder = tmp_path / "level1"

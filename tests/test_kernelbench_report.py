@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import batch_summary
-from agent.archive import Archive, Batch
+from agent.archive import batch_summary
+from agent.archive.records import Batch
+from agent.archive.store import Archive
 from agent.cli import main
 from agent.commands.batch import open_batch
 
@@ -119,9 +120,9 @@ def test_the_run_summary_keeps_paths_and_the_resume_command_whole_in_a_pipe(tmp_
 
     from rich.console import Console
 
-    from agent.archive import Candidate
+    from agent.archive.records import Candidate
     from agent.commands import run as run_cmd
-    from agent.runs import Progress, RunSummary
+    from agent.search.runs import Progress, RunSummary
 
     deep = tmp_path / ("d" * 70) / "runs"
     best = Candidate(task_path="/kb/level1/19_ReLU.py", task_hash="h", origin="seed", proposer="seed",

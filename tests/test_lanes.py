@@ -1,4 +1,4 @@
-"""agent/lanes.run_lanes: items taken from one queue by several lanes, results in the items' order."""
+"""agent/search/lanes.run_lanes: items taken from one queue by several lanes, results in the items' order."""
 import logging
 import subprocess
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.lanes import run_lanes
+from agent.search.lanes import run_lanes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,20 +78,20 @@ def test_an_exception_fails_its_item_only(caplog):
         time.sleep(0.05)
         return ("done", item)
 
-    with caplog.at_level(logging.INFO, logger="agent.lanes"):
+    with caplog.at_level(logging.INFO, logger="agent.search.lanes"):
         got = rows(list(range(5)), 2, work)
     assert got == [("done", 0), ("failed", 1, "ValueError", "a bug on item one"), ("done", 2), ("done", 3),
                    ("done", 4)]
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "a bug on item one" in errors[0].getMessage()
     assert any(r.exc_info and r.exc_info[0] is ValueError for r in caplog.records)  # the traceback is logged
-    with caplog.at_level(logging.INFO, logger="agent.lanes"):
+    with caplog.at_level(logging.INFO, logger="agent.search.lanes"):
         assert rows([0, 1, 2], 1, work)[1][0] == "failed"  # one lane too
 
 
 CTRL_C = """
 import signal, threading, time
-from agent.lanes import run_lanes
+from agent.search.lanes import run_lanes
 
 # Python keeps a SIGINT it inherits ignored (a shell's background job, `nohup ... &`) ignored, and a blocked one
 # stays blocked: as an interactive terminal gives it, so the scenario does not depend on what launched the tests

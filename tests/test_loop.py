@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.archive import Archive, Candidate
-from agent.fake import FakeProvider
-from agent.llm import ProviderError, Usage
-from agent.loop import EventKind, LoopError, RunConfig, run_search
+from agent.archive.records import Candidate
+
+from agent.archive.store import Archive
+from agent.llm.fake import FakeProvider
+from agent.llm.chat import ProviderError, Usage
+from agent.search.loop import EventKind, LoopError, RunConfig, run_search
 from sandbox.records import CheckResult, Reason, Stage, StageResult, Verdict
 
 TASK = '''"""y = 2 * x + 1 on a vector (a task small enough for the interpreter)."""
@@ -244,7 +246,7 @@ def test_stop_records_in_flight_as_interrupted(tmp_path, task, kernel):
 # ---- the same through the real SDK clients, against a scripted server on loopback -------------------------------------
 
 def test_run_through_real_clients_survives_http_failures(tmp_path, task, monkeypatch):
-    from agent.llm import make_provider
+    from agent.llm.pool import make_provider
     from tests.llm_server import (ScriptedServer, anthropic_message, json_reply, openai_completion, openai_stream,
                                   raw_reply, sse_reply)
 
@@ -287,7 +289,7 @@ def test_run_through_real_clients_survives_http_failures(tmp_path, task, monkeyp
 
 
 def test_an_endpoint_that_never_answers_stops_the_run(tmp_path, task, monkeypatch):
-    from agent.llm import make_provider
+    from agent.llm.pool import make_provider
     from tests.llm_server import closed_port
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
@@ -300,7 +302,7 @@ def test_an_endpoint_that_never_answers_stops_the_run(tmp_path, task, monkeypatc
 
 
 def test_time_and_cost_limits(tmp_path, task, kernel):
-    from agent.llm import Price
+    from agent.llm.chat import Price
 
     ScriptedEvaluator.calls = 0
     with Archive(tmp_path / "a.db") as archive:
@@ -320,7 +322,7 @@ def test_time_and_cost_limits(tmp_path, task, kernel):
 def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
     """With --gpus 2 --checks-per-gpu 1 two harnesses (GPU 0 and 1) evaluate at once; scripted, since this machine
     has no GPU (tests/test_pipeline.py: several per GPU)."""
-    import agent.loop as loop_mod
+    import agent.search.loop as loop_mod
     import torch
 
     monkeypatch.setattr(loop_mod, "_device", lambda device: "cuda")
@@ -357,7 +359,7 @@ def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
 def test_the_best_is_checked_again_against_the_final_baselines(tmp_path, task, kernel, monkeypatch):
     """Candidates are timed against eager alone; the run's best is checked once more, every stage, against
     eager, torch.compile, Liger and the vendor library, and that re-check is appended to the archive. A best that fails it is said so."""
-    import agent.loop as loop_mod
+    import agent.search.loop as loop_mod
     import torch
 
     monkeypatch.setattr(loop_mod, "_device", lambda device: "cuda")
@@ -392,8 +394,8 @@ def test_the_best_is_checked_again_against_the_final_baselines(tmp_path, task, k
 
 
 def test_fitness_prefers_a_speedup_that_holds():
-    from agent.archive import Timings
-    from agent.search import fitness
+    from agent.archive.records import Timings
+    from agent.search.elites import fitness
 
     def timed(speed, low, high):
         return Candidate(task_path="t", task_hash="h", origin="tuner", proposer="tuner", verdict="accepted",

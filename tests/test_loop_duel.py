@@ -1,4 +1,4 @@
-"""A new best on a GPU is crowned only by a duel: challenger and incumbent re-timed back to back (agent/duel.py).
+"""A new best on a GPU is crowned only by a duel: challenger and incumbent re-timed back to back (agent/search/duel.py).
 
 The evaluator here reports what the harness's timing stage does (30 interleaved rounds of the kernel and eager, with
 a bootstrap interval), for two kernels whose true speeds the test sets, plus a drift the test applies to one check:
@@ -9,10 +9,12 @@ import threading
 
 import pytest
 
-from agent.archive import Archive, DuelOutcome
-from agent.duel import LEGS
-from agent.loop import EventKind, RunConfig, run_search
-from agent.proposing import rank
+from agent.archive.records import DuelOutcome
+
+from agent.archive.store import Archive
+from agent.search.duel import LEGS
+from agent.search.loop import EventKind, RunConfig, run_search
+from agent.search.proposing import rank
 from profiler import stats
 from sandbox.records import CheckResult, Reason, Stage, StageResult, Verdict
 from tests.test_loop import GOOD, TASK
@@ -38,7 +40,7 @@ def kernel(tmp_path):
 @pytest.fixture
 def gpu(monkeypatch):
     """The loop believes it has one GPU; the evaluator below stands in for the harness on it."""
-    import agent.loop as loop_mod
+    import agent.search.loop as loop_mod
     import torch
     monkeypatch.setattr(loop_mod, "_device", lambda device: "cuda")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

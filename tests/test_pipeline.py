@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.archive import Archive
-from agent.executors import LocalExecutor
-from agent.fake import FakeProvider
-from agent.loop import RunConfig, run_search
+from agent.archive.store import Archive
+from agent.search.executors import LocalExecutor
+from agent.llm.fake import FakeProvider
+from agent.search.loop import RunConfig, run_search
 from sandbox.gate import EXCLUSIVE, SHARED, GpuGate, Hold, busy_seconds, overlapping_exclusive
 from sandbox.records import CheckResult, Reason, Stage, StageResult, Verdict
 from tests.test_loop import GOOD, SYNTAX_ERROR, WRONG, fenced
@@ -202,7 +202,7 @@ def test_k_checks_overlap_and_verdicts_match_the_serial_path(task, tmp_path):
 
 
 def test_on_a_gpu_the_timing_slot_is_never_held_by_two(task, tmp_path, monkeypatch):
-    import agent.loop as loop_mod
+    import agent.search.loop as loop_mod
 
     monkeypatch.setattr(loop_mod, "_device", lambda device: "cuda")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent import prompting
-from agent.prompting import (PROMPTS_DIR, PromptError, crossover_messages, describe_result, fields_of, fix_messages,
+from agent.llm import prompting
+from agent.llm.prompting import (PROMPTS_DIR, PromptError, crossover_messages, describe_result, fields_of, fix_messages,
                              numbered, propose_messages, render, system_prompt)
 from sandbox.allowlist import ALLOWED_IMPORTS, FORBIDDEN_NAMES
 from sandbox.records import CheckResult, ErrorInfo, Mismatch, Reason, Stage, StageResult, Verdict

@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from agent.extract import ExtractedCode, NoCode, extract_code
-from agent.fake import FakeProvider
-from agent.llm import Message, Price, ProviderError, Reply, Usage, load_prices, make_provider
+from agent.llm.extract import ExtractedCode, NoCode, extract_code
+from agent.llm.fake import FakeProvider
+from agent.llm.chat import Message, Price, ProviderError, Reply, Usage
+from agent.llm.pool import load_prices, make_provider
 from tests.llm_server import (ScriptedServer, anthropic_message, anthropic_stream, closed_port, json_reply,
                               openai_completion, openai_stream, raw_reply, sse_reply)
 

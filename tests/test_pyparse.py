@@ -11,7 +11,7 @@ import pytest
 from sandbox import pyparse
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = (ROOT / "agent" / "tuner.py").read_text(encoding="utf-8")  # a large module with deep expressions
+SOURCE = (ROOT / "agent" / "search" / "tuner.py").read_text(encoding="utf-8")  # a large module with deep expressions
 
 
 def test_parses_on_many_threads_at_once():

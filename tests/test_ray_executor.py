@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.archive import Archive
+from agent.archive.store import Archive
 from agent.cli import main
-from agent.loop import RunConfig, run_search
+from agent.search.loop import RunConfig, run_search
 from tests.llm_server import ScriptedServer, json_reply, openai_completion
 from tests.test_loop import GOOD, TASK, WRONG, fenced
 
@@ -93,7 +93,7 @@ def test_batch_on_a_ray_cluster_records_every_candidate(cluster, served, tmp_pat
 
 
 def test_a_worker_killed_mid_check_loses_no_record(cluster, tmp_path):
-    from agent.executors import RayExecutor
+    from agent.search.ray_executor import RayExecutor
 
     task, = tasks(tmp_path, {"scale": 4096})
     kernel = tmp_path / "start.py"

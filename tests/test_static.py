@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.tuner import Tuner
+from agent.search.tuner import Tuner
 from sandbox import static
 from sandbox.records import Reason
 from sandbox.static import check_source
@@ -19,7 +19,7 @@ ATTACKS = ROOT / "tests" / "candidates" / "attacks"
 def _candidates() -> list[Path]:
     files = (sorted((ROOT / "seeds").glob("*.py")) + sorted((ROOT / "tests" / "candidates").glob("*.py"))
              + sorted((ROOT / "benchmarks" / "candidates").glob("*.py"))
-             + sorted((ROOT / "agent" / "prompts" / "examples").glob("*.py")))
+             + sorted((ROOT / "agent" / "llm" / "prompts" / "examples").glob("*.py")))
     return [p for p in files if "class ModelNew" in p.read_text(encoding="utf-8")]
 
 
@@ -40,7 +40,7 @@ def test_every_shipped_candidate_passes(path):
 def test_the_honest_corpus_is_what_the_brief_names():
     names = {_rel(p) for p in HONEST}
     assert "seeds/rmsnorm.py" in names and "tests/candidates/rmsnorm_honest.py" in names
-    assert "agent/prompts/examples/rmsnorm_fwd.py" in names
+    assert "agent/llm/prompts/examples/rmsnorm_fwd.py" in names
     assert any(n.startswith("benchmarks/candidates/") for n in names)
     assert sum(n.startswith("seeds/") for n in names) >= 20
 

@@ -1,8 +1,8 @@
-"""Duels through `crucible archive export`/`import` (agent/transfer.py): named by candidate uid, relinked to local
+"""Duels through `crucible archive export`/`import` (agent/archive/transfer.py): named by candidate uid, relinked to local
 ids on import, added once however often a file is imported, filtered with their task, skipped (and counted) when a
 side is in neither the file nor the archive; and the header's format rule that keeps an older reader out of them.
 
-The duels are decided by agent/duel.py's `Bout` from legs written here, so their notes, intervals and pair counts
+The duels are decided by agent/search/duel.py's `Bout` from legs written here, so their notes, intervals and pair counts
 are the loop's own.
 """
 import dataclasses
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from agent import transfer
-from agent.archive import Archive, Candidate, DuelLeg, DuelOutcome, Run, Timings
+from agent.archive import transfer
+from agent.archive.records import Candidate, DuelLeg, DuelOutcome, Run, Timings
+from agent.archive.store import Archive
 from agent.cli import main
-from agent.duel import LEGS, Bout, not_contested
-from agent.transfer import TransferError, dump_file, load_file
+from agent.search.duel import LEGS, Bout, not_contested
+from agent.archive.transfer import TransferError, dump_file, load_file
 
 
 def leg(side: str, ratio: float, seed: int, *, rounds: bool = True) -> DuelLeg:
@@ -196,7 +197,7 @@ def test_batches_travel_with_a_whole_archive_and_import_once(tmp_path, capsys):
     """A batch and its task rows survive export and import (the KernelBench table rebuilds from the merged archive);
     a task's filtered export leaves batches out; a second import adds nothing; a batch line without task rows is
     one sentence naming the line."""
-    from agent.archive import Batch
+    from agent.archive.records import Batch
     rows = [{"task": "/k/level1/19_ReLU.py", "status": "done", "correct": True, "speedup_eager": 1.5},
             {"task": "/k/level1/23_Softmax.py", "status": "done", "correct": False, "note": "rejected"}]
     with Archive(tmp_path / "a.db") as a:

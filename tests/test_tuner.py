@@ -2,10 +2,10 @@
 import ast
 from pathlib import Path
 
-from agent.archive import sha256
-from agent.extract import ExtractedCode, extract_code
-from agent.search import niche
-from agent.tuner import Tuner, find_knobs, skeleton
+from agent.archive.records import sha256
+from agent.llm.extract import ExtractedCode, extract_code
+from agent.search.elites import niche
+from agent.search.tuner import Tuner, find_knobs, skeleton
 
 ROOT = Path(__file__).resolve().parent.parent
 RMSNORM = (ROOT / "seeds" / "rmsnorm.py").read_text()

@@ -84,11 +84,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.archive import Archive, default_path
-    from agent.browse import BrowseError
-    from agent.export import ExportError
-    from agent.reverify import ReverifyError
-    from agent.transfer import TransferError
+    from agent.archive.store import Archive, default_path
+    from agent.archive.browse import BrowseError
+    from agent.archive.export import ExportError
+    from agent.archive.reverify import ReverifyError
+    from agent.archive.transfer import TransferError
 
     if args.verb is None:
         args.parser.print_help()
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(f"cannot read the archive {path}: {exc}")
         return 2
     if getattr(args, "task", None):
-        from agent.browse import task_arg
+        from agent.archive.browse import task_arg
 
         args.task = task_arg(args.task)
     handler = {"list": _list, "show": _show, "diff": _diff, "lineage": _lineage, "tasks": _tasks,
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
 # ---- browsing -------------------------------------------------------------------------------------------------
 def _list(archive: Any, args: argparse.Namespace) -> int:
-    from agent.browse import Query, select
+    from agent.archive.browse import Query, select
 
     cands = select(archive, Query(task=args.task, verdict=args.verdict, proposer=args.proposer, since=args.since,
                                   until=args.until, sort=args.sort, limit=args.limit))
@@ -149,8 +149,8 @@ def _list(archive: Any, args: argparse.Namespace) -> int:
 
 
 def _show(archive: Any, args: argparse.Namespace) -> int:
-    from agent.browse import ancestors, env_text, resolve, result_text
-    from agent.duel import headline
+    from agent.archive.browse import ancestors, env_text, resolve, result_text
+    from agent.search.duel import headline
 
     cand = resolve(archive, args.id)
     revs = archive.reverifications(cand.id)
@@ -222,7 +222,7 @@ def _print_diagnostics(diag: dict[str, Any]) -> None:
 
 
 def _diff(archive: Any, args: argparse.Namespace) -> int:
-    from agent.browse import diff, label, resolve, result_text
+    from agent.archive.browse import diff, label, resolve, result_text
 
     a, b = resolve(archive, args.a), resolve(archive, args.b)
     for c in (a, b):
@@ -236,7 +236,7 @@ def _diff(archive: Any, args: argparse.Namespace) -> int:
 
 
 def _lineage(archive: Any, args: argparse.Namespace) -> int:
-    from agent.browse import LineageNode, lineage, resolve
+    from agent.archive.browse import LineageNode, lineage, resolve
 
     cand = resolve(archive, args.id)
     chain, below = lineage(archive, cand)
@@ -266,7 +266,7 @@ def _node_label(c: Any, *, second: bool = False) -> str:
 
 
 def _tasks(archive: Any, args: argparse.Namespace) -> int:
-    from agent.browse import task_summaries
+    from agent.archive.browse import task_summaries
 
     summaries = task_summaries(archive)
     if args.json:
@@ -289,8 +289,8 @@ def _tasks(archive: Any, args: argparse.Namespace) -> int:
 
 # ---- taking away, bringing in, re-checking --------------------------------------------------------------------
 def _export(archive: Any, args: argparse.Namespace) -> int:
-    from agent import export, transfer
-    from agent.browse import BrowseError, resolve
+    from agent.archive import export, transfer
+    from agent.archive.browse import BrowseError, resolve
 
     if args.id is None:
         if args.output.suffix == ".py":
@@ -309,8 +309,8 @@ def _export(archive: Any, args: argparse.Namespace) -> int:
 
 
 def _import(archive: Any, args: argparse.Namespace) -> int:
-    from agent import transfer
-    from agent.transfer import TransferError
+    from agent.archive import transfer
+    from agent.archive.transfer import TransferError
 
     for path in args.files:
         if not path.is_file():
@@ -328,7 +328,7 @@ def _import(archive: Any, args: argparse.Namespace) -> int:
 
 
 def _reverify(archive: Any, args: argparse.Namespace) -> int:
-    from agent.reverify import reverify
+    from agent.archive.reverify import reverify
 
     def show(o: Any) -> None:
         style = STATUS_STYLE.get(o.record.status, "") if o.record else "dim"
@@ -343,8 +343,8 @@ def _reverify(archive: Any, args: argparse.Namespace) -> int:
 
 
 def _report(archive: Any, args: argparse.Namespace) -> int:
-    from agent import report
-    from agent.browse import BrowseError
+    from agent.archive import report
+    from agent.archive.browse import BrowseError
 
     if args.kernelbench or args.json or args.batch:
         return _kernelbench(archive, args)
@@ -359,8 +359,8 @@ def _kernelbench(archive: Any, args: argparse.Namespace) -> int:
     """A batch's table from the archive alone: as text that a pipe keeps whole, or as JSON."""
     import dataclasses
 
-    from agent import batch_summary, report
-    from agent.browse import BrowseError
+    from agent.archive import batch_summary, report
+    from agent.archive.browse import BrowseError
 
     batches = archive.batches()
     if args.batch:
@@ -399,7 +399,7 @@ def _status(status: str) -> str:
 
 
 def _speed(v: float | None, low: float | None, high: float | None) -> str:
-    from agent.browse import speed_text
+    from agent.archive.browse import speed_text
 
     return speed_text(v, low, high)
 

@@ -4,7 +4,7 @@ On one GPU the tasks run one after another. With --gpus N on CUDA, N tasks run a
 lane that takes the next task not yet started (so the GPUs stay busy when tasks take unequal times) and runs it with
 one evaluation worker on its GPU. A task that cannot start (a broken file) is reported and skipped. The summary
 lists the tasks in their folder's order, whatever order they finished in, with KernelBench's metrics (fast_0/1/2
-against eager and torch.compile, geometric-mean speedup, tokens per correct kernel: agent/batch_summary.py); it can
+against eager and torch.compile, geometric-mean speedup, tokens per correct kernel: agent/archive/batch_summary.py); it can
 also be written as JSON (--json-out, or --json on stdout) and CSV (--csv).
 
 Where each task starts: --from DIR gives each task the kernel in DIR named after it (KernelBench's
@@ -40,8 +40,8 @@ from rich.table import Table
 
 from agent.commands import parse_constants
 from agent.commands.run import StopOnSignal, add_search_options, baselines_problem, config_from
-from agent import batch_summary as summary_mod
-from agent.lanes import run_lanes
+from agent.archive import batch_summary as summary_mod
+from agent.search.lanes import run_lanes
 from sandbox import pyparse
 
 console = Console()
@@ -91,10 +91,11 @@ def find_tasks(folder: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.archive import Archive
-    from agent.executors import ExecutorError, LocalExecutor
-    from agent.llm import ProviderError, make_provider
-    from agent.loop import LoopError, prepare, run_search
+    from agent.archive.store import Archive
+    from agent.search.executors import ExecutorError, LocalExecutor
+    from agent.llm.chat import ProviderError
+    from agent.llm.pool import make_provider
+    from agent.search.loop import LoopError, prepare, run_search
 
     out = err_console if args.json else console  # with --json, stdout carries the one JSON object alone
     if args.gpus < 1:
@@ -355,7 +356,7 @@ def open_batch(archive: Any, args: argparse.Namespace, tasks: list[Path], *, sea
     that ended with its budget spent (unless --budget now asks for more) and, for a task that still has nothing to
     search from, its reference check. Every task of the folder gets a row at once ("not started" until it ends), so
     a batch killed midway still counts all its tasks."""
-    from agent.archive import Batch, now
+    from agent.archive.records import Batch, now
 
     folder = str(args.dir.resolve())
     position = {t: i for i, t in enumerate(tasks)}
@@ -397,7 +398,7 @@ def _executor(args: argparse.Namespace) -> Any:
     """None: the loop's own local executor (harnesses on this machine)."""
     if args.executor == "local":
         return None
-    from agent.executors import RayExecutor
+    from agent.search.ray_executor import RayExecutor
     executor = RayExecutor(args.address)
     where = f"{executor.gpus} GPU(s)" if executor.gpus else f"no GPU, {executor.cpus} CPU(s)"
     console.print(f"Ray cluster: {where}; one evaluation worker per {'GPU' if executor.gpus else 'CPU'}"
@@ -409,7 +410,7 @@ def _lane_count(args: argparse.Namespace, tasks: int) -> int:
     """Tasks to run at once: one per GPU with the local executor on CUDA and --gpus > 1, else 1 (one after another,
     the single task of a one-task folder keeping --gpus evaluation workers). ExecutorError when --gpus asks for more
     GPUs than are visible."""
-    from agent.executors import ExecutorError
+    from agent.search.executors import ExecutorError
     if args.executor != "local" or args.gpus == 1 or tasks == 1:
         return 1
     visible = _visible_gpus(args.device)

@@ -93,7 +93,7 @@ def _survey(args, spec, model, inputs, out: Path) -> int:
 def _patch(args, spec, model, inputs, out: Path, skip: tuple[str, ...], device: str) -> int:
     import copy
 
-    from agent.archive import default_path
+    from agent.archive.store import default_path
     from patching import call_counts, patch
     from patching.steps import loss_gap, train_losses
 

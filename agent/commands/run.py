@@ -79,7 +79,7 @@ def add_search_options(p: argparse.ArgumentParser, *,
 
 
 def config_from(args: argparse.Namespace, task: Path, **over: Any):
-    from agent.loop import RunConfig
+    from agent.search.loop import RunConfig
     return RunConfig(task_path=task, model=args.model, budget=args.budget, device=args.device, gpus=args.gpus,
                      start_from=Path(args.start_from) if getattr(args, "start_from", None) else None,
                      resume=getattr(args, "resume", None), max_tokens=args.max_tokens, max_cost=args.max_cost,
@@ -145,9 +145,10 @@ class StopOnSignal:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.archive import Archive
-    from agent.llm import ProviderError, make_provider
-    from agent.loop import LoopError, prepare, run_search
+    from agent.archive.store import Archive
+    from agent.llm.chat import ProviderError
+    from agent.llm.pool import make_provider
+    from agent.search.loop import LoopError, prepare, run_search
 
     if args.budget is not None and args.budget < 0 or args.gpus < 1:
         err_console.print("--budget must be 0 or more and --gpus at least 1")

@@ -1,7 +1,7 @@
 """A search run's typed records: its settings, the progress and events it reports, and its summary.
 
 `RunConfig` is what the user asked for (the CLI builds it; on resume the fields left None are filled from the stored
-run by agent/prepare.py). `Progress` and `Event` are what the loop hands its `on_event` callback while it runs;
+run by agent/search/prepare.py). `Progress` and `Event` are what the loop hands its `on_event` callback while it runs;
 `RunSummary` is what it returns. `LoopError` is the one exception a run raises when it cannot start.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.archive import Candidate, Duel, Reverification
+from agent.archive.records import Candidate, Duel, Reverification
 
 DEFAULT_BUDGET = 20
 
@@ -61,7 +61,7 @@ class EventKind(str, enum.Enum):
     NOTE = "note"
     EVALUATED = "evaluated"  # a candidate has its verdict (or failed before evaluation: no code, provider error)
     NEW_BEST = "new_best"
-    DUEL = "duel"  # a challenger re-timed against the best (or not, and why): agent/duel.py
+    DUEL = "duel"  # a challenger re-timed against the best (or not, and why): agent/search/duel.py
     STOPPING = "stopping"
     FINISHED = "finished"
 

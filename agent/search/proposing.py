@@ -1,7 +1,7 @@
 """What the next proposal asks for: the tuner's next variant, or the messages that ask an LLM for a kernel.
 
 The loop decides when to propose and by whom; this module decides what: which verified kernels a tuner variant or a
-prompt builds on (through agent/search.py), and how those kernels and their verdicts are written into the prompt.
+prompt builds on (through agent/search/elites.py), and how those kernels and their verdicts are written into the prompt.
 A proposal travels through the loop as a `Pending` until its candidate has a verdict.
 """
 from __future__ import annotations
@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from agent import diffs, prompting
-from agent import tuner as tuner_mod
-from agent.archive import Archive, Candidate
-from agent.llm import Message, Reply
-from agent.search import Search, Selection, rank
+from agent.llm import diffs, prompting
+from agent.search import tuner as tuner_mod
+from agent.archive.records import Candidate
+from agent.archive.store import Archive
+from agent.llm.chat import Message, Reply
+from agent.search.elites import Search, Selection, rank
 from sandbox.task import Task
 
 
@@ -183,13 +184,13 @@ def outcome(c: Candidate, parent: Candidate | None) -> str:
 def system_for(task: Task, *, timed: bool, env: dict | None = None, ceilings: dict | None = None,
                archive: Archive | None = None, own_seed: Path | None = None, max_output_tokens: int = 8192) -> str:
     """A run's system prompt: the rules, the answer formats, the facts measured for this device and task
-    (agent/facts.py; `env` is a check's environment, the installed versions fill what it lacks) and an example of
-    the task's op family (agent/examples.py)."""
+    (agent/search/facts.py; `env` is a check's environment, the installed versions fill what it lacks) and an example of
+    the task's op family (agent/search/examples.py)."""
     from importlib import metadata
 
     import torch
 
-    from agent import examples, facts
+    from agent.search import examples, facts
 
     versions: dict = {"torch": torch.__version__, "triton": None}
     try:

@@ -1,5 +1,5 @@
-"""What the loop sees of a language model: typed messages and replies, the Provider protocol (agent.chat), and
-`make_provider`, which builds the provider registered for a spec's prefix.
+"""Building the language model a run talks to: `make_provider` turns a `--model` spec into the provider registered
+for its prefix (agent.llm.chat), or into a `ModelPool` of several; `load_prices` reads the price table.
 
 A provider turns a list of messages into one `Reply`, retrying transient failures itself; anything it cannot recover
 from ends in a `ProviderError` whose message is one sentence telling the user what to do. `make_provider(None)` returns
@@ -9,16 +9,15 @@ The SDKs (openai, anthropic) are imported only when a provider of theirs is made
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 import random
 from pathlib import Path
 from pydantic import ValidationError
 
-from agent.chat import Message, Price, Provider, ProviderError, Reply, Usage, registered
-
-__all__ = ["Message", "Price", "Provider", "ProviderError", "Reply", "Usage", "ModelPool", "make_provider",
-           "load_prices"]
+from agent.llm.chat import Message, Price, Provider, ProviderError, Reply, registered
 
 MODEL_ENV = "CRUCIBLE_MODEL"
 PRICES_ENV = "CRUCIBLE_PRICES"
@@ -91,7 +90,7 @@ def make_provider(spec: str | None, *, timeout_s: float = 120, prices: dict | No
                             "OpenAI-compatible server via OPENAI_BASE_URL) or anthropic:NAME")
     table = load_prices(prices)
     price = table.get(f"{kind}:{model}") or table.get(model)
-    from agent import providers  # noqa: F401 - registers openai and anthropic; their SDKs load on first use
+    _register_providers()
 
     factory = registered(kind)
     if factory is not None:
@@ -131,3 +130,12 @@ def load_prices(prices: dict | None = None) -> dict[str, Price]:
             raise ProviderError(f"the price of {key!r} in {origin} must be {{\"input\": USD, \"output\": USD}} per "
                                 "million tokens, both non-negative numbers") from None
     return table
+
+
+def _register_providers() -> None:
+    """Import every module of agent.llm.providers, each of which registers its provider (their SDKs load on first
+    use)."""
+    from agent.llm import providers
+
+    for module in pkgutil.iter_modules(providers.__path__, f"{providers.__name__}."):
+        importlib.import_module(module.name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.archive import Archive
+from agent.archive.store import Archive
 from sandbox.task import Task, formula
 
 BASELINE_NAMES = {"eager": "eager PyTorch", "compile": "torch.compile", "liger": "Liger Kernel",

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.archive import Archive, Candidate
-from agent.search import best_key
+from agent.archive.records import Candidate
+
+from agent.archive.store import Archive
+from agent.search.elites import best_key
 
 SORTS = ("id", "speedup", "created")
 FINGERPRINT_KEYS = ("device", "gpu", "driver", "cuda", "torch", "triton")
@@ -248,7 +250,7 @@ def task_summaries(archive: Archive, task: str | None = None) -> list[TaskSummar
 
 
 def winners(cands: list[Candidate], held: frozenset[int] | set[int] = frozenset()) -> list[Candidate]:
-    """Verified candidates, best first, in the order the run crowns its best (agent/search.py's `best_key`): timed
+    """Verified candidates, best first, in the order the run crowns its best (agent/search/elites.py's `best_key`): timed
     ones by the lower end of their CI, then untimed ones, earliest first; challengers no duel crowned after."""
     return sorted((c for c in cands if c.accepted), key=lambda c: best_key(c, held), reverse=True)
 

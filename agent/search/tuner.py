@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.archive import sha256
-from agent.llm import Reply, Usage
+from agent.archive.records import sha256
+from agent.llm.chat import Reply, Usage
 from sandbox import pyparse
 
 TUNING_NAME = re.compile(r"block|warps|stages|rows|group|split|tile|chunk|persist|programs|per_sm|unroll|vec|ctas",
@@ -43,7 +43,7 @@ LAUNCH_OPTIONS = {"num_warps": (2, 4, 8, 16, 32), "num_stages": (1, 2, 3, 4)}
 # by the kind its name implies; its default is decided inside the helper, so the tuner pins one of these.
 OPTION_SCALES = {"warps": (2, 4, 8, 16, 32), "stages": (1, 2, 3, 4), "block": (1024, 2048, 4096, 8192, 16384),
                  "count": (1, 2, 4, 8)}
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 NAME = "tuner"
 
 

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from agent.archive import Archive, Batch, Candidate, Duel, DuelLeg, Reverification, Run, Timings
+from agent.archive.records import Batch, Candidate, Duel, DuelLeg, Reverification, Run, Timings
+
+from agent.archive.store import Archive
 
 log = logging.getLogger(__name__)
 FORMAT = "crucible-archive/3"

@@ -18,8 +18,8 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 
-from agent.archive import Candidate
-from agent.tuner import find_knobs, skeleton
+from agent.archive.records import Candidate
+from agent.search.tuner import find_knobs, skeleton
 from sandbox import pyparse
 
 STAGE_RANK = {name: i for i, name in enumerate(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sandbox import pyparse
 
-SEEDS_DIR = Path(__file__).resolve().parent.parent / "seeds"
+SEEDS_DIR = Path(__file__).resolve().parents[2] / "seeds"
 _BUILTINS = set(dir(builtins)) | {"__name__", "__file__", "__doc__"}
 MAX_KEPT = 12  # definitions the static checks may send back to their module before the file is left as it was
 

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.archive import Archive, Candidate, Reverification, Timings, sha256
-from agent.browse import fingerprint, speed_text, task_name, uncrowned, winners
+from agent.archive.records import Candidate, Reverification, Timings, sha256
+
+from agent.archive.store import Archive
+from agent.archive.browse import fingerprint, speed_text, task_name, uncrowned, winners
 
 log = logging.getLogger(__name__)
-REPO_TASKS = Path(__file__).resolve().parents[1] / "tasks"
+REPO_TASKS = Path(__file__).resolve().parents[2] / "tasks"
 
 
 class ReverifyError(ValueError):

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from agent.archive import Candidate
-from agent.proposing import what_changed
-from agent.search import rank
+from agent.archive.records import Candidate
+from agent.search.proposing import what_changed
+from agent.search.elites import rank
 
 REFLECT_EVERY = 4  # verdicts of proposals between two reflections
 MAX_LINES = 5  # per part

@@ -1,7 +1,7 @@
-"""OpenAI (and OpenAI-compatible servers: vLLM, SGLang, Ollama, llama.cpp) and Anthropic providers.
+"""What the SDK-backed providers share: one retry policy, error translation and token accounting.
 
-Both go through their official SDKs with the SDKs' own retries switched off, so that one policy (tenacity, below)
-decides: rate limits (429, honouring Retry-After up to a cap), 408/409, 5xx, timeouts, dropped connections and
+The providers (openai.py, anthropic.py beside this module) go through their official SDKs with the SDKs' own retries
+switched off, so that one policy (tenacity, below) decides: rate limits (429, honouring Retry-After up to a cap), 408/409, 5xx, timeouts, dropped connections and
 malformed replies are retried with exponential backoff; anything else fails at once. Whatever cannot be recovered
 ends in a ProviderError of one sentence. Keys and base URLs come from the SDKs' usual variables.
 """
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
-from agent.chat import Message, Price, ProviderError, Reply, Usage, register
+from agent.llm.chat import Message, Price, ProviderError, Reply, Usage
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +33,16 @@ class MalformedReply(Exception):
 
 
 @dataclass
-class _Raw:
+class Raw:
+    """One reply as the SDK returned it, before accounting."""
+
     text: str
     model: str | None
     usage: Usage | None  # None when the server reported no usage
     finish_reason: str | None
 
 
-class _SDKProvider(abc.ABC):
+class SDKProvider(abc.ABC):
     """The retry policy, error translation and accounting shared by the SDK-backed providers."""
 
     kind = ""  # "openai" | "anthropic"
@@ -86,7 +88,7 @@ class _SDKProvider(abc.ABC):
         """The SDK client, with the SDK's own retries off (tenacity is the one retry policy)."""
 
     @abc.abstractmethod
-    def _request(self, messages: list[Message], max_tokens: int, temperature: float) -> _Raw:
+    def _request(self, messages: list[Message], max_tokens: int, temperature: float) -> Raw:
         """One request through the SDK, plain or streamed."""
 
     @abc.abstractmethod
@@ -95,8 +97,8 @@ class _SDKProvider(abc.ABC):
 
     def _adapt(self, exc: Exception) -> bool:
         """After a 400: stop sending a parameter the server said it does not support; True when something changed."""
-        text = _error_text(exc).lower()
-        param = _error_param(exc)
+        text = error_text(exc).lower()
+        param = error_param(exc)
         if "temperature" not in self._dropped and (param == "temperature" or "temperature" in text):
             self._dropped.add("temperature")
             return True
@@ -110,7 +112,7 @@ class _SDKProvider(abc.ABC):
         start = time.monotonic()
         attempts = 0
 
-        def attempt() -> _Raw:
+        def attempt() -> Raw:
             nonlocal attempts
             attempts += 1
             return self._request(messages, max_tokens, temperature)
@@ -122,7 +124,7 @@ class _SDKProvider(abc.ABC):
             except status_error as exc:
                 if getattr(exc, "status_code", None) == 400 and self._adapt(exc):
                     log.info("%s: the server refused a parameter (%s); retrying without it", self.name,
-                             _error_text(exc)[:200])
+                             error_text(exc)[:200])
                     continue
                 raise self._translate(exc, attempts) from None
             except Exception as exc:  # noqa: BLE001 - every SDK/transport failure becomes one sentence
@@ -181,7 +183,7 @@ class _SDKProvider(abc.ABC):
             return ProviderError(f"{where} sent malformed replies to {self.name} {tries} ({_short(exc)}); check that "
                                  f"it speaks the {self.wire_format} format", transient=True)
         if isinstance(exc, status_error):
-            code, detail = exc.status_code, _error_text(exc)[:200]
+            code, detail = exc.status_code, error_text(exc)[:200]
             if code == 401:
                 return ProviderError(f"{where} rejected the API key (401: {detail}); set a valid {self.key_env}")
             if code == 403:
@@ -199,171 +201,6 @@ class _SDKProvider(abc.ABC):
             return ProviderError(f"{where} refused the request for {self.name} (HTTP {code}: {detail}); check the "
                                  "model name and the request options")
         return ProviderError(f"{self.name} failed {tries} with {type(exc).__name__}: {_short(exc)}")
-
-
-@register("openai")
-class OpenAIProvider(_SDKProvider):
-    """Chat Completions, plain or streamed (`stream=True`), against OpenAI or any server that speaks its format."""
-
-    kind = "openai"
-    key_env = "OPENAI_API_KEY"
-    base_env = "OPENAI_BASE_URL"
-    default_base = "https://api.openai.com/v1"
-    wire_format = "OpenAI Chat Completions"
-
-    def _make_client(self, key: str) -> Any:
-        import openai
-
-        return openai.OpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout_s, max_retries=0)
-
-    def _sdk_errors(self) -> tuple[type, type, type, type]:
-        import openai
-
-        return openai.APIStatusError, openai.APIConnectionError, openai.APITimeoutError, \
-            openai.APIResponseValidationError
-
-    def _adapt(self, exc: Exception) -> bool:
-        text, param = _error_text(exc).lower(), _error_param(exc)
-        # OpenAI's reasoning models take max_completion_tokens; many compatible servers only know max_tokens.
-        if "max_tokens" not in self._dropped and (param == "max_tokens" or "max_completion_tokens" in text):
-            self._dropped.add("max_tokens")
-            return True
-        if self.stream and "stream_options" not in self._dropped and (param == "stream_options"
-                                                                       or "stream_options" in text):
-            self._dropped.add("stream_options")
-            return True
-        return super()._adapt(exc)
-
-    def _params(self, messages: list[Message], max_tokens: int, temperature: float) -> dict[str, Any]:
-        params: dict[str, Any] = {"model": self.model, "messages": [m.model_dump() for m in messages]}
-        params["max_completion_tokens" if "max_tokens" in self._dropped else "max_tokens"] = max_tokens
-        if "temperature" not in self._dropped:
-            params["temperature"] = temperature
-        if self.stream:
-            params["stream"] = True
-            if "stream_options" not in self._dropped:
-                params["stream_options"] = {"include_usage": True}
-        return params
-
-    def _request(self, messages: list[Message], max_tokens: int, temperature: float) -> _Raw:
-        params = self._params(messages, max_tokens, temperature)
-        if self.stream:
-            return self._read_stream(self.client.chat.completions.create(**params))
-        completion = self.client.chat.completions.create(**params)
-        choices = getattr(completion, "choices", None)
-        if not isinstance(choices, list) or not choices:
-            raise MalformedReply("the reply has no choices")
-        message = getattr(choices[0], "message", None)
-        if message is None or not hasattr(message, "content"):
-            raise MalformedReply("the first choice has no message content")
-        content = message.content
-        if content is not None and not isinstance(content, str):
-            raise MalformedReply(f"message content is {type(content).__name__}, not text")
-        return _Raw(text=content or "", model=_str_or_none(getattr(completion, "model", None)),
-                    usage=_openai_usage(getattr(completion, "usage", None)),
-                    finish_reason=_str_or_none(getattr(choices[0], "finish_reason", None)))
-
-    def _read_stream(self, stream: Any) -> _Raw:
-        parts: list[str] = []
-        model = finish = None
-        usage = None
-        with stream:
-            for chunk in stream:
-                model = model or _str_or_none(getattr(chunk, "model", None))
-                usage = _openai_usage(getattr(chunk, "usage", None)) or usage
-                for choice in getattr(chunk, "choices", None) or []:
-                    delta = getattr(choice, "delta", None)
-                    piece = getattr(delta, "content", None) if delta is not None else None
-                    if isinstance(piece, str):
-                        parts.append(piece)
-                    finish = _str_or_none(getattr(choice, "finish_reason", None)) or finish
-        if finish is None:  # every complete stream ends its choice with a finish_reason; this one was cut
-            raise MalformedReply("the stream ended before a finish_reason")
-        return _Raw(text="".join(parts), model=model, usage=usage, finish_reason=finish)
-
-
-@register("anthropic")
-class AnthropicProvider(_SDKProvider):
-    """The Messages API, plain or streamed (`stream=True`); system messages go to the `system` parameter."""
-
-    kind = "anthropic"
-    key_env = "ANTHROPIC_API_KEY"
-    base_env = "ANTHROPIC_BASE_URL"
-    default_base = "https://api.anthropic.com"
-    wire_format = "Anthropic Messages"
-
-    def _extra_key(self) -> str | None:
-        return os.environ.get("ANTHROPIC_AUTH_TOKEN")
-
-    def _make_client(self, key: str) -> Any:
-        import anthropic
-
-        return anthropic.Anthropic(api_key=key, base_url=self.base_url, timeout=self.timeout_s, max_retries=0)
-
-    def _sdk_errors(self) -> tuple[type, type, type, type]:
-        import anthropic
-
-        return anthropic.APIStatusError, anthropic.APIConnectionError, anthropic.APITimeoutError, \
-            anthropic.APIResponseValidationError
-
-    def _params(self, messages: list[Message], max_tokens: int, temperature: float) -> dict[str, Any]:
-        system = "\n\n".join(m.content for m in messages if m.role == "system")
-        turns: list[dict[str, str]] = []
-        for m in messages:
-            if m.role == "system":
-                continue
-            if turns and turns[-1]["role"] == m.role:  # the API wants alternating turns
-                turns[-1]["content"] += "\n\n" + m.content
-            else:
-                turns.append({"role": m.role, "content": m.content})
-        params: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "messages": turns}
-        if system:
-            params["system"] = system
-        if "temperature" not in self._dropped:
-            # Through extra_body: recent SDKs dropped the keyword (newer models refuse sampling parameters, and a
-            # refusal makes _adapt stop sending it); older SDKs and other servers still take it.
-            params["extra_body"] = {"temperature": temperature}
-        return params
-
-    def _request(self, messages: list[Message], max_tokens: int, temperature: float) -> _Raw:
-        params = self._params(messages, max_tokens, temperature)
-        if self.stream:
-            return self._read_stream(self.client.messages.create(stream=True, **params))
-        message = self.client.messages.create(**params)
-        content = getattr(message, "content", None)
-        if not isinstance(content, list):
-            raise MalformedReply("the reply has no content list")
-        text = "".join(getattr(block, "text", "") or "" for block in content
-                       if getattr(block, "type", None) == "text")
-        return _Raw(text=text, model=_str_or_none(getattr(message, "model", None)),
-                    usage=_anthropic_usage(getattr(message, "usage", None), None),
-                    finish_reason=_str_or_none(getattr(message, "stop_reason", None)))
-
-    def _read_stream(self, stream: Any) -> _Raw:
-        parts: list[str] = []
-        model = finish = None
-        start_usage = end_usage = None
-        stopped = False
-        with stream:
-            for event in stream:
-                kind = getattr(event, "type", None)
-                if kind == "message_start":
-                    msg = getattr(event, "message", None)
-                    model = _str_or_none(getattr(msg, "model", None))
-                    start_usage = getattr(msg, "usage", None)
-                elif kind == "content_block_delta":
-                    delta = getattr(event, "delta", None)
-                    if getattr(delta, "type", None) == "text_delta":
-                        parts.append(getattr(delta, "text", "") or "")
-                elif kind == "message_delta":
-                    finish = _str_or_none(getattr(getattr(event, "delta", None), "stop_reason", None)) or finish
-                    end_usage = getattr(event, "usage", None) or end_usage
-                elif kind == "message_stop":
-                    stopped = True
-        if not stopped:
-            raise MalformedReply("the stream ended before message_stop")
-        return _Raw(text="".join(parts), model=model, usage=_anthropic_usage(start_usage, end_usage),
-                    finish_reason=finish)
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------
@@ -393,28 +230,7 @@ def retry_after_seconds(exc: BaseException) -> float | None:
     return when.timestamp() - time.time() if when is not None else None
 
 
-def _openai_usage(usage: Any) -> Usage | None:
-    if usage is None:
-        return None
-    inp, out = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
-    if not isinstance(inp, int) and not isinstance(out, int):
-        return None
-    return Usage(input_tokens=inp if isinstance(inp, int) else 0, output_tokens=out if isinstance(out, int) else 0)
-
-
-def _anthropic_usage(start: Any, end: Any) -> Usage | None:
-    """Input tokens (cache writes and reads included) from the message or its start event; output from the end."""
-    source_in = start if start is not None else end
-    if source_in is None:
-        return None
-    inp = sum(v for v in (getattr(source_in, name, None) for name in
-                          ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
-              if isinstance(v, int))
-    out = getattr(end if end is not None else start, "output_tokens", None)
-    return Usage(input_tokens=inp, output_tokens=out if isinstance(out, int) else 0)
-
-
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
         err = body.get("error", body)
@@ -425,7 +241,7 @@ def _error_text(exc: BaseException) -> str:
     return " ".join(str(getattr(exc, "message", None) or exc).split())
 
 
-def _error_param(exc: BaseException) -> str | None:
+def error_param(exc: BaseException) -> str | None:
     body = getattr(exc, "body", None)
     err = body.get("error", body) if isinstance(body, dict) else None
     return err.get("param") if isinstance(err, dict) and isinstance(err.get("param"), str) else None
@@ -439,14 +255,14 @@ def _is_transport_error(exc: BaseException) -> bool:
     return False
 
 
-def _str_or_none(value: Any) -> str | None:
+def str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
 def _short(exc: BaseException | None) -> str:
     if exc is None:
         return "no error"
-    text = _error_text(exc) if hasattr(exc, "body") else " ".join(str(exc).split())
+    text = error_text(exc) if hasattr(exc, "body") else " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
 
 

@@ -13,12 +13,12 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.archive import Candidate
-from agent.browse import env_text, result_text, task_name
+from agent.archive.records import Candidate
+from agent.archive.browse import env_text, result_text, task_name
 from sandbox import pyparse
 
 log = logging.getLogger(__name__)
-SEEDS_DIR = Path(__file__).resolve().parents[1] / "seeds"
+SEEDS_DIR = Path(__file__).resolve().parents[2] / "seeds"
 OWN_PACKAGES = ("seeds", "agent", "sandbox", "profiler")
 
 

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from agent.chat import Message, Price, ProviderError, Reply, Usage
+from agent.llm.chat import Message, Price, ProviderError, Reply, Usage
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The search loop: propose (LLM or tuner) and evaluate (the harness) concurrently, archive everything.
 
 One coordinating thread owns the archive and the search; LLM requests run on daemon threads, so that a stop never
-waits for a slow request. Evaluations go through an executor (agent/executors.py), which says how many slots the run
-has and on what device: by default warm harnesses on this machine, several per GPU (one candidate compiles while
+waits for a slow request. Evaluations go through an executor (agent/search/executors.py), which says how many slots
+the run has and on what device: by default warm harnesses on this machine, several per GPU (one candidate compiles while
 another is timed, alone on the GPU), or one on the CPU, where the harness checks correctness through Triton's
 interpreter and nothing is timed; or actors across a Ray cluster.
 
@@ -11,7 +11,8 @@ Every finished candidate is committed as soon as its verdict is known. A stop (C
 continues a run under the same id, counting what it already spent against the budgets.
 
 On a GPU a candidate that ranks above the best on its own check is only a challenger: before it is crowned, it and
-the incumbent are re-timed back to back on one slot (challenger, incumbent, challenger, incumbent; agent/duel.py), and
+the incumbent are re-timed back to back on one slot (challenger, incumbent, challenger, incumbent; agent/search/duel.py),
+and
 it becomes the best only if that paired comparison says faster with its interval above 1.0. At most one duel runs at
 a time, only for a challenger whose lower bound clears the incumbent's point estimate; its checks are not proposals
 (they spend time, not budget), every duel is archived, and the final re-check is of the paired winner.
@@ -19,8 +20,10 @@ a time, only for a challenger whose lower bound clears the incumbent's point est
 Library code: progress goes to the `on_event` callback, never to the terminal.
 
 This module is the control flow; the pieces live apart: the run's records (RunConfig, Event, RunSummary) in
-agent/runs.py, checking and completing a run's settings before it starts in agent/prepare.py, what a proposal asks the
-tuner or the LLM for in agent/proposing.py. Their public names stay importable from here.
+agent/search/runs.py, checking and completing a run's settings before it starts in agent/search/prepare.py, what a
+proposal asks the tuner or the LLM for in agent/search/proposing.py, sending requests and taking replies in in
+agent/search/issuing.py, duels and the final re-check in agent/search/crowning.py. The public names of runs.py and
+executors.py stay importable from here.
 """
 from __future__ import annotations
 
@@ -31,30 +34,31 @@ import threading
 import time
 from collections import deque
 from dataclasses import replace
-from pathlib import Path
 from typing import Callable
 
-from agent import duel as duel_mod
-from agent import tuner as tuner_mod
-from agent.archive import Archive, Candidate, Duel, Reverification, Run, Timings, now, sha256
-from agent.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
-                             HarnessEvaluator, LocalExecutor)
-from agent.executors import spawn as _spawn
-from agent import diffs, reflect
-from agent.extract import NoCode, extract_code, normal_form, outside_reasoning
-from agent.flatten import flatten
-from agent.llm import ModelPool, Provider, ProviderError, Reply
-from agent.prepare import new_run_id, open_task, prepare, resolve_start
-from agent.proposing import Pending, llm_messages, messages_text, rank, speed, system_for, tuner_proposal
-from agent.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
-                        RunConfig, RunSummary)
-from agent.search import MAX_FIXES, Search, Selection, best_of, niche
+from agent.archive.records import Candidate, Duel, Reverification, Run, Timings, now, sha256
+from agent.archive.store import Archive
+from agent.llm.chat import Provider, ProviderError
+from agent.llm.extract import normal_form
+from agent.llm.pool import ModelPool
+from agent.search import duel as duel_mod
+from agent.search import reflect
+from agent.search import tuner as tuner_mod
+from agent.search.crowning import Crowning
+from agent.search.elites import Search, Selection, best_of, niche
+from agent.search.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
+                                    HarnessEvaluator, LocalExecutor)
+from agent.search.flatten import flatten
+from agent.search.issuing import Issuing
+from agent.search.prepare import new_run_id, open_task, prepare, resolve_start
+from agent.search.proposing import Pending, rank, speed
+from agent.search.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
+                               RunConfig, RunSummary)
 from sandbox.records import CheckResult
 
 log = logging.getLogger(__name__)
 MAX_PROVIDER_ERRORS = 5  # consecutive failed requests before the run stops: the endpoint is not coming back
 MAX_HARNESS_ERRORS = 3
-TRUNCATED = ("length", "max_tokens")  # finish reasons of a reply cut off at the output limit (OpenAI, Anthropic)
 PROPOSE_REASONS = ("no_code", "provider_error", "duplicate", "truncated", "edit_failed")  # failed before a check
 
 
@@ -83,8 +87,9 @@ def record_check(base: Candidate, result: CheckResult) -> Candidate:
                    timings=Timings.from_check(result.timing), env=env, env_hash=env_hash, eval_s=result.seconds)
 
 
-class _Coordinator:
-    """One run: owns the archive writes, the search state and the limits; proposes, evaluates, records."""
+class _Coordinator(Issuing, Crowning):
+    """One run: owns the archive writes, the search state and the limits; proposes (Issuing), evaluates, records,
+    crowns (Crowning)."""
 
     def __init__(self, config: RunConfig, archive: Archive, provider: Provider | None,
                  on_event: Callable[[Event], None] | None, stop: threading.Event, executor: Executor):
@@ -179,8 +184,8 @@ class _Coordinator:
         self.elites = [self.archive.with_source(c) for c in self.archive.elites(task.source_hash, timed=self.timed)]
         self.failures = [self.archive.with_source(c) for c in mine
                          if c.verdict == "rejected" and c.source_sha and c.stage != "propose"]
-        self.history = list(mine)  # this run's records: the attempts each prompt lists (agent/proposing.py)
-        # what has worked for this task: the latest reflection, this run's or an earlier one's (agent/reflect.py)
+        self.history = list(mine)  # this run's records: the attempts each prompt lists (agent/search/proposing.py)
+        # what has worked for this task: the latest reflection, this run's or an earlier one's (agent/search/reflect.py)
         self.reflection = self.archive.latest_reflection(task.source_hash, task.path.name)
         self.since_reflection = 0
         self.normal_forms: dict[str, int] = {}  # normal form -> the first candidate with it (near-duplicates)
@@ -282,156 +287,6 @@ class _Coordinator:
         self.stop_reason = reason
         self._emit(EventKind.STOPPING, reason)
 
-    # ---- proposing -------------------------------------------------------------------------------------------
-    def _tuner_turn(self) -> bool:
-        return self.provider is None or self.issued >= self.budget - self.polish
-
-    def _issue(self) -> None:
-        while self.issued < self.budget and self.stop_reason is None:
-            if self._tuner_turn():
-                if len(self.ready) + len(self.evals) >= self.slots:
-                    return  # keep the tuner just ahead of evaluation, so it builds on fresh results
-                if any(p.origin == "llm" for p in [*self.requests.values(), *self.ready, *self.evals.values()]):
-                    return  # the polish starts once the LLM's last kernels have their verdicts: it tunes those too
-                if self.provider is not None and self.issued == self.budget - self.polish:
-                    self._emit(EventKind.NOTE, f"polish: the tuner proposes the last {self.polish}")
-                proposal = tuner_proposal(self.search, self.tuner, self.elites, self.exhausted,
-                                          self.known | self.in_flight)
-                if proposal is None:
-                    return
-                self.issued += 1
-                self._accept_reply(*proposal)
-            else:
-                if len(self._outstanding()) >= self.config.concurrency or not self._request():
-                    return
-
-    def _outstanding(self) -> list[Pending]:
-        """The LLM's proposals whose outcome is not known yet: requests in flight and candidates still waiting for
-        or in their check. `--concurrency` bounds these, so a request is never sent while more than that many
-        verdicts it could have learnt from are still on their way."""
-        return [p for p in [*self.requests.values(), *self.ready, *self.evals.values()] if p.origin == "llm"]
-
-    def _request(self) -> bool:
-        """Compose a request from every verdict known now and send it; False (nothing sent) when the prompt is one
-        already waiting for an outcome `samples` times: the next verdict will change it, so wait for that."""
-        assert self.provider is not None
-        fixed = {c.parent_id for c in self.history if c.accepted}  # a failure with a verified fix needs no other
-        sel = self._retry() or self.search.select_for_llm(self.elites, [f for f in self.failures if f.id not in fixed])
-        best = self.archive.with_source(self.best) if self.best is not None else None
-        if self.system is None:
-            self.system = self._system_prompt()
-        messages = llm_messages(self.task, sel, self.elites, timed=self.timed, history=self.history, best=best,
-                                max_output_tokens=self.config.reply_max_tokens, system=self.system,
-                                reflection=self.reflection)
-        prompt = messages_text(messages)
-        if sum(p.prompt == prompt for p in self._outstanding()) >= max(1, self.config.samples):
-            if sel.kind == "fix":
-                self.search.fixes[sel.parents[0].id] -= 1  # not attempted after all
-            return False
-        provider, c = self.provider, self.config
-        if isinstance(provider, ModelPool):
-            provider = provider.pick()  # several models: weighted by verified improvement per dollar
-        pending = Pending("llm", provider.name, sel, prompt=prompt)
-        future = _spawn(lambda: provider.complete(messages, max_tokens=c.reply_max_tokens, temperature=c.temperature))
-        self.requests[future] = pending
-        self.issued += 1
-        self.llm_requests += 1
-        return True
-
-    def _retry(self) -> Selection | None:
-        """The kernel a reply whose edits did not apply (or that was cut off) was asked about, once: the next request
-        from it lists that attempt with the reason, while it is fresh."""
-        for c in reversed(self.history):
-            if c.origin != "llm" or c.id in self.retried:
-                continue
-            if c.reason not in ("edit_failed", "truncated") or c.parent_id is None:
-                return None
-            self.retried.add(c.id)
-            parent = next((e for e in [*self.elites, *self.failures] if e.id == c.parent_id), None)
-            if parent is None:
-                return None
-            if parent.accepted:
-                return Selection("improve", (parent,))
-            if self.search.fixes[parent.id] >= MAX_FIXES + 1:
-                return None
-            self.search.fixes[parent.id] += 1
-            return Selection("fix", (parent,))
-        return None
-
-    def _system_prompt(self) -> str:
-        """The run's system prompt (agent/proposing.py's system_for). The versions and the GPU come from the
-        harness's checks (the coordinator never touches the GPU itself)."""
-        checked = [c for c in [self.start, *reversed(self.elites)] if c is not None and c.env]
-        env = {k: v for k, v in checked[0].env.items() if v is not None} if checked else {}
-        ceilings = _cached_ceilings(env) if self.timed else None
-        return system_for(self.task, timed=self.timed, env=env, ceilings=ceilings, archive=self.archive,
-                          own_seed=self.start_path, max_output_tokens=self.config.reply_max_tokens)
-
-    def _accept_reply(self, pending: Pending, reply: Reply) -> None:
-        pending.reply = reply
-        self.tokens_in += reply.usage.input_tokens
-        self.tokens_out += reply.usage.output_tokens
-        self.cost += reply.cost_usd or 0.0
-        if reply.cost_usd is None:
-            self.priced = False  # unknown, never shown as $0
-        if (reply.finish_reason or "").lower() in TRUNCATED:
-            limit = self.config.reply_max_tokens
-            self._record(self._base(pending, "truncated", f"the reply was cut off at the output limit ({limit} tokens, "
-                                                          f"finish_reason {reply.finish_reason}), so nothing of it "
-                                                          "was checked; answer with SEARCH/REPLACE edits or a "
-                                                          "shorter file"))
-            return
-        source = self._proposed_source(pending, reply.text)
-        if source is None:
-            return
-        flat = flatten(source)
-        source = flat.source
-        sha = sha256(source)
-        if sha in self.known or sha in self.in_flight:
-            self._record(self._base(pending, "duplicate", "the same file was already evaluated for this task",
-                                    source=source))
-            return
-        form = normal_form(source)
-        if form is not None and form in self.normal_forms:
-            first = self.normal_forms[form]
-            same = f"#{first}, already evaluated" if first >= 0 else "a candidate being checked now"
-            self._record(self._base(pending, "duplicate", f"the same code as {same} (up to comments and formatting)",
-                                    source=source))
-            return
-        self._admit(pending, source)
-
-    def _proposed_source(self, pending: Pending, text: str) -> str | None:
-        """The file a reply proposes: its SEARCH/REPLACE edits applied to the kernel the request showed, else the
-        file it contains; None when it has neither (recorded, and shown to the model on its next turn)."""
-        text = outside_reasoning(text) if diffs.has_edits(outside_reasoning(text)) else text
-        if diffs.has_edits(text):
-            parent = pending.selection.parent
-            base = self.archive.with_source(parent).source if parent is not None else None
-            if not base:
-                self._record(self._base(pending, "edit_failed", "the reply has SEARCH/REPLACE edits but the request "
-                                                                "showed no kernel to edit; write the whole file"))
-                return None
-            try:
-                return diffs.apply_edits(base, diffs.parse_edits(text))
-            except diffs.EditError as exc:
-                self._record(self._base(pending, "edit_failed", str(exc)))
-                return None
-        code = extract_code(text)
-        if isinstance(code, NoCode):
-            self._record(self._base(pending, "no_code", code.reason))
-            return None
-        return code.source
-
-    def _admit(self, pending: Pending, source: str) -> None:
-        pending.source, pending.sha = source, sha256(source)
-        pending.path = self.run_dir / "candidates" / f"{pending.sha[:16]}.py"
-        pending.path.write_text(source, encoding="utf-8")
-        self.in_flight.add(pending.sha)
-        form = normal_form(source)
-        if form is not None:
-            self.normal_forms.setdefault(form, -1)  # in flight; the record's id replaces it
-        self.ready.append(pending)
-
     # ---- evaluating ------------------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         self._start_duel()
@@ -501,34 +356,6 @@ class _Coordinator:
         base = self._base(pending, "ok", "", source=pending.source)
         self._record(record_check(base, future.result()))
 
-    def _final_check(self) -> None:
-        """The run's best, checked once more from the start (fresh hidden seeds, every stage) and timed against the
-        final baselines: the verdict a user acts on is never a single lucky check, and torch.compile and Liger are
-        timed once per run rather than once per candidate."""
-        from agent import reverify
-
-        best = self.best
-        if best is None or not best.timed or not self.timed:
-            return
-        path = self._source_file(best, "final")
-        names = ", ".join(self.config.final_baselines)
-        self._emit(EventKind.NOTE, f"final re-check of the best kernel #{best.id}, timed against {names}", best)
-        future = self.session.submit(0, path, baselines=tuple(self.config.final_baselines))
-        while not future.done():
-            if self.stop.is_set():
-                self._emit(EventKind.NOTE, "final re-check abandoned: the run was stopped")
-                return
-            cf.wait([future], timeout=0.25)
-        exc = future.exception()
-        if exc is not None:
-            self.session.reset(0)
-            self.notes.append(f"the final re-check of #{best.id} failed in the harness: {type(exc).__name__}: {exc}")
-            return
-        self.final = self.archive.add_reverification(reverify.record(best, future.result()))
-        self._emit(EventKind.NOTE, f"final re-check of #{best.id}: {self.final.status}: {self.final.note}", best)
-        if self.final.status != "confirmed":
-            self.notes.append(f"the best kernel #{best.id} did not hold up in its final re-check: {self.final.note}")
-
     # ---- recording -------------------------------------------------------------------------------------------
     def _base(self, p: Pending, reason: str, message: str, *, source: str | None = None) -> Candidate:
         parents = p.selection.parents
@@ -593,65 +420,6 @@ class _Coordinator:
                                         run_id=self.run_id, text=text, candidates=len(cands))
             self.reflection = text
 
-    def _crown(self, cand: Candidate, why: str = "") -> None:
-        self.best = cand
-        if cand.timed:
-            self._emit(EventKind.NEW_BEST, f"new best #{cand.id}: {speed(cand)}{why}", cand)
-
-    # ---- duels (agent/duel.py) -------------------------------------------------------------------------------
-    def _start_duel(self) -> None:
-        while self.bout is None and self.challengers and self.free_slots and not self.stop.is_set():
-            cand, best = self.challengers.popleft(), self.best
-            assert best is not None
-            if rank(cand) <= rank(best):
-                continue  # a duel since crowned a kernel that ranks at least as high
-            if not duel_mod.contest(cand, best):
-                self._archive_duel(duel_mod.not_contested(cand, best, self.run_id))
-                continue
-            paths = {duel_mod.CHALLENGER: self._source_file(cand, "duels"),
-                     duel_mod.INCUMBENT: self._source_file(best, "duels")}
-            self.bout = duel_mod.Bout(cand, best, self.free_slots.pop(), paths)
-            self._next_leg()  # first, so the note's progress counts the leg's check in flight
-            self._emit(EventKind.NOTE, f"#{cand.id} ({speed(cand)}) ranks above the best #{best.id} ({speed(best)}) "
-                                       f"on its own check: re-timing both back to back before crowning it", cand)
-
-    def _next_leg(self) -> None:
-        bout = self.bout
-        assert bout is not None
-        bout.leg_started = time.monotonic()
-        bout.future = self.session.submit(bout.slot, bout.paths[bout.side], baselines=duel_mod.BASELINES)
-
-    def _take_leg(self) -> None:
-        """The finished check of the bout's current leg becomes a leg record."""
-        bout = self.bout
-        assert bout is not None and bout.future is not None and bout.future.done()
-        future, bout.future = bout.future, None
-        seconds = time.monotonic() - bout.leg_started
-        exc = future.exception()
-        if exc is not None:
-            log.warning("harness failed on a duel leg of %s", bout.paths[bout.side], exc_info=exc)
-            self.session.reset(bout.slot)
-            bout.legs.append(duel_mod.failed_leg(bout.side, exc, seconds))
-        else:
-            bout.legs.append(duel_mod.leg(bout.side, future.result(), seconds))
-
-    def _end_duel(self) -> None:
-        bout, self.bout = self.bout, None
-        assert bout is not None
-        self.free_slots.append(bout.slot)
-        result = self._archive_duel(bout.decide(self.run_id))
-        if result.crowned:
-            self._crown(bout.challenger, f" (paired re-time: {result.speedup:.3f}x #{bout.incumbent.id})")
-
-    def _archive_duel(self, d: Duel) -> Duel:
-        d = self.archive.add_duel(d)
-        self.duels.append(d)
-        if not d.crowned:
-            self.uncrowned.add(d.challenger_id)
-        self._emit(EventKind.DUEL, duel_mod.headline(d),
-                   next((c for c in self.elites if c.id == d.challenger_id), None))
-        return d
-
     def _interrupt(self, reason: str) -> None:
         """Record what finished, mark what did not as interrupted; pending LLM requests are not recorded. A duel
         in flight is archived with the legs it finished (decided, if that was all of them); queued ones unfought."""
@@ -715,36 +483,9 @@ class _Coordinator:
                         proposer="tuner" if self._tuner_turn() else (self.provider.name if self.provider else ""),
                         best=self.best)
 
-    def _dueling(self) -> int:
-        """The duel's check running now: one at most, since its legs run one after another on one slot."""
-        return int(self.bout is not None and self.bout.future is not None)
-
-    def _source_file(self, cand: Candidate, folder: str) -> Path:
-        """The candidate's source as a file under the run's folder, for a check that is not a proposal's."""
-        cand = self.archive.with_source(cand)
-        path = self.run_dir / folder / f"{(cand.source_sha or sha256(cand.source or ''))[:16]}.py"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(cand.source or "", encoding="utf-8")
-        return path
-
     def _emit(self, kind: EventKind, message: str, cand: Candidate | None = None) -> None:
         log.info("%s", message)
         self.on_event(Event(kind, message, self._progress(), cand))
-
-
-def _cached_ceilings(env: dict) -> dict | None:
-    """The ceilings `crucible bench --ceilings` cached for the GPU `env` describes; None when not measured."""
-    from profiler.ceilings import CACHE_FILE, cache_dir
-    from profiler.env import device_key
-
-    if not isinstance(env.get("gpu"), dict):
-        return None  # no GPU described: no key to look the ceilings up by
-    try:
-        data = json.loads((cache_dir() / CACHE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    hit = data.get(device_key(env)) if isinstance(data, dict) else None
-    return hit if isinstance(hit, dict) and hit.get("copy_gbps") else None
 
 
 def _device(device: str) -> str:

@@ -1,7 +1,7 @@
-"""Prompts from the templates in agent/prompts/, and the harness's verdict written out for a model to act on.
+"""Prompts from the templates in agent/llm/prompts/, and the harness's verdict written out for a model to act on.
 
 Templates are `string.Template` text (`$field`, `${field}`, `$$` for a dollar sign). A line `@include NAME` pastes
-agent/prompts/NAME.md in its place, so the shared parts are written once. `render` fails loudly on a missing or an
+agent/llm/prompts/NAME.md in its place, so the shared parts are written once. `render` fails loudly on a missing or an
 unknown field rather than sending a prompt with a hole in it.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent.llm import Message
+from agent.llm.chat import Message
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 EXAMPLES_DIR = PROMPTS_DIR / "examples"
@@ -73,7 +73,7 @@ def system_prompt(*, gpu: str = "h200", allow_torch_compute: bool = False, max_o
                   gpu_facts: str | None = None, example: tuple[str, str] | None = None) -> str:
     """The rules (from the harness's own lists), the answer formats, the GPU's facts and an example.
 
-    `gpu_facts` replaces the template agent/prompts/gpu_{gpu}.md where the loop measured the facts; `example` is
+    `gpu_facts` replaces the template agent/llm/prompts/gpu_{gpu}.md where the loop measured the facts; `example` is
     (what it is, its source), by default the RMSNorm forward kept with the prompts.
     """
     from sandbox.allowlist import ALLOWED_IMPORTS, FORBIDDEN_NAMES

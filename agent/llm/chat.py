@@ -1,7 +1,7 @@
 """The provider interface: typed messages and replies, token usage and prices, the Provider protocol, the error a
 provider ends in, and the registry that maps a `--model` prefix to the provider class that serves it.
 
-A provider is one module that defines its class and registers it (`@register("openai")`); agent.llm imports the
+A provider is one module that defines its class and registers it (`@register("openai")`); agent.llm.pool imports the
 provider modules and makes the provider a spec names. Everything here is plain data and imports no SDK.
 """
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""Where candidates are evaluated: warm harnesses on this machine, or evaluation actors across a Ray cluster.
+"""Evaluating candidates across a Ray cluster: one evaluation actor per GPU, fed from one queue.
 
-The loop opens one `Session` per run (`executor.session(task, config, workdir)`) and sees only its device, its
-number of evaluation slots and `submit(slot, candidate) -> Future[CheckResult]`; it does not know which executor it
-has. Both keep what the loop relies on:
-
-- the search, the LLM requests and every archive write stay in the loop's process (the Ray driver): workers only
-  receive a task's text and a candidate's text and send back the harness's CheckResult;
-- a future resolves to a CheckResult, or fails with the harness's exception (the loop records a harness error).
-
-`LocalExecutor` keeps warm harnesses on this machine, each called on its own thread (`gpu_ids` pins which GPUs: a
-`crucible batch` lane owns one). A GPU has several slots (`--checks-per-gpu`, default 4), one harness each: while one
-candidate is timed, the next ones are started, compiled and checked for correctness, so the GPU never waits for a
-compile. The slots of a GPU share its gate (sandbox/gate.py): their checks' GPU work runs side by side, a timing stage
-alone. The CPU has one slot unless asked for more. `RayExecutor` keeps one
-evaluation actor per GPU of the cluster (`num_gpus=1`; one per CPU with `num_cpus=1` on a cluster without GPUs), fed
-from one queue; a candidate whose actor dies (a killed worker, a lost node) goes back to the head of the queue for
-another actor while the dead one is replaced.
+`RayExecutor` keeps one evaluation actor per GPU of the cluster (`num_gpus=1`; one per CPU with `num_cpus=1` on a
+cluster without GPUs). A candidate whose actor dies (a killed worker, a lost node) goes back to the head of the queue
+for another actor while the dead one is replaced. The search, the LLM requests and every archive write stay in the
+driver: workers receive a task's text and a candidate's text and send back the harness's CheckResult. The session
+protocol it serves is the local executor's (agent/search/executors.py).
 """
 from __future__ import annotations
 
@@ -29,209 +18,17 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any
 
-from sandbox.gate import GpuGate
+from agent.search.executors import ExecutorError
 from sandbox.records import CheckResult
 from sandbox.task import Task
 
 if TYPE_CHECKING:
-    from agent.runs import RunConfig
+    from agent.search.runs import RunConfig
 
 log = logging.getLogger(__name__)
-CHECK_FOOTPRINT = 8  # GPU bytes a check keeps alive, in multiples of the task's input bytes (checks_that_fit)
-CHECKS_PER_GPU = 4  # slots per GPU when the run does not say: enough that a compile is ready before the GPU is free
 
-
-class ExecutorError(Exception):
-    """The executor cannot evaluate this run; the message is one sentence saying what to do (the CLI exits 2)."""
-
-
-class Session(Protocol):
-    """One run's view of an executor."""
-
-    device: str  # "cuda": candidates are timed; "cpu": correctness only, through Triton's interpreter
-    slots: int  # candidates the loop may have under evaluation at once
-
-    # resolves to a CheckResult; `baselines` overrides the run's (the final re-check of a run's best)
-    # incumbent_ms: the run's best time so far; timing stops once the candidate cannot beat it (profiler.stats)
-    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
-               incumbent_ms: float | None = None) -> cf.Future: ...
-    def reset(self, slot: int) -> None: ...  # the slot's last evaluation raised: start it afresh
-    def close(self) -> None: ...  # the run is over; evaluations not started are dropped
-
-
-class Executor(Protocol):
-    def session(self, task: Task, config: "RunConfig", workdir: Path) -> Session: ...  # ExecutorError if impossible
-    def close(self) -> None: ...
-
-
-def spawn(fn: Callable[..., Any], *args: Any) -> cf.Future:
-    """Run fn on a daemon thread (a stop must not wait for a hung call), returning a Future."""
-    future: cf.Future = cf.Future()
-
-    def body() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to the loop, which records it
-            future.set_exception(exc)
-    threading.Thread(target=body, daemon=True).start()
-    return future
-
-
-# ---- on this machine ------------------------------------------------------------------------------------------------
-
-class Evaluator(Protocol):
-    def check(self, candidate: Path, baselines: tuple[str, ...] | None = None,
-              incumbent_ms: float | None = None) -> CheckResult: ...
-    def close(self) -> None: ...
-
-
-EvaluatorFactory = Callable[[Task, str, int], Evaluator]
-
-
-class HarnessEvaluator:
-    """One warm harness on one device (one GPU index), created on first use in the evaluating thread. `gate` is the
-    GPU's, shared with the other slots on it."""
-
-    def __init__(self, task: Task, device: str, gpu: int, *, timeout_s: float, baselines: tuple[str, ...],
-                 workdir: Path, gate: GpuGate | None = None):
-        self.task, self.device, self.gpu = task, device, gpu
-        self.timeout_s, self.baselines, self.workdir, self.gate = timeout_s, baselines, workdir, gate
-        self._harness = None
-
-    def check(self, candidate: Path, baselines: tuple[str, ...] | None = None,
-              incumbent_ms: float | None = None) -> CheckResult:
-        from sandbox.harness import CheckOptions, Harness
-        if self._harness is None:
-            self._harness = Harness(self.device, workdir=self.workdir)
-        options = CheckOptions(device=self.device, timing=self.device == "cuda", timeout_s=self.timeout_s,
-                               gpu=self.gpu, baselines=baselines or self.baselines, gate=self.gate,
-                               incumbent_ms=incumbent_ms)
-        return self._harness.check(self.task, candidate, options)
-
-    def close(self) -> None:
-        if self._harness is not None:
-            self._harness.close()
-
-
-def sized(task: Task, config: "RunConfig") -> Task:
-    """The task at the run's size: its --set constants in place (pinned) and --no-rescale kept."""
-    constants = getattr(config, "constants", None) or {}
-    if constants:
-        task = task.with_constants(constants, pin=True)
-    return task if getattr(config, "rescale", True) else task.without_rescaling()
-
-
-def _resolve_local(device: str) -> str:
-    from sandbox.harness import resolve_device
-    try:
-        return resolve_device(device)
-    except ValueError as exc:
-        raise ExecutorError(str(exc)) from None
-
-
-def checks_that_fit(task: Task, gpu_bytes: int, wanted: int = CHECKS_PER_GPU) -> int:
-    """How many checks one GPU holds at once when the run does not say: a check keeps about CHECK_FOOTPRINT times the
-    task's input bytes alive there (the parent's inputs, reference output and float64 truth, the lent staging copies,
-    the child's own copies), so a task of gigabytes (KernelBench's level 1 has 6 GB tensors) is checked fewer at a
-    time instead of running the GPU out of memory."""
-    try:
-        need = CHECK_FOOTPRINT * task.input_bytes()
-    except Exception:  # noqa: BLE001 - a task whose inputs cannot be probed keeps the default
-        return wanted
-    return max(1, min(wanted, gpu_bytes // max(1, need)))
-
-
-class LocalExecutor:
-    """Warm harnesses in this process: `checks_per_gpu` per GPU (`--gpus`), or one on the CPU (more if asked).
-
-    `gpu_ids` pins the GPUs a session's slots evaluate on (slot i on GPU gpu_ids[i % len(gpu_ids)]); by default they
-    are GPUs 0 .. --gpus - 1. `crucible batch --gpus N` gives each of its N lanes one GPU this way. `gates` holds one
-    gate per GPU (sandbox/gate.py), shared by every session of this executor; its log says when the GPU had work.
-    """
-
-    def __init__(self, evaluator_factory: EvaluatorFactory | None = None, *,
-                 resolve_device: Callable[[str], str] = _resolve_local, gpu_ids: tuple[int, ...] | None = None):
-        if gpu_ids is not None and (not gpu_ids or min(gpu_ids) < 0 or len(set(gpu_ids)) != len(gpu_ids)):
-            raise ValueError(f"gpu_ids must be distinct GPU indices, 0 or more; got {gpu_ids!r}")
-        self.factory = evaluator_factory
-        self.resolve_device = resolve_device
-        self.gpu_ids = None if gpu_ids is None else tuple(gpu_ids)
-        self.gates: dict[int, GpuGate] = {}
-
-    def session(self, task: Task, config: "RunConfig", workdir: Path) -> "LocalSession":
-        device = self.resolve_device(config.device)
-        task = sized(task, config)
-        per_gpu = getattr(config, "checks_per_gpu", None)
-        if per_gpu is not None and per_gpu < 1:
-            raise ExecutorError(f"--checks-per-gpu {per_gpu}: give at least 1")
-        gates = self.gates
-        factory = self.factory or (lambda t, d, gpu: HarnessEvaluator(
-            t, d, gpu, timeout_s=config.check_timeout_s, baselines=config.baselines, workdir=workdir,
-            gate=gates[gpu]))
-        if device != "cuda":
-            return LocalSession(task, device, per_gpu or 1, factory, gpu_ids=(0,) * (per_gpu or 1), gates=gates)
-        gpu_ids = self.gpu_ids if self.gpu_ids is not None else tuple(range(config.gpus))
-        import torch
-        visible = torch.cuda.device_count()
-        if max(gpu_ids, default=-1) >= visible:
-            what = f"--gpus {config.gpus}" if self.gpu_ids is None else f"GPU {max(gpu_ids)}"
-            raise ExecutorError(f"{what} asks for more GPUs than the {visible} visible")
-        if per_gpu is None:
-            gpu_bytes = torch.cuda.get_device_properties(gpu_ids[0]).total_memory if torch.cuda.is_available() else 0
-            per_gpu = checks_that_fit(task, gpu_bytes) if gpu_bytes else CHECKS_PER_GPU
-        return LocalSession(task, device, len(gpu_ids) * per_gpu, factory, gpu_ids=gpu_ids * per_gpu, gates=gates)
-
-    def close(self) -> None:
-        pass  # each session closes its own harnesses
-
-
-class LocalSession:
-    """Slot i evaluates on GPU gpu_ids[i] (default: GPU i) through its own evaluator, made on first use. Several
-    slots may name one GPU; they share its gate in `gates` (GPU index -> GpuGate, filled here)."""
-
-    def __init__(self, task: Task, device: str, slots: int, factory: EvaluatorFactory, *,
-                 gpu_ids: tuple[int, ...] | None = None, gates: dict[int, GpuGate] | None = None):
-        if gpu_ids is not None and len(gpu_ids) != slots:
-            raise ValueError(f"{slots} slot(s) need as many GPU ids; got {gpu_ids!r}")
-        self.task, self.device, self.slots, self.factory = task, device, slots, factory
-        self.gpu_ids = tuple(gpu_ids) if gpu_ids is not None else tuple(range(slots))
-        self.gates = gates if gates is not None else {}
-        for gpu in self.gpu_ids:
-            self.gates.setdefault(gpu, GpuGate(f"{device}:{gpu}"))
-        self.evaluators: dict[int, Evaluator] = {}
-
-    def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
-               incumbent_ms: float | None = None) -> cf.Future:
-        return spawn(self._evaluate, slot, candidate, baselines, incumbent_ms)
-
-    def _evaluate(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None,
-                  incumbent_ms: float | None) -> CheckResult:
-        evaluator = self.evaluators.get(slot)
-        if evaluator is None:
-            evaluator = self.evaluators[slot] = self.factory(self.task, self.device, self.gpu_ids[slot])
-        if incumbent_ms is not None:
-            return evaluator.check(candidate, baselines, incumbent_ms=incumbent_ms)
-        return evaluator.check(candidate, baselines) if baselines else evaluator.check(candidate)
-
-    def reset(self, slot: int) -> None:
-        evaluator = self.evaluators.pop(slot, None)
-        if evaluator is not None:
-            threading.Thread(target=evaluator.close, daemon=True).start()
-
-    def close(self) -> None:
-        closers = [threading.Thread(target=e.close, daemon=True) for e in self.evaluators.values()]
-        for t in closers:
-            t.start()
-        for t in closers:
-            t.join(timeout=10)
-        self.evaluators.clear()
-
-
-# ---- across a Ray cluster -------------------------------------------------------------------------------------------
 
 class EvaluationLost(Exception):
     """A candidate's evaluation was lost with its worker more times than the executor retries."""
@@ -574,7 +371,7 @@ def _checkout_env() -> dict[str, Any]:
         importlib.metadata.distribution("kernel-crucible")
         return {}
     except importlib.metadata.PackageNotFoundError:
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])
         return {"runtime_env": {"env_vars": {"PYTHONPATH": f"{root}{os.pathsep}${{PYTHONPATH}}"}}}
 
 

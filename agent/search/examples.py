@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.archive import Archive
-from agent.search import best_of
+from agent.archive.store import Archive
+from agent.search.elites import best_of
 from seeds.registry import all_seeds
 
 MAX_LINES = 260

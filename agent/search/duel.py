@@ -16,7 +16,7 @@ candidate that ranks above the best is a challenger, not a winner:
 - the challenger is crowned only when that interval lies above 1.0; else it is recorded as "no significant
   difference" or "slower" against the incumbent, which stays best.
 
-The loop (agent/loop.py) owns when a duel starts and what happens after; this module holds the pieces that need no
+The loop (agent/search/loop.py) owns when a duel starts and what happens after; this module holds the pieces that need no
 loop: the trigger, a leg's record, the verdict and its sentence.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.archive import Candidate, Duel, DuelLeg, DuelOutcome
+from agent.archive.records import Candidate, Duel, DuelLeg, DuelOutcome
 from profiler import stats
 from sandbox.records import CheckResult
 

@@ -1,403 +1,38 @@
-"""The archive: every candidate ever proposed, in one SQLite file (WAL, append-only schema migrations).
+"""The archive: every candidate ever proposed, in one SQLite file (WAL, append-only schema migrations in schema.py).
 
 Sources are stored once, keyed by sha256; a candidate row points at its source, its parents (a second parent for
 crossovers), the run and task it belongs to, and holds the harness's verdict, diagnostics, timings, the environment
 they were taken on, and the tokens and cost of the request that produced it. Every write is one transaction, so a
-kill at any moment leaves only whole records. Sampling parents lives in agent/search.py, not here.
+kill at any moment leaves only whole records. Sampling parents lives in agent/search/elites.py, not here.
 
 Each candidate has a random `uid` besides its local integer id, so that archives from several machines can be merged
-without id clashes (issue 8's import/export).
+without id clashes (agent/archive/transfer.py).
 
-A timed run crowns a new best only after a duel (agent/duel.py): challenger and incumbent re-timed back to back on
+A timed run crowns a new best only after a duel (agent/search/duel.py): challenger and incumbent re-timed back to back on
 one GPU; each duel is a row of `duels`, with its legs, so `crucible archive show` can say why a kernel is or is not
 the best.
 """
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-import enum
-import hashlib
 import json
 import os
 import sqlite3
 import threading
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+
+from agent.archive import schema
+from agent.archive.records import Batch, Candidate, Duel, DuelLeg, Reverification, Run, Timings, now, sha256
 
 DEFAULT_PATH = Path("runs") / "archive.db"
 ENV_VAR = "CRUCIBLE_ARCHIVE"
-
-# Applied in order, each exactly once; never edit a shipped script, append a new one.
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE sources (
-        sha256 TEXT PRIMARY KEY,
-        text   TEXT NOT NULL
-    );
-    CREATE TABLE runs (
-        id          TEXT PRIMARY KEY,
-        task_path   TEXT NOT NULL,
-        task_hash   TEXT NOT NULL,
-        proposer    TEXT NOT NULL,      -- provider spec, or "tuner"
-        device      TEXT NOT NULL,
-        config      TEXT NOT NULL,      -- JSON of the run's settings, for --resume
-        started     TEXT NOT NULL,
-        finished    TEXT,
-        stop_reason TEXT
-    );
-    CREATE TABLE candidates (
-        id            INTEGER PRIMARY KEY AUTOINCREMENT,
-        uid           TEXT NOT NULL UNIQUE,
-        run_id        TEXT REFERENCES runs(id),
-        task_path     TEXT NOT NULL,
-        task_hash     TEXT NOT NULL,
-        source_sha    TEXT REFERENCES sources(sha256),  -- NULL when the proposal produced no code
-        parent_id     INTEGER REFERENCES candidates(id),
-        parent2_id    INTEGER REFERENCES candidates(id),
-        origin        TEXT NOT NULL,    -- seed | llm | tuner
-        proposer      TEXT NOT NULL,    -- model name, "tuner" or "seed"
-        niche         TEXT,
-        prompt        TEXT,
-        reply         TEXT,
-        verdict       TEXT NOT NULL,    -- accepted | rejected | interrupted
-        stage         TEXT,
-        reason        TEXT NOT NULL,
-        message       TEXT,
-        diagnostics   TEXT,             -- JSON: the harness's CheckResult
-        timed         INTEGER NOT NULL DEFAULT 0,
-        candidate_ms  REAL,
-        speedup_eager REAL, eager_ci_low REAL, eager_ci_high REAL,
-        speedup_compile REAL, compile_ci_low REAL, compile_ci_high REAL,
-        pct_roofline  REAL,
-        env           TEXT,             -- JSON fingerprint: torch, triton, driver, GPU
-        env_hash      TEXT,
-        input_tokens  INTEGER NOT NULL DEFAULT 0,
-        output_tokens INTEGER NOT NULL DEFAULT 0,
-        cost_usd      REAL,
-        latency_s     REAL,
-        eval_s        REAL,
-        created       TEXT NOT NULL
-    );
-    CREATE INDEX candidates_task ON candidates(task_hash, verdict);
-    CREATE INDEX candidates_run ON candidates(run_id);
-    CREATE INDEX candidates_source ON candidates(task_hash, source_sha);
-    """,
-    # 2: `crucible archive reverify` re-checks archived winners in a new environment. Each re-check is a new row
-    # (the candidate's own record never changes); the latest row says whether it is confirmed or stale.
-    """
-    CREATE TABLE reverifications (
-        id            INTEGER PRIMARY KEY AUTOINCREMENT,
-        uid           TEXT NOT NULL UNIQUE,
-        candidate_id  INTEGER NOT NULL REFERENCES candidates(id),
-        status        TEXT NOT NULL,    -- confirmed | stale
-        note          TEXT NOT NULL,    -- why, in one sentence
-        verdict       TEXT NOT NULL,
-        stage         TEXT,
-        reason        TEXT NOT NULL,
-        timed         INTEGER NOT NULL DEFAULT 0,
-        candidate_ms  REAL,
-        speedup_eager REAL, eager_ci_low REAL, eager_ci_high REAL,
-        pct_roofline  REAL,
-        diagnostics   TEXT,             -- JSON: the new CheckResult
-        env           TEXT,
-        env_hash      TEXT,
-        created       TEXT NOT NULL
-    );
-    CREATE INDEX reverifications_candidate ON reverifications(candidate_id, id);
-    """,
-    # 3: a timed run re-times a challenger and the incumbent best back to back before it crowns the challenger;
-    # one row per duel (or per challenger not re-timed), its legs as JSON.
-    """
-    CREATE TABLE duels (
-        id            INTEGER PRIMARY KEY AUTOINCREMENT,
-        uid           TEXT NOT NULL UNIQUE,
-        run_id        TEXT REFERENCES runs(id),
-        task_hash     TEXT NOT NULL,
-        challenger_id INTEGER NOT NULL REFERENCES candidates(id),
-        incumbent_id  INTEGER NOT NULL REFERENCES candidates(id),
-        outcome       TEXT NOT NULL,    -- DuelOutcome: crowned | no significant difference | slower | ...
-        note          TEXT NOT NULL,
-        speedup       REAL, ci_low REAL, ci_high REAL,  -- challenger over incumbent, paired; > 1: challenger faster
-        n_pairs       INTEGER NOT NULL DEFAULT 0,
-        legs          TEXT NOT NULL,    -- JSON: [DuelLeg] in the order they ran
-        seconds       REAL NOT NULL DEFAULT 0,
-        created       TEXT NOT NULL
-    );
-    CREATE INDEX duels_challenger ON duels(challenger_id);
-    CREATE INDEX duels_incumbent ON duels(incumbent_id);
-    CREATE INDEX duels_task ON duels(task_hash);
-    """,
-    # 4: what has worked for a task, summarised by a run every few verdicts (agent/reflect.py); the latest one is
-    # shown to the model by later requests, on --resume and by later runs on the same task.
-    """
-    CREATE TABLE reflections (
-        id            INTEGER PRIMARY KEY AUTOINCREMENT,
-        task_hash     TEXT NOT NULL,
-        task_name     TEXT NOT NULL,    -- the task file's name: a later version of the file finds it too
-        run_id        TEXT REFERENCES runs(id),
-        text          TEXT NOT NULL,
-        candidates    INTEGER NOT NULL, -- the task's candidates it summarises
-        created       TEXT NOT NULL
-    );
-    CREATE INDEX reflections_task ON reflections(task_hash, id);
-    CREATE INDEX reflections_name ON reflections(task_name, id);
-    """,
-    # 5: `crucible batch` over a folder: one row per batch and one per task of it, written as each task ends, so
-    # `crucible archive report` can rebuild a level's table (fast_p and all) and `batch --resume` can skip the done.
-    """
-    CREATE TABLE batches (
-        id        TEXT PRIMARY KEY,
-        folder    TEXT NOT NULL,      -- the task folder, resolved
-        device    TEXT NOT NULL,
-        config    TEXT NOT NULL,      -- JSON: model, budget, --from, reference-only
-        started   TEXT NOT NULL,
-        finished  TEXT
-    );
-    CREATE TABLE batch_tasks (
-        batch_id  TEXT NOT NULL REFERENCES batches(id),
-        task_name TEXT NOT NULL,      -- the task file's name, unique in its folder
-        position  INTEGER NOT NULL,   -- the task's place in the folder's order
-        status    TEXT NOT NULL,
-        run_id    TEXT,
-        row       TEXT NOT NULL,      -- JSON: the task's summary row (agent/batch_summary.py)
-        updated   TEXT NOT NULL,
-        PRIMARY KEY (batch_id, task_name)
-    );
-    CREATE INDEX batches_folder ON batches(folder, started);
-    """,
-]
 
 
 def default_path() -> Path:
     """--archive wins over CRUCIBLE_ARCHIVE, which wins over runs/archive.db."""
     return Path(os.environ.get(ENV_VAR) or DEFAULT_PATH)
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-@dataclass(frozen=True)
-class Timings:
-    """What the GPU timing stage measured; all None on the CPU."""
-
-    candidate_ms: float | None = None
-    speedup_eager: float | None = None
-    eager_ci_low: float | None = None
-    eager_ci_high: float | None = None
-    speedup_compile: float | None = None
-    compile_ci_low: float | None = None
-    compile_ci_high: float | None = None
-    pct_roofline: float | None = None
-
-    @classmethod
-    def from_check(cls, timing: dict[str, Any] | None) -> "Timings":
-        if not timing:
-            return cls()
-        base = timing.get("baselines") or {}
-        eager, comp = base.get("eager") or {}, base.get("compile") or {}
-        roof = timing.get("roofline") or {}
-        return cls(candidate_ms=_num(timing.get("candidate_ms")),
-                   speedup_eager=_num(eager.get("speedup")), eager_ci_low=_num(eager.get("ci_low")),
-                   eager_ci_high=_num(eager.get("ci_high")),
-                   speedup_compile=_num(comp.get("speedup")), compile_ci_low=_num(comp.get("ci_low")),
-                   compile_ci_high=_num(comp.get("ci_high")),
-                   pct_roofline=_num(roof.get("pct_of_roofline")))
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One archived candidate. `id` is 0 until it is written; `source` is filled by get()/with_source()."""
-
-    task_path: str
-    task_hash: str
-    origin: str
-    proposer: str
-    verdict: str
-    reason: str
-    id: int = 0
-    uid: str = ""
-    run_id: str | None = None
-    source_sha: str | None = None
-    parent_id: int | None = None
-    parent2_id: int | None = None
-    niche: str | None = None
-    prompt: str | None = None
-    reply: str | None = None
-    stage: str | None = None
-    message: str = ""
-    diagnostics: dict[str, Any] | None = None
-    timed: bool = False
-    timings: Timings = Timings()
-    env: dict[str, Any] | None = None
-    env_hash: str | None = None
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float | None = None
-    latency_s: float | None = None
-    eval_s: float | None = None
-    created: str = ""
-    source: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.verdict not in ("accepted", "rejected", "interrupted"):
-            raise ValueError(f"unknown verdict {self.verdict!r}")
-        if self.verdict == "accepted" and (self.reason != "ok" or (self.source_sha is None and self.source is None)):
-            raise ValueError("an accepted candidate carries reason ok and a source")
-        if self.origin not in ("seed", "llm", "tuner"):
-            raise ValueError(f"unknown origin {self.origin!r}")
-
-    @property
-    def accepted(self) -> bool:
-        return self.verdict == "accepted"
-
-    @property
-    def speedup(self) -> float | None:
-        return self.timings.speedup_eager if self.timed else None
-
-    def summary(self) -> dict[str, Any]:
-        """The row `crucible archive list --json` prints."""
-        return {"id": self.id, "task": self.task_path, "verdict": self.verdict, "stage": self.stage,
-                "reason": self.reason, "proposer": self.proposer, "speedup": self.speedup, "created": self.created}
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class Reverification:
-    """One re-check of an archived candidate in a later environment: `status` confirmed or stale, and why."""
-
-    candidate_id: int
-    status: str
-    note: str
-    verdict: str
-    reason: str
-    stage: str | None = None
-    timed: bool = False
-    timings: Timings = Timings()
-    diagnostics: dict[str, Any] | None = None
-    env: dict[str, Any] | None = None
-    env_hash: str | None = None
-    id: int = 0
-    uid: str = ""
-    created: str = ""
-
-    def __post_init__(self) -> None:
-        if self.status not in ("confirmed", "stale"):
-            raise ValueError(f"unknown reverification status {self.status!r}")
-        if self.status == "confirmed" and self.verdict != "accepted":
-            raise ValueError("only a candidate the harness accepts again can be confirmed")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-class DuelOutcome(str, enum.Enum):
-    CROWNED = "crowned"  # paired faster, its interval above 1.0: the challenger is the new best
-    NO_DIFFERENCE = "no significant difference"
-    SLOWER = "slower"
-    WITHIN_NOISE = "not re-timed"  # its lower bound did not clear the incumbent's point estimate: no duel
-    FAILED = "failed"  # a leg was rejected, untimed or broke the harness
-    INTERRUPTED = "interrupted"  # the run stopped first
-
-
-@dataclass(frozen=True)
-class DuelLeg:
-    """One check of a duel. `rounds`: per timed round, the kernel's ms over eager's ms of that same round."""
-
-    side: str  # challenger | incumbent
-    verdict: str
-    reason: str
-    message: str = ""
-    speedup_eager: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    candidate_ms: float | None = None
-    rounds: tuple[float, ...] = ()
-    seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.side not in ("challenger", "incumbent"):
-            raise ValueError(f"unknown duel side {self.side!r}")
-        object.__setattr__(self, "rounds", tuple(float(r) for r in self.rounds))
-
-
-@dataclass(frozen=True)
-class Duel:
-    """A challenger that ranked above the best, re-timed against it back to back; `speedup` is the challenger's
-    over the incumbent (> 1: faster), paired, None when it was not measured."""
-
-    task_hash: str
-    challenger_id: int
-    incumbent_id: int
-    outcome: DuelOutcome
-    note: str
-    run_id: str | None = None
-    speedup: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    n_pairs: int = 0
-    legs: tuple[DuelLeg, ...] = ()
-    seconds: float = 0.0
-    id: int = 0
-    uid: str = ""
-    created: str = ""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "outcome", DuelOutcome(self.outcome))
-        object.__setattr__(self, "legs", tuple(self.legs))
-        measured = self.speedup is not None
-        if measured and not (self.ci_low is not None and self.ci_high is not None
-                             and self.ci_low <= self.speedup <= self.ci_high):
-            raise ValueError(f"duel speedup {self.speedup} lies outside its interval [{self.ci_low}, {self.ci_high}]")
-        if self.outcome is DuelOutcome.CROWNED and not (measured and self.ci_low > 1.0):
-            raise ValueError("a challenger is crowned only on a paired interval above 1.0")
-        if self.outcome is DuelOutcome.SLOWER and not (measured and self.ci_high < 1.0):
-            raise ValueError("a duel says slower only on a paired interval below 1.0")
-        if self.outcome is DuelOutcome.WITHIN_NOISE and self.legs:
-            raise ValueError("a challenger that was not re-timed has no legs")
-
-    @property
-    def crowned(self) -> bool:
-        return self.outcome is DuelOutcome.CROWNED
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["outcome"] = self.outcome.value
-        return d
-
-
-@dataclass(frozen=True)
-class Run:
-    id: str
-    task_path: str
-    task_hash: str
-    proposer: str
-    device: str
-    config: dict[str, Any]
-    started: str
-    finished: str | None = None
-    stop_reason: str | None = None
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One `crucible batch` over a folder; its tasks' rows live in `batch_tasks` (Archive.batch_rows)."""
-
-    id: str
-    folder: str
-    device: str
-    config: dict[str, Any]
-    started: str
-    finished: str | None = None
 
 
 _CANDIDATE_COLUMNS = [
@@ -431,7 +66,7 @@ class Archive:
         with self._lock:
             self._db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied TEXT)")
             current = self.schema_version()
-            for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
+            for version, script in enumerate(schema.MIGRATIONS[current:], start=current + 1):
                 # executescript commits first, so the script carries its own transaction.
                 self._db.executescript(f"BEGIN IMMEDIATE;\n{script}\n"
                                        f"INSERT INTO schema_version VALUES ({version}, '{now()}');\nCOMMIT;")
@@ -546,7 +181,7 @@ class Archive:
         return {"proposals": int(row[0]), "input_tokens": int(row[1]), "output_tokens": int(row[2]),
                 "cost_usd": float(row[3])}
 
-    # ---- browsing (issue 8) ---------------------------------------------------------------------------------
+    # ---- browsing ----------------------------------------------------------------------------------------
     def by_uid(self, prefix: str) -> list[Candidate]:
         """Candidates whose uid starts with `prefix` (a whole uid matches one at most)."""
         rows = self._all("SELECT * FROM candidates WHERE uid LIKE ? ORDER BY id LIMIT 2",
@@ -753,11 +388,3 @@ def _batch(row: sqlite3.Row) -> Batch:
     d = {k: v for k, v in dict(row).items() if k in Batch.__dataclass_fields__}
     d["config"] = json.loads(d["config"])
     return Batch(**d)
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and v == v else None
-
-
-def rows(cands: Iterable[Candidate]) -> list[dict[str, Any]]:
-    return [c.summary() for c in cands]

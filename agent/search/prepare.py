@@ -10,8 +10,8 @@ import secrets
 from dataclasses import replace
 from pathlib import Path
 
-from agent.archive import Archive
-from agent.runs import LoopError, RunConfig
+from agent.archive.store import Archive
+from agent.search.runs import LoopError, RunConfig
 from sandbox.task import Task, TaskError, load_task
 from seeds.registry import seed_for_task
 

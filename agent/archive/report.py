@@ -3,7 +3,7 @@
 Where the archive holds `crucible batch` runs, the page opens with a KernelBench table per batch: each task's
 verdict and speedup over eager and torch.compile with their intervals, then fast_0/1/2 against both, the
 geometric-mean speedups and tokens and cost per correct kernel, computed from the archived rows by the batch
-summary's own `metrics()` (agent/batch_summary.py). `batch_table()` gives the same numbers to the plain-text and
+summary's own `metrics()` (agent/archive/batch_summary.py). `batch_table()` gives the same numbers to the plain-text and
 JSON forms of `crucible archive report --kernelbench`.
 
 Per task: the leaderboard of verified kernels, the speedup over proposals (an inline SVG: each timed kernel with its
@@ -22,9 +22,10 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer, PythonLexer
 
-from agent import batch_summary
-from agent.archive import Archive, Batch, Candidate, Reverification
-from agent.browse import (TaskSummary, diff, env_text, speed_text, task_name, task_summaries, uncrowned,
+from agent.archive import batch_summary
+from agent.archive.records import Batch, Candidate, Reverification
+from agent.archive.store import Archive
+from agent.archive.browse import (TaskSummary, diff, env_text, speed_text, task_name, task_summaries, uncrowned,
                           winners)
 
 LEADERBOARD_ROWS = 10

@@ -1,4 +1,4 @@
-"""What one request looks like, turn by turn, and what each part costs in tokens: `python -m agent.turns TASK`.
+"""What one request looks like, turn by turn, and what each part costs in tokens: `python -m agent.search.turns TASK`.
 
 Builds the four kinds of request the loop sends for a task — fresh (no kernel yet), fix (a rejected kernel with its
 diagnostics), improve (a verified kernel, its attempts so far) and crossover (two verified kernels) — from the task's
@@ -18,11 +18,11 @@ import re
 import sys
 from pathlib import Path
 
-from agent.archive import Candidate
-from agent.flatten import flatten
-from agent.llm import Message
-from agent.proposing import llm_messages, system_for
-from agent.search import Selection
+from agent.archive.records import Candidate
+from agent.search.flatten import flatten
+from agent.llm.chat import Message
+from agent.search.proposing import llm_messages, system_for
+from agent.search.elites import Selection
 from sandbox.task import load_task
 from seeds.registry import seed_for_task
 
@@ -81,7 +81,7 @@ def requests(task_path: Path) -> dict[str, list[Message]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agent.turns", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m agent.search.turns", description=__doc__.split("\n\n")[0])
     p.add_argument("task", type=Path)
     args = p.parse_args(argv)
     if not args.task.is_file():

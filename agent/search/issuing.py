@@ -1,0 +1,192 @@
+"""The coordinator's proposing half: when the tuner or the LLM is asked for the next kernel, and what becomes of
+its reply.
+
+`Issuing` is a part of the search loop's coordinator (agent/search/loop.py), kept apart because it is one job: keep
+requests in flight within `--concurrency`, compose each from every verdict known now (agent/search/proposing.py),
+and take a reply in (cut off, SEARCH/REPLACE edits, a whole file, a duplicate) until it is a candidate waiting for a
+slot. It reads and writes the coordinator's state; it runs on the coordinating thread only.
+"""
+from __future__ import annotations
+
+import json
+
+from agent.archive.records import sha256
+from agent.llm import diffs
+from agent.llm.chat import Reply
+from agent.llm.extract import NoCode, extract_code, normal_form, outside_reasoning
+from agent.llm.pool import ModelPool
+from agent.search.elites import MAX_FIXES, Selection
+from agent.search.executors import spawn as _spawn
+from agent.search.flatten import flatten
+from agent.search.proposing import Pending, llm_messages, messages_text, system_for, tuner_proposal
+from agent.search.runs import EventKind
+
+TRUNCATED = ("length", "max_tokens")  # finish reasons of a reply cut off at the output limit (OpenAI, Anthropic)
+
+
+class Issuing:
+    """Asking the tuner or the LLM for proposals and admitting their replies (a part of the loop's coordinator)."""
+
+    def _tuner_turn(self) -> bool:
+        return self.provider is None or self.issued >= self.budget - self.polish
+
+    def _issue(self) -> None:
+        while self.issued < self.budget and self.stop_reason is None:
+            if self._tuner_turn():
+                if len(self.ready) + len(self.evals) >= self.slots:
+                    return  # keep the tuner just ahead of evaluation, so it builds on fresh results
+                if any(p.origin == "llm" for p in [*self.requests.values(), *self.ready, *self.evals.values()]):
+                    return  # the polish starts once the LLM's last kernels have their verdicts: it tunes those too
+                if self.provider is not None and self.issued == self.budget - self.polish:
+                    self._emit(EventKind.NOTE, f"polish: the tuner proposes the last {self.polish}")
+                proposal = tuner_proposal(self.search, self.tuner, self.elites, self.exhausted,
+                                          self.known | self.in_flight)
+                if proposal is None:
+                    return
+                self.issued += 1
+                self._accept_reply(*proposal)
+            else:
+                if len(self._outstanding()) >= self.config.concurrency or not self._request():
+                    return
+
+    def _outstanding(self) -> list[Pending]:
+        """The LLM's proposals whose outcome is not known yet: requests in flight and candidates still waiting for
+        or in their check. `--concurrency` bounds these, so a request is never sent while more than that many
+        verdicts it could have learnt from are still on their way."""
+        return [p for p in [*self.requests.values(), *self.ready, *self.evals.values()] if p.origin == "llm"]
+
+    def _request(self) -> bool:
+        """Compose a request from every verdict known now and send it; False (nothing sent) when the prompt is one
+        already waiting for an outcome `samples` times: the next verdict will change it, so wait for that."""
+        assert self.provider is not None
+        fixed = {c.parent_id for c in self.history if c.accepted}  # a failure with a verified fix needs no other
+        sel = self._retry() or self.search.select_for_llm(self.elites, [f for f in self.failures if f.id not in fixed])
+        best = self.archive.with_source(self.best) if self.best is not None else None
+        if self.system is None:
+            self.system = self._system_prompt()
+        messages = llm_messages(self.task, sel, self.elites, timed=self.timed, history=self.history, best=best,
+                                max_output_tokens=self.config.reply_max_tokens, system=self.system,
+                                reflection=self.reflection)
+        prompt = messages_text(messages)
+        if sum(p.prompt == prompt for p in self._outstanding()) >= max(1, self.config.samples):
+            if sel.kind == "fix":
+                self.search.fixes[sel.parents[0].id] -= 1  # not attempted after all
+            return False
+        provider, c = self.provider, self.config
+        if isinstance(provider, ModelPool):
+            provider = provider.pick()  # several models: weighted by verified improvement per dollar
+        pending = Pending("llm", provider.name, sel, prompt=prompt)
+        future = _spawn(lambda: provider.complete(messages, max_tokens=c.reply_max_tokens, temperature=c.temperature))
+        self.requests[future] = pending
+        self.issued += 1
+        self.llm_requests += 1
+        return True
+
+    def _retry(self) -> Selection | None:
+        """The kernel a reply whose edits did not apply (or that was cut off) was asked about, once: the next request
+        from it lists that attempt with the reason, while it is fresh."""
+        for c in reversed(self.history):
+            if c.origin != "llm" or c.id in self.retried:
+                continue
+            if c.reason not in ("edit_failed", "truncated") or c.parent_id is None:
+                return None
+            self.retried.add(c.id)
+            parent = next((e for e in [*self.elites, *self.failures] if e.id == c.parent_id), None)
+            if parent is None:
+                return None
+            if parent.accepted:
+                return Selection("improve", (parent,))
+            if self.search.fixes[parent.id] >= MAX_FIXES + 1:
+                return None
+            self.search.fixes[parent.id] += 1
+            return Selection("fix", (parent,))
+        return None
+
+    def _system_prompt(self) -> str:
+        """The run's system prompt (agent/search/proposing.py's system_for). The versions and the GPU come from the
+        harness's checks (the coordinator never touches the GPU itself)."""
+        checked = [c for c in [self.start, *reversed(self.elites)] if c is not None and c.env]
+        env = {k: v for k, v in checked[0].env.items() if v is not None} if checked else {}
+        ceilings = _cached_ceilings(env) if self.timed else None
+        return system_for(self.task, timed=self.timed, env=env, ceilings=ceilings, archive=self.archive,
+                          own_seed=self.start_path, max_output_tokens=self.config.reply_max_tokens)
+
+    def _accept_reply(self, pending: Pending, reply: Reply) -> None:
+        pending.reply = reply
+        self.tokens_in += reply.usage.input_tokens
+        self.tokens_out += reply.usage.output_tokens
+        self.cost += reply.cost_usd or 0.0
+        if reply.cost_usd is None:
+            self.priced = False  # unknown, never shown as $0
+        if (reply.finish_reason or "").lower() in TRUNCATED:
+            limit = self.config.reply_max_tokens
+            self._record(self._base(pending, "truncated", f"the reply was cut off at the output limit ({limit} tokens, "
+                                                          f"finish_reason {reply.finish_reason}), so nothing of it "
+                                                          "was checked; answer with SEARCH/REPLACE edits or a "
+                                                          "shorter file"))
+            return
+        source = self._proposed_source(pending, reply.text)
+        if source is None:
+            return
+        flat = flatten(source)
+        source = flat.source
+        sha = sha256(source)
+        if sha in self.known or sha in self.in_flight:
+            self._record(self._base(pending, "duplicate", "the same file was already evaluated for this task",
+                                    source=source))
+            return
+        form = normal_form(source)
+        if form is not None and form in self.normal_forms:
+            first = self.normal_forms[form]
+            same = f"#{first}, already evaluated" if first >= 0 else "a candidate being checked now"
+            self._record(self._base(pending, "duplicate", f"the same code as {same} (up to comments and formatting)",
+                                    source=source))
+            return
+        self._admit(pending, source)
+
+    def _proposed_source(self, pending: Pending, text: str) -> str | None:
+        """The file a reply proposes: its SEARCH/REPLACE edits applied to the kernel the request showed, else the
+        file it contains; None when it has neither (recorded, and shown to the model on its next turn)."""
+        text = outside_reasoning(text) if diffs.has_edits(outside_reasoning(text)) else text
+        if diffs.has_edits(text):
+            parent = pending.selection.parent
+            base = self.archive.with_source(parent).source if parent is not None else None
+            if not base:
+                self._record(self._base(pending, "edit_failed", "the reply has SEARCH/REPLACE edits but the request "
+                                                                "showed no kernel to edit; write the whole file"))
+                return None
+            try:
+                return diffs.apply_edits(base, diffs.parse_edits(text))
+            except diffs.EditError as exc:
+                self._record(self._base(pending, "edit_failed", str(exc)))
+                return None
+        code = extract_code(text)
+        if isinstance(code, NoCode):
+            self._record(self._base(pending, "no_code", code.reason))
+            return None
+        return code.source
+
+    def _admit(self, pending: Pending, source: str) -> None:
+        pending.source, pending.sha = source, sha256(source)
+        pending.path = self.run_dir / "candidates" / f"{pending.sha[:16]}.py"
+        pending.path.write_text(source, encoding="utf-8")
+        self.in_flight.add(pending.sha)
+        form = normal_form(source)
+        if form is not None:
+            self.normal_forms.setdefault(form, -1)  # in flight; the record's id replaces it
+        self.ready.append(pending)
+
+
+def _cached_ceilings(env: dict) -> dict | None:
+    """The ceilings `crucible bench --ceilings` cached for the GPU `env` describes; None when not measured."""
+    from profiler.ceilings import CACHE_FILE, cache_dir
+    from profiler.env import device_key
+
+    if not isinstance(env.get("gpu"), dict):
+        return None  # no GPU described: no key to look the ceilings up by
+    try:
+        data = json.loads((cache_dir() / CACHE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    hit = data.get(device_key(env)) if isinstance(data, dict) else None
+    return hit if isinstance(hit, dict) and hit.get("copy_gbps") else None
