@@ -99,9 +99,9 @@ class NvmlSampler:
 
 def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, workdir: Path) -> dict[str, Any]:
     """One tuner run on `task`; the numbers of one CSV line."""
-    from agent.archive import Archive
-    from agent.executors import LocalExecutor
-    from agent.loop import EventKind, RunConfig, run_search
+    from agent.archive.store import Archive
+    from agent.search.executors import LocalExecutor
+    from agent.search.loop import EventKind, RunConfig, run_search
     from sandbox.gate import EXCLUSIVE, busy_seconds
 
     verdicts: list[tuple[float, Any]] = []  # (when, candidate) of every verdict, in order
