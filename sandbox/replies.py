@@ -186,7 +186,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
     "rebuild": {},
     "call": {"trace": TRACE, "seconds": _float(), "outputs": _list(_output, 4096),
              "strides": _list(_list(_int(-(1 << 62)), MAX_DIMS), 4096), "structure": _one_of({"tuple", "tensor"})},
-    "soak": {"trace": TRACE, "seconds": _float(), "outputs": _list(_tensor, 1 << 16),
+    "soak": {"trace": TRACE, "seconds": _float(), "outputs": _list(_output, 1 << 16),
              "strides": _list(_list(_int(-(1 << 62)), MAX_DIMS), 1 << 16), "structure": _one_of({"tuple", "tensor"}),
              "calls": _int()},
     "time": {"measured": MEASURED, "n_sets": _int(1), "kernels": _list(_json), "environment": _map(_json),

@@ -131,19 +131,21 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
         with run.lap("reference"), harness._gpu(run):
             expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
     used: set[int] = set()
+    msg: dict[str, Any] = {"op": "soak", "n": n, "checked": checked, "fixed": list(task.meta.fixed_inputs)}
+    buffers: list[torch.Tensor | None] = []
     with run.lap("ship"):
-        shipped = [run.lending.ship(b, used)[0] for b in base]
+        msg["base"] = [run.lending.ship(b, used)[0] for b in base]
+        if run.device != "cpu":  # the checked calls' outputs come back into lent GPU buffers, not through host memory
+            msg["out_buffers"], buffers = run.lending.ship([_poisoned(r) for e in expected for r in e.ref], used)
     del base  # the lent copies are what the child derives its calls' inputs from
     _return_cached(run)
-    msg = {"op": "soak", "base": shipped, "n": n, "checked": checked,
-           "fixed": list(task.meta.fixed_inputs)}
     within = run.within(f"the soak of {n} calls", reference, calls=n)
     with run.lap("soak"):
         reply = harness._request(run, Stage.ROBUSTNESS, msg, max_bytes=4 * sum(e.nbytes for e in expected) + (1 << 24),
                               within=within)
     run.calls += n
     run.call_seconds += float(reply.get("seconds") or 0.0)
-    outs = reply.get("outputs")
+    outs = _claim(reply.get("outputs"), buffers)
     per = len(expected[0].ref)
     if not isinstance(outs, list) or len(outs) != per * len(checked) or \
             not all(isinstance(t, torch.Tensor) for t in outs) or reply.get("structure") != expected[0].structure:

@@ -201,19 +201,19 @@ def _fresh(x: Any, device: str) -> Any:
     return x
 
 
-def _hand_back(outs: list[torch.Tensor], buffers: list[Any]) -> list[Any]:
-    """Each output written into the parent's GPU buffer of the same position, shape and dtype (the reply then holds a
-    marker), else sent by value through host memory."""
+def _hand_back(outs: list[torch.Tensor], buffers: list[Any], start: int = 0) -> list[Any]:
+    """Each output written into the parent's GPU buffer of the same position (`start` + its index in `outs`), shape
+    and dtype (the reply then holds a marker), else sent by value through host memory."""
     sent: list[Any] = []
     for i, o in enumerate(outs):
-        dest = None
-        if i < len(buffers) and isinstance(buffers[i], tuple) and buffers[i][0] == "cuda-ipc" and o.is_cuda:
-            dest = cudaipc.open_lent(buffers[i][1])
+        dest, at = None, start + i
+        if at < len(buffers) and isinstance(buffers[at], tuple) and buffers[at][0] == "cuda-ipc" and o.is_cuda:
+            dest = cudaipc.open_lent(buffers[at][1])
         if dest is not None and dest.shape == o.shape and dest.dtype == o.dtype and dest.device == o.device:
             dest.copy_(o.detach())
-            sent.append({"__gpu_buffer__": i})
-        else:
-            sent.append(o.detach().to("cpu"))
+            sent.append({"__gpu_buffer__": at})
+        else:  # a copy: what the call returned, as it was then (a later call may write the same tensor)
+            sent.append(o.detach().to("cpu", copy=True))
         del dest
     if any(isinstance(x, dict) for x in sent):
         torch.cuda.synchronize()  # the parent reads the buffers as soon as the reply arrives
@@ -241,11 +241,12 @@ def _call(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
 
 def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     """`n` calls back to back on inputs derived from the base sets (timing_child.derive, which the parent repeats);
-    the outputs of the calls in `checked` come back, every call is checked here as `_call` checks one. Nothing in a
-    call says whether its output will be verified."""
+    the outputs of the calls in `checked` come back (into the parent's GPU buffers, in order, where it lent them),
+    every call is checked here as `_call` checks one. Nothing in a call says whether its output will be verified."""
     device = state["device"]
     base = [[_fresh(x, device) for x in s] for s in msg["base"]]
     checked, fixed = set(msg["checked"]), tuple(msg["fixed"])
+    buffers = msg.get("out_buffers") or []
     outputs: list[torch.Tensor] = []
     strides: list[list[int]] = []
     seconds, keep, structure = 0.0, None, "tensor"
@@ -259,7 +260,7 @@ def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         structure = "tuple" if isinstance(out, (tuple, list)) else "tensor"
         if k in checked:
-            outputs += [o.detach().to("cpu", copy=True) for o in outs]
+            outputs += _hand_back(outs, buffers, start=len(outputs))
             strides += [list(o.stride()) for o in outs]
         keep = inputs  # the next call's inputs do not reuse these addresses
         _scramble_written(state)
