@@ -207,7 +207,12 @@ def test_tma_kernels_match_pointer_kernels(h, f, dtype, device):
     x, w, counts, dy = _grouped_case(h, f, dtype, device)
     y = grouped_linear_fwd(x, w, counts, TMA_CFG, impl="ptr")
     dx, dw = grouped_linear_bwd(x, w, counts, dy, TMA_CFG, TMA_DW_CFG, dw_impl="ptr", impl="ptr")
-    for variant in TMA_VARIANTS + SPLIT_VARIANTS:
+    variants = TMA_VARIANTS + SPLIT_VARIANTS
+    if dtype == torch.float32 and (h, f) != (48, 32):
+        # every option meets fp32 at (48, 32) and every shape in bf16; here the plain TMA kernel and split_n (whose
+        # fp32 sums differ in order) only: the other options' code does not depend on the dtype
+        variants = TMA_VARIANTS[:1] + SPLIT_VARIANTS
+    for variant in variants:
         # split_n's narrower dots sum fp32 products in another order on the interpreter (numpy): fp32 rounding only
         tol = 1e-5 if variant in SPLIT_VARIANTS and dtype == torch.float32 else 0
         torch.testing.assert_close(grouped_linear_fwd(x, w, counts, TMA_CFG, **variant), y, rtol=tol, atol=tol)
