@@ -18,7 +18,6 @@ LONG_MODULES: dict[str, str] = {
 }
 LONG_FUNCTIONS: dict[str, str] = {
     "sandbox/trace.py:install": "the launch hooks share one closure over the tracer's state, which the candidate cannot reach",
-    "sandbox/carry.py:snapshot": "one walk over the model and the module's globals with its bookkeeping in the closure",
 }
 
 
