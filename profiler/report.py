@@ -57,13 +57,44 @@ def build_timing(
     fns = measured["fns"]
     if candidate is not None and candidate not in fns:
         raise ValueError(f"candidate {candidate!r} was not measured (measured: {sorted(fns)})")
-    info = dict(baselines or {})
-    for name in fns:
-        if name != candidate and name not in info:
-            info[name] = {"name": name, "available": True, "reason": "", "versions": {}}
-    problems: list[dict[str, str]] = []
+    problems = _measurement_problems(measured, output_problems)
     warnings = list(measured.get("warnings", []))
+    impl_problems, impl_warnings = _implementation_problems(fns, candidate)
+    problems += impl_problems
+    warnings += impl_warnings
 
+    usable = {n: p["ms"] for n, p in fns.items() if p["ms"] and not p.get("error")}
+    cand = _summary(usable[candidate]) if candidate in usable else None
+    out_baselines = _baseline_entries(_baseline_info(fns, candidate, baselines), usable, candidate, cand, seed)
+
+    roof_dict = None
+    quarantined = False
+    if roof is not None:
+        roof_dict = _roofline_at(roof, cand, out_baselines)
+        roof_problems, roof_warnings = _roofline_verdicts(roof, usable, candidate)
+        quarantined = bool(roof_problems)
+        problems += roof_problems
+        warnings += roof_warnings
+
+    return {
+        "candidate_ms": cand["ms"] if cand else None,
+        "candidate": cand,
+        "rounds_ms": {name: list(ms) for name, ms in usable.items()},
+        "baselines": out_baselines,
+        "roofline": roof_dict,
+        "kernels": list(kernels or []),
+        "environment": dict(environment or {}),
+        "measurement": _measurement(measured),
+        "problems": problems,
+        "quarantined": quarantined,
+        "warnings": warnings,
+        "rows": _rows(candidate, usable, out_baselines, roof, seed),
+    }
+
+
+def _measurement_problems(measured: dict[str, Any], output_problems: list[str] | None) -> list[dict[str, str]]:
+    """The problems the measurement itself reports: a failed CUDA context, replaced timers, outputs changed later."""
+    problems: list[dict[str, str]] = []
     if measured.get("fatal"):
         f = measured["fatal"]
         problems.append({"reason": CRASH, "message": f"the CUDA context failed during timing: {f['type']}: "
@@ -77,8 +108,14 @@ def build_timing(
                                                               "returned: work was finished later than it was timed"})
     for msg in output_problems or []:
         problems.append({"reason": OUTPUT_CHANGED, "message": msg})
+    return problems
 
-    usable = {n: p["ms"] for n, p in fns.items() if p["ms"] and not p.get("error")}
+
+def _implementation_problems(fns: dict[str, dict[str, Any]],
+                             candidate: str | None) -> tuple[list[dict[str, str]], list[str]]:
+    """Each implementation's error or inconsistent calls: a problem for the candidate, a warning for a baseline."""
+    problems: list[dict[str, str]] = []
+    warnings: list[str] = []
     for n, p in fns.items():
         if p.get("error"):
             e = p["error"]
@@ -94,9 +131,23 @@ def build_timing(
                 problems.append({"reason": INCONSISTENT, "message": text})
             else:
                 warnings.append(text)
+    return problems, warnings
 
-    cand = _summary(usable[candidate]) if candidate in usable else None
-    out_baselines: dict[str, dict[str, Any]] = {}
+
+def _baseline_info(fns: dict[str, Any], candidate: str | None,
+                   baselines: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """The given baselines' descriptions in display order, then an available one for each other measured name."""
+    info = dict(baselines or {})
+    for name in fns:
+        if name != candidate and name not in info:
+            info[name] = {"name": name, "available": True, "reason": "", "versions": {}}
+    return info
+
+
+def _baseline_entries(info: dict[str, dict[str, Any]], usable: dict[str, list[float]], candidate: str | None,
+                      cand: dict[str, Any] | None, seed: int) -> dict[str, dict[str, Any]]:
+    """Each baseline's report entry: its availability, its time, and the candidate's paired speedup over it."""
+    out: dict[str, dict[str, Any]] = {}
     for name, meta in info.items():
         entry = {"available": bool(meta.get("available", True)), "reason": meta.get("reason", ""),
                  "versions": dict(meta.get("versions", {})), "ms": None, "iqr_ms": None, "speedup": None,
@@ -109,46 +160,42 @@ def build_timing(
                               "significant": c.significant, "verdict": c.verdict})
         elif entry["available"]:
             entry.update({"available": False, "reason": entry["reason"] or "not measured"})
-        out_baselines[name] = entry
+        out[name] = entry
+    return out
 
-    # The roofline of the candidate, or of the fastest baseline when only baselines were timed.
-    roof_dict = None
-    quarantined = False
-    if roof is not None:
-        subject_ms = cand["ms"] if cand else min((b["ms"] for b in out_baselines.values() if b["ms"]), default=None)
-        if subject_ms:
-            roof_dict = roof.at(subject_ms)
-        for name, ms_list in usable.items():
-            verdict = gate(stats.median(ms_list), roof)
-            if verdict.ok:
-                continue
-            if name == candidate:
-                quarantined = True
-                problems.append({"reason": ROOFLINE, "message": verdict.message})
-            else:
-                warnings.append(f"baseline {name} beat the roofline ({verdict.message}); the ceilings look wrong")
 
-    rows = _rows(candidate, usable, out_baselines, roof, seed)
-    m = measured
+def _roofline_at(roof: Roofline, cand: dict[str, Any] | None,
+                 baselines: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The roofline of the candidate, or of the fastest baseline when only baselines were timed."""
+    subject_ms = cand["ms"] if cand else min((b["ms"] for b in baselines.values() if b["ms"]), default=None)
+    return roof.at(subject_ms) if subject_ms else None
+
+
+def _roofline_verdicts(roof: Roofline, usable: dict[str, list[float]],
+                       candidate: str | None) -> tuple[list[dict[str, str]], list[str]]:
+    """Times that beat the roofline: a problem (and quarantine) for the candidate, a warning for a baseline."""
+    problems: list[dict[str, str]] = []
+    warnings: list[str] = []
+    for name, ms_list in usable.items():
+        verdict = gate(stats.median(ms_list), roof)
+        if verdict.ok:
+            continue
+        if name == candidate:
+            problems.append({"reason": ROOFLINE, "message": verdict.message})
+        else:
+            warnings.append(f"baseline {name} beat the roofline ({verdict.message}); the ceilings look wrong")
+    return problems, warnings
+
+
+def _measurement(measured: dict[str, Any]) -> dict[str, Any]:
+    """How the times were measured: the configuration, L2 and calibration, and the per-implementation call flags."""
+    fns = measured["fns"]
     return {
-        "candidate_ms": cand["ms"] if cand else None,
-        "candidate": cand,
-        "rounds_ms": {name: list(ms) for name, ms in usable.items()},
-        "baselines": out_baselines,
-        "roofline": roof_dict,
-        "kernels": list(kernels or []),
-        "environment": dict(environment or {}),
-        "measurement": {
-            **m.get("config", {}),
-            "l2": m.get("l2"), "calibration": m.get("calibration"), "device": m.get("device"),
-            "flagged_calls": {n: len(p["flagged"]) for n, p in fns.items()},
-            "host_bound_calls": {n: p.get("host_bound", 0) for n, p in fns.items()},
-            "samples_validated": len(m.get("samples", [])),
-        },
-        "problems": problems,
-        "quarantined": quarantined,
-        "warnings": warnings,
-        "rows": rows,
+        **measured.get("config", {}),
+        "l2": measured.get("l2"), "calibration": measured.get("calibration"), "device": measured.get("device"),
+        "flagged_calls": {n: len(p["flagged"]) for n, p in fns.items()},
+        "host_bound_calls": {n: p.get("host_bound", 0) for n, p in fns.items()},
+        "samples_validated": len(measured.get("samples", [])),
     }
 
 

@@ -24,7 +24,7 @@ import collections
 import functools
 import itertools
 import types
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -87,6 +87,33 @@ def _instance_dict(v: Any) -> dict[str, Any] | None:
     return None
 
 
+def _attributes(v: Any) -> dict[str, Any]:
+    """An object's attributes without running its class's code: its instance dict, then its filled slots."""
+    attrs = _instance_dict(v) or {}
+    for cls in _MRO.__get__(type(v)):
+        for name, slot in _CLASS_DICT.__get__(cls).items():  # slot descriptors only: a property would run
+            if type(slot) is types.MemberDescriptorType:     # the candidate's code
+                try:
+                    attrs[name] = slot.__get__(v, type(v))
+                except AttributeError:  # an empty slot
+                    pass
+    return attrs
+
+
+def _code_state(v: Any) -> Iterator[tuple[str, Any]]:
+    """(path suffix, value) of the state a candidate's class or function holds, one at a time: a class's own
+    attributes (dunders aside); a function's defaults, filled closure cells and attributes."""
+    if _is(v, type):
+        for k, x in list(_CLASS_DICT.__get__(v).items()):
+            if not (k.startswith("__") and k.endswith("__")):
+                yield f".{k}", x
+    else:
+        yield ".<defaults>", v.__defaults__
+        yield ".<kwdefaults>", v.__kwdefaults__
+        yield ".<closure>", tuple(c.cell_contents for c in v.__closure__ or () if _filled(c))
+        yield ".<attributes>", dict(vars(v))
+
+
 def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
              injected: dict[str, Any] | None = None) -> tuple[dict[str, Any], list]:
     """(path -> comparable value, [(path, tensor)]) for the model and the candidate module's globals. `injected`:
@@ -143,16 +170,8 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
             values[path] = (_NAME.__get__(type(v)), id(v))
             owner = _CLASS_DICT.__get__(v).get("__module__") if _is(v, type) else v.__module__
             if owner == candidate:
-                if _is(v, type):
-                    for k, x in list(_CLASS_DICT.__get__(v).items()):
-                        if not (k.startswith("__") and k.endswith("__")):
-                            walk(f"{path}.{k}", x, depth + 1)
-                else:
-                    walk(f"{path}.<defaults>", v.__defaults__, depth + 1)
-                    walk(f"{path}.<kwdefaults>", v.__kwdefaults__, depth + 1)
-                    walk(f"{path}.<closure>", tuple(c.cell_contents for c in v.__closure__ or ()
-                                                    if _filled(c)), depth + 1)
-                    walk(f"{path}.<attributes>", dict(vars(v)), depth + 1)
+                for suffix, x in _code_state(v):
+                    walk(path + suffix, x, depth + 1)
         elif _MODULE.__get__(type(v)) == "itertools":
             values[path] = repr(v)[:200]  # count(n) and the like show their position
         elif _opaque(v):
@@ -161,15 +180,7 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
             values[path] = ("lru_cache", id(v), v.cache_info().currsize)
         else:
             values[path] = (_name(v), id(v))
-            attrs = _instance_dict(v) or {}
-            for cls in _MRO.__get__(type(v)):
-                for name, slot in _CLASS_DICT.__get__(cls).items():  # slot descriptors only: a property would run
-                    if type(slot) is types.MemberDescriptorType:     # the candidate's code
-                        try:
-                            attrs[name] = slot.__get__(v, type(v))
-                        except AttributeError:  # an empty slot
-                            pass
-            for k, x in attrs.items():
+            for k, x in _attributes(v).items():
                 walk(f"{path}.{k}", x, depth + 1)
 
     walk("model", model, 0)

@@ -21,7 +21,7 @@ Integer and boolean outputs must be equal exactly.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,24 +63,70 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
     a truth or where a shape differs."""
     if got.shape != ref.shape:
         raise ValueError(f"{name}: shape {tuple(got.shape)} vs {tuple(ref.shape)} (check shapes before compare)")
-    numel = ref.numel()
     if not (ref.is_floating_point() or ref.is_complex()):
-        diff = got != ref
-        bad = int(diff.sum())
-        if bad == 0:
-            return None
-        idx = _unravel(int(diff.flatten().nonzero()[0]), ref.shape)
-        return Mismatch(name, numel, bad, idx, float(ref[idx]), float(got[idx]),
-                        float((got.double() - ref.double()).abs().max()), 1.0, 0.0, note="integer output must match exactly")
+        return _compare_exact(name, got, ref)
 
     tol = tolerance_for(ref.dtype, allow_tf32=allow_tf32, scale=scale)
     alternates = tuple(a for a in alternates if truth is not None and a.shape == ref.shape)
     chunks = _Chunks(got, ref, truth, alternates)
-    # Pass 1, the global terms: non-finite disagreements, and the sums behind the RMS and L2 norms.
-    n_nf_bad = n_fin = c_nf_count = r_nf_count = 0
-    first_nf: int | None = None
-    t2 = err2 = 0.0
-    ref_err2 = [0.0] * (1 + len(alternates))  # PyTorch's own errors: the reference's, then each alternate's
+    g = _global_terms(chunks, len(alternates))
+    scale_t = math.sqrt(g.t2 / g.n_fin) if g.n_fin else 0.0
+    # PyTorch's own error, per element where it is large there, and as its RMS everywhere: a candidate whose
+    # rounding falls elsewhere than PyTorch's (another summation order) is not held to PyTorch's lucky elements.
+    worst_ref2 = max(g.ref_err2)
+    ref_rms = math.sqrt(worst_ref2 / g.n_fin) if g.n_fin else 0.0
+    norm_t = math.sqrt(g.t2)
+    rel_l2 = math.sqrt(g.err2) / norm_t if norm_t > 0 else math.sqrt(g.err2)
+    rel_l2_ref = math.sqrt(worst_ref2) / norm_t if norm_t > 0 else math.sqrt(worst_ref2)
+    l2_bound = max(tol.rel_l2, REF_FACTOR * rel_l2_ref)
+    n_out, worst_flat, max_abs = _elementwise(chunks, tol, scale_t, ref_rms, l2_failed=rel_l2 > l2_bound)
+
+    if g.n_nf_bad == 0 and n_out == 0 and rel_l2 <= l2_bound:
+        return None
+
+    # The report: the worst element by error over bound, in the full tensor's coordinates.
+    if (n_out or rel_l2 > l2_bound) and worst_flat is not None:
+        worst = _unravel(worst_flat, ref.shape)
+        expected, got_v = chunks.value("truth", worst_flat), chunks.value("got", worst_flat)
+    else:
+        assert g.first_nf is not None
+        worst = _unravel(g.first_nf, ref.shape)
+        expected, got_v, max_abs = chunks.value("ref", g.first_nf), chunks.value("got", g.first_nf), float("nan")
+    return Mismatch(
+        output=name, numel=ref.numel(), mismatched=n_out + g.n_nf_bad, worst_index=worst, expected=expected,
+        got=got_v, max_abs_err=max_abs, rel_l2_err=rel_l2, rel_l2_bound=l2_bound,
+        nonfinite_expected=g.r_nf_count, nonfinite_got=g.c_nf_count,
+        first_nonfinite_diff=_unravel(g.first_nf, ref.shape) if g.first_nf is not None else None,
+    )
+
+
+def _compare_exact(name: str, got: torch.Tensor, ref: torch.Tensor) -> Mismatch | None:
+    """Integer and boolean outputs: None when every element equals the reference's, else the first that does not."""
+    diff = got != ref
+    bad = int(diff.sum())
+    if bad == 0:
+        return None
+    idx = _unravel(int(diff.flatten().nonzero()[0]), ref.shape)
+    return Mismatch(name, ref.numel(), bad, idx, float(ref[idx]), float(got[idx]),
+                    float((got.double() - ref.double()).abs().max()), 1.0, 0.0, note="integer output must match exactly")
+
+
+@dataclass
+class _GlobalTerms:
+    """What pass 1 adds up over the whole output, chunk by chunk."""
+    n_nf_bad: int = 0  # elements whose NaN/Inf disagrees with the reference's
+    first_nf: int | None = None  # flat index of the first of them
+    c_nf_count: int = 0  # non-finite elements of the candidate
+    r_nf_count: int = 0  # non-finite elements of the reference
+    n_fin: int = 0  # elements finite in candidate, reference and truth
+    t2: float = 0.0  # sum of the truth's squares there
+    err2: float = 0.0  # sum of the candidate's squared errors there
+    ref_err2: list[float] = field(default_factory=list)  # PyTorch's own: the reference's, then each alternate's
+
+
+def _global_terms(chunks: _Chunks, n_alternates: int) -> _GlobalTerms:
+    """Pass 1, the global terms: non-finite disagreements, and the sums behind the RMS and L2 norms."""
+    g = _GlobalTerms(ref_err2=[0.0] * (1 + n_alternates))
     for start, c, r, t, alts in chunks:
         c_nf, r_nf, t_nf = ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t)
         # Where r is non-finite the candidate must agree with r exactly (same NaN, same signed Inf), unless the
@@ -88,31 +134,26 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
         same_nf = (c_nf == r_nf) & (torch.isnan(c) == torch.isnan(r)) & ((c == r) | torch.isnan(c) | ~c_nf)
         nf_bad = ~(same_nf | (r_nf & ~t_nf & ~c_nf))
         bad = int(nf_bad.sum())
-        if bad and first_nf is None:
-            first_nf = start + int(nf_bad.nonzero()[0])
-        n_nf_bad += bad
-        c_nf_count += int(c_nf.sum())
-        r_nf_count += int(r_nf.sum())
+        if bad and g.first_nf is None:
+            g.first_nf = start + int(nf_bad.nonzero()[0])
+        g.n_nf_bad += bad
+        g.c_nf_count += int(c_nf.sum())
+        g.r_nf_count += int(r_nf.sum())
         finite = ~c_nf & ~r_nf & ~t_nf
         cf, rf, tf = c[finite], r[finite], t[finite]
-        n_fin += tf.numel()
-        t2 += float(tf.pow(2).sum())
+        g.n_fin += tf.numel()
+        g.t2 += float(tf.pow(2).sum())
         for j, x in enumerate((rf, *(_finite_or(a[finite], tf) for a in alts))):
-            ref_err2[j] += float((x - tf).pow(2).sum())
-        err2 += float((cf - tf).pow(2).sum())
-    scale_t = math.sqrt(t2 / n_fin) if n_fin else 0.0
-    # PyTorch's own error, per element where it is large there, and as its RMS everywhere: a candidate whose
-    # rounding falls elsewhere than PyTorch's (another summation order) is not held to PyTorch's lucky elements.
-    worst_ref2 = max(ref_err2)
-    ref_rms = math.sqrt(worst_ref2 / n_fin) if n_fin else 0.0
-    norm_t = math.sqrt(t2)
-    rel_l2 = math.sqrt(err2) / norm_t if norm_t > 0 else math.sqrt(err2)
-    rel_l2_ref = math.sqrt(worst_ref2) / norm_t if norm_t > 0 else math.sqrt(worst_ref2)
-    l2_bound = max(tol.rel_l2, REF_FACTOR * rel_l2_ref)
+            g.ref_err2[j] += float((x - tf).pow(2).sum())
+        g.err2 += float((cf - tf).pow(2).sum())
+    return g
 
-    # Pass 2, elementwise: how many elements lie outside their bound, and the worst one by error over bound. The
-    # worst is looked for only where it can be: in chunks with an element outside (its ratio exceeds 1, every other
-    # chunk's does not), or anywhere when the L2 bound already failed.
+
+def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float, *,
+                 l2_failed: bool) -> tuple[int, int | None, float]:
+    """Pass 2, elementwise: how many elements lie outside their bound, the flat index of the worst one by error over
+    bound, and the largest absolute error. The worst is looked for only where it can be: in chunks with an element
+    outside (its ratio exceeds 1, every other chunk's does not), or anywhere when the L2 bound already failed."""
     n_out, worst_ratio, worst_flat, max_abs = 0, -1.0, None, 0.0
     for start, c, r, t, alts in chunks:
         finite = torch.isfinite(c) & torch.isfinite(r) & torch.isfinite(t)
@@ -127,29 +168,12 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
         outside = int((err > bound).sum())
         n_out += outside
         max_abs = max(max_abs, float(err.max()))
-        if outside or rel_l2 > l2_bound:
+        if outside or l2_failed:
             ratio = err / bound.clamp_min(1e-300)
             k = int(ratio.argmax())
             if float(ratio[k]) > worst_ratio:
                 worst_ratio, worst_flat = float(ratio[k]), start + int(finite.nonzero()[k])
-
-    if n_nf_bad == 0 and n_out == 0 and rel_l2 <= l2_bound:
-        return None
-
-    # The report: the worst element by error over bound, in the full tensor's coordinates.
-    if (n_out or rel_l2 > l2_bound) and worst_flat is not None:
-        worst = _unravel(worst_flat, ref.shape)
-        expected, got_v = chunks.value("truth", worst_flat), chunks.value("got", worst_flat)
-    else:
-        assert first_nf is not None
-        worst = _unravel(first_nf, ref.shape)
-        expected, got_v, max_abs = chunks.value("ref", first_nf), chunks.value("got", first_nf), float("nan")
-    return Mismatch(
-        output=name, numel=numel, mismatched=n_out + n_nf_bad, worst_index=worst, expected=expected,
-        got=got_v, max_abs_err=max_abs, rel_l2_err=rel_l2, rel_l2_bound=l2_bound,
-        nonfinite_expected=r_nf_count, nonfinite_got=c_nf_count,
-        first_nonfinite_diff=_unravel(first_nf, ref.shape) if first_nf is not None else None,
-    )
+    return n_out, worst_flat, max_abs
 
 
 class _Chunks:

@@ -18,11 +18,6 @@ LONG_MODULES: dict[str, str] = {
 }
 LONG_FUNCTIONS: dict[str, str] = {
     "sandbox/trace.py:install": "the launch hooks share one closure over the tracer's state, which the candidate cannot reach",
-    "agent/search/flatten.py:_flatten": "one walk over a seed's definitions with its bookkeeping in the closure",
-    "agent/commands/batch.py:run": "the batch command's flags, each checked where it is read",
-    "profiler/report.py:build_timing": "the report's fields, each computed beside its name",
-    "sandbox/tolerance.py:compare": "the comparison's cases (integers, non-finite values, tolerance, alternates) in order",
-    "sandbox/carry.py:snapshot": "one walk over the model and the module's globals with its bookkeeping in the closure",
 }
 
 

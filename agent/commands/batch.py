@@ -92,24 +92,14 @@ def find_tasks(folder: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     from agent.archive.store import Archive
-    from agent.search.executors import ExecutorError, LocalExecutor
+    from agent.search.executors import ExecutorError
     from agent.llm.chat import ProviderError
     from agent.llm.pool import make_provider
-    from agent.search.loop import LoopError, prepare, run_search
 
     out = err_console if args.json else console  # with --json, stdout carries the one JSON object alone
-    if args.gpus < 1:
-        err_console.print("--gpus must be at least 1")
-        return 2
-    if args.address is not None and args.executor != "ray":
-        err_console.print("--address is the Ray cluster to join; use it with --executor ray")
-        return 2
-    problem = baselines_problem(args)
+    problem = _flags_problem(args)
     if problem:
         err_console.print(problem)
-        return 2
-    if not args.dir.is_dir():
-        err_console.print(f"{args.dir} is not a folder; pass a folder of task files")
         return 2
     tasks = find_tasks(args.dir)
     if not tasks:
@@ -156,16 +146,51 @@ def run(args: argparse.Namespace) -> int:
     if reference_mode:  # the references are checked here, whatever the executor
         if executor is not None:
             executor.close()
-        if not args.reference_only:
-            out.print("no model and no kernel to start from: checking each task's reference (and timing its "
-                      "baselines on a GPU); to propose kernels, pass --model openai:NAME or anthropic:NAME, or "
-                      "--from DIR with kernels named after the tasks", highlight=False, soft_wrap=True)
-        with archive:
-            todo = [t for t in tasks if t not in batch.kept]
-            fresh = dict(zip(todo, reference_rows(todo, args, constants, err_console, on_row=batch.record)))
-            archive.finish_batch(batch.id)
-        rows = [batch.kept.get(t) or fresh[t] for t in tasks]
-        return _finish(args, rows, batch.id, reference_only=True)
+        return _check_references(args, tasks, batch, archive, constants, out)
+    rows = _search_tasks(args, tasks, batch, archive, executor, lanes=lanes, constants=constants, starts=starts,
+                         searchable=searchable, provider=provider, out=out)
+    code = _finish(args, rows, batch.id, reference_only=False)
+    if any(r["status"] == "interrupted" for r in rows):
+        return 130
+    return code
+
+
+def _flags_problem(args: argparse.Namespace) -> str | None:
+    """The sentence refusing a flag that cannot be used as given (before anything is opened), else None."""
+    if args.gpus < 1:
+        return "--gpus must be at least 1"
+    if args.address is not None and args.executor != "ray":
+        return "--address is the Ray cluster to join; use it with --executor ray"
+    problem = baselines_problem(args)
+    if problem:
+        return problem
+    if not args.dir.is_dir():
+        return f"{args.dir} is not a folder; pass a folder of task files"
+    return None
+
+
+def _check_references(args: argparse.Namespace, tasks: list[Path], batch: BatchRecord, archive: Any,
+                      constants: dict[str, int], out: Console) -> int:
+    """Check each task's reference instead of searching (the batch's tasks kept from before stay as they are)."""
+    if not args.reference_only:
+        out.print("no model and no kernel to start from: checking each task's reference (and timing its "
+                  "baselines on a GPU); to propose kernels, pass --model openai:NAME or anthropic:NAME, or "
+                  "--from DIR with kernels named after the tasks", highlight=False, soft_wrap=True)
+    with archive:
+        todo = [t for t in tasks if t not in batch.kept]
+        fresh = dict(zip(todo, reference_rows(todo, args, constants, err_console, on_row=batch.record)))
+        archive.finish_batch(batch.id)
+    rows = [batch.kept.get(t) or fresh[t] for t in tasks]
+    return _finish(args, rows, batch.id, reference_only=True)
+
+
+def _search_tasks(args: argparse.Namespace, tasks: list[Path], batch: BatchRecord, archive: Any, executor: Any, *,
+                  lanes: int, constants: dict[str, int], starts: dict[Path, Path], searchable: list[Path],
+                  provider: Any, out: Console) -> list[dict[str, Any]]:
+    """Search every task not kept from before, `lanes` at a time, with a progress bar each; the rows in task order."""
+    from agent.search.executors import LocalExecutor
+    from agent.search.loop import LoopError, prepare, run_search
+
     if lanes > 1:
         out.print(f"{len(tasks)} tasks on {lanes} GPUs: one task per GPU at a time")
     elif args.gpus > 1 and args.executor == "local" and not _visible_gpus(args.device):
@@ -230,10 +255,7 @@ def run(args: argparse.Namespace) -> int:
         rows = run_lanes(tasks, lanes, one_task, not_started=not_started, failed=failed, stop=stop)
         if not any(r["status"] == "interrupted" for r in rows):
             archive.finish_batch(batch.id)
-    code = _finish(args, rows, batch.id, reference_only=False)
-    if any(r["status"] == "interrupted" for r in rows):
-        return 130
-    return code
+    return rows
 
 
 def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], batch_id: str, *, reference_only: bool) -> int:

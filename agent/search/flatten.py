@@ -105,18 +105,26 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
     The names in `keep` stay imported."""
     if any(isinstance(n, ast.Import) and any(a.name.startswith("seeds") for a in n.names) for n in tree.body):
         raise _Cant("it imports a whole seed module (import seeds.X); only `from seeds.X import name` is inlined")
-    modules: dict[str, _Module] = {}
-    taken: dict[str, set[int]] = {}  # module -> statement indexes to copy
-    aliases: list[tuple[str, str]] = []  # (alias, name) assignments after the copied code
-    deps: dict[str, set[str]] = {}  # module -> seed modules it takes names from
+    work, aliases = _requested(imports)
+    walk = _Walk(seeds_dir, keep)
+    walk.take(work)
+    order = _topological(walk.deps)
+    future, head, sections = _copied(walk, order, tree)
+    head += [f"from {mod} import {', '.join(sorted(names))}" for mod, names in sorted(walk.kept.items())]
+    text = _spliced(source, imports, head, sections, aliases)
+    if future and "from __future__ import annotations" not in source:
+        text = _with_future(text)
+    try:
+        pyparse.parse(text)
+    except SyntaxError as exc:  # pragma: no cover - the copied statements parsed where they came from
+        raise _Cant(f"the flattened file does not parse ({exc.msg})") from None
+    return Flat(text if text.endswith("\n") else text + "\n", tuple(order)), _placed(text, walk, order)
 
-    def module(name: str) -> _Module:
-        if name not in modules:
-            modules[name] = _Module(name, seeds_dir)
-            taken[name], deps[name] = set(), set()
-        return modules[name]
 
+def _requested(imports: list[ast.stmt]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The (module, name) pairs the file's seed imports ask for, and the (alias, name) assignments they imply."""
     work: list[tuple[str, str]] = []
+    aliases: list[tuple[str, str]] = []  # (alias, name) assignments after the copied code
     for node in imports:
         for a in node.names:
             if a.name == "*":
@@ -124,46 +132,73 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
             work.append((node.module, a.name))
             if a.asname and a.asname != a.name:
                 aliases.append((a.asname, a.name))
-    done: set[tuple[str, str]] = set()
-    kept: dict[str, set[str]] = {}  # module -> names still imported: their code needs what a candidate may not import
+    return work, aliases
 
-    def needs_forbidden(mod_name: str, name: str) -> bool:
+
+class _Walk:
+    """The walk over the seed modules' definitions: which statements of each module to copy, which names stay
+    imported, and which seed modules each takes names from."""
+
+    def __init__(self, seeds_dir: Path, keep: set[tuple[str, str]]):
+        self.seeds_dir, self.keep = seeds_dir, keep
+        self.modules: dict[str, _Module] = {}
+        self.taken: dict[str, set[int]] = {}  # module -> statement indexes to copy
+        self.deps: dict[str, set[str]] = {}  # module -> seed modules it takes names from
+        # module -> names still imported: their code needs what a candidate may not import
+        self.kept: dict[str, set[str]] = {}
+
+    def module(self, name: str) -> _Module:
+        """The seed module `name`, read on first use."""
+        if name not in self.modules:
+            self.modules[name] = _Module(name, self.seeds_dir)
+            self.taken[name], self.deps[name] = set(), set()
+        return self.modules[name]
+
+    def needs_forbidden(self, mod_name: str, name: str) -> bool:
         """The definition of `name` uses, itself, a name bound by an import a candidate may not make."""
-        m = module(mod_name)
+        m = self.module(mod_name)
         forbidden = {n for node in m.body if isinstance(node, (ast.Import, ast.ImportFrom))
                      and not _seed_import(node) and not _allowed(node) for n in _defines(node)}
         return any(_free(m.body[i]) & forbidden for i in m.defines.get(name, [])
                    if not isinstance(m.body[i], (ast.Import, ast.ImportFrom)))
 
-    while work:
-        mod_name, name = work.pop()
-        if (mod_name, name) in done:
-            continue
-        done.add((mod_name, name))
-        m = module(mod_name)
-        if name not in m.defines:
-            raise _Cant(f"{mod_name} defines no top-level {name!r}")
-        if (mod_name, name) in keep or needs_forbidden(mod_name, name):
-            kept.setdefault(mod_name, set()).add(name)
-            continue
-        for i in m.defines[name]:
-            if i in taken[mod_name]:
+    def take(self, work: list[tuple[str, str]]) -> None:
+        """Take each (module, name) in `work` and, transitively, every definition it uses."""
+        done: set[tuple[str, str]] = set()
+        while work:
+            mod_name, name = work.pop()
+            if (mod_name, name) in done:
                 continue
-            node = m.body[i]
-            if _seed_import(node):
-                for a in node.names:
-                    if (a.asname or a.name) == name:
-                        work.append((node.module, a.name))
-                        deps[mod_name].add(node.module)
-                        if a.asname and a.asname != a.name:
-                            raise _Cant(f"{mod_name} imports {a.name} as {a.asname}; aliases inside seed modules "
-                                        "are not inlined")
+            done.add((mod_name, name))
+            m = self.module(mod_name)
+            if name not in m.defines:
+                raise _Cant(f"{mod_name} defines no top-level {name!r}")
+            if (mod_name, name) in self.keep or self.needs_forbidden(mod_name, name):
+                self.kept.setdefault(mod_name, set()).add(name)
                 continue
-            taken[mod_name].add(i)
-            for free in _free(node):
-                if free in m.defines:
-                    work.append((mod_name, free))
-    order = _topological(deps)
+            for i in m.defines[name]:
+                if i in self.taken[mod_name]:
+                    continue
+                node = m.body[i]
+                if _seed_import(node):
+                    for a in node.names:
+                        if (a.asname or a.name) == name:
+                            work.append((node.module, a.name))
+                            self.deps[mod_name].add(node.module)
+                            if a.asname and a.asname != a.name:
+                                raise _Cant(f"{mod_name} imports {a.name} as {a.asname}; aliases inside seed "
+                                            "modules are not inlined")
+                    continue
+                self.taken[mod_name].add(i)
+                for free in _free(node):
+                    if free in m.defines:
+                        work.append((mod_name, free))
+
+
+def _copied(walk: _Walk, order: list[str], tree: ast.Module) -> tuple[bool, list[str], list[str]]:
+    """The taken code in module order: whether any module uses `from __future__ import annotations`, the imports
+    the file lacks, and one section of copied definitions per module. A name the file, or two modules differently,
+    define is refused."""
     own = {n for node in tree.body if not _seed_import(node) for n in _defines(node)}
     seen_imports = {ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
     defined_by: dict[str, tuple[str, str]] = {}
@@ -171,10 +206,10 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
     head: list[str] = []
     sections: list[str] = []
     for mod_name in order:
-        m = modules[mod_name]
+        m = walk.modules[mod_name]
         future |= m.future
         body: list[str] = []
-        for i in sorted(taken[mod_name]):
+        for i in sorted(walk.taken[mod_name]):
             node = m.body[i]
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 if isinstance(node, ast.ImportFrom) and node.module == "__future__":
@@ -195,25 +230,29 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
         if body:
             origin = mod_name.replace(".", "/")
             sections.append(f"# ---- copied from the seed module {origin}.py ----\n" + "\n\n\n".join(body))
+    return future, head, sections
+
+
+def _spliced(source: str, imports: list[ast.stmt], head: list[str], sections: list[str],
+             aliases: list[tuple[str, str]]) -> str:
+    """`source` with its seed imports replaced, where the first of them stood, by the imports, the copied sections
+    and the alias assignments."""
     lines = source.split("\n")
     first = imports[0]
     before = lines[:first.lineno - 1]
     skip = {ln for node in imports for ln in range(node.lineno, node.end_lineno + 1)}
     after = [line for ln, line in enumerate(lines[first.lineno - 1:], first.lineno) if ln not in skip]
-    head += [f"from {mod} import {', '.join(sorted(names))}" for mod, names in sorted(kept.items())]
     inlined = (["\n".join(head)] if head else []) + sections + (
         ["\n".join(f"{alias} = {name}" for alias, name in aliases)] if aliases else [])
-    text = "\n".join(before).rstrip("\n") + "\n" + ("\n\n\n".join(inlined)) + "\n\n\n" + "\n".join(after).lstrip("\n")
-    if future and "from __future__ import annotations" not in source:
-        text = _with_future(text)
-    try:
-        pyparse.parse(text)
-    except SyntaxError as exc:  # pragma: no cover - the copied statements parsed where they came from
-        raise _Cant(f"the flattened file does not parse ({exc.msg})") from None
+    return "\n".join(before).rstrip("\n") + "\n" + ("\n\n\n".join(inlined)) + "\n\n\n" + "\n".join(after).lstrip("\n")
+
+
+def _placed(text: str, walk: _Walk, order: list[str]) -> list[tuple[frozenset, int, int]]:
+    """Where each copied definition landed in `text`: ((module, name) pairs, first line, last line)."""
     placed = []
     for mod_name in order:
-        m = modules[mod_name]
-        for i in sorted(taken[mod_name]):
+        m = walk.modules[mod_name]
+        for i in sorted(walk.taken[mod_name]):
             if isinstance(m.body[i], (ast.Import, ast.ImportFrom)):
                 continue
             at = text.find(m.segment(i))
@@ -221,7 +260,7 @@ def _flatten(source: str, tree: ast.Module, imports: list[ast.stmt], seeds_dir: 
                 lo = text[:at].count("\n") + 1
                 placed.append((frozenset((mod_name, n) for n in _defines(m.body[i])), lo,
                                lo + m.segment(i).count("\n")))
-    return Flat(text if text.endswith("\n") else text + "\n", tuple(order)), placed
+    return placed
 
 
 def _allowed(node: ast.Import | ast.ImportFrom) -> bool:
