@@ -26,7 +26,7 @@ CRUCIBLE_DISTRIBUTIONS = ["normal", "uniform", "outliers", "constant_rows"]
 # On a Hopper GPU SDPA runs cuDNN's backward, whose dq and dk are more accurate than any FlashAttention-2-style
 # kernel's where few keys take a row (causal rows near the start, "outliers" and "constant_rows" draws). Held to
 # cuDNN's elementwise errors alone, PyTorch's own FlashAttention-2 backend failed 6 of these 8 task x distribution
-# draws on the H200 (benchmarks/diag_attention_precision.py, run R: e.g. causal "normal" 181 dq and 463 dk elements
+# draws on the H200 (benchmarks/diag_attention_precision.py: e.g. causal "normal" 181 dq and 463 dk elements
 # outside), so that backend is named here as a second honest reference (sandbox/tolerance.py: a candidate is held
 # to the less accurate of the two, elementwise). On the CPU the alternate is SDPA's CPU flash kernel.
 

@@ -21,7 +21,7 @@ CRUCIBLE_BYTES = "lambda c: 2 * 4 * c['B'] * c['H'] * c['S'] * c['D']"  # bf16: 
 def crucible_references(model):
     """{name: fn(*inputs)}: other honest PyTorch implementations of this op (sandbox/reference.py), as the fwd+bwd
     tasks name: the bound follows the least accurate of PyTorch's own kernels, not the luck of cuDNN's rounding
-    at one element (runs AV, AX: a kernel rounding P to bf16 as FlashAttention does put 1 of 67M elements of o
+    at one element (measured on the H200: a kernel rounding P to bf16 as FlashAttention does put 1 of 67M elements of o
     outside a cuDNN-only bound on an outliers draw in 2 of 11 checks)."""
     def flash(q, k, v):
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -2,7 +2,7 @@
 owning the next counts[e] rows, and y = x_e @ W_e^T for each expert (W [E, F, H], nn.Linear's layout).
 64 experts x 2048 rows, H 4096 -> F 1408 (a DeepSeek/Qwen-sized expert's gate projection), bf16.
 SKEW = 1 gives every expert the same load; SKEW = s > 1 gives expert 0 s times the average load and spreads the
-rest evenly (issue 7: within 15% of the uniform speed at s = 8). With few rows some experts get none.
+rest evenly (the target: within 15% of the uniform speed at s = 8). With few rows some experts get none.
 ANCHORS.md (H200): this loop over experts 592 TFLOP/s, torch._grouped_mm 573, a uniform bmm 669."""
 import torch
 import torch.nn as nn

@@ -128,7 +128,7 @@ def test_default_path_from_environment(tmp_path, monkeypatch):
 @pytest.mark.parametrize("read", ["candidates", "known_sources", "run_usage", "runs", "get", "latest_run"])
 def test_reads_wait_for_the_archive_lock(tmp_path, read):
     # two `crucible batch` lanes share one archive; reads on its one sqlite3 connection while another thread wrote
-    # failed with "InterfaceError: bad parameter or other API misuse" on the H200 (run P): every read takes the lock
+    # failed with "InterfaceError: bad parameter or other API misuse" on the H200: every read takes the lock
     import threading
     a = Archive(tmp_path / "a.db")
     a.add_run(Run("r1", "t.py", "h1", "tuner", "cpu", {}, "2026-01-01T00:00:00"))

@@ -1,4 +1,4 @@
-"""The attention backward's launch schedules and tiles (attention_bwd(schedule=, config=); issue 6;
+"""The attention backward's launch schedules and tiles (attention_bwd(schedule=, config=);
 benchmarks/sweep_attention_bwd.py --schedules times them on the H200). Every schedule runs the same per-tile code in
 another order, so its gradients must be bitwise the default grid's; the gradients start as NaN here, so a tile that
 no program runs fails the comparison. The pairs/persistent tile orders are replayed on the host with the kernel's

@@ -1,4 +1,4 @@
-"""The attention fwd+bwd seed's variants of issue 6 (benchmarks/sweep_attention_bwd.py times them on the H200):
+"""The attention fwd+bwd seed's variants (benchmarks/sweep_attention_bwd.py times them on the H200):
 the `precise` forward warp-specialised (dO through an in-kernel descriptor) and the backward's dQ through fp32
 atomics in the dK/dV kernel (dq_atomic). On the CPU interpreter, which runs the warp-specialised loop as a plain
 loop; whether Triton's Hopper pass takes it, and the shared memory of both, is checked by compiling for sm_90 in a

@@ -1,4 +1,4 @@
-"""The attention forward's issue-6 variants of session 7 (seeds/attention.py; benchmarks/sweep_attention_fwd.py times
+"""The attention forward's Hopper variants (seeds/attention.py; benchmarks/sweep_attention_fwd.py times
 them on the H200): `overlap` (the warp-specialised key loop rotated so that each step issues the next QK^T before
 the previous P V) and `pairs` (a persistent causal schedule of a heavy and a light query block per program), on the
 CPU interpreter at small shapes against the float64 softmax; and, compiled for sm_90 in a child process, that

@@ -294,7 +294,7 @@ def test_forward_on_the_gpu(name, causal, dist):
 
 def lse_bound(q, k, causal, lse_true) -> float:
     """The lse check's bound: 1e-3 (natural log), or 4x the error of PyTorch's own fp32 log-sum-exp of the fp32
-    scores where that is larger. At the "large" draw (scores near 5e4) fp32 alone is 0.008 off (run AZ failed
+    scores where that is larger. At the "large" draw (scores near 5e4) fp32 alone is 0.008 off (a flat bound failed
     the Gluon kernel at 0.009 against a flat 1e-3)."""
     import math
     s = q.shape[2]

@@ -456,7 +456,7 @@ def test_backward_on_the_gpu(name, split, causal, dist):
         flash = grads(q.dtype, [SDPBackend.FLASH_ATTENTION])
         for j, out in enumerate(("dq", "dk", "dv")):
             if not split and out != "dv" and dist in ("outliers", "constant_rows"):
-                continue  # the one-operand dS is the numerics the harness rejects on these draws (run T)
+                continue  # the one-operand dS is the numerics the harness rejects on these draws
             bad = compare(f"{name} {out} {shape}", got[j], ref[j], truth[j], alternates=(flash[j],))
             assert bad is None, bad.describe()
 
@@ -507,7 +507,7 @@ def test_dq_ordered_on_the_gpu(defer, causal, dist):
     """dq_ordered (fp16 working copies in, bf16 gradients out, dS once) against the same call with the dQ kernel:
     dq, dk and dv within the tolerance module of float64 autograd (cuDNN and FlashAttention-2 as PyTorch's own
     errors), dk and dv within 1e-3 rel L2 of the dQ-kernel call's (the same maths with the query blocks in the
-    rotated order, so not bitwise: run BE), and dq bitwise repeatable (the fixed order), with dq_defer and
+    rotated order, so not bitwise), and dq bitwise repeatable (the fixed order), with dq_defer and
     without. Shapes with several heads and key blocks, so that programs wait on each other's tickets; (2, 8, 2048)
     and (1, 4, 8192: 64 key blocks a head) launch more programs than the H200's 132 SMs, so programs of several
     heads are in flight together and later heads start as earlier ones finish. GPU-only."""

@@ -1,4 +1,4 @@
-"""benchmarks/batch_scaling.py: the issue-10 arithmetic (verified candidates per minute per GPU, scaling) and its
+"""benchmarks/batch_scaling.py: the batch-scaling arithmetic (verified candidates per minute per GPU, scaling) and its
 checks for candidates evaluated twice or lost, on small archives written here."""
 import json
 import sqlite3

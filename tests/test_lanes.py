@@ -128,8 +128,8 @@ def test_a_keyboard_interrupt_while_waiting_stops_the_lanes_and_lets_them_finish
     before run_lanes waited in slices, about 1 run in 12 slept through it (the SIGINT landed between the
     interpreter's last signal check and the lock's sem_wait). In a fresh interpreter, so no state of earlier tests
     shares its signal handling, with SIGINT's default handler installed: launched from a background job (`nohup
-    bash .ci/run &`), the child inherited SIGINT ignored and printed "not interrupted" (2 of 2 such full runs in
-    session 10; every earlier "full CI only" failure of this test was likely the same)."""
+    bash .ci/run &`), the child inherited SIGINT ignored and printed "not interrupted" (2 of 2 such full runs on
+    the H200; every earlier "full CI only" failure of this test was likely the same)."""
     proc = subprocess.run([sys.executable, "-c", CTRL_C], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.stdout.strip() == "interrupted True [0, 1]", proc.stdout + proc.stderr
 

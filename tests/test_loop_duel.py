@@ -2,7 +2,7 @@
 
 The evaluator here reports what the harness's timing stage does (30 interleaved rounds of the kernel and eager, with
 a bootstrap interval), for two kernels whose true speeds the test sets, plus a drift the test applies to one check:
-run AP's tuner variant read 10.40x against the seed's 10.04x from drift alone.
+on the H200 a tuner variant read 10.40x against the seed's 10.04x from drift alone.
 """
 import random
 import threading

@@ -1,4 +1,4 @@
-"""The RMSNorm / LayerNorm backward options of issue 5 (seeds/rmsnorm.py, seeds/layernorm.py; timed by
+"""The RMSNorm / LayerNorm backward options (seeds/rmsnorm.py, seeds/layernorm.py; timed by
 benchmarks/sweep_norm_bwd.py): each against float64 on the interpreter, the in-kernel dw/db sum's determinism and
 its counters, and (with Triton's NVIDIA backend) the sm_90 register counts that keep two programs per SM."""
 import json
@@ -157,7 +157,7 @@ def test_prefetch_variants_keep_two_programs_per_sm():
     """65,536 registers an SM over 2 x 256 threads: 128 a thread, the cap (maxnreg) the launchers put on prefetch,
     their GPU default; under it the prefetch kernels without the fused sum spill nothing, and the fused sum emits
     its atomics. The fused-sum options are not held to no spills: Triton 3.6 (the H200's) gives them 170 registers
-    uncapped (run AG), so under the cap they may spill; Triton 3.9 fits them in 128."""
+    uncapped, so under the cap they may spill; Triton 3.9 fits them in 128."""
     out = compiled_in_child(__file__)
     assert len(out) == 8, out
     for name, (regs, spills, atomics) in out.items():

@@ -132,7 +132,7 @@ def test_backward_tasks_count_their_flops_even_when_the_caller_disabled_grad(nam
 
 def test_bytes_are_counted_for_a_reference_that_reads_tensor_values():
     # moe_grouped_gemm: FLOPs by formula, bytes from the outputs; its forward calls counts.tolist(), which a meta
-    # tensor cannot do, so the outputs come from a real run (it crashed `crucible bench` on the H200, session 4)
+    # tensor cannot do, so the outputs come from a real run (it crashed `crucible bench` on the H200)
     task = load_task("tasks/moe_grouped_gemm.py").scaled_for_cpu()
     model, inputs = task.make_reference(0, "cpu"), task.make_inputs(0, "normal")
     r = task_roofline(task.declared_roofline(), model, inputs, CEIL)

@@ -251,7 +251,7 @@ def test_adamw_table_form_by_tensor_count():
         return [[torch.zeros(s) for s in shapes] for _ in range(4)]
 
     auto = dict(table="auto")
-    assert plan_adamw(*state(4)).form == "args"  # the default is "auto" (run O: faster than the table on the H200)
+    assert plan_adamw(*state(4)).form == "args"  # the default is "auto" (faster than the table on the H200)
     assert plan_adamw(*state(ARGS_MAX_TENSORS), inplace=False, **auto).form == "args"
     assert plan_adamw(*state(ARGS_MAX_TENSORS, empty=3), inplace=False, **auto).form == "args"  # empty ones skipped
     assert plan_adamw(*state(ARGS_MAX_TENSORS + 1), **auto).form == "pageable"

@@ -312,7 +312,7 @@ def test_tma_falls_back_where_a_descriptor_cannot_read(monkeypatch):
                F.scaled_dot_product_attention(*(t.double() for t in per), is_causal=True)[0].transpose(0, 1))
 
 
-# The forward's Hopper variants (issue 6; benchmarks/sweep_attention_fwd.py) at interpreter-sized tiles, TMA on as on
+# The forward's Hopper variants (benchmarks/sweep_attention_fwd.py) at interpreter-sized tiles, TMA on as on
 # the H200: (name, attention_fwd keywords).
 FWD_VARIANTS = [
     ("warp_specialize", dict(warp_specialize=True, config=(32, 16, 4, 1))),

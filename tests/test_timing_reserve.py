@@ -1,5 +1,5 @@
 """profiler.timing's allocator reserve: the watched function's outputs are held for the later fingerprint re-check,
-so without a reserve every timed call allocated its outputs with a cudaMalloc inside its host time (issue 5: the
+so without a reserve every timed call allocated its outputs with a cudaMalloc inside its host time (the
 AdamW seed host-bound in `crucible bench`). The sizing is arithmetic (CPU); the effect needs a GPU:
     CRUCIBLE_TEST_DEVICE=cuda python3 -m pytest -q tests/test_timing_reserve.py
 """

@@ -110,7 +110,7 @@ def test_chunked_comparison_reports_what_one_pass_would(monkeypatch):
 
 def test_an_alternate_honest_implementation_widens_the_bound_where_it_errs_too():
     # cuDNN's attention backward is exact where FlashAttention-2's (and any FA-style kernel's) is a few ulps off:
-    # with FA2 named as an alternate, a candidate as good as FA2 passes; without, it fails (run R)
+    # with FA2 named as an alternate, a candidate as good as FA2 passes; without, it fails (as on the H200)
     torch.manual_seed(0)
     truth = torch.randn(4096, dtype=torch.float64)
     ref = truth.to(torch.bfloat16)  # the accurate reference: error <= half an ulp everywhere

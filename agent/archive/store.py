@@ -73,7 +73,7 @@ class Archive:
 
     def _one(self, sql: str, params: tuple | list = ()) -> sqlite3.Row | None:
         """One row of a read. Reads take the lock too: one sqlite3 connection used by two threads at once fails
-        ("bad parameter or other API misuse": two batch lanes, run P)."""
+        ("bad parameter or other API misuse": two batch lanes on the H200)."""
         with self._lock:
             return self._db.execute(sql, params).fetchone()
 

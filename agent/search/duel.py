@@ -1,7 +1,7 @@
 """Crowning a new best on a GPU: the challenger and the incumbent re-timed back to back before the title changes.
 
 Each candidate is timed against eager in its own check, minutes apart from the others; two such numbers differ by
-the drift between them as well as by the kernels (BENCHMARKS.md, run AP: a launch option the default path never runs
+the drift between them as well as by the kernels (BENCHMARKS.md, measured on the H200: a launch option the default path never runs
 read 10.40x [10.32, 10.60] against the seed's 10.04x [9.90, 10.13], and 10.07x at the final re-check). So a timed
 candidate that ranks above the best is a challenger, not a winner:
 
