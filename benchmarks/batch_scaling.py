@@ -1,4 +1,4 @@
-"""Batch throughput on one GPU against several (issue 10), from the archives and `--json-out` summaries of two
+"""Batch throughput on one GPU against several, from the archives and `--json-out` summaries of two
 `crucible batch` runs over the same task folder: verified candidates per minute per GPU, the scaling factor, and
 whether any candidate was evaluated twice (the same source twice in one run) or lost (a proposal with no
 evaluated candidate in the archive).

@@ -5,8 +5,8 @@ decides the task's own shape (22.5M params in 4 tensors, new outputs every call)
 do_bench 0.317 ms against torch.compile's 0.300, and under `crucible bench` 0.570 against 0.175 (0.33x), because the
 per-call table is copied to the device from pageable memory, and CUDA makes such a copy wait for the stream's earlier
 work (crucible's 0.5 ms of flush passes), after which the device waits for the host's launch. Variants (adamw_step
-keywords): table="auto" (the default since run O: "args" for <= 8 tensors, every tensor's pointers and size as
-launch arguments, no table, no host-to-device copy), the table from pageable memory (the default until run O), the
+keywords): table="auto" (the default: "args" for <= 8 tensors, every tensor's pointers and size as
+launch arguments, no table, no host-to-device copy), the table from pageable memory (the former default), the
 table from pinned memory (the copy is queued), per-tensor launches on the lean host path (no table either), the
 first host path (host="loops") and a plan built once (no per-call host work: the floor).
 

@@ -13,11 +13,11 @@ Each part is guarded, so a failing variant (compile error, out of shared memory)
     python3 benchmarks/bench_attention.py [--quick] [--smoke]
     python3 benchmarks/bench_attention.py --hopper [--smoke]
 --smoke runs on the CPU interpreter at tiny shapes with a wall-clock timer: it checks this script, not speed.
---quick was run on the H200 (docs/BENCHMARKS.md run E).
+--quick was run on the H200 (docs/BENCHMARKS.md).
 
---hopper (issue 6, the Hopper variants; <= 150 s): only the training-attention rows, B4 H32 S4096 D128 bf16, causal
+--hopper (the Hopper variants; <= 150 s): only the training-attention rows, B4 H32 S4096 D128 bf16, causal
 and not. Every variant is checked against a float64 truth on two heads of the last batch (the largest row
-offsets) before it is timed, and a wrong one is marked WRONG. Forward: the run-E pointer path, TMA descriptors at
+offsets) before it is timed, and a wrong one is marked WRONG. Forward: the pointer path, TMA descriptors at
 128 x 64 / 128 x 128 tiles and 2-4 stages, warp specialisation, and (causal) the forward launch order; fwd+bwd:
 pointer vs TMA backward around the current tiles. SDPA's flash and cuDNN backends in the same run. One odd shape
 (S 1000, GQA 8/2) checks the TMA default's masked tails. A time guard per section skips what does not fit (one
@@ -292,7 +292,7 @@ def bench_decode(b, hkv, group, n, paged):
                   lambda i, s=splits, c=cfg: DEC.decode_attention(*sets[i], num_splits=s, config=c), nbytes=nbytes)
 
 
-# ---- --hopper: the TMA / warp-specialisation variants (issue 6) -----------------------------------------------
+# ---- --hopper: the TMA / warp-specialisation variants -----------------------------------------------------
 # (row name, attention_fwd keywords, causal rows only). "default" is whatever fwd_config / tma=None pick.
 HOPPER_FWD = [
     ("ptr 128x64 w8 s3 (run E path)", dict(config=(128, 64, 8, 3), tma=False, reverse=False), False),

@@ -1,4 +1,4 @@
-"""Host time of a candidate's calls in a plain process against the harness's confined child (issue 5: the AdamW seed
+"""Host time of a candidate's calls in a plain process against the harness's confined child (the AdamW seed
 read 0.774 ms of host time a call in `crucible bench` against 0.214 in a plain loop, and so was host-bound).
 
 Three functions, each called back to back on rotating input sets: the AdamW seed as the harness calls it

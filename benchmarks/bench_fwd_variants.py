@@ -1,4 +1,4 @@
-"""Why Liger's RMSNorm and softmax forwards lead the seeds by ~5% (crucible bench, run D): the same one-row-per-program
+"""Why Liger's RMSNorm and softmax forwards lead the seeds by ~5% (crucible bench): the same one-row-per-program
 kernel with each memory hint switched on and off, against the seeds' launchers and Liger, in one GPU call.
 
     python3 benchmarks/bench_fwd_variants.py            # H200: ~60 s; prints a table last, JSON to $OUT if set

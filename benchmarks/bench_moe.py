@@ -64,7 +64,7 @@ TMA, WS, FLAT = {"impl": "tma"}, {"impl": "tma", "warp_specialize": True}, {"imp
 PTR = {"impl": "ptr"}
 PRE = {"impl": "tma", "pregather": True}  # the layer's x rows copied into sorted order: the up GEMM's A by TMA
 FWD = [
-    ("ptr 128x256x64 w8 s3", (128, 256, 64, 8, 3, 8), PTR),  # the measured default of run E (513 TFLOP/s)
+    ("ptr 128x256x64 w8 s3", (128, 256, 64, 8, 3, 8), PTR),  # the former measured default (513 TFLOP/s)
     ("tma 128x256x64 w8 s3", (128, 256, 64, 8, 3, 8), TMA),
     ("tma 128x256x64 w8 s4", (128, 256, 64, 8, 4, 8), TMA),
     ("tma 256x128x64 w8 s3", (256, 128, 64, 8, 3, 8), TMA),  # 1408 = 11 x 128: no half-empty n-tile
@@ -85,7 +85,7 @@ DW = [
     ("tma 128x256 r64 w8 s3", (128, 256, 64, 8, 3), "tma"),
     ("tma 128x128 r64 w8 s4", (128, 128, 64, 8, 4), "tma"),
 ]
-# Layer: (name, gate/up config, down config, impl options); one BLOCK_M for both. Since run AC the layer's GPU
+# Layer: (name, gate/up config, down config, impl options); one BLOCK_M for both. The layer's GPU
 # default is pregather + warp specialisation (seeds/moe_layer.py); the rows before it say so explicitly.
 PLAIN = {"pregather": False, "warp_specialize": False}
 LAYER = [
@@ -95,11 +95,11 @@ LAYER = [
     ("tma+ws up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8), {**WS, "pregather": False}),
     ("default (pregather + ws since run AC)", None, None, {}),
 ]
-# --layers: the layer sections alone, wider (issue 7's layer targets, ANCHORS.md: Mixtral-like >= 640 TFLOP/s,
+# --layers: the layer sections alone, wider (the layer targets, ANCHORS.md: Mixtral-like >= 640 TFLOP/s,
 # DeepSeek-like >= 530): the up GEMM's A rows by TMA after one gather (pregather), TMA stores, warp specialisation.
 LAYER_SWEEP = LAYER[1:2] + LAYER[-1:] + [
-    # run AB: flattening (-6 to -8%), 256-row blocks, GROUP_M 4/16 and both 128x128 at 4 stages all lost here;
-    # run AC: pregather with ws the best of both layers (now the default), pregather flattened -10 to -25%
+    # on the H200: flattening (-6 to -8%), 256-row blocks, GROUP_M 4/16 and both 128x128 at 4 stages all lost here;
+    # and pregather with ws the best of both layers (now the default), pregather flattened -10 to -25%
     ("pregather up 128x128 down 128x256 s3", (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 8),
      {**PRE, "warp_specialize": False}),
     ("pregather ws up 128x128 s4 down 128x256 s3", (128, 128, 64, 8, 4, 8), (128, 256, 64, 8, 3, 8),

@@ -1,5 +1,5 @@
-"""Why the causal attention forward loses more than cuDNN under sustained load (run AI: `crucible bench` read the
-pairs schedule at 470 TFLOP/s, 0.918x cuDNN, where do_bench in run AH read 525.5, 0.994x): each implementation timed
+"""Why the causal attention forward loses more than cuDNN under sustained load (`crucible bench` read the
+pairs schedule at 470 TFLOP/s, 0.918x cuDNN, where do_bench read 525.5, 0.994x): each implementation timed
 one call at a time (do_bench, an L2 flush before each call) and sustained (100 ms of calls, then bursts of 10 back
 to back, as `crucible bench` times compute-bound tasks), with the SM clock and board power sampled by nvidia-smi
 during each sustained stretch. A diagnostic: the outputs are checked once against SDPA (relative L2 < 1e-2), the

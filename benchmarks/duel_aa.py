@@ -1,6 +1,6 @@
 """An A/A duel on the GPU: a seed re-timed against a copy of itself (another file, the same kernel) in the loop's
 ABAB order must come out "no significant difference" (agent/search/duel.py); a duel that crowned a copy would be the flaw
-it exists to fix (BENCHMARKS.md, run AP).
+it exists to fix (BENCHMARKS.md).
 
     python3 benchmarks/duel_aa.py tasks/rmsnorm_fwd.py seeds/rmsnorm.py   (repo root, on a GPU; about a minute)
 

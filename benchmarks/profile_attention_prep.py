@@ -3,7 +3,7 @@ input_amax, the host sync, fp16_copies; one launch over the four tensors, and sp
 D128 bf16: the kernels' own CUDA times under torch.profiler, next to the wall time of the whole preparation (CUDA
 events, 20 calls after a warm-up). --variants instead: what one tensor's copy to fp16 and its largest magnitude
 reach (GB/s, do_bench) as torch's own copy (`.to`, which the harness allows) and as the module's split kernels
-at several block sizes and warp counts (runs BC and BD saw about 1.5-2 TB/s). --timeline: the fwd+bwd seed's
+at several block sizes and warp counts (measured on the H200: about 1.5-2 TB/s). --timeline: the fwd+bwd seed's
 whole call (seeds/attention_bwd.py ModelNew, both modes), each GPU kernel of the last of 4 back-to-back calls
 with its duration and the idle gap before it (torch.profiler), so the host sync's and the launches' cost shows.
     python3 benchmarks/profile_attention_prep.py [--variants | --timeline]   # the H200 (torch 2.11, triton 3.6)"""

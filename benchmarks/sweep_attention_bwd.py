@@ -1,21 +1,21 @@
-"""H200 sweep of the attention fwd+bwd seed's variants (issue 6), B4 H32 S4096 D128 bf16, non-causal and causal, in
+"""H200 sweep of the attention fwd+bwd seed's variants, B4 H32 S4096 D128 bf16, non-causal and causal, in
 ONE call, against SDPA's cuDNN (the baseline) and FlashAttention-2 backends timed in the same run.
 
 Variants (seeds/attention.py keywords; the seed's default first, all with the `precise` numerics unless named):
 - default: precise forward 128 x 64 x 8 warps x 3 stages (three products), backward 64/128 dK/dV, 128/64 dQ tiles,
-  8 warps, 3 stages, dS split in both products (run U: 12.6 ms / 6.7 ms);
+  8 warps, 3 stages, dS split in both products (measured: 12.6 ms / 6.7 ms);
 - control, not precise (non-causal only, to save its compiles): the faster numerics the harness rejects on these
-  draws (run T); it must read WRONG here, which shows that the check below has teeth;
+  draws; it must read WRONG here, which shows that the check below has teeth;
 - fwd ws: the precise forward warp-specialised (attention_fwd_with_delta(warp_specialize=True)): dO now comes
   through an in-kernel descriptor like Q, so the three-product loop runs as a TMA producer warp group and two
   consumer warp groups of 64 rows at 128 x 128 x 4 warps x 2 stages (213 KB of shared memory; the plain forward
-  went 492 -> 536 TFLOP/s this way in run V); not persistent, which needs 279 KB with the dO tile (sm_90 compile);
+  went 492 -> 536 TFLOP/s this way on the H200); not persistent, which needs 279 KB with the dO tile (sm_90 compile);
 - bwd dq_atomic: dQ computed in the dK/dV kernel (FlashAttention-2's layout) and added with fp32 atomics
   (red.global.add.v4.f32), so the dQ kernel and its recompute of S = QK^T and dP = dO V^T (2 of the backward's 7
   products with the split) are not launched;
 - bwd dS fp16: split_ds="fp16", dS rounded to fp16 (11 significant bits, against bf16's 8 unsplit and ~16 split)
   in ONE product per gradient, the other operand (Q or K, bf16) converted to fp16 in the kernel: the split's extra
-  product (~0.9 ms each, run U) gone, if 3 more bits satisfy the bound (the check says; one draw per mode only);
+  product (~0.9 ms each, measured) gone, if 3 more bits satisfy the bound (the check says; one draw per mode only);
 - the combinations: dS fp16 with dq_atomic, and each with the ws forward.
 Not a variant: tl.range(warp_specialize=True) in the backward's loops. Triton's Hopper pass asserts on both kernels
 as they stand (TaskIdPropagation, checked by compiling for sm_90 on the CPU, triton 3.9): it needs one loop without
@@ -28,7 +28,7 @@ schedule and tiles (attention_bwd's schedule= and config=) under the seed's own 
   query blocks see every key) start first instead of ending the launch (dK/dV's heaviest already come first);
 - bwd pairs (causal): both kernels persistent (one program per SM) over pairs of a heavy and a light block of one
   head (key blocks j and NUM_BLK - 1 - j in dK/dV, query blocks in dQ; the same work a pair), numbered head by
-  head, as the forward's pairs (run AH: causal forward 450 -> 525.5 TFLOP/s);
+  head, as the forward's pairs (causal forward 450 -> 525.5 TFLOP/s);
 - bwd persistent: one program per SM looping over the (block, head) tiles head by head (causal: heavy first);
   sm_90 compiles (triton 3.9 here) show 284-340 bytes of spills in the dK/dV kernel that the grid's has not;
 - bwd 4 stages: 4 stages of the Q/dO (dK/dV) and K/V (dQ) tiles instead of 3 (199 / 198 KB of shared memory);
@@ -90,7 +90,7 @@ from seeds import attention as A  # noqa: E402
 
 SETS = 3
 NAMES = ("o", "dq", "dk", "dv")
-# mode -> (task file, the distributions of the check's draws: cells the non-precise numerics fail, run T: non-causal
+# mode -> (task file, the distributions of the check's draws: cells the non-precise numerics fail (H200): non-causal
 # outliers dq 138 / dk 5 and constant rows dq 2048, causal normal dq 30 / dk 21 and constant rows dq 896)
 MODES = {False: ("attention_fwd_bwd", ("outliers", "constant_rows")),
          True: ("attention_fwd_bwd_causal", ("normal", "constant_rows"))}

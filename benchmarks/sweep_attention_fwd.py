@@ -1,25 +1,25 @@
-"""H200 sweep of the attention forward seed's Hopper variants (issue 6), B4 H32 S4096 D128 bf16, causal and not,
+"""H200 sweep of the attention forward seed's Hopper variants, B4 H32 S4096 D128 bf16, causal and not,
 in ONE call, against SDPA's cuDNN and FlashAttention-2 backends timed in the same run.
 
 Rows (seeds/attention.py, attention_fwd keywords), the seed's launch first (what ModelNew runs on sm_90 at D = 128:
-warp-specialised 128 x 128 x 4 warps x 2 stages, persistent when not causal; run V 560.8 / 467.6 TFLOP/s), then:
-- the two-loop TMA kernel (128 x 128, 8 warps, 3 stages: attention_fwd's own default; run V 492.4 / 439.7), and the
+warp-specialised 128 x 128 x 4 warps x 2 stages, persistent when not causal; measured 560.8 / 467.6 TFLOP/s), then:
+- the two-loop TMA kernel (128 x 128, 8 warps, 3 stages: attention_fwd's own default; measured 492.4 / 439.7), and the
   warp-specialised kernel in the other launch form (not persistent / persistent): the controls;
-- overlap (session 7): the warp-specialised key loop rotated so that each step issues the next block's QK^T before
+- overlap: the warp-specialised key loop rotated so that each step issues the next block's QK^T before
   the previous block's P V, FlashAttention-3's intra-warp-group overlap (the softmax of block j may run while the
   tensor cores do P_{j-1} V_{j-1}), at one block's products more a query block. Compiled here for sm_90 with triton
   3.9 the consumers' wgmma are all waited at once (wait_group 0), so the overlap may need Triton 3.6 to keep one in
   flight: the H200 decides; non-causal persistent and causal;
-- pairs (session 7, causal): a persistent grid whose programs run whole pairs of a head's query blocks 31 - j and
+- pairs (causal): a persistent grid whose programs run whole pairs of a head's query blocks 31 - j and
   j (33 key blocks a pair, equal work), heads in order so that the ~132 programs running at once share ~8 heads'
-  K/V in L2. Run V's persistent causal order (longest first across all 128 heads: 132 heads' K/V live at once,
+  K/V in L2. The persistent causal order (longest first across all 128 heads: 132 heads' K/V live at once,
   more than L2) read 407.3 against 467.6 without persistence; pairs tests whether a balanced head-major persistent
   grid wins the non-causal persistent gain (+4.7%) for causal too: warp-specialised, with overlap, and on the
   two-loop kernel (whose unmasked main loop the warp-specialised path cannot have) at 128 x 64 x 8 warps x 3
   stages: persistent at 128 x 128 x 8 warps it spills (264-288 bytes of stack at 2 or 3 stages, compiled for sm_90;
-  run V's persistent two-loop rows were those), at 128 x 64 it does not (255 registers, 132 KB).
+  the measured persistent two-loop rows were those), at 128 x 64 it does not (255 registers, 132 KB).
 Not rows: BLOCK_M 256 warp-specialised (two 128-row consumer warp groups, FA3's tile) spills under the pass's 232
-registers at BLOCK_N 128 (480 bytes of stack, compiled for sm_90) and computed inf at BLOCK_N 64 (run V); 3 stages
+registers at BLOCK_N 128 (480 bytes of stack, compiled for sm_90) and computed inf at BLOCK_N 64 (on the H200); 3 stages
 at 128 x 128 need 246 KB; the diagonal blocks split from an unmasked warp-specialised loop (products outside the
 loop, before or after it) and the rotated loop with a bf16 P carried across steps abort Triton's Hopper pass.
 

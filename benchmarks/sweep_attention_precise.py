@@ -1,9 +1,9 @@
-"""The attention fwd+bwd seed's `precise` numerics, piece by piece (issue 6): which of its parts the harness's bound
+"""The attention fwd+bwd seed's `precise` numerics, piece by piece: which of its parts the harness's bound
 needs on the H200, and what each part and each tile configuration costs.
 
-1. Acceptance: the failing cells of run R/S (non-causal outliers and constant rows, causal normal, outliers and
-   constant rows), one draw each, against the harness's Reference with its alternate references, for
-   delta from dP with dS split in both products, in dQ's only, in dK's only, and in neither.
+1. Acceptance: the failing cells of the precision diagnostic (non-causal outliers and constant rows, causal
+   normal, outliers and constant rows), one draw each, against the harness's Reference with its alternate
+   references, for delta from dP with dS split in both products, in dQ's only, in dK's only, and in neither.
 2. Cost: fwd+bwd at B4 H32 S4096 D128 bf16, non-causal and causal, for the default, the same four, and tile
    configurations of the precise forward and backward; SDPA cuDNN and FA2 in the same run.
 

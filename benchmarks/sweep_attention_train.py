@@ -78,7 +78,7 @@ def candidates(causal: bool) -> dict:
 
 def parts(causal: bool) -> dict:
     """The fp16 delta-o path's parts alone (no check: their outputs are the path's), on the first set: the
-    fused preparation (and session 9's two kernels), the forward with do's copy in its epilogue and o as bf16."""
+    fused preparation (and the earlier two kernels), the forward with do's copy in its epilogue and o as bf16."""
     def prep(q, k, v, do, causal):
         return T.fused_copies(q, k, v, do)
 

@@ -1,7 +1,7 @@
 """H200 sweep of the cross-entropy seed (forward + backward, 8192 x 128256 bf16) toward the 1.3 ms target: the
 persistent default against its sub-tile, split-row and store-cache options, next to eager, torch.compile and Liger.
 
-Why the default stops at 1.49 ms is not settled (docs/bench-ce.md, run M). On L2-resident logits it runs at the
+Why the default stops at 1.49 ms is not settled (docs/bench-ce.md). On L2-resident logits it runs at the
 copy floor (0.978 ms), so either the second read of a row misses L2 (132 live rows of 250 KB, plus the gradient's
 writes streaming through), or pass 1 is latency-bound: with fewer programs than SMs the per-SM rate barely rises
 (P = 66: 2.40 ms, P = 100 staged: 1.92, P = 132 staged: 1.54), as if a program moved one 16 KB tile per memory
@@ -15,11 +15,11 @@ latency (each program has one tile in flight, loaded while the previous one is r
     (112 / 123 registers at 8192 x 16 warps, 64 at 8192 x 32);
   - store_cache=".cs" / ".cg": the gradient's stores streaming / L2-only instead of the evict_first hint (PTX takes
     one or the other), so the 2.1 GB of writes push fewer re-read logits out of L2;
-  - two programs per SM at 4096 columns / 8 warps (97 registers), and run M's best staged variant, for reference.
+  - two programs per SM at 4096 columns / 8 warps (97 registers), and the best staged variant measured, for reference.
 Diagnostics (no check, not results): the default, sub=2 and split=2 on L2-resident logits (every row the same:
 both reads hit L2, so what is left is the kernel's own cost), and copy_ of the logits (the floor).
 
-TAIL (--tail, session 7): the default is 1.332 ms (run AF) against 0.996 on L2-resident logits and 0.983 for a
+TAIL (--tail): the default is 1.332 ms (measured on the H200) against 0.996 on L2-resident logits and 0.983 for a
 copy: what is left is pass 2's second read of each row (tiles 0 .. n-2; tile n-1 stays in registers) missing
 the caches. The variants ask where that read can come from:
   - tail_drop: the last tile, which pass 2 takes from registers, is loaded evict_first, not evict_last (1/8
@@ -75,9 +75,9 @@ T0 = time.time()
 def variants(sms: int, smoke: bool, near_default: bool = False, resident: bool = False,
              tail: bool = False) -> list[tuple[str, dict]]:
     """(name, cross_entropy_fwd_bwd keywords), most telling first (the time guard drops the tail). --smoke keeps
-    the knobs at interpreter-sized blocks. near_default: the neighbours of sub = 2 (run W's winner, the default
-    since) instead of run W's list. resident: the resident form (each row read once from HBM, its shares held in
-    registers by `split` programs; registers of data a thread: row / split / threads / 2, twice that with the
+    the knobs at interpreter-sized blocks. near_default: the neighbours of sub = 2 (the measured winner, now the
+    default) instead of the main list. resident: the resident form (each row read once from HBM, its shares held
+    in registers by `split` programs; registers of data a thread: row / split / threads / 2, twice that with the
     prefetch), against the default. tail: where pass 2's second read of a row comes from (TAIL below)."""
     def pers(b, w, p=sms, **kw):
         name = f"persistent P={p} BLOCK={b} w={w}" + "".join(f" {k}={v!r}" for k, v in kw.items())
@@ -175,7 +175,7 @@ def main() -> int:
         liger = task.module.crucible_liger(model)
         le, de, ok = ref.errors(*liger(x.clone(), t), 0.0, "mean")
         # Liger writes the gradient over its logits: timed on copies, or every row after it reads its gradients
-        # (run V's first try: every variant WRONG against the untouched truth)
+        # (timed on the logits themselves: every variant WRONG against the untouched truth)
         own = [[s[0].clone(), *s[1:]] for s in sets]
         add(f"liger {liger_version()} (grad over its input)", "baseline",
             rotating_median_ms(lambda i: liger(*own[i]), SETS, smoke), le, de, ok)

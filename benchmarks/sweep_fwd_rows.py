@@ -1,4 +1,4 @@
-"""Issue 5's three forwards just short of ANCHORS.md on the H200 (RMSNorm and LayerNorm 16384x4096, RoPE B4 T4096
+"""The three forwards just short of ANCHORS.md on the H200 (RMSNorm and LayerNorm 16384x4096, RoPE B4 T4096
 Hq32 Hk8 D128, bf16): each seed's default and its launch variants against the tasks' Models (eager, torch.compile,
 Liger when importable) and two copies of the same bytes (the ceiling), in one run.
 

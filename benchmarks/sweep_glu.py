@@ -1,4 +1,4 @@
-"""H200 sweep of the SwiGLU forward (16384 x 14336 bf16): `crucible bench` (run AF) found the seed 0.7% behind
+"""H200 sweep of the SwiGLU forward (16384 x 14336 bf16): `crucible bench` found the seed 0.7% behind
 torch.compile (0.329 against 0.3267 ms, both at the copy ceiling), so the variants trim per-element instructions:
     lean        32-bit offsets (the tensor is under 2**31 elements) and no masks (the blocks divide it)
     block/warps the block of each program and its warps (the default: 2048 elements at 4 warps)

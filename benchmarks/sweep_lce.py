@@ -2,7 +2,7 @@
 for the default and each option, with dx_in_dweight off and on, then the three products the vocab form runs, alone,
 per GEMM engine, against torch.matmul (cuBLAS) at the same shapes; one table last.
 
-Shape: BT 8192, H 4096, V 128256 bf16 (issue 5: <= 45 ms at <= 1.1 GiB extra). benchmarks/bench_lce.py does the
+Shape: BT 8192, H 4096, V 128256 bf16 (target: <= 45 ms at <= 1.1 GiB extra). benchmarks/bench_lce.py does the
 work: the float64 truth on input set 0, the check (a variant worse than max(1e-2, 4 x eager's relative L2) is WRONG,
 not compared), the extra memory (peak allocated during one call minus what was allocated before it), rotating
 medians over 3 input sets, the baselines (eager, Liger if importable, torch.compile last and only while 30 s of the
@@ -67,7 +67,7 @@ def variants(smoke: bool) -> list[tuple[str, dict]]:
 
 def rest(smoke: bool) -> list[tuple[str, dict]]:
     """--rest: ModelNew's GPU default (epilogue subtiles, dx_in_dweight + dx_split, 3-stage 128x256x64 logits/dW
-    tiles) and the options run AD's budget cut, each on top of it."""
+    tiles) and the options a time budget cut from the main sweep, each on top of it."""
     s4 = None if smoke else (128, 256, 64, 8, 4)
     base = {} if smoke else dict(GPU_DEFAULT)
     return [("GPU default (ModelNew)", base),

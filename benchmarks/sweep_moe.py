@@ -1,4 +1,4 @@
-"""H200 sweep of the grouped GEMM forward (seeds/moe.py, issue 7) on the ANCHORS shape, in one call of <= 90 s.
+"""H200 sweep of the grouped GEMM forward (seeds/moe.py) on the ANCHORS shape, in one call of <= 90 s.
 
 64 experts x 2048 rows, H 4096 -> F 1408, bf16 (tasks/moe_grouped_gemm.py), under two loads: uniform, and expert 0
 at 8x the average load (the rest spread evenly; SKEW = 8). Rows: the per-expert loop of matmuls (the task's
@@ -8,7 +8,7 @@ an fp32 product (TF32 off) of input set 0 (relative L2 and the worst row's relat
 error); a wrong row prints WRONG and is not timed. Then triton.testing.do_bench medians over 3 rotating input sets
 (benchmarks/_bench.py). Each variant runs both loads back to back (one compile); past --budget seconds (72) no new
 variant starts. Prints one table last: ms, TFLOP/s, speedup vs torch._grouped_mm and vs the best baseline, and for
-the skewed load the ratio to the same row's uniform speed (issue 7: within 15%).
+the skewed load the ratio to the same row's uniform speed (the target: within 15%).
 
 Why each variant might win (smem figures from compiling for sm_90 with Triton 3.9; 227 KiB is the limit):
   G4 / G16        GROUP_M 4 or 16: the m-blocks that sweep an expert's 11 n-tiles together (8 blocks = one
@@ -18,7 +18,7 @@ Why each variant might win (smem figures from compiling for sm_90 with Triton 3.
   split2 s4 G16 / nonflat / tiles   the same with GROUP_M 16, without flattening, or one program per tile
                   (no persistence: the hardware scheduler balances the skewed load)
   s4 nonflat      without flattening the epilogue's scratch reuses the dead stage buffers (197 KiB at s4, no split
-                  needed), but the next tile's first loads no longer overlap this tile's epilogue (run M: 642 vs 649)
+                  needed), but the next tile's first loads no longer overlap this tile's epilogue (measured: 642 vs 649)
   split2 s3 tmastore   full blocks of C stored by TMA (213 KiB; without the split 279 KiB, does not launch)
   BK128 s2 split2 half the k-steps (and barrier waits) per tile, 2 stages of 96 KiB (229 KiB)
   ws s4           tl.range(warp_specialize=True): a producer warp for the TMA loads, where Triton 3.6 applies it

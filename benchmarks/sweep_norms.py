@@ -1,4 +1,4 @@
-"""Issue 5's two memory-bound misses on the H200: the softmax backward (16384x8192 bf16) and the fused residual add +
+"""The two memory-bound misses on the H200: the softmax backward (16384x8192 bf16) and the fused residual add +
 RMSNorm forward (16384x4096 bf16), each seed's default and its `RowVariant`s (seeds/softmax_bwd.py) against eager
 PyTorch, torch.compile and Liger (when importable), in one run.
 

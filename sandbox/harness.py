@@ -226,7 +226,7 @@ class Harness:
             first = self._stage(run, Stage.SMOKE, stage_runners.smoke, reference)
             self._stage(run, Stage.CORRECTNESS, stage_runners.correctness, reference, first)
             self._stage(run, Stage.ROBUSTNESS, stage_runners.robustness, reference, first)
-            first = None  # its float64 truth would pin cached device blocks the timing child needs (measured on the H200)
+            first = None  # its float64 truth would pin cached device blocks the timing child needs (seen on the H200)
             if self.device == "cuda" and options.timing:
                 with self._gpu(run, exclusive=True):
                     timing = self._stage(run, Stage.TIMING, stage_runners.timing, reference)

@@ -90,7 +90,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     with torch.no_grad():
         roof = task_roofline(task.declared_roofline(), reference.model, base[0], get_ceilings(opts.gpu))
     if torch.device(run.device).type == "cuda":  # run.device is "cuda:N": what the parent ran stays cached
-        torch.cuda.empty_cache()  # else held while the child times (measured on the H200: 102 GiB held, the child out of memory)
+        torch.cuda.empty_cache()  # else held while the child times (H200: 102 GiB held, the child out of memory)
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
            "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,
            "sample_every": max(1, REPS // 4, math.ceil(REPS * out_bytes / SAMPLE_BYTES))}

@@ -1,7 +1,7 @@
 """The harness's parent gives its cached device memory back before the child times, and sizes the candidate's
 outputs from the reference alone. On the H200 the float64 truth it computed to size them (102 GiB for causal attention
 fwd+bwd) stayed in its allocator's cache and the child, timing on the same GPU, ran out of memory. The first fix
-compared run.device with "cuda" while it is "cuda:N", so it never ran (a later bench ran out of memory the same way: only
+compared run.device with "cuda" while it is "cuda:N", so it never ran (a later bench ran out of memory again: only
 a first bench on a machine, which measures the device ceilings, emptied the cache by accident)."""
 import random
 import types

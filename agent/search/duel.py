@@ -1,8 +1,8 @@
 """Crowning a new best on a GPU: the challenger and the incumbent re-timed back to back before the title changes.
 
 Each candidate is timed against eager in its own check, minutes apart from the others; two such numbers differ by
-the drift between them as well as by the kernels (BENCHMARKS.md, measured on the H200: a launch option the default path never runs
-read 10.40x [10.32, 10.60] against the seed's 10.04x [9.90, 10.13], and 10.07x at the final re-check). So a timed
+the drift between them as well as by the kernels (BENCHMARKS.md, on the H200: a launch option the default path never
+runs read 10.40x [10.32, 10.60] against the seed's 10.04x [9.90, 10.13], and 10.07x at the final re-check). So a timed
 candidate that ranks above the best is a challenger, not a winner:
 
 - it is re-timed only when its lower bound clears the incumbent's point estimate (`contest`): a rank won inside the

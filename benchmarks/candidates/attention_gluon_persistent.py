@@ -1,5 +1,5 @@
-"""The non-causal attention forward with the Gluon kernel's two consumers, no GEMM token, persistent (run AW's
-diagnostic, do_bench: 1.7568 ms against the default's 1.8732 in that run) as a candidate file for `crucible bench`.
+"""The non-causal attention forward with the Gluon kernel's two consumers, no GEMM token, persistent (a
+diagnostic, do_bench: 1.7568 ms against the default's 1.8732 in the same run) as a candidate file for `crucible bench`.
 Elsewhere it is seeds/attention.py's ModelNew."""
 import torch
 

@@ -1,5 +1,5 @@
 """The attention forward with the Gluon kernel's ping-pong variant at 3 stages (seeds/attention_gluon.py: two
-64-row consumer warp groups taking turns at the tensor cores through the GEMM token; run AU, do_bench: 632.9 TFLOP/s
+64-row consumer warp groups taking turns at the tensor cores through the GEMM token; do_bench: 632.9 TFLOP/s
 against the default's 647.7 without the token) as a candidate file, so `crucible bench`'s sustained timing judges
 the two side by side. Elsewhere it is seeds/attention.py's ModelNew."""
 import torch

@@ -1,7 +1,7 @@
 """The fwd+bwd tasks' seed (seeds/attention_bwd.py) with the Gluon backward's causal programs ordered heaviest first
 across groups of 4 heads (group_heads=4, seeds/attention_gluon_bwd.py _group_order: a simulation of the B4 H32
 S4096 causal grids put head-major order 3.3% above the ideal makespan, grouped 0.2-0.3%), for `crucible bench` on
-the causal task without pdl (the seed has both since run BK; the sweep's rows "bwd grouped by 4 / 8")."""
+the causal task without pdl (the seed has both; the sweep's rows "bwd grouped by 4 / 8")."""
 from seeds.attention_bwd import ModelNew as _Seed
 
 

@@ -1,4 +1,4 @@
-"""The paged decode seed with one split per (sequence, kv head) (seeds/decode.py, num_splits=1: run AS's best at
+"""The paged decode seed with one split per (sequence, kv head) (seeds/decode.py, num_splits=1: the measured best at
 batch 64) as a candidate file for `crucible bench`."""
 import torch
 import torch.nn as nn
