@@ -1,4 +1,4 @@
-"""Is the Gluon attention forward (seeds/attention_gluon.py) deterministic? Run AV: `crucible bench` rejected its
+"""Is the Gluon attention forward (seeds/attention_gluon.py) deterministic? On the H200 `crucible bench` rejected its
 ping-pong 3-stage variant on the "outliers" draw (1 of 67M elements of o outside the bound) while the
 two-consumer variant without the token passed. Every 128 x 128 variant computes each row with the same operations
 in the same order (the consumers, the stages, the token and persistence only change who runs what when), so their

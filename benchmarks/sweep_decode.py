@@ -1,5 +1,5 @@
 """H200 sweep of the decode attention seeds (seeds/decode.py) at the ANCHORS shape: batch 64, one query, an 8k-token
-KV cache, GQA 32/8, D128, bf16. Run E (do_bench) read the dense seed at 0.501 ms against SDPA enable_gqa's 0.481;
+KV cache, GQA 32/8, D128, bf16. do_bench read the dense seed at 0.501 ms against SDPA enable_gqa's 0.481;
 its split count and tiles were heuristics, never swept. The variants:
     tma      the split kernel's whole K/V tiles through TMA descriptors (the tail through masked pointers)
     cfg      (BLOCK_N, warps, stages) of the split kernel

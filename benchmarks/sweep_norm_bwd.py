@@ -1,4 +1,4 @@
-"""Issue 5's norm backwards on the H200: RMSNorm (dx, dw) and LayerNorm (dx, dw, db) at 16384x4096 bf16, the seeds'
+"""The norm backwards on the H200: RMSNorm (dx, dw) and LayerNorm (dx, dw, db) at 16384x4096 bf16, the seeds'
 defaults and their options (seeds/rmsnorm.py, seeds/layernorm.py) against eager PyTorch, torch.compile and Liger
 (when importable), in one run.
 

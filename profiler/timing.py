@@ -27,8 +27,9 @@ calls of the same function run for `settle_ms`. Compute-bound kernels (attention
 on how hard the GPU has been working for tens of milliseconds: one call at a time, or a 10-call burst from idle, runs
 at boost clock (cuDNN attention reads 1.16x faster than do_bench), 30 calls back to back settle where do_bench and a
 training step run (docs/BENCHMARKS.md). A later call in a burst counts the device time since the previous call's
-end less an empty call's (the flush pass), never less than its own stream time, so work left on a side stream during the flush is counted; the
-burst's tail beyond an empty burst's is spread over its calls and flags them (`count`).
+end less an empty call's (the flush pass), never less than its own stream time, so work left on a side stream
+during the flush is counted; the burst's tail beyond an empty burst's is spread over its calls and flags them
+(`count`).
 Functions are interleaved A B A B ... with the order rotated every round, so drift (clocks, thermals) hits all of
 them alike and per-round ratios are paired. Warm-up calls (a fixed count, default 5) absorb compilation and
 autotuning; every call rotates to the next input set.

@@ -31,7 +31,7 @@ Three forms, the same per-element code (bitwise the same outputs):
   read 0.570 ms against torch.compile's 0.175, against 0.317 under do_bench. Arguments cost host time on
   every launch instead (10 per tensor, each specialised by Triton's launcher) and code size (a chunk body per
   tensor), so beyond 8 tensors the table stays: 1B params in 64 tensors is the measured 7.13 ms, 1.13x fused=True.
-  Run O (bench_adamw.py, the task's shape): 0.203 ms back to back against the pageable table's 0.329.
+  On the H200 (bench_adamw.py, the task's shape): 0.203 ms back to back against the pageable table's 0.329.
 - per-tensor (`multi_tensor=False`): one launch per tensor, on the lean host path (no table either) or the first.
 Bias corrections are computed once per program in fp64 from the step (1 - b^t in fp32 loses digits at small t);
 per element: fp32, sqrt(v) times 1/sqrt(1 - b2^t), one fast division (div.full, 2 ulp).

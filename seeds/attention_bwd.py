@@ -11,11 +11,11 @@ The `precise` numerics (PRECISE, the default): delta = sum_j P_ij dP_ij from the
 product (so each row's dS sum to zero) and dS entering the dK / dQ products as two bf16 operands (hi + lo). Without
 them crucible's harness rejects this seed on the H200: where few keys take a row,
 cuDNN's backward (the reference there) is more accurate than an FA2-style one, and PyTorch's own FlashAttention-2
-backend fails the same draws. Run U measured each part alone: only both together pass every failing draw.
+backend fails the same draws. Measured each part alone: only both together pass every failing draw.
 Measured on the H200 (do_bench, B4 H32 S4096 D128 bf16): precise 305 TFLOP/s non-causal, 286 causal, 0.57x /
 0.59x cuDNN SDPA (539 / 481), a tie with SDPA's FA2 backend (307 / 278); without the precise numerics 407 / 365,
 rejected. `crucible bench`: accepted, 12.82 ms = 300 TFLOP/s, 0.56x eager (cuDNN). Targets 450 / 400: not met.
-Run AC (benchmarks/sweep_attention_bwd.py, do_bench): with the forward warp-specialised 312.0 / 292.8 TFLOP/s (0.583x /
+Swept (benchmarks/sweep_attention_bwd.py, do_bench): with the forward warp-specialised 312.0 / 292.8 TFLOP/s (0.583x /
 0.621x cuDNN); dS as one fp16 operand passed the sweep's two draws and saved 0.66 ms non-causal (lost 0.2 causal), not
 adopted: fp16 overflows past 65504 where bf16's split does not; dQ through fp32 atomics 0.43x (slower).
 """
@@ -66,7 +66,7 @@ class ModelNew(nn.Module):
         """The FlashAttention-2 Triton kernels of seeds/attention.py (every input forward() does not give the Gluon
         kernels; the sweeps time it as the path before them)."""
         # sm_90 at D = 128: the forward (with its third product) warp-specialised, 128 x 128 x 4 warps x 2 stages
-        # (not persistent: 279 KB of shared memory). Run AC: fwd 3.44 -> 2.81 ms, fwd+bwd 12.84 -> 12.33 ms
+        # (not persistent: 279 KB of shared memory). Measured: fwd 3.44 -> 2.81 ms, fwd+bwd 12.84 -> 12.33 ms
         ws = bool(hopper_fwd_variant(q, self.causal))
         o, lse, delta = attention_fwd_with_delta(q, k, v, do, self.causal, precise=self.precise, warp_specialize=ws)
         # Contiguous [B, H, S, D] gradients, as SDPA's CUDA backward returns them (its CPU backward returns [B, S, H, D]

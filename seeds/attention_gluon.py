@@ -55,7 +55,7 @@ block i's fp32 p (alpha the same rescale as l's); delta = dsum / l, stored as ls
 and 3.9): the 128 x 64 variants spill nothing; the 128 x 128 ones spill a few loop-invariant scalars (Q's wgmma
 descriptors; stack 104-184 bytes under triton 3.9, 0-144 under 3.6: the consumers' 240 registers and the uniform registers run out with the third
 product's descriptors), reloaded once a key block. Shared memory: +block_m x D x 2 bytes (192 KB at 2 stages, 224 KB
-persistent; the 3-stage 128 x 128 variants do not fit, delta_ok). Run AZ (do_bench, B4 H32 S4096 D128, non-causal):
+persistent; the 3-stage 128 x 128 variants do not fit, delta_ok). Measured (do_bench, B4 H32 S4096 D128, non-causal):
 2.75 ms with two consumers and no GEMM token (599.5 TFLOP/s counting its three products), 1.02x the Triton
 forward with delta; all variants within the float64 checks.
 delta_from="o" (DELTA_O): delta = rowsum(dO o o) from the unrounded fp32 o in the epilogue, dO's rows by pointer

@@ -32,7 +32,7 @@ do_bench: 8.527 / 4.785 ms against 9.019 / 5.085 with prep="two"; the parts alon
 with its host sync 0.42 / 0.36 ms (two: 0.60 / 0.54), forward 1.89 / 1.06, backward 6.48 / 3.52 (7 products: the
 dQ kernel recomputes S and dP).
 With the host reading e before the forward's launch the GPU sat idle 0.24-0.29 ms a call (profile_attention_prep.py --timeline).
-Run BH's causal bench rejected 2 of dq's 67M elements on a uniform draw (row 1: two keys, dS rounded once); the
+A causal bench on the H200 rejected 2 of dq's 67M elements on a uniform draw (row 1: two keys, dS rounded once); the
 dQ kernel's diagonal blocks now take dS as hi + lo (seeds/attention_gluon_bwd.py), accepted since.
 Inputs: dense contiguous [B, H, S, D] bf16 q, k, v, do of one shape (no GQA), D 128, S a multiple of 128 (causal:
 an even number of 128-row tiles); train_ok says whether a call fits, else the Triton kernels of

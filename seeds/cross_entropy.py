@@ -86,7 +86,7 @@ Measured on the H200 (benchmarks/bench_ce.py, docs/bench-ce.md; torch 2.11.0+cu1
 8192 x 128256 bf16, eps 0 / mean, 3 rotating input sets): PERSISTENT at one program per SM (132), 8192 columns,
 16 warps, LANES: 1.494 ms (2,813 GB/s on 4.2 GB, 66% of copy), the default; one program per row (P = N) at 16384
 columns / 16 warps 1.498 ms; TWO_PASS 2.209 ms; Liger 0.8.5 2.215 ms, torch.compile 2.593 ms, eager 13.50 ms in the
-same run: 1.48x Liger, 1.74x torch.compile. Run W (benchmarks/sweep_ce.py): SUB = 2 (now the default) 1.331 ms,
+same run: 1.48x Liger, 1.74x torch.compile. Swept (benchmarks/sweep_ce.py): SUB = 2 (now the default) 1.331 ms,
 3,158 GB/s, against 1.494 for SUB = 1, Liger 2.106, torch.compile 2.594 in the same run; SPLIT 2/4 1.71-2.07 ms; with
 every row the same (both reads from L2) 0.978 ms, the copy floor: the second read is what remains. The target of
 1.3 ms is not met (by 2.4%). RENDEZVOUS: 3.4-5.4 ms (docs/bench-mix.md).

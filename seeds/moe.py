@@ -36,7 +36,7 @@ kernel runs. dW has the same pair (`_grouped_dw_tma_kernel`: full row steps by T
 Measured on the H200 (benchmarks/bench_moe.py, do_bench): grouped GEMM, 64 experts x
 2048 tokens, H4096 -> F1408: the TMA kernel with 256-row blocks and a flattened tile loop 2.329 ms = 649 TFLOP/s,
 1.07x torch._grouped_mm (609) and 1.05x a loop of matmuls (617), 0.97x a uniform bmm (671); with one expert at 8x
-the average load 587 TFLOP/s (-9.6%; grouped_mm 559, loop 587). The pointer kernel: 499 / 482. Run V
+the average load 587 TFLOP/s (-9.6%; grouped_mm 559, loop 587). The pointer kernel: 499 / 482. Swept
 (benchmarks/sweep_moe.py, do_bench, same run): the default 666.3 TFLOP/s, 1.08x torch._grouped_mm (615.2), 586.6 at
 8x skew (grouped_mm 562.3, loop 603.2); the same tiles at 4 stages, loop not flattened, 727.9 (1.18x) / 573.7, but
 under `crucible bench`'s sustained timer (one after the other on one GPU) 625.7 TFLOP/s against the
