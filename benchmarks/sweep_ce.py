@@ -138,10 +138,10 @@ def liger_version() -> str:
 
 def main() -> int:
     ap = parser(__doc__.splitlines()[0], 80.0)
-    ap.add_argument("--near-default", action="store_true", help="the neighbours of the sub = 2 default (run Y)")
-    ap.add_argument("--resident", action="store_true", help="the resident form's variants (session 7)")
+    ap.add_argument("--near-default", action="store_true", help="the neighbours of the sub = 2 default")
+    ap.add_argument("--resident", action="store_true", help="the resident form's variants")
     ap.add_argument("--tail", action="store_true", help="where pass 2's second read comes from: "
-                    "tile order, tiles kept in registers, hints, fewer live rows (session 7)")
+                    "tile order, tiles kept in registers, hints, fewer live rows")
     args = ap.parse_args()
     smoke = args.smoke
     dev = "cpu" if smoke else "cuda"

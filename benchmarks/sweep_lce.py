@@ -201,7 +201,7 @@ def kernel_breakdown(b: Bench, name: str, kw: dict, top: int = 8) -> None:
 
 def main() -> int:
     started = bench_lce.start(__doc__.splitlines()[0], 85.0, lambda ap: ap.add_argument(
-        "--rest", action="store_true", help="ModelNew's GPU default and the options run AD did not reach, only"))
+        "--rest", action="store_true", help="ModelNew's GPU default and the options the first sweep did not reach, only"))
     if isinstance(started, int):
         return started
     args, b = started
