@@ -6,8 +6,8 @@ failed`), and a child sharing the host's /dev/shm can delete or rewrite the pare
 A raw handle (`cudaIpcGetMemHandle`) goes through the driver alone. What torch's files did is done here instead:
 - lifetime: the parent holds every lent tensor until the child is dead (`Lending`), since it cannot know when the
   child unmapped it; the child opens each handle once and keeps it mapped;
-- ordering: the parent synchronizes its device before a request that lends memory, and the child synchronizes
-  before its reply, so neither reads what the other has not finished writing.
+- ordering: the parent synchronizes the stream its staging copies ran on before a request that lends memory, and
+  the child synchronizes before its reply, so neither reads what the other has not finished writing.
 
 A lent tensor travels as a `Lent` record (plain values: the request is pickled, the reply never carries one)."""
 from __future__ import annotations
@@ -171,8 +171,8 @@ class Lending:
             else:
                 wire.append(x)
             staged.append(None)
-        if any(t is not None for t in staged):
-            torch.cuda.synchronize()  # the child reads the staging copies as soon as the request arrives
+        if any(t is not None for t in staged):  # the child reads the staging copies as soon as the request arrives:
+            torch.cuda.current_stream(next(t for t in staged if t is not None).device).synchronize()  # (they ran here)
         return wire, staged
 
     def _stage(self, x: torch.Tensor, used: set[int]) -> tuple[torch.Tensor, Lent] | None:

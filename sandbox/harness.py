@@ -33,9 +33,6 @@ from .task import Task, load_task
 
 log = logging.getLogger(__name__)
 SEEDS_DIR = REPO_ROOT / "seeds"
-# GPU memory the tensors lent to one child may pin (they stay alive until it is dead). Past it, outputs come back
-# through host memory and inputs are no longer pinned: a task whose every call moves gigabytes (cross-entropy over a
-# 128k vocabulary) must not run the parent out of memory. docs/threats.md names the residual risk.
 COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources", "UnsupportedLanguageConstruct",
                   "MLIRCompilationError", "PTXASError"}
 
@@ -139,6 +136,7 @@ class Harness:
         self._tasks: dict[tuple[str, float], Task] = {}
         self._variants: dict[int, tuple[Task, list[tuple[dict[str, int], Task]]]] = {}
         self._reapers: list[threading.Thread] = []
+        self._streams: dict[int, torch.cuda.Stream] = {}
 
     def close(self) -> None:
         for reaper in self._reapers:
@@ -221,38 +219,39 @@ class Harness:
         run.signs = CompileSigns(self._scratch(child) / "triton", child.pid)
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
-        try:
-            reference = self._stage(run, Stage.COMPILE, stage_runners.compile_candidate)
-            first = self._stage(run, Stage.SMOKE, stage_runners.smoke, reference)
-            self._stage(run, Stage.CORRECTNESS, stage_runners.correctness, reference, first)
-            self._stage(run, Stage.ROBUSTNESS, stage_runners.robustness, reference, first)
-            first = None  # its float64 truth would pin cached device blocks the timing child needs (seen on the H200)
-            if self.device == "cuda" and options.timing:
-                with self._gpu(run, exclusive=True):
+        with self._parent_stream(run):  # this check's parent-side GPU work, ordered apart from other checks'
+            try:
+                reference = self._stage(run, Stage.COMPILE, stage_runners.compile_candidate)
+                first = self._stage(run, Stage.SMOKE, stage_runners.smoke, reference)
+                self._stage(run, Stage.CORRECTNESS, stage_runners.correctness, reference, first)
+                self._stage(run, Stage.ROBUSTNESS, stage_runners.robustness, reference, first)
+                first = None  # its float64 truth would pin cached blocks the timing child needs (seen on the H200)
+                if self.device == "cuda" and options.timing:  # takes the gate alone only while the child times
                     timing = self._stage(run, Stage.TIMING, stage_runners.timing, reference)
-        except Rejected as rej:
-            stages.append(replace(rej.result, seconds=time.monotonic() - run.stage_start))
-            if rej.result.stage is Stage.TIMING:
-                timing = rej.result.details.get("timing")
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            stages.append(StageResult(run.stage, False, Reason.HARNESS_ERROR,
-                                      f"the harness ran out of GPU memory at the {run.stage.value} stage (the task's "
-                                      "inputs, outputs and their float64 references did not fit beside what else "
-                                      "runs on the GPU); this says nothing about the candidate: free the GPU or "
-                                      "check the task at a smaller shape", seconds=time.monotonic() - run.stage_start))
-        except Exception as exc:  # noqa: BLE001 - a verdict, never a traceback: the harness's own failure, named
-            log.error("the harness failed at the %s stage of %s: %s: %s", run.stage.value, candidate.name,
-                      type(exc).__name__, exc, exc_info=exc)
-            stages.append(StageResult(run.stage, False, Reason.HARNESS_ERROR,
-                                      f"the harness failed at the {run.stage.value} stage: {type(exc).__name__}: "
-                                      f"{str(exc)[:500]}", seconds=time.monotonic() - run.stage_start,
-                                      error=ErrorInfo.from_exception(exc)))
-        finally:
-            lost = self.zygote.health()  # what the candidate did to the zygote, before its process is ended
-            with run.lap("close"):
-                self._retire(child, run.lending)
-            lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
+            except Rejected as rej:
+                stages.append(replace(rej.result, seconds=time.monotonic() - run.stage_start))
+                if rej.result.stage is Stage.TIMING:
+                    timing = rej.result.details.get("timing")
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                stages.append(StageResult(
+                    run.stage, False, Reason.HARNESS_ERROR,
+                    f"the harness ran out of GPU memory at the {run.stage.value} stage (the task's inputs, outputs and "
+                    "their float64 references did not fit beside what else runs on the GPU); this says nothing about "
+                    "the candidate: free the GPU or check the task at a smaller shape",
+                    seconds=time.monotonic() - run.stage_start))
+            except Exception as exc:  # noqa: BLE001 - a verdict, never a traceback: the harness's own failure, named
+                log.error("the harness failed at the %s stage of %s: %s: %s", run.stage.value, candidate.name,
+                          type(exc).__name__, exc, exc_info=exc)
+                stages.append(StageResult(
+                    run.stage, False, Reason.HARNESS_ERROR,
+                    f"the harness failed at the {run.stage.value} stage: {type(exc).__name__}: {str(exc)[:500]}",
+                    seconds=time.monotonic() - run.stage_start, error=ErrorInfo.from_exception(exc)))
+            finally:
+                lost = self.zygote.health()  # what the candidate did to the zygote, before its process is ended
+                with run.lap("close"):
+                    self._retire(child, run.lending)
+                lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
         if lost is not None:
             self._blame_for_zygote(run, lost)
         return self._result(task_obj, candidate, stages, start, timing, network_isolated=run.network_isolated,
@@ -319,12 +318,22 @@ class Harness:
                                       details=details))
         return value
 
+    def _parent_stream(self, run: _Run):
+        """A CUDA stream of this harness's own for the parent's work of a check (inputs, references, comparisons,
+        staging copies): several harnesses in one process (a GPU's check slots, as threads) then queue their work
+        apart, and a synchronisation waits for this check's work alone, not for every slot's."""
+        if self.device != "cuda":
+            return nullcontext()
+        if run.options.gpu not in self._streams:
+            self._streams[run.options.gpu] = torch.cuda.Stream(device=run.device)
+        return torch.cuda.stream(self._streams[run.options.gpu])
+
     @contextmanager
     def _gpu(self, run: _Run, exclusive: bool = False) -> Iterator[None]:
         """The GPU for work of this check, through its gate (CheckOptions.gate) when it has one: shared with the
         other checks on the GPU, or alone for the timing stage. The wait moves the check's deadline back."""
         gate = run.options.gate
-        if gate is None or (not exclusive and run.stage is Stage.TIMING):  # the timing stage holds it already
+        if gate is None:
             yield
             return
         with (gate.exclusive if exclusive else gate.shared)(run.candidate.name) as waited:
@@ -334,15 +343,16 @@ class Harness:
             yield
 
     def _request(self, run: _Run, stage: Stage, msg: dict[str, Any], max_bytes: int = 1 << 30,
-                 within: Deadline | None = None) -> dict[str, Any]:
-        """The child's reply, by `within` (a deadline from the task) and never past the check's ceiling."""
+                 within: Deadline | None = None, exclusive: bool = False) -> dict[str, Any]:
+        """The child's reply, by `within` (a deadline from the task) and never past the check's ceiling; with
+        `exclusive`, the GPU's gate is held alone while the child works (the timing's measurement)."""
         # The first call after a build compiles the candidate's kernels (CPU work in its process) and runs each once:
         # it takes no turn at the gate, so compiling overlaps another candidate's timing. Setup (the CUDA context,
         # the import) likewise; every other call, rebuild and soak runs the candidate's kernels and takes its turn.
         op = msg.get("op")
         ungated = op == "setup" or (op == "call" and run.fresh_build)
         run.fresh_build = op in ("setup", "rebuild")
-        with nullcontext() if ungated else self._gpu(run):
+        with nullcontext() if ungated else self._gpu(run, exclusive):
             if within is not None:  # the deadline counts from the turn at the gate, under the moved ceiling
                 within.start, within.ceiling = time.monotonic(), run.deadline
             return self._request_child(run, stage, msg, max_bytes, within)

@@ -67,7 +67,7 @@ class Reference:
         (the device's work included) updates `call_s`."""
         cuda = torch.device(self.device).type == "cuda"
         if cuda:
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
         t0 = time.monotonic()
         try:
             out = self.model(*dev_inputs)
@@ -75,7 +75,7 @@ class Reference:
             raise TaskError(f"{self.task.path.name}: the reference Model failed on its own inputs: "
                             f"{type(exc).__name__}: {exc}") from None
         if cuda:
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
         took = time.monotonic() - t0
         self.call_s = min(self.call_s, took) if self.call_s else took
         ref = _as_list(out)

@@ -84,11 +84,12 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
 
     task, opts = run.task, run.options
     seeds = [run.rng.randrange(1 << 31) for _ in range(BASE_SETS)]
-    base = [task.make_inputs(s, "normal", run.device) for s in seeds]
-    out_bytes = reference.output_bytes(base[0])  # the reference alone: no float64 truth to size the transfers
-    t_roof = time.monotonic()
-    with torch.no_grad():
-        roof = task_roofline(task.declared_roofline(), reference.model, base[0], get_ceilings(opts.gpu))
+    with harness._gpu(run):  # the parent's own GPU work shares the gate; only the child's measurement holds it alone
+        base = [task.make_inputs(s, "normal", run.device) for s in seeds]
+        out_bytes = reference.output_bytes(base[0])  # the reference alone: no float64 truth to size the transfers
+        t_roof = time.monotonic()
+        with torch.no_grad():
+            roof = task_roofline(task.declared_roofline(), reference.model, base[0], get_ceilings(opts.gpu))
     if torch.device(run.device).type == "cuda":  # run.device is "cuda:N": what the parent ran stays cached
         torch.cuda.empty_cache()  # else held while the child times (H200: 102 GiB held, the child out of memory)
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
@@ -102,10 +103,11 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     calls = REPS + (EXTRA_REPS if rule is not None else 0)
     t0 = time.monotonic()
     reply = harness._request(run, Stage.TIMING, msg, max_bytes=(calls // msg["sample_every"] + 2) * out_bytes * 2
-                             + (64 << 20))
+                             + (64 << 20), exclusive=True)
     t1 = time.monotonic()
     measured = reply["measured"]
-    problems = _validate(run, reference, base, measured, reply["n_sets"]) if candidate else []
+    with harness._gpu(run):
+        problems = _validate(run, reference, base, measured, reply["n_sets"]) if candidate else []
     t2 = time.monotonic()
     report = build_timing(measured, candidate="candidate" if candidate else None, baselines=reply["baselines"],
                           roof=roof, kernels=reply["kernels"], environment=reply["environment"],

@@ -3,6 +3,7 @@ outputs from the reference alone. On the H200 the float64 truth it computed to s
 fwd+bwd) stayed in its allocator's cache and the child, timing on the same GPU, ran out of memory. The first fix
 compared run.device with "cuda" while it is "cuda:N", so it never ran (a later bench ran out of memory again: only
 a first bench on a machine, which measures the device ceilings, emptied the cache by accident)."""
+import contextlib
 import random
 import types
 
@@ -30,9 +31,15 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
         events.append("reference (float64 truth included)")
         return types.SimpleNamespace(nbytes=1 << 20)
 
-    def request(run, stage, msg, max_bytes):
-        events.append(f"child: {msg['op']}")
+    def request(run, stage, msg, max_bytes, exclusive=False):
+        events.append(f"child: {msg['op']}" + (" (the GPU alone)" if exclusive else ""))
         raise _ChildAsked
+
+    @contextlib.contextmanager
+    def gpu(run, exclusive=False):  # the harness's gate: the parent's own work takes it shared
+        events.append("gate: alone" if exclusive else "gate: shared")
+        yield
+        events.append("gate: given back")
 
     task = types.SimpleNamespace(make_inputs=lambda seed, distribution, device: [torch.zeros(4)], path="t.py",
                                  overrides={}, declared_roofline=lambda: None)
@@ -41,8 +48,10 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
                                                               incumbent_ms=None))
     reference = types.SimpleNamespace(run=reference_run, output_bytes=output_bytes, model=None, model_seed=0)
     with pytest.raises(_ChildAsked):
-        timing_parent.measure(types.SimpleNamespace(_request=request), run, reference, candidate=True)
-    assert events == ["reference's output bytes", "empty_cache", "child: time"]
+        timing_parent.measure(types.SimpleNamespace(_request=request, _gpu=gpu), run, reference, candidate=True)
+    # Only the child's measurement holds the GPU alone; the parent's inputs and reference share it with other checks.
+    assert events == ["gate: shared", "reference's output bytes", "gate: given back", "empty_cache",
+                      "child: time (the GPU alone)"]
 
 
 def test_output_bytes_runs_the_reference_alone_not_its_float64_copy(tmp_path):
