@@ -171,8 +171,9 @@ class Lending:
             else:
                 wire.append(x)
             staged.append(None)
-        if any(t is not None for t in staged):  # the child reads the staging copies as soon as the request arrives:
-            torch.cuda.current_stream(next(t for t in staged if t is not None).device).synchronize()  # (they ran here)
+        # The child reads the staging copies as soon as the request arrives: the stream they ran on is waited for.
+        for device in {t.device for t in staged if t is not None and t.is_cuda}:
+            torch.cuda.current_stream(device).synchronize()
         return wire, staged
 
     def _stage(self, x: torch.Tensor, used: set[int]) -> tuple[torch.Tensor, Lent] | None:
