@@ -270,7 +270,7 @@ def _router_bwd(s: BlockSaved, dweights: torch.Tensor) -> torch.Tensor:
 
 def _dx(s: BlockSaved, dg: torch.Tensor, du: torch.Tensor) -> torch.Tensor:
     """dx[t] = sum_k (dg[p] @ w1[e] + du[p] @ w3[e]) with p the position of (t, k): each product rounded, their sum
-    rounded, then the sum over k, as the reference's autograd accumulates them."""
+    rounded, then the sum over k rounded once (fp32), as the reference's autograd accumulates them for top-2."""
     t, hidden = s.x.shape
     pairs = s.x.new_empty((t * s.top_k, 2, hidden))  # row (t K + k) holds dg @ w1 then du @ w3
     for j, (grad, w) in enumerate(((dg, s.w1), (du, s.w3))):
