@@ -1,9 +1,8 @@
 """Write the task files of a model's regions: KernelBench-format files at the shapes and dtypes of a real forward.
 
-A region of a kind crucible ships tasks for gets the shipped task files (its forward and backward contracts) with
-the model's constants written in, so the harness checks kernels at the model's own shapes and `crucible batch DIR`
-optimises them starting from their seeds (the files keep the shipped names). A region with no kernel contract for
-training (the MoE block's forward and backward) gets a task from patching/templates/, for a search to start from.
+Each region gets the shipped task files of its contracts (forward and backward) with the model's constants written
+in, so the harness checks kernels at the model's own shapes and `crucible batch DIR` optimises them starting from
+their seeds (the files keep the shipped names).
 """
 from __future__ import annotations
 
@@ -13,26 +12,22 @@ from pathlib import Path
 from patching.records import Kind, Region, TaskFile
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
-TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 
-# kind -> (role, shipped task or template); "forward"/"backward" are the two halves of a training kernel,
-# "forward+backward" one call that returns the loss and its gradients, "region" a task with no kernel yet.
+# kind -> (role, shipped task); "forward"/"backward" are the two halves of a training kernel (a backward task may
+# recompute the forward: attention's and the MoE block's return the forward's output too), "forward+backward" one
+# call that returns the loss and its gradients.
 CONTRACTS: dict[Kind, tuple[tuple[str, str], ...]] = {
     Kind.RMSNORM: (("forward", "rmsnorm_fwd.py"), ("backward", "rmsnorm_bwd.py")),
     Kind.SWIGLU: (("forward", "swiglu_fwd.py"), ("backward", "swiglu_bwd.py")),
     Kind.ROPE: (("forward", "rope_fwd.py"), ("backward", "rope_bwd.py")),
     Kind.ATTENTION: (("forward", "attention_fwd_causal.py"), ("backward", "attention_fwd_bwd_causal.py")),
     Kind.LM_LOSS: (("forward+backward", "linear_cross_entropy.py"),),
-    Kind.MOE: (("region", "template:moe_block_fwd_bwd.py"),),
+    Kind.MOE: (("forward", "moe_layer_mixtral.py"), ("backward", "moe_block_fwd_bwd.py")),
 }
 
 
 class ExtractError(ValueError):
     """A task file could not be written for a region; the message says which and why."""
-
-
-def source_of(name: str) -> Path:
-    return TEMPLATES_DIR / name.removeprefix("template:") if name.startswith("template:") else TASKS_DIR / name
 
 
 def with_constants(source: str, values: dict[str, float], note: str) -> str:
@@ -79,14 +74,13 @@ def extract(regions: list[Region], out_dir: str | Path, model_name: str) -> list
     for region in regions:
         files = []
         for role, name in CONTRACTS[region.kind]:
-            path = source_of(name)
-            source = path.read_text(encoding="utf-8")
+            source = (TASKS_DIR / name).read_text(encoding="utf-8")
             note = (f"Written by `crucible model extract` for {model_name}: the {region.kind.value} region at the "
                     f"shape of a real forward\n({', '.join(region.modules[:4])}"
                     f"{', ...' if len(region.modules) > 4 else ''}; {len(region.modules)} module(s)), "
                     f"from {name}.")
             text = with_constants(source, task_values(region, source), note)
-            stem = Path(name.removeprefix("template:")).stem
+            stem = Path(name).stem
             if per_kind[region.kind] > 1:
                 stem += "_" + "_".join(str(k) for k in region.key)
             target = out / f"{stem}.py"

@@ -69,13 +69,25 @@ def _lm_loss(mod: nn.Module, args: tuple):
 
 
 def _moe(mod: nn.Module, args: tuple):
-    x = args[0]
-    experts = getattr(mod, "experts", None)
-    if not isinstance(experts, nn.ModuleList) or not hasattr(experts[0], "gate_proj"):
-        raise ValueError("a mixture block with a ModuleList of gated experts")
-    h, ffn = x.shape[-1], experts[0].gate_proj.out_features
-    consts = {"T": x.numel() // h, "H": h, "FFN": ffn, "EXPERTS": len(experts), "TOP_K": int(mod.top_k)}
-    return consts, (h, ffn, len(experts), int(mod.top_k)), {}
+    x, experts, gate = args[0], getattr(mod, "experts", None), getattr(mod, "gate", None)
+    if not isinstance(experts, nn.ModuleList) or not len(experts) or not all(_linears(e) for e in experts):
+        raise ValueError("a mixture block with a ModuleList of gated experts (gate_proj, up_proj, down_proj)")
+    h, ffn, n = x.shape[-1], experts[0].gate_proj.out_features, len(experts)
+    if not isinstance(gate, nn.Linear) or gate.bias is not None or gate.weight.shape != (n, h):
+        raise ValueError("the router must be a Linear(hidden, experts) without bias")
+    if any(_linears(e) != ((ffn, h), (ffn, h), (h, ffn)) for e in experts):
+        raise ValueError("experts of one shape (gate and up [FFN, hidden], down [hidden, FFN]) without biases")
+    top_k = int(mod.top_k)
+    return {"T": x.numel() // h, "H": h, "FFN": ffn, "EXPERTS": n, "TOP_K": top_k}, (h, ffn, n, top_k), {}
+
+
+def _linears(expert: nn.Module) -> tuple | None:
+    """The weight shapes of a gated expert's gate, up and down projections; None unless all three are Linear
+    layers without bias."""
+    layers = [getattr(expert, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(m, nn.Linear) and m.bias is None for m in layers):
+        return None
+    return tuple(tuple(m.weight.shape) for m in layers)
 
 
 READERS: dict[Kind, Callable[[nn.Module, tuple], tuple[dict[str, int], tuple[int, ...], dict[str, float]]]] = {

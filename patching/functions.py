@@ -108,6 +108,64 @@ class _LMLoss(torch.autograd.Function):
         return dx * g.to(dx.dtype), dw * g.to(dw.dtype), None, None
 
 
+# The parameters of the MoE tasks' Models: moe_layer_mixtral.py's (forward), moe_block_fwd_bwd.py's (backward).
+MOE_WEIGHTS = {"forward": ("w_gate_up", "w_down"), "backward": ("w1", "w3", "w2")}
+
+
+class _MoE(torch.autograd.Function):
+    """The MoE block from its router logits (the router's projection stays PyTorch's, with its backward). The
+    forward is moe_layer_mixtral.py's kernel ((x, logits) -> y); the backward calls moe_block_fwd_bwd.py's
+    ((x, logits, dy) -> (y, dx, dlogits, dw1, dw3, dw2)), which recomputes the forward. Both take the experts'
+    weights stacked: a copy of the 3 E F H weight elements in each call (forward, then backward), dropped when the
+    call returns, so no second copy of the weights lives from the forward to the backward."""
+
+    @staticmethod
+    def forward(ctx, x, logits, fwd, bwd, *weights):
+        ctx.save_for_backward(x, logits, *weights)
+        ctx.bwd = bwd
+        w1, w3, w2 = _split3(weights)
+        # [E, 2F, H]: each expert's gate rows then its up rows, made in one copy
+        gate_up = torch.cat([w for pair in zip(w1, w3) for w in pair]).view(len(w1), -1, x.shape[1])
+        return _call_with(fwd, MOE_WEIGHTS["forward"], (gate_up, torch.stack(w2)), x, logits)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, logits, *weights = ctx.saved_tensors
+        stacked = [torch.stack(ws) for ws in _split3(weights)]
+        _, dx, dlogits, dw1, dw3, dw2 = _call_with(ctx.bwd, MOE_WEIGHTS["backward"], stacked, x, logits,
+                                                   dy.contiguous())
+        return (dx, dlogits, None, None, *dw1.unbind(0), *dw3.unbind(0), *dw2.unbind(0))
+
+
+def _split3(weights: tuple) -> tuple[tuple, tuple, tuple]:
+    n = len(weights) // 3
+    return weights[:n], weights[n:2 * n], weights[2 * n:]
+
+
+def _moe(module: nn.Module, x: torch.Tensor, fwd: nn.Module, bwd: nn.Module) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    weights = [getattr(e, name).weight for name in ("gate_proj", "up_proj", "down_proj") for e in module.experts]
+    return _MoE.apply(rows, module.gate(rows).contiguous(), fwd, bwd, *weights).view(x.shape)
+
+
+def _call_with(kernel: nn.Module, names: tuple[str, ...], weights, *args):
+    """kernel(*args) with its task's weights `names` bound to `weights` for this call only."""
+    for name, w in zip(names, weights, strict=True):
+        setattr(kernel, name, nn.Parameter(w, requires_grad=False))
+    try:
+        return kernel(*args)
+    finally:
+        _release(kernel, names)
+
+
+def _release(kernel: nn.Module, names: tuple[str, ...]) -> None:
+    """Empty the kernel's weights `names`, so that it keeps no copy of the model's alive between calls."""
+    for name in names:
+        old = getattr(kernel, name, None)
+        if isinstance(old, torch.Tensor):
+            setattr(kernel, name, nn.Parameter(old.new_empty(0), requires_grad=False))
+
+
 def _bind_weight(kernel: nn.Module, w: torch.Tensor) -> None:
     """Point a kernel's own weight (its task's Model parameter) at the model's."""
     if kernel.weight is not w:
@@ -127,6 +185,8 @@ def _run(kind: Kind, module: nn.Module, inst: Installed, args: tuple):
     if kind is Kind.LM_LOSS:
         _bind_weight(k["forward+backward"], args[1])
         return _LMLoss.apply(args[0], args[1], args[2], k["forward+backward"])
+    if kind is Kind.MOE:
+        return _moe(module, args[0], k["forward"], k["backward"])
     raise ValueError(f"no patched forward for {kind.value}")
 
 
@@ -135,6 +195,9 @@ def install(module: nn.Module, inst: Installed) -> None:
     if inst.kind is Kind.RMSNORM:
         for role in ("forward", "backward"):
             _bind_weight(inst.kernels[role], module.weight)
+    if inst.kind is Kind.MOE:  # bound per call: the weights the kernels were built with are never used
+        for role, names in MOE_WEIGHTS.items():
+            _release(inst.kernels[role], names)
     original = type(module).forward
 
     def forward(self, *args):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,12 +21,6 @@ from patching.kernels import Verifier, instantiate
 from patching.records import Kind, Outcome, PatchReport, Region, RegionResult
 
 log = logging.getLogger(__name__)
-
-NO_TRAINING_KERNEL = {
-    Kind.MOE: "crucible's MoE kernels are a forward (seeds/moe_layer.py) and the grouped GEMM's backward "
-              "(seeds/moe_bwd.py), not the block's forward and backward as one contract; the block's task is "
-              "written for a search to start from (its experts' SwiGLU is patched on its own)",
-}
 
 
 def survey(model: nn.Module, inputs: list[Any], out_dir: str | Path, name: str,
@@ -60,15 +55,26 @@ def patch(model: nn.Module, inputs: list[Any], *, name: str = "model", workdir: 
             report.results.append(_patch_region(region, tasks, verifier, named, device, skip))
     finally:
         verifier.close()
+    _note_inside_patched_moe(report.results)
     return report
+
+
+def _note_inside_patched_moe(results: list[RegionResult]) -> None:
+    """A patched region whose modules all sit inside patched MoE blocks (Mixtral's experts' SwiGLU) runs only where a
+    block falls back to its own forward: the block's kernel computes the experts. Its reason says so."""
+    blocks = [m for r in results if r.region.kind is Kind.MOE and r.outcome is Outcome.PATCHED
+              for m in r.region.modules]
+    for i, r in enumerate(results):
+        if (blocks and r.outcome is Outcome.PATCHED and r.region.kind is not Kind.MOE
+                and all(any(name.startswith(b + ".") for b in blocks) for name in r.region.modules)):
+            results[i] = replace(r, reason=f"{r.reason}; inside the patched MoE blocks, whose kernel computes the "
+                                           "experts: called only where a block falls back to its own forward")
 
 
 def _patch_region(region: Region, tasks, verifier: Verifier, named: dict[str, nn.Module], device: torch.device,
                   skip: tuple[str, ...]) -> RegionResult:
     if region.kind.value in skip:
         return RegionResult(region, Outcome.EXCLUDED, "left out with --skip", tasks)
-    if region.kind in NO_TRAINING_KERNEL:
-        return RegionResult(region, Outcome.NO_KERNEL, NO_TRAINING_KERNEL[region.kind], tasks)
     if region.dtype != "bfloat16":
         return RegionResult(region, Outcome.NO_KERNEL, f"crucible's tasks are bf16 and this region runs in "
                                                        f"{region.dtype}", tasks)

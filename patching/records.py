@@ -51,11 +51,11 @@ class Region:
 @dataclass(frozen=True)
 class TaskFile:
     """A KernelBench-format task written for a region at the model's shape: the shipped task's file with the
-    model's constants, or, where crucible ships none, one from patching/templates."""
+    model's constants."""
 
-    role: str          # "forward", "backward" (a kernel contract of the region), or "region" (no kernel contract)
+    role: str          # "forward", "backward" or "forward+backward": the kernel contract it describes
     path: str
-    source_task: str   # the shipped task or template it was written from
+    source_task: str   # the shipped task it was written from
 
 
 @dataclass(frozen=True)

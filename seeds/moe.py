@@ -10,6 +10,8 @@ sorted list belongs to one expert:
     expert_start / expert_count [E] int32     each expert's first padded row and its number of real rows
 Three kernels build it without atomics (so it is deterministic): per-chunk histograms, one scan program, a
 scatter that ranks each pair inside its chunk with a cumulative sum over a one-hot [chunk, E] matrix.
+`by_position` views a layout with each routed row named by its sorted position instead of its id, for operands kept
+in sorted order (the MoE block's backward, seeds/moe_block.py).
 
 Grouped GEMM (forward, persistent): C[row(i)] = A[row(i)] @ B[e]^T for every sorted id i of expert e. Programs
 walk the (m-block, n-block) tiles of the padded layout; the number of tiles is read on the device, so no host
@@ -138,6 +140,14 @@ def _align_contiguous_kernel(EXPERT_START, EXPERT_COUNT, EXPERT_OFFSET, SORTED_I
         tl.store(SORTED_IDS + start + offs, first + offs, mask=offs < count)
 
 
+@triton.jit
+def _positions_kernel(SORTED_IDS, POSITIONS, n_valid, n, BLOCK: tl.constexpr):
+    """POSITIONS[p] = p where sorted position p holds a routed id, else n (the sentinel of a positional layout)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ids = tl.load(SORTED_IDS + offs, mask=offs < n, other=n_valid)
+    tl.store(POSITIONS + offs, tl.where(ids < n_valid, offs, n), mask=offs < n)
+
+
 class Aligned:
     """The aligned layout of one routing (see the module docstring); `n_valid` is the sentinel id."""
 
@@ -196,6 +206,18 @@ def align_counts(counts: torch.Tensor, n_rows: int, block_m: int) -> Aligned:
     _scan(counts.reshape(1, experts), experts, block_m, expert_ids, vecs, num_padded)
     _align_contiguous_kernel[(experts,)](vecs[0], vecs[1], vecs[2], sorted_ids, BLOCK=256, num_warps=4)
     return Aligned(sorted_ids, expert_ids, num_padded, vecs[0], vecs[1], vecs[2], n_rows, block_m, contiguous=True)
+
+
+def by_position(layout: Aligned) -> Aligned:
+    """The layout with each routed row named by its sorted position instead of its id: for operands kept in sorted
+    order ([len(sorted_ids), N], padding rows included), as the MoE block's backward keeps them. Expert e's rows are
+    then the one run start[e] .. start[e] + count[e], so grouped_dw reads them by TMA where it can."""
+    n = layout.sorted_ids.numel()
+    positions = torch.empty_like(layout.sorted_ids)
+    _positions_kernel[(triton.cdiv(n, 1024),)](layout.sorted_ids, positions, layout.n_valid, n, BLOCK=1024,
+                                                num_warps=4)
+    return Aligned(positions, layout.expert_ids, layout.num_padded, layout.expert_start, layout.expert_count,
+                   layout.expert_start, n, layout.block_m, contiguous=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -4,10 +4,11 @@ one that accepts cheats; and a seed that the harness rejects cannot enter the ar
 
 The CPU rescaling budgets a task's inputs, not its weights: at their CPU size the expert weights of two MoE tasks
 hold 11.5M and 23M elements, and the interpreter's cost follows the elements a kernel writes (about 10 s a call,
-close to 3 minutes a check). Those two are checked here at half their rescaled hidden sizes (H 256, F 176): every
-stage, distribution and odd shape still runs, and every GEMM still has several N tiles and K steps with partial
-ones (the seeds' CPU tiles are 128 wide); tests/test_seed_moe.py checks the kernels at many more shapes. The other
-MoE tasks (the forward grouped GEMM, the Mixtral layer) run at the product's own CPU size."""
+close to 3 minutes a check); the MoE block's forward and backward (5.5M, but nine grouped products a call) takes as
+long. Those three are checked here at half their rescaled hidden sizes (H 256, F 176 or 224): every stage,
+distribution and odd shape still runs, and every GEMM still has several N tiles and K steps with partial ones (the
+seeds' CPU tiles are 128 wide); tests/test_seed_moe.py and tests/test_seed_moe_block.py check the kernels at many
+more shapes. The other MoE tasks (the forward grouped GEMM, the Mixtral layer) run at the product's own CPU size."""
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,8 @@ def _task_file(name: str) -> Path:
     return TASKS_DIR / name
 
 
-HALVED = {"moe_grouped_gemm_bwd.py": ("H", "F"), "moe_layer_deepseek.py": ("H", "FFN")}
+HALVED = {"moe_grouped_gemm_bwd.py": ("H", "F"), "moe_layer_deepseek.py": ("H", "FFN"),
+          "moe_block_fwd_bwd.py": ("H", "FFN")}
 
 
 def _task(name: str) -> Path | Task:
