@@ -108,7 +108,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from seeds._common import sm_count
 from seeds.attention_gluon import attention_fwd_gluon
-from seeds.cross_entropy import round_bf16_rne
+from seeds.cross_entropy import round_bf16_rne, store_rounded
 
 CRUCIBLE_SEED = {
     "name": "attention",
@@ -207,13 +207,6 @@ def _tile_pair(a_ptrs, b_ptrs, A_DESC, B_DESC, a_row, b_row, ok, MASK: tl.conste
         a = tl.load(a_ptrs)
         b = tl.load(b_ptrs)
     return a, b
-
-
-@triton.jit
-def _store_rows(ptrs, x, mask, RNE: tl.constexpr):
-    if RNE:
-        x = round_bf16_rne(x)
-    tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
 
 
 # ---- forward ------------------------------------------------------------------------------------------------------
@@ -363,7 +356,7 @@ def _fwd_epilogue(acc, l_i, m_i, dsum, rows, q_len, q_start, b64, hq64, O, LSE, 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a query with no key at all (an empty packed key sequence): o = 0
     o = acc / l_safe[:, None]
     o_ptrs = O + b64 * stride_ob + hq64 * stride_oh + q_rows[:, None] * stride_os + offs_d[None, :]
-    _store_rows(o_ptrs, o, row_ok[:, None], RNE)
+    store_rounded(o_ptrs, o, row_ok[:, None], RNE)
     l_off = b64 * stride_lb + hq64 * stride_lh + q_start + rows
     if STORE_LSE:
         tl.store(LSE + l_off, m_i + tl.log2(l_safe), mask=row_ok)
@@ -742,9 +735,9 @@ def _dkdv_tile(
                              DO_DESC, q_row, do_row, cols, b_hi, q_len, q_len, k_len, sm_scale, qk_scale, BLOCK_M,
                              HEAD_DIM, True, CAUSAL, False, SPLIT_DS, ATOMIC_DQ, SPLIT_DQ, UPCAST, IEEE, RNE)
     dk = dk * sm_scale
-    _store_rows(DK + b64 * stride_dkb + hkv.to(tl.int64) * stride_dkh + k_rows * stride_dks + offs_d[None, :], dk,
+    store_rounded(DK + b64 * stride_dkb + hkv.to(tl.int64) * stride_dkh + k_rows * stride_dks + offs_d[None, :], dk,
                 col_ok[:, None], RNE)
-    _store_rows(DV + b64 * stride_dvb + hkv.to(tl.int64) * stride_dvh + k_rows * stride_dvs + offs_d[None, :], dv,
+    store_rounded(DV + b64 * stride_dvb + hkv.to(tl.int64) * stride_dvh + k_rows * stride_dvs + offs_d[None, :], dv,
                 col_ok[:, None], RNE)
 
 
@@ -861,7 +854,7 @@ def _dq_tile(
                    bulk_hi, hi, k_len, qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, False, SPLIT_DS, UPCAST, IEEE,
                    RNE)
     dq = dq * sm_scale
-    _store_rows(DQ + b64 * stride_dqb + h64 * stride_dqh + q_rows * stride_dqs + offs_d[None, :], dq,
+    store_rounded(DQ + b64 * stride_dqb + h64 * stride_dqh + q_rows * stride_dqs + offs_d[None, :], dq,
                 row_ok[:, None], RNE)
 
 

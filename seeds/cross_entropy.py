@@ -136,6 +136,14 @@ def round_bf16_rne(x):
 
 
 @triton.jit
+def store_rounded(ptrs, x, mask, RNE: tl.constexpr):
+    """Store fp32 x in the pointers' dtype, rounded to nearest bf16 first where RNE (the interpreter: needs_rne)."""
+    if RNE:
+        x = round_bf16_rne(x)
+    tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _count_valid_kernel(TARGET, N, ignore_index, OUT, BLOCK: tl.constexpr):
     """OUT[0] = number of rows whose target is not ignore_index (fp32, one program, fixed order)."""
     acc = tl.zeros([BLOCK], dtype=tl.float32)

@@ -40,7 +40,8 @@ import triton
 import triton.language as tl
 
 from seeds._common import sm_count
-from seeds.attention import _descs, _mm, _operand, _row_view, _store_rows, _tile_pair, _want_tma
+from seeds.attention import _descs, _mm, _operand, _row_view, _tile_pair, _want_tma
+from seeds.cross_entropy import store_rounded
 
 CRUCIBLE_SEED = {
     "name": "decode_attention",
@@ -206,7 +207,7 @@ def _decode_combine_kernel(
     o_s = tl.load(O_PART + (bh * SLOTS + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
     total = tl.sum(w, axis=0)
     o = tl.sum(w[:, None] * o_s, axis=0) / tl.where(total > 0.0, total, 1.0)
-    _store_rows(OUT + b * stride_ob + h * stride_oh + offs_d, o, offs_d < HEAD_DIM, RNE)
+    store_rounded(OUT + b * stride_ob + h * stride_oh + offs_d, o, offs_d < HEAD_DIM, RNE)
 
 
 def decode_config(device: torch.device) -> tuple[int, int, int]:

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from seeds.cross_entropy import needs_rne, round_bf16_rne
+from seeds.cross_entropy import needs_rne, store_rounded
 from seeds.moe import (Aligned, _round_to, align_block_size, by_position, default_config, grouped_dw,
                        grouped_gemm)
 from seeds.moe_layer import combine, gather_rows, route
@@ -64,10 +64,15 @@ def _row_ids(SORTED_IDS, NUM_PADDED, n_valid, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
-def _store_rounded(ptrs, x, mask, RNE: tl.constexpr):
-    if RNE:
-        x = round_bf16_rne(x)
-    tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
+def _gate_up_tile(G, U, SORTED_IDS, NUM_PADDED, n_valid, F, stride, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    """This program's tile of g and u (fp32) over routed rows: (offsets, mask, g, u)."""
+    pos, _, ok = _row_ids(SORTED_IDS, NUM_PADDED, n_valid, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask = ok[:, None] & (cols < F)[None, :]
+    offs = pos[:, None] * stride + cols[None, :]
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    return offs, mask, g, u
 
 
 @triton.jit
@@ -76,14 +81,9 @@ def _swiglu_fwd_kernel(
     SORTED_IDS, NUM_PADDED, n_valid, F, stride,
     RNE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr,
 ):
-    pos, _, ok = _row_ids(SORTED_IDS, NUM_PADDED, n_valid, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    mask = ok[:, None] & (cols < F)[None, :]
-    offs = pos[:, None] * stride + cols[None, :]
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    offs, mask, g, u = _gate_up_tile(G, U, SORTED_IDS, NUM_PADDED, n_valid, F, stride, BLOCK_R, BLOCK_F)
     act, _ = _act_and_grad(g, 0, False)
-    _store_rounded(H_OUT + offs, _round_to(act, H_OUT.dtype.element_ty, RNE) * u, mask, RNE)
+    store_rounded(H_OUT + offs, _round_to(act, H_OUT.dtype.element_ty, RNE) * u, mask, RNE)
 
 
 @triton.jit
@@ -93,16 +93,11 @@ def _swiglu_bwd_kernel(
     RNE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr,
 ):
     # h = silu(g) u  =>  dg = (dh u) silu'(g),  du = dh silu(g)
-    pos, _, ok = _row_ids(SORTED_IDS, NUM_PADDED, n_valid, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    mask = ok[:, None] & (cols < F)[None, :]
-    offs = pos[:, None] * stride + cols[None, :]
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    offs, mask, g, u = _gate_up_tile(G, U, SORTED_IDS, NUM_PADDED, n_valid, F, stride, BLOCK_R, BLOCK_F)
     dh = tl.load(DH + offs, mask=mask, other=0.0).to(tl.float32)
     act, grad = _act_and_grad(g, 0, True)
-    _store_rounded(DG + offs, _round_to(dh * u, DG.dtype.element_ty, RNE) * grad, mask, RNE)
-    _store_rounded(DU + offs, dh * _round_to(act, DU.dtype.element_ty, RNE), mask, RNE)
+    store_rounded(DG + offs, _round_to(dh * u, DG.dtype.element_ty, RNE) * grad, mask, RNE)
+    store_rounded(DU + offs, dh * _round_to(act, DU.dtype.element_ty, RNE), mask, RNE)
 
 
 @triton.jit
@@ -124,7 +119,7 @@ def _combine_bwd_kernel(
         dy = tl.load(DY + tok[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         yk = tl.load(YK + ids[:, None] * stride_yk + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dot += tl.sum(dy * yk, axis=1)
-        _store_rounded(DYK + pos[:, None] * stride_dyk + cols[None, :], w[:, None] * dy, mask, RNE)
+        store_rounded(DYK + pos[:, None] * stride_dyk + cols[None, :], w[:, None] * dy, mask, RNE)
     tl.store(DWEIGHTS + ids, dot, mask=ok)
 
 
@@ -157,7 +152,7 @@ def _router_bwd_kernel(
         dw_k = tl.load(DWEIGHTS + rows64 * TOP_K + k, mask=row_ok, other=0.0)
         dp = tl.where(chosen, ((dw_k - mean) / total)[:, None], dp)
     dlogits = p * (dp - tl.sum(p * dp, axis=1)[:, None])
-    _store_rounded(DLOGITS + rows64[:, None] * stride_dl + cols[None, :], dlogits, mask, RNE)
+    store_rounded(DLOGITS + rows64[:, None] * stride_dl + cols[None, :], dlogits, mask, RNE)
 
 
 @dataclass(frozen=True)
