@@ -38,7 +38,8 @@ Outputs of the watched function (the candidate) are checked twice: a cheap finge
 squares of each output tensor) right after each timed call returns, and again later (one round on, or at the end
 of the run, within a memory budget) — a change means work finished after the call "returned" (THREATS #16). A
 sample of its timed outputs is copied to the CPU, outside the timed region, for the parent to check against the
-reference (THREATS #15, #4). Holding them (up to `hold_bytes`) means a timed call cannot reuse the blocks its
+reference (THREATS #15, #4); with `keep_outputs` none is copied during the run: the outputs stay held and the caller
+fetches the calls the parent picks afterwards, so the candidate cannot know which of its calls are checked. Holding them (up to `hold_bytes`) means a timed call cannot reuse the blocks its
 previous outputs occupied, as a program does (and as the baselines do: their outputs are freed): with a cold cache
 every call's outputs would be a new cudaMalloc inside its host time, which only the watched function pays (the
 suspected cause of the AdamW seed's 0.77 ms of host time a call in `crucible bench` against 0.21 in a plain loop,
@@ -150,6 +151,7 @@ def measure(
     isolate: Iterable[str] = (),
     race: stats.RaceRule | None = None,
     extra_reps: int = 0,
+    keep_outputs: dict[int, tuple[int, Any]] | None = None,
 ) -> dict[str, Any]:
     """Time each callable `reps` times, interleaved and rotated, on the current CUDA device.
 
@@ -173,7 +175,10 @@ def measure(
     gradients come from its own thread, outside the pool) and their private inputs are set to NaN bytes before
     being freed. Without torch's MemPool the scrubbing alone applies, with a warning. `race`: stop the rounds once
     the watched function cannot beat the rule's incumbent, and time a contest still open after `reps` calls for up
-    to `extra_reps` more (see the module's docstring); without it, exactly `reps`.
+    to `extra_reps` more (see the module's docstring); without it, exactly `reps`. `keep_outputs`: a dict to fill
+    with the watched function's timed outputs still held at the end ({call: (input set, output)}, fingerprints
+    re-checked), none copied to the CPU during the run: the caller samples them later, outside the measurement, at
+    calls chosen after it (eager mode, outputs within `hold_bytes`).
     """
     plan = make_plan(fns, input_sets, reps=reps, warmup=warmup, burst=burst, settle_ms=settle_ms, watch=watch,
                  sample_every=sample_every, graph=graph, hold_bytes=hold_bytes, fresh_inputs=fresh_inputs,
@@ -181,6 +186,7 @@ def measure(
                  isolate=isolate, race=race, extra_reps=extra_reps)
     bench = Bench.on_current_device(flush_bytes)
     state = State.start(plan)
+    state.kept = keep_outputs if not plan.graph else None
     if bench.persisting.method is None:
         state.warnings.append(f"persisting L2 could not be reset: {bench.persisting.error}")
 
@@ -227,6 +233,8 @@ def _run_rounds(plan: Plan, state: State, bench: Bench) -> None:
         state.race["decision"] = stats.race(done, plan.race) if done else stats.OPEN
     for idx, old in state.held:
         state.recheck(idx, old)
+        if state.kept is not None:
+            state.kept[state.prints[idx]["call"]] = (state.prints[idx]["input_set"], old)
     state.held.clear()
     state.segments_timed = None if state.segments_before is None else segments(bench.dev) - state.segments_before
 
@@ -359,7 +367,8 @@ def _keep(plan: Plan, state: State, rnd: int, ks: list[int], outs: list[Any]) ->
         i = (rnd - plan.warm_rounds) * plan.burst + j
         state.prints.append({"call": i, "input_set": k, "at_return": fingerprint(out), "later": None,
                              "changed": False})
-        if (plan.sample_every < plan.reps and i % plan.sample_every == 0) or i == plan.reps - 1:
+        if state.kept is None and ((plan.sample_every < plan.reps and i % plan.sample_every == 0)
+                                   or i == plan.reps - 1):
             state.samples.append({"fn": plan.watch, "call": i, "input_set": k, "outputs": to_cpu(out)})
         if not plan.graph:
             state.held.append((len(state.prints) - 1, out))

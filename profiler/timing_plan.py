@@ -126,6 +126,7 @@ class State:
     watch_sample: Any = None  # the watched function's last warm-up output: the reserve's pattern
     reserved: int = 0
     segments_before: int | None = None
+    kept: dict[int, tuple[int, Any]] | None = None  # measure's keep_outputs: the held outputs, sampled later
 
     @classmethod
     def start(cls, plan: Plan) -> "State":

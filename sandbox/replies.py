@@ -168,15 +168,16 @@ COMMON: dict[str, Check] = {
     "violations": _list(_str(1000), 1000),
 }
 _OUTPUTS = _list(_tensor, 4096)
+SAMPLES = _list(_record({"call": _int(), "input_set": _int(),
+                          "outputs": lambda v, w: _OUTPUTS(v if type(v) is list else [v], w)},
+                         ("call", "input_set", "outputs"), open_=True))
 # The timing stage's measurements (profiler.timing.measure): the fields the parent reads are checked, the rest are
 # reported as they are.
 MEASURED = _record({
     "fns": _map(_record({"ms": _list(_number), "error": _optional(ERROR), "inconsistent": _bool,
                          "flagged": _list(_record({"call": _int()}, ("call",), open_=True)), "host_bound": _int()},
                         ("ms",), open_=True)),
-    "samples": _list(_record({"call": _int(), "input_set": _int(),
-                              "outputs": lambda v, w: _OUTPUTS(v if type(v) is list else [v], w)},
-                             ("call", "input_set", "outputs"), open_=True)),
+    "samples": SAMPLES,
     "warnings": _NAMES, "tampered": _NAMES, "fatal": _optional(ERROR),
     "fingerprint_mismatches": _list(_record({"call": _int()}, ("call",), open_=True)),
 }, ("fns",), open_=True)
@@ -190,13 +191,15 @@ SCHEMAS: dict[str, dict[str, Check]] = {
              "strides": _list(_list(_int(-(1 << 62)), MAX_DIMS), 1 << 16), "structure": _one_of({"tuple", "tensor"}),
              "calls": _int()},
     "time": {"measured": MEASURED, "n_sets": _int(1), "kernels": _list(_json), "environment": _map(_json),
-             "baselines": _map(_map(_json)), "laps": LAPS},
+             "baselines": _map(_map(_json)), "laps": LAPS, "kept_calls": _list(_int(), 1 << 16)},
+    "samples": {"samples": SAMPLES},
 }
 # Fields a successful reply must carry (a failed one carries a reason instead).
 REQUIRED_WHEN_OK: dict[str, tuple[str, ...]] = {
     "call": ("outputs", "strides", "structure"),
     "soak": ("outputs", "strides", "structure", "seconds"),
     "time": ("measured", "n_sets", "kernels", "environment", "baselines"),
+    "samples": ("samples",),
 }
 
 

@@ -5,6 +5,10 @@ derived on the device by `derive` (roll the last dimension, rescale), which the 
 compute the expected output of any timed call. Every timed call therefore sees different values at a different
 address, and the parent can check any of them.
 
+With `defer_samples` the timed outputs of the candidate stay on the device after the measurement (`kept_calls` in
+the reply) and a second request, `samples`, copies the calls the parent picked only then: the GPU's exclusive turn
+ends before any output is copied, and the candidate cannot know which of its calls are checked.
+
 The baselines (the task's reference eager, under torch.compile, Liger) are trusted code: they run with the sandbox's
 trusted flag so torch.compile may start the compiler tools it needs. The candidate's calls do not.
 """
@@ -85,14 +89,32 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     # memory the candidate can never be handed (their results: THREATS #5).
     watch = next(iter(fns))
     others = [n for n in fns if n != watch]
+    state.pop("kept", None)
+    kept: dict[int, tuple[int, Any]] | None = {} if msg.get("defer_samples") else None
     measured = timing.measure(fns, sets, reps=msg["reps"], warmup=msg["warmup"], burst=burst, settle_ms=settle_ms,
                               watch=watch, sample_every=msg["sample_every"], fresh_inputs=others, isolate=others,
-                              race=race, extra_reps=extra)
+                              race=race, extra_reps=extra, keep_outputs=kept)
+    if kept is not None:
+        state["kept"] = kept
     t2 = time.monotonic()
     laps["child_measure_s"] = t2 - t1
     with policy.trusted():
         kernels = [k.to_dict() for k in compile_stats.kernel_stats(state["module"])] if "module" in state else []
         env = environment(torch.cuda.current_device())
     laps["child_stats_env_s"] = time.monotonic() - t2
-    return {"ok": True, "measured": measured, "n_sets": n_sets, "kernels": kernels, "environment": env,
-            "baselines": {name: b.to_dict() for name, b in built.items()}, "laps": laps}
+    reply = {"ok": True, "measured": measured, "n_sets": n_sets, "kernels": kernels, "environment": env,
+             "baselines": {name: b.to_dict() for name, b in built.items()}, "laps": laps}
+    if kept is not None:
+        reply["kept_calls"] = sorted(kept)
+    return reply
+
+
+def samples(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    """The kept outputs of the timed calls the parent picked after the measurement, copied to the CPU; every kept
+    output is released."""
+    from profiler.device_memory import to_cpu
+
+    kept = state.pop("kept", None) or {}
+    out = [{"call": int(c), "input_set": kept[c][0], "outputs": to_cpu(kept[c][1])} for c in msg["calls"] if c in kept]
+    kept.clear()
+    return {"ok": True, "samples": out}

@@ -41,6 +41,9 @@ SETTLE_MS = 100.0  # untimed calls ahead of each burst, in device ms: the clock 
 BURST_BYTES = 4 << 30  # outputs one burst may hold alive
 RACE_MARGIN, RACE_MIN_ROUNDS = 0.05, 10  # profiler.stats.RaceRule against an incumbent's time
 EXTRA_REPS = REPS  # more calls a contest still open after REPS may take
+# Timed outputs the child may keep on the device for the parent to sample after the measurement (within
+# profiler.timing's default hold, so none is released early), and how many timed calls the parent then picks.
+DEFER_BYTES, PICKED_SAMPLES = 8 << 30, 3
 RACE_VERDICTS = {stats.LOST: "not faster than the incumbent", stats.WON: "faster than the incumbent's time",
                  stats.OPEN: "no significant difference from the incumbent"}
 
@@ -101,13 +104,20 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         msg["extra_reps"] = EXTRA_REPS
     msg["burst"], msg["settle_ms"] = pacing(opts.timing_mode, roof.bound, out_bytes)
     calls = REPS + (EXTRA_REPS if rule is not None else 0)
+    msg["defer_samples"] = defer = candidate and 0 < out_bytes and calls * out_bytes <= DEFER_BYTES
     t0 = time.monotonic()
-    reply = harness._request(run, Stage.TIMING, msg, max_bytes=(calls // msg["sample_every"] + 2) * out_bytes * 2
-                             + (64 << 20), exclusive=True)
+    reply = harness._request(run, Stage.TIMING, msg, max_bytes=(64 << 20) if defer else
+                             (calls // msg["sample_every"] + 2) * out_bytes * 2 + (64 << 20), exclusive=True)
     t1 = time.monotonic()
     measured = reply["measured"]
+    problems = []
+    if defer:  # after the exclusive turn: the calls to check are picked now, and copied while other checks run
+        measured["samples"], problems = _fetch_samples(harness, run, reply, out_bytes, msg["burst"])
+    t_fetch = time.monotonic()
     with harness._gpu(run):
-        problems = _validate(run, reference, base, measured, reply["n_sets"]) if candidate else []
+        if defer:
+            problems += _changed_after_return(measured["samples"], measured, run.device)
+        problems += _validate(run, reference, base, measured, reply["n_sets"]) if candidate else []
     t2 = time.monotonic()
     report = build_timing(measured, candidate="candidate" if candidate else None, baselines=reply["baselines"],
                           roof=roof, kernels=reply["kernels"], environment=reply["environment"],
@@ -117,7 +127,8 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         if problem:
             report["problems"].append({"reason": Reason.TIMING_INCONSISTENT.value, "message": problem})
     child_laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
-    report["laps"] = {"request_s": t1 - t0, "validate_s": t2 - t1, "roofline_s": t0 - t_roof,
+    report["laps"] = {"request_s": t1 - t0, "samples_s": t_fetch - t1, "validate_s": t2 - t_fetch,
+                      "roofline_s": t0 - t_roof,
                       "report_s": time.monotonic() - t2,
                       **{str(k): float(v) for k, v in child_laps.items() if isinstance(v, (int, float))}}
     return report
@@ -145,6 +156,61 @@ def race_report(measured: dict[str, Any], rule: stats.RaceRule) -> tuple[dict[st
         problem = (f"timing stopped after {len(stream)} of {REPS} calls although the candidate's interval did not lie "
                    f"above the incumbent's {rule.incumbent_ms:.4g} ms x {1 + rule.margin:g}")
     return record, problem
+
+
+def _fetch_samples(harness: "Harness", run: "_Run", reply: dict[str, Any], out_bytes: int,
+                   burst: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """The outputs of PICKED_SAMPLES timed calls, chosen at random now among those the child kept, and what is wrong
+    with them before they meet the reference: another call or input set than asked for, or an output that no longer
+    matches the fingerprint the timer took when its call returned (work finished later, THREATS #16)."""
+    measured, n_sets = reply["measured"], reply["n_sets"]
+    prints = {int(e["call"]): e for e in measured.get("fingerprints") or [] if isinstance(e, dict) and "call" in e}
+    kept = sorted({int(c) for c in reply.get("kept_calls") or []} & set(prints))
+    if not kept:
+        return [], ["the candidate's process kept none of its timed outputs for the parent to check"]
+    picked = sorted(run.rng.sample(kept, min(PICKED_SAMPLES, len(kept))))
+    got = harness._request(run, Stage.TIMING, {"op": "samples", "calls": picked},
+                           max_bytes=len(picked) * out_bytes * 2 + (64 << 20))["samples"]
+    warm_calls = -(-WARMUP // burst) * burst
+    problems = []
+    if sorted(int(s["call"]) for s in got) != picked:
+        problems.append(f"asked for the outputs of timed calls {picked}, the candidate's process sent "
+                        f"{sorted(int(s['call']) for s in got)}")
+    for sample in got:
+        call = int(sample["call"])
+        if call in prints and int(sample["input_set"]) != (warm_calls + call) % n_sets:
+            problems.append(f"timed call {call} reported input set {sample['input_set']}, not the "
+                            f"{(warm_calls + call) % n_sets} it was given")
+    return got, problems
+
+
+def _changed_after_return(samples: list[dict[str, Any]], measured: dict[str, Any], device: str) -> list[str]:
+    """Fetched samples whose outputs no longer match the fingerprint the timer took when their call returned."""
+    prints = {int(e["call"]): e for e in measured.get("fingerprints") or [] if isinstance(e, dict) and "call" in e}
+    return [f"timed call {s['call']}'s output changed after the call returned: it no longer matches the fingerprint "
+            "taken when it returned" for s in samples
+            if int(s["call"]) in prints and not _matches_print(s["outputs"], prints[int(s["call"])].get("at_return"),
+                                                               device)]
+
+
+def _matches_print(outputs: Any, at_return: Any, device: str) -> bool:
+    """Whether outputs fetched later still match the (float64 sum, sum of squares) per tensor taken at return; the
+    sums are recomputed here in float64, so they agree up to the order of summation."""
+    outs = [t for t in (outputs if isinstance(outputs, list) else [outputs]) if isinstance(t, torch.Tensor)]
+    if not isinstance(at_return, list) or len(at_return) != len(outs):
+        return False
+    for t, pair in zip(outs, at_return):
+        x = (torch.view_as_real(t) if t.is_complex() else t).detach().to(device).to(torch.float64).reshape(-1)
+        s, ss = float(x.sum()), float((x * x).sum())
+        s0, ss0 = (float(v) for v in pair)
+        if any(math.isnan(v) for v in (s, ss, s0, ss0)):
+            if not all(math.isnan(a) == math.isnan(b) for a, b in ((s, s0), (ss, ss0))):
+                return False
+            continue
+        scale = math.sqrt(max(ss, ss0) * max(1, x.numel()))
+        if abs(ss - ss0) > 1e-9 * max(ss, ss0) + 1e-300 or abs(s - s0) > 1e-9 * scale + 1e-300:
+            return False
+    return True
 
 
 def _validate(run: "_Run", reference: "Reference", base: list[list[Any]], measured: dict[str, Any],

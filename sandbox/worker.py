@@ -1,7 +1,8 @@
 """The candidate's process: trusted code that confines itself, imports the candidate and runs the calls the parent
 asks for. It holds no expected output at any time; it only reports what the candidate returned and what it did.
 
-Requests (from the parent, pickled): setup, call, rebuild, soak (many calls on inputs derived here), time, exit.
+Requests (from the parent, pickled): setup, call, rebuild, soak (many calls on inputs derived here), time, samples
+(timed outputs kept by `time`), exit.
 Replies (to the parent, sandbox.wire): dicts with `ok`, and on failure `reason` (a records.Reason value), `message`,
 `error`.
 
@@ -401,13 +402,22 @@ def _rebuild(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _time(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    return _with_hidden(state, timing_child.run, msg)
+
+
+def _samples(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    return _with_hidden(state, timing_child.samples, msg)
+
+
+def _with_hidden(state: dict[str, Any], fn, msg: dict[str, Any]) -> dict[str, Any]:
     hidden = state.get("hidden") or {}
     sys.modules.update(hidden)  # timing_child imports the profiler and the task loader as it goes
     try:
-        return timing_child.run(state, msg)
+        return fn(state, msg)
     finally:
         for name in hidden:
             sys.modules.pop(name, None)
 
 
-_HANDLERS = {"setup": _setup, "call": _call, "rebuild": _rebuild, "time": _time, "soak": _soak}
+_HANDLERS = {"setup": _setup, "call": _call, "rebuild": _rebuild, "time": _time, "samples": _samples,
+             "soak": _soak}

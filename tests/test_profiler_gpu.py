@@ -161,6 +161,18 @@ def test_samples_are_the_outputs_of_their_input_sets_and_nothing_is_flagged(sets
     assert report["problems"] == [] and report["baselines"]["sin"]["ms"] > 0
 
 
+def test_kept_outputs_are_every_timed_call_and_none_is_sampled_during_the_run(sets):
+    kept = {}
+    m = timing.measure({"double": lambda a: a[0] * 2, "sin": lambda a: torch.sin(a[0])}, sets, reps=12,
+                       sample_every=5, keep_outputs=kept)
+    assert m["samples"] == [] and sorted(kept) == list(range(12))
+    warm = m["config"]["warmup"]
+    for call, (k, out) in kept.items():
+        assert k == (warm + call) % len(sets)
+        assert torch.equal(out, sets[k][0] * 2)  # still the call's own output after the run
+    assert m["fingerprint_mismatches"] == []
+
+
 def test_graph_replay_mode(sets):
     m = timing.measure({"g": lambda a: a[0] + 1}, sets, reps=10, graph=True)
     assert m["fns"]["g"]["error"] is None

@@ -1,0 +1,139 @@
+"""The timing stage samples the candidate's timed outputs after its measurement: the child keeps them on the device,
+the parent picks the calls to check only once the exclusive turn is over, and what comes back must be the calls asked
+for, on the input sets they were given, unchanged since their call returned."""
+import contextlib
+import random
+import types
+
+import pytest
+import torch
+
+from profiler.device_memory import fingerprint
+from sandbox import timing_parent
+
+N_SETS, WARM = 35, timing_parent.WARMUP
+
+
+class _Stop(Exception):
+    pass
+
+
+def _outputs(call: int) -> torch.Tensor:
+    return torch.full((4, 8), float(call + 1))
+
+
+def _measured(calls: int = timing_parent.REPS) -> dict:
+    return {"fns": {"candidate": {"ms": [0.1] * calls}},
+            "fingerprints": [{"call": i, "input_set": (WARM + i) % N_SETS, "at_return": fingerprint(_outputs(i))}
+                             for i in range(calls)]}
+
+
+class _Child:
+    """A fake harness: the candidate's process answers `time` and `samples`, and every request and gate turn is
+    logged."""
+
+    def __init__(self, kept=None, send=None, changed=(), input_set=None):
+        self.events: list[str] = []
+        self.kept = list(range(timing_parent.REPS)) if kept is None else kept
+        self.send, self.changed, self.input_set = send, set(changed), input_set
+        self.asked: list[int] = []
+        self.time_msg: dict = {}
+
+    def _request(self, run, stage, msg, max_bytes=1 << 30, exclusive=False):
+        self.events.append(f"child: {msg['op']}" + (" (the GPU alone)" if exclusive else ""))
+        if msg["op"] == "time":
+            self.time_msg = msg
+            return {"ok": True, "measured": _measured(), "n_sets": N_SETS, "kernels": [], "environment": {},
+                    "baselines": {}, "kept_calls": self.kept}
+        self.asked = list(msg["calls"])
+        calls = self.send if self.send is not None else self.asked
+        return {"ok": True, "samples": [
+            {"call": c, "input_set": self.input_set if self.input_set is not None else (WARM + c) % N_SETS,
+             "outputs": [_outputs(c) + (1.0 if c in self.changed else 0.0)]} for c in calls]}
+
+    @contextlib.contextmanager
+    def _gpu(self, run, exclusive=False):
+        self.events.append("gate: alone" if exclusive else "gate: shared")
+        yield
+
+
+def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: int = 0) -> list[str]:
+    """Runs timing_parent.measure up to the validation against the reference; returns the problems found before."""
+    def validate(run, reference, base, measured, n_sets):
+        child.events.append("validate against the reference")
+        raise _Stop(measured)
+    monkeypatch.setattr(timing_parent, "_validate", validate)
+    monkeypatch.setattr("profiler.roofline.task_roofline", lambda *a: types.SimpleNamespace(bound="memory"))
+    monkeypatch.setattr("profiler.ceilings.get_ceilings", lambda gpu: {})
+    task = types.SimpleNamespace(make_inputs=lambda seed, distribution, device: [torch.zeros(4)], path="t.py",
+                                 overrides={}, declared_roofline=lambda: None)
+    run = types.SimpleNamespace(task=task, device="cpu", rng=random.Random(seed),
+                                options=types.SimpleNamespace(gpu=0, timing_mode="auto", baselines=("eager",),
+                                                              incumbent_ms=None))
+    reference = types.SimpleNamespace(output_bytes=lambda inputs: out_bytes, model=None, model_seed=0)
+    problems: list[str] = []
+    orig = timing_parent._changed_after_return
+
+    def changed(samples, measured, device):
+        out = orig(samples, measured, device)
+        problems.extend(out)
+        return out
+    monkeypatch.setattr(timing_parent, "_changed_after_return", changed)
+    orig_fetch = timing_parent._fetch_samples
+
+    def fetch(*a):
+        got, probs = orig_fetch(*a)
+        problems.extend(probs)
+        return got, probs
+    monkeypatch.setattr(timing_parent, "_fetch_samples", fetch)
+    with pytest.raises(_Stop):
+        timing_parent.measure(child, run, reference, candidate=True)
+    return problems
+
+
+def test_the_calls_to_check_are_picked_after_the_exclusive_turn(monkeypatch):
+    child = _Child()
+    assert _measure(child, monkeypatch=monkeypatch) == []
+    assert child.time_msg["defer_samples"] is True
+    # the child learns which calls are checked only after its measurement, in a request that shares the GPU
+    assert child.events == ["gate: shared", "child: time (the GPU alone)", "child: samples", "gate: shared",
+                            "validate against the reference"]
+    assert len(child.asked) == timing_parent.PICKED_SAMPLES and set(child.asked) <= set(child.kept)
+    assert child.asked == sorted(set(child.asked))
+
+
+def test_picks_differ_between_checks(monkeypatch):
+    picks = set()
+    for seed in range(6):
+        child = _Child()
+        _measure(child, monkeypatch=monkeypatch, seed=seed)
+        picks.add(tuple(child.asked))
+    assert len(picks) > 1
+
+
+@pytest.mark.parametrize("child, why", [
+    (_Child(send=[0, 1, 2]), "asked for the outputs of timed calls"),
+    (_Child(changed=range(30)), "changed after the call returned"),
+    (_Child(input_set=0), "not the"),
+    (_Child(kept=[]), "kept none of its timed outputs"),
+], ids=["other calls", "changed since return", "wrong input set", "nothing kept"])
+def test_a_sample_that_is_not_what_was_asked_for_is_a_problem(monkeypatch, child, why):
+    problems = _measure(child, monkeypatch=monkeypatch)
+    assert any(why in p for p in problems), problems
+
+
+def test_outputs_too_big_to_keep_are_sampled_during_the_measurement(monkeypatch):
+    child = _Child()
+    problems = _measure(child, out_bytes=timing_parent.DEFER_BYTES // timing_parent.REPS + 1, monkeypatch=monkeypatch)
+    assert child.time_msg["defer_samples"] is False and problems == []
+    assert "child: samples" not in child.events
+
+
+def test_a_print_match_tolerates_summation_order_only():
+    x = torch.randn(1000, dtype=torch.float32)
+    fp = fingerprint(x)
+    assert timing_parent._matches_print([x.flip(0)], fp, "cpu")
+    y = x.clone()
+    y[17] += 1e-3
+    assert not timing_parent._matches_print([y], fp, "cpu")
+    assert not timing_parent._matches_print([x, x], fp, "cpu")
