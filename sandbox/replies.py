@@ -193,6 +193,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
     "time": {"measured": MEASURED, "n_sets": _int(1), "kernels": _list(_json), "environment": _map(_json),
              "baselines": _map(_map(_json)), "laps": LAPS, "kept_calls": _list(_int(), 1 << 16)},
     "samples": {"samples": SAMPLES},
+    "prepare_timing": {"laps": LAPS},
 }
 # Fields a successful reply must carry (a failed one carries a reason instead).
 REQUIRED_WHEN_OK: dict[str, tuple[str, ...]] = {

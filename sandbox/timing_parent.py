@@ -1,6 +1,12 @@
 """The timing stage's trusted half: asks the candidate's process to time itself against the baselines
 (sandbox.timing_child), then validates what came back and builds the report (profiler.report).
 
+Three requests, of which only the second holds the GPU alone: `prepare_timing` (the child builds its input sets and
+baselines), `time` (the measurement; the candidate's timed outputs stay on the device where they fit in DEFER_BYTES),
+then `samples`: PICKED_SAMPLES timed calls, picked at random only now, are copied back, so the candidate cannot know
+which of its calls are checked and no copy happens inside the exclusive turn. Outputs too big to keep are sampled
+during the measurement instead (every `sample_every`-th call and the last).
+
 What the parent checks: the sampled outputs of timed calls against the reference on the same derived input set
 (a cache or a warm-up-only fast path returns the wrong values there); the report's own problems (timer tampering,
 outputs that changed after their call returned, event time that missed work, a time under the roofline).
@@ -105,6 +111,8 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     msg["burst"], msg["settle_ms"] = pacing(opts.timing_mode, roof.bound, out_bytes)
     calls = REPS + (EXTRA_REPS if rule is not None else 0)
     msg["defer_samples"] = defer = candidate and 0 < out_bytes and calls * out_bytes <= DEFER_BYTES
+    t_prep = time.monotonic()  # the input sets and baselines, built while other checks may use the GPU
+    prepared = harness._request(run, Stage.TIMING, {**msg, "op": "prepare_timing"})
     t0 = time.monotonic()
     reply = harness._request(run, Stage.TIMING, msg, max_bytes=(64 << 20) if defer else
                              (calls // msg["sample_every"] + 2) * out_bytes * 2 + (64 << 20), exclusive=True)
@@ -126,9 +134,9 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         report["race"], problem = race_report(measured, rule)
         if problem:
             report["problems"].append({"reason": Reason.TIMING_INCONSISTENT.value, "message": problem})
-    child_laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
-    report["laps"] = {"request_s": t1 - t0, "samples_s": t_fetch - t1, "validate_s": t2 - t_fetch,
-                      "roofline_s": t0 - t_roof,
+    child_laps = {**(prepared.get("laps") or {}), **(reply.get("laps") or {})}
+    report["laps"] = {"prepare_s": t0 - t_prep, "request_s": t1 - t0, "samples_s": t_fetch - t1,
+                      "validate_s": t2 - t_fetch, "roofline_s": t_prep - t_roof,
                       "report_s": time.monotonic() - t2,
                       **{str(k): float(v) for k, v in child_laps.items() if isinstance(v, (int, float))}}
     return report

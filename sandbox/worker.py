@@ -1,8 +1,8 @@
 """The candidate's process: trusted code that confines itself, imports the candidate and runs the calls the parent
 asks for. It holds no expected output at any time; it only reports what the candidate returned and what it did.
 
-Requests (from the parent, pickled): setup, call, rebuild, soak (many calls on inputs derived here), time, samples
-(timed outputs kept by `time`), exit.
+Requests (from the parent, pickled): setup, call, rebuild, soak (many calls on inputs derived here), prepare_timing
+(a timing's input sets and baselines), time, samples (timed outputs kept by `time`), exit.
 Replies (to the parent, sandbox.wire): dicts with `ok`, and on failure `reason` (a records.Reason value), `message`,
 `error`.
 
@@ -405,6 +405,10 @@ def _time(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     return _with_hidden(state, timing_child.run, msg)
 
 
+def _prepare_timing(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    return _with_hidden(state, timing_child.prepare, msg)
+
+
 def _samples(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     return _with_hidden(state, timing_child.samples, msg)
 
@@ -419,5 +423,5 @@ def _with_hidden(state: dict[str, Any], fn, msg: dict[str, Any]) -> dict[str, An
             sys.modules.pop(name, None)
 
 
-_HANDLERS = {"setup": _setup, "call": _call, "rebuild": _rebuild, "time": _time, "samples": _samples,
-             "soak": _soak}
+_HANDLERS = {"setup": _setup, "call": _call, "rebuild": _rebuild, "prepare_timing": _prepare_timing, "time": _time,
+             "samples": _samples, "soak": _soak}

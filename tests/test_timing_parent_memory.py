@@ -31,8 +31,10 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
         events.append("reference (float64 truth included)")
         return types.SimpleNamespace(nbytes=1 << 20)
 
-    def request(run, stage, msg, max_bytes, exclusive=False):
+    def request(run, stage, msg, max_bytes=1 << 30, exclusive=False):
         events.append(f"child: {msg['op']}" + (" (the GPU alone)" if exclusive else ""))
+        if msg["op"] == "prepare_timing":
+            return {"ok": True, "laps": {}}
         raise _ChildAsked
 
     @contextlib.contextmanager
@@ -49,9 +51,10 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
     reference = types.SimpleNamespace(run=reference_run, output_bytes=output_bytes, model=None, model_seed=0)
     with pytest.raises(_ChildAsked):
         timing_parent.measure(types.SimpleNamespace(_request=request, _gpu=gpu), run, reference, candidate=True)
-    # Only the child's measurement holds the GPU alone; the parent's inputs and reference share it with other checks.
+    # Only the child's measurement holds the GPU alone; the parent's inputs and reference, and the child's input sets
+    # and baselines, share it with other checks.
     assert events == ["gate: shared", "reference's output bytes", "gate: given back", "empty_cache",
-                      "child: time (the GPU alone)"]
+                      "child: prepare_timing", "child: time (the GPU alone)"]
 
 
 def test_output_bytes_runs_the_reference_alone_not_its_float64_copy(tmp_path):

@@ -41,6 +41,8 @@ class _Child:
 
     def _request(self, run, stage, msg, max_bytes=1 << 30, exclusive=False):
         self.events.append(f"child: {msg['op']}" + (" (the GPU alone)" if exclusive else ""))
+        if msg["op"] == "prepare_timing":
+            return {"ok": True, "laps": {"child_sets_s": 0.1}}
         if msg["op"] == "time":
             self.time_msg = msg
             return {"ok": True, "measured": _measured(), "n_sets": N_SETS, "kernels": [], "environment": {},
@@ -96,8 +98,8 @@ def test_the_calls_to_check_are_picked_after_the_exclusive_turn(monkeypatch):
     assert _measure(child, monkeypatch=monkeypatch) == []
     assert child.time_msg["defer_samples"] is True
     # the child learns which calls are checked only after its measurement, in a request that shares the GPU
-    assert child.events == ["gate: shared", "child: time (the GPU alone)", "child: samples", "gate: shared",
-                            "validate against the reference"]
+    assert child.events == ["gate: shared", "child: prepare_timing", "child: time (the GPU alone)", "child: samples",
+                            "gate: shared", "validate against the reference"]
     assert len(child.asked) == timing_parent.PICKED_SAMPLES and set(child.asked) <= set(child.kept)
     assert child.asked == sorted(set(child.asked))
 
