@@ -58,7 +58,15 @@ class _SwiGLU(torch.autograd.Function):
     def backward(ctx, dy):
         a, b = ctx.saved_tensors
         n = a.shape[-1]
-        da, db = ctx.bwd(a.reshape(-1, n), b.reshape(-1, n), dy.reshape(-1, n).contiguous())
+        in_place = getattr(ctx.bwd, "in_place", None) if ctx.bwd.__dict__.get("crucible_seed") else None
+        if in_place is not None and a.is_contiguous() and b.is_contiguous():
+            # A seed's own kernel writes (da, db) over the saved (a, b), as Liger's does: the backward then holds one
+            # pair, not two. Their version counters move, so a graph that saved a or b elsewhere fails loudly.
+            da, db = in_place(a.view(-1, n), b.view(-1, n), dy.reshape(-1, n).contiguous())
+            torch.autograd.graph.increment_version(a)
+            torch.autograd.graph.increment_version(b)
+        else:
+            da, db = ctx.bwd(a.reshape(-1, n), b.reshape(-1, n), dy.reshape(-1, n).contiguous())
         return da.view(a.shape), db.view(b.shape), None, None
 
 

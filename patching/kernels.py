@@ -98,4 +98,7 @@ def instantiate(src: KernelSource, task_path: str, device: torch.device) -> torc
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     task = load_task(task_path, rescale=False)
-    return module.ModelNew(*task.init_inputs()).to(device)
+    model = module.ModelNew(*task.init_inputs()).to(device)
+    # Only a seed's extra entry points (e.g. swiglu_bwd's `in_place`) are used beside the contract the harness checked.
+    object.__setattr__(model, "crucible_seed", src.module is not None)
+    return model

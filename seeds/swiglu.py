@@ -143,11 +143,15 @@ def glu_fwd(a: torch.Tensor, b: torch.Tensor, act: str = "silu", block: int | No
 
 
 def glu_bwd(a: torch.Tensor, b: torch.Tensor, dy: torch.Tensor, act: str = "silu", block: int | None = None,
-            num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(da, db) for y = act(a) * b and upstream gradient dy."""
+            num_warps: int | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da, db) for y = act(a) * b and upstream gradient dy. `out`: contiguous tensors like a to write them into,
+    which may be a and b themselves (each program reads its elements before it writes them)."""
     code = _check("glu_bwd", act, a, b, dy)
     a, b, dy = a.contiguous(), b.contiguous(), dy.contiguous()
-    da, db = torch.empty_like(a), torch.empty_like(b)
+    if out is not None and any(o.shape != a.shape or o.dtype != a.dtype or not o.is_contiguous() for o in out):
+        raise ValueError("glu_bwd: out must be two contiguous tensors of a's shape and dtype")
+    da, db = out if out is not None else (torch.empty_like(a), torch.empty_like(b))
     n = a.numel()
     if n == 0:
         return da, db
