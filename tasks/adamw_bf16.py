@@ -17,6 +17,11 @@ N2 = 2048       # a norm weight
 N3 = 1000       # an odd-sized tensor
 N_TENSORS = 4
 STEP = 10
+LR = 1e-3
+BETA1 = 0.9
+BETA2 = 0.95
+EPS = 1e-8
+WEIGHT_DECAY = 0.1
 
 CRUCIBLE_FIXED = ["STEP"]
 CRUCIBLE_FIXED_INPUTS = [12, 13, 14, 15, 16]  # exp_avg_sq must stay >= 0; the step is not data
@@ -58,4 +63,4 @@ def get_inputs():
 
 
 def get_init_inputs():
-    return [1e-3, 0.9, 0.95, 1e-8, 0.1]
+    return [LR, BETA1, BETA2, EPS, WEIGHT_DECAY]
