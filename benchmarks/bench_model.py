@@ -1,6 +1,8 @@
 """End-to-end model benchmark: eager, torch.compile, Liger's kernels and crucible's patch on one model, side by side
-in one run. Per variant: training step time (forward, backward, AdamW), tokens/s, peak memory, prefill and decode
-time, and the loss curve over --steps training steps from the same weights and batches.
+in one run. Per variant: training step time (forward, backward, AdamW: torch's default foreach step; crucible's
+fused bf16 step, `patching.adamw`, for crucible's variant; fused=True for the optional compile_fused), tokens/s,
+peak memory, prefill and decode time, and the loss curve over --steps training steps from the same weights and
+batches.
 
     python3 benchmarks/bench_model.py models/llama.py --preset 1b --out runs/bench-llama      # H200, ~5 min
     python3 benchmarks/bench_model.py models/mixtral.py --preset small --out runs/bench-mixtral
@@ -8,8 +10,9 @@ time, and the loss curve over --steps training steps from the same weights and b
 
 Writes OUT/model.csv (one row per variant, with the GPU, versions and commit; appended to
 benchmarks/data/model.csv with --record), OUT/losses.csv, OUT/patch.json (crucible's per-region outcomes) and
-OUT/report.html (tables and SVG plots). Liger's variant calls liger_kernel's autograd Functions on the same modules
-crucible patches (RMSNorm, SiLU-mul, RoPE, fused linear cross-entropy), as its apply_liger_kernel_to_llama does.
+OUT/report.html (tables and SVG plots); crucible's variant also OUT/adamw.json (which AdamW it trained with, and
+why). Liger's variant calls liger_kernel's autograd Functions on the same modules crucible patches (RMSNorm,
+SiLU-mul, RoPE, fused linear cross-entropy), as its apply_liger_kernel_to_llama does.
 """
 from __future__ import annotations
 
@@ -30,6 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import commit as repo_commit  # noqa: E402
 VARIANTS = ("eager", "compile", "liger", "crucible")
+# Accepted by --variants but not run by default: torch.compile(model) with torch.optim.AdamW(fused=True), the
+# strongest PyTorch baseline (every default variant but crucible's steps with torch's default, foreach, AdamW).
+OPTIONAL = ("compile_fused",)
 
 
 def liger_patch(model) -> int:
@@ -76,19 +82,28 @@ def measure(variant: str, spec, args, device: str, out: Path) -> tuple[dict, lis
     note = ""
     if variant == "liger":
         note = f"{liger_patch(model)} modules on Liger's Functions"
-    elif variant == "crucible":
+    opt = None
+    if variant == "crucible":
         report = patching.patch(model, spec.inputs(device), name=spec.name, workdir=out / "crucible",
                                 skip=tuple(s for s in args.crucible_skip.split(",") if s),
                                 archive=args.archive)
         (out / "patch.json").write_text(json.dumps(report.to_dict(), indent=1))
         note = "; ".join(f"{r.region.kind.value}: {r.outcome.value}" for r in report.results)
-    runner = torch.compile(model) if variant == "compile" else model
+        opt, adamw = patching.adamw(model, lr=args.lr, weight_decay=0.0, name=spec.name,
+                                    workdir=out / "crucible-adamw")
+        (out / "adamw.json").write_text(json.dumps(adamw.to_dict(), indent=1))
+        note += f"; optimizer: {adamw.optimizer}'s AdamW ({adamw.reason})"
+    elif variant == "compile_fused":
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)
+        note = "torch.optim.AdamW(fused=True)"
+    runner = torch.compile(model) if variant in ("compile", "compile_fused") else model
     batch = lambda step: spec.inputs(device, seed=step)  # noqa: E731
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     times: list[float] = []
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    if opt is None:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     losses = []
     for step in range(args.steps):
         inputs = batch(step)
@@ -106,7 +121,7 @@ def measure(variant: str, spec, args, device: str, out: Path) -> tuple[dict, lis
     step_s = statistics.median(timed)
     ids = batch(0)[0]
     tokens = ids.numel()
-    prefill_ms, decode_ms = inference(model if variant != "compile" else runner, ids, args.decode, device)
+    prefill_ms, decode_ms = inference(runner, ids, args.decode, device)
     del opt
     row = {"variant": variant, "step_ms": step_s * 1e3, "step_ms_iqr": _iqr(timed) * 1e3,
            "tokens_per_s": tokens / step_s, "peak_gib": peak, "prefill_ms": prefill_ms,
@@ -179,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default=None)
     p.add_argument("--out", required=True, help="folder for model.csv, losses.csv, patch.json, report.html")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"from {', '.join(VARIANTS + OPTIONAL)} (default: all but {', '.join(OPTIONAL)})")
     p.add_argument("--steps", type=int, default=50, help="training steps per variant (the loss curve)")
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the step time")
     p.add_argument("--decode", type=int, default=32, help="tokens decoded after the prefill")
@@ -191,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record", action="store_true", help="also append the rows to benchmarks/data/model.csv")
     args = p.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
-    if set(variants) - set(VARIANTS) or args.steps < 1:
-        p.error(f"--variants from {', '.join(VARIANTS)}; --steps >= 1")
+    if set(variants) - set(VARIANTS + OPTIONAL) or args.steps < 1:
+        p.error(f"--variants from {', '.join(VARIANTS + OPTIONAL)}; --steps >= 1")
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch

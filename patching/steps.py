@@ -1,5 +1,5 @@
 """Training steps for comparing a patched model's loss with the eager model's: the same batches, the same
-optimizer (AdamW), from the same weights."""
+optimizer update (AdamW: torch's, or crucible's for the patched model), from the same weights."""
 from __future__ import annotations
 
 from typing import Callable
@@ -8,9 +8,11 @@ import torch
 import torch.nn as nn
 
 
-def train_losses(model: nn.Module, batch: Callable[[int], list], steps: int, lr: float = 1e-3) -> list[float]:
-    """The loss of each of `steps` steps (forward, backward, AdamW step) on batch(step)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+def train_losses(model: nn.Module, batch: Callable[[int], list], steps: int, lr: float = 1e-3,
+                 optimizer: Callable[..., torch.optim.Optimizer] | None = None) -> list[float]:
+    """The loss of each of `steps` steps (forward, backward, AdamW step) on batch(step). `optimizer(params, lr=...,
+    weight_decay=0.0)` builds the optimizer (default torch.optim.AdamW; patching.optimizer.AdamW for crucible's)."""
+    opt = (optimizer or torch.optim.AdamW)(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     for step in range(steps):
         loss = model(*batch(step))

@@ -92,6 +92,30 @@ def _bias_terms(STEP, lr, ln_beta1, ln_beta2):
 
 
 @triton.jit
+def _find_tensor(TABLE, c, n_tensors, search_steps):
+    """The tensor of chunk c: the largest t with TABLE[t] <= c, TABLE's first row being each tensor's first chunk
+    (a prefix sum, TABLE[n_tensors] = the number of chunks); search_steps = ceil(log2(n_tensors))."""
+    lo = 0
+    hi = n_tensors
+    for _ in range(search_steps):
+        mid = (lo + hi) // 2
+        right = tl.load(TABLE + mid) <= c
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid)
+    return lo
+
+
+@triton.jit
+def _table_arrays(row, stride, P, G, M, V, P_OUT, M_OUT, V_OUT, ALIGN: tl.constexpr):
+    """A tensor's seven arrays from its table row (rows 2-8: each array's offset from its role's base, stored divided
+    by ALIGN, so the multiply shows Triton their divisibility: 16-byte vectors)."""
+    return (P + tl.load(row + 2 * stride) * ALIGN, G + tl.load(row + 3 * stride) * ALIGN,
+            M + tl.load(row + 4 * stride) * ALIGN, V + tl.load(row + 5 * stride) * ALIGN,
+            P_OUT + tl.load(row + 6 * stride) * ALIGN, M_OUT + tl.load(row + 7 * stride) * ALIGN,
+            V_OUT + tl.load(row + 8 * stride) * ALIGN)
+
+
+@triton.jit
 def _adamw_chunk(
     P, G, M, V, P_OUT, M_OUT, V_OUT, P16,   # one tensor's arrays (outputs may alias inputs: each element is read first)
     start, numel,                           # first element of the chunk, elements in the tensor
@@ -181,25 +205,10 @@ def _adamw_multi_kernel(
     if PERSISTENT:
         last = n_chunks
     for c in tl.range(pid, last, tl.num_programs(0)):
-        # The tensor of chunk c: the largest t with first_chunk[t] <= c (first_chunk[n_tensors] = n_chunks).
-        lo = 0
-        hi = n_tensors
-        for _ in range(search_steps):
-            mid = (lo + hi) // 2
-            right = tl.load(TABLE + mid) <= c
-            lo = tl.where(right, mid, lo)
-            hi = tl.where(right, hi, mid)
-        row = TABLE + lo
+        row = TABLE + _find_tensor(TABLE, c, n_tensors, search_steps)
         start = (c - tl.load(row)).to(tl.int64) * CHUNK
         numel = tl.load(row + stride)
-        # Offsets are stored divided by ALIGN, so the multiply shows Triton their divisibility (16-byte vectors).
-        p_ = P + tl.load(row + 2 * stride) * ALIGN
-        g_ = G + tl.load(row + 3 * stride) * ALIGN
-        m_ = M + tl.load(row + 4 * stride) * ALIGN
-        v_ = V + tl.load(row + 5 * stride) * ALIGN
-        po = P_OUT + tl.load(row + 6 * stride) * ALIGN
-        mo = M_OUT + tl.load(row + 7 * stride) * ALIGN
-        vo = V_OUT + tl.load(row + 8 * stride) * ALIGN
+        p_, g_, m_, v_, po, mo, vo = _table_arrays(row, stride, P, G, M, V, P_OUT, M_OUT, V_OUT, ALIGN)
         p16 = P16 + tl.load(row + 9 * stride) * ALIGN
         _adamw_span(p_, g_, m_, v_, po, mo, vo, p16, start, numel, decay, beta1, beta2, one_minus_beta1,
                     one_minus_beta2, eps, step_size, inv_sqrt_bias2, BLOCK, ITERS, VEC, SPLIT_TAIL, STREAMING)
@@ -668,9 +677,14 @@ class ModelNew(torch.nn.Module):
         self.lr, self.betas, self.eps, self.weight_decay = lr, (beta1, beta2), eps, weight_decay
 
     def forward(self, *state: torch.Tensor):
-        if len(state) % 4 != 1:
-            raise ValueError(f"expected 4 lists of equal length and a step tensor, got {len(state)} tensors")
-        n = (len(state) - 1) // 4
-        p, g, m, v = (list(state[i * n:(i + 1) * n]) for i in range(4))
-        outs = adamw_step(p, g, m, v, state[-1], self.lr, self.betas, self.eps, self.weight_decay, inplace=False)
+        p, g, m, v, step = split_state(state)
+        outs = adamw_step(p, g, m, v, step, self.lr, self.betas, self.eps, self.weight_decay, inplace=False)
         return tuple(t for lst in outs for t in lst)
+
+
+def split_state(state: tuple) -> tuple:
+    """An AdamW task's flat inputs as (params, grads, exp_avgs, exp_avg_sqs, step): four lists of equal length."""
+    if len(state) % 4 != 1:
+        raise ValueError(f"expected 4 lists of equal length and a step tensor, got {len(state)} tensors")
+    n = (len(state) - 1) // 4
+    return (*(list(state[i * n:(i + 1) * n]) for i in range(4)), state[-1])

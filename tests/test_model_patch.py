@@ -9,13 +9,15 @@ import torch
 import patching
 from patching.find import find_regions
 from patching.modelfile import ModelFileError, load_model_file
+from patching.optimizer import AdamW
 from patching.records import Kind, Outcome
 from patching.steps import loss_gap, train_losses
 from sandbox.reference import check_task
 from sandbox.task import load_task
 
 # bf16 training, 3 AdamW steps at lr 1e-3 on a 5.5 loss: the eager and patched curves round differently inside
-# the ops (fp32 in the kernels, bf16 between them), measured 1e-4 apart here; 2e-3 is 20x that and far below
+# the ops (fp32 in the kernels, bf16 between them) and in the optimizer (crucible's fp32 step against torch's bf16
+# foreach ops), measured 1e-4 apart here; 2e-3 is 20x that and far below
 # what a wrong gradient does (a missing or mis-scaled one moves the third step's loss by > 1e-2).
 LOSS_BOUND = 2e-3
 STEPS = 3
@@ -45,7 +47,10 @@ def test_match_extract_patch_train(name, expected, tmp_path):
     assert report.unmatched.get("Linear", 0) > 0  # the projections stay PyTorch's, and are listed as such
 
     batch = lambda step: spec.inputs(seed=step)  # noqa: E731
-    want, got = train_losses(eager, batch, STEPS), train_losses(model, batch, STEPS)
+    # the patched model trains with crucible's AdamW (the fused bf16 step), eager with torch's
+    opt, adamw = patching.adamw(model, lr=1e-3, weight_decay=0.0, workdir=tmp_path / "adamw")
+    assert isinstance(opt, AdamW) and adamw.patched, adamw.reason
+    want, got = train_losses(eager, batch, STEPS), train_losses(model, batch, STEPS, optimizer=AdamW)
     assert loss_gap(want, got) < LOSS_BOUND, (want, got)
     counts = patching.call_counts(model)
     blocks = [m for r in report.results if r.region.kind is Kind.MOE for m in r.region.modules]
