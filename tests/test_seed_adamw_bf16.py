@@ -50,10 +50,10 @@ def assert_within_ulp(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
                                     {"N0": 4099, "N1": 257, "N2": 17, "N3": 2},
                                     {"N0": 30000, "N1": 4096, "N2": 31, "N3": 1000}])
 @pytest.mark.parametrize("dist", ["normal", "uniform", "large", "outliers"])
-def test_seed_against_the_task_reference(consts, dist):
+def test_seed_against_the_task_reference(consts, dist, device):
     task = load_task(TASKS / "adamw_bf16.py").with_constants(consts)
-    model = task.make_reference(0, "cpu")
-    inputs = task.make_inputs(3, dist)
+    model = task.make_reference(0, device)
+    inputs = task.make_inputs(3, dist, device)
     pristine = [x.clone() for x in inputs]
     got = ModelNew(*task.init_inputs())(*inputs)
     want = model(*inputs)
@@ -66,17 +66,17 @@ def test_seed_against_the_task_reference(consts, dist):
         assert bad is None, bad.describe()
 
 
-def _state(shapes, seed=0, flat_offset=None):
+def _state(shapes, seed=0, flat_offset=None, device="cpu"):
     """bf16 params, grads, exp_avgs, exp_avg_sqs; with flat_offset, each list views one buffer from that element on
     (so the arrays are not 16-element aligned)."""
     g = torch.Generator().manual_seed(seed)
     scales = (0.02, 1e-3, 1e-4, None)
     lists = [[((torch.rand(s, generator=g) * 1e-6) if k is None else torch.randn(s, generator=g) * k).bfloat16()
-              for s in shapes] for k in scales]
+              .to(device) for s in shapes] for k in scales]
     if flat_offset is not None:
         packed = []
         for lst in lists:
-            flat = torch.empty(flat_offset + sum(t.numel() + 3 for t in lst), dtype=torch.bfloat16)
+            flat = torch.empty(flat_offset + sum(t.numel() + 3 for t in lst), dtype=torch.bfloat16, device=device)
             views, at = [], flat_offset
             for t in lst:
                 views.append(flat[at:at + t.numel()].view(t.shape).copy_(t))
@@ -88,10 +88,10 @@ def _state(shapes, seed=0, flat_offset=None):
 
 @pytest.mark.parametrize("flat_offset", [None, 5])
 @pytest.mark.parametrize("block", [None, 64])
-def test_in_place_equals_new_tensors_bitwise(flat_offset, block):
+def test_in_place_equals_new_tensors_bitwise(flat_offset, block, device):
     """Eight tensors (one empty, odd sizes, optionally unaligned) in one launch, small chunks crossing tensors."""
-    p, g, m, v = _state(SHAPES, flat_offset=flat_offset)
-    step = torch.tensor(3.0)
+    p, g, m, v = _state(SHAPES, flat_offset=flat_offset, device=device)
+    step = torch.tensor(3.0, device=device)
     new = adamw_bf16_step(p, g, m, v, step, **HYPER, block=block)
     kept = [t.clone() for t in p + m + v]
     adamw_bf16_step_(p, g, m, v, step, **HYPER, block=block)
@@ -99,10 +99,10 @@ def test_in_place_equals_new_tensors_bitwise(flat_offset, block):
     assert not all(torch.equal(a, b) for a, b in zip(p + m + v, kept)), "the step changed nothing"
 
 
-def test_a_step_per_param_is_read_per_tensor():
+def test_a_step_per_param_is_read_per_tensor(device):
     """Per-param step tensors (an optimizer's state): each tensor's bias correction uses its own step."""
-    p, g, m, v = _state([(300,), (70,)], seed=1)
-    steps = [torch.tensor(1.0), torch.tensor(9.0)]
+    p, g, m, v = _state([(300,), (70,)], seed=1, device=device)
+    steps = [torch.tensor(1.0, device=device), torch.tensor(9.0, device=device)]
     one = adamw_bf16_step(p, g, m, v, steps, **HYPER, block=64)
     for i, s in enumerate(steps):
         alone = adamw_bf16_step([p[i]], [g[i]], [m[i]], [v[i]], s, **HYPER, block=64)
@@ -119,21 +119,21 @@ def _torch_step(p, g, m, v, step):
     return p32[0].bfloat16(), m32[0].bfloat16(), v32[0].bfloat16()
 
 
-def test_optimizer_steps_against_torch_adamw():
+def test_optimizer_steps_against_torch_adamw(device):
     """Six steps of crucible's AdamW on bf16 params: each within one bf16 ulp of torch's update from the same state
     (the step counters, bias corrections and state handling included); over the six steps the params stay within
     6 x 2^-8 (normwise) of torch.optim.AdamW(foreach=False) run on fp32 copies, whose state is never rounded: each
     step rounds our p, m and v to bf16 once (2^-9 relative at most)."""
     torch.manual_seed(0)
     shapes = [(64, 48), (1000,), (17,), (3, 5)]
-    params = [torch.nn.Parameter((torch.randn(s) * 0.02).bfloat16()) for s in shapes]
+    params = [torch.nn.Parameter((torch.randn(s) * 0.02).bfloat16().to(device)) for s in shapes]
     fp32 = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
     opt = AdamW(params, **HYPER)
     ref = torch.optim.AdamW(fp32, foreach=False, **HYPER)
     steps = 6
     for k in range(1, steps + 1):
         for p, q in zip(params, fp32):
-            p.grad = (torch.randn(p.shape) * 1e-3).bfloat16()
+            p.grad = (torch.randn(p.shape) * 1e-3).bfloat16().to(device)
             q.grad = p.grad.float()
         want = [_torch_step(p, p.grad, opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"], k) if opt.state
                 else _torch_step(p, p.grad, torch.zeros_like(p), torch.zeros_like(p), k) for p in params]
@@ -150,11 +150,11 @@ def test_optimizer_steps_against_torch_adamw():
         assert gap < steps * 2.0 ** -8, gap
 
 
-def test_state_dict_round_trips_with_torch():
-    params = [torch.nn.Parameter((torch.randn(s) * 0.02).bfloat16()) for s in [(40, 3), (7,)]]
+def test_state_dict_round_trips_with_torch(device):
+    params = [torch.nn.Parameter((torch.randn(s) * 0.02).bfloat16().to(device)) for s in [(40, 3), (7,)]]
     opt = AdamW(params, **HYPER)
     for p in params:
-        p.grad = torch.randn(p.shape).bfloat16() * 1e-3
+        p.grad = torch.randn(p.shape).bfloat16().to(device) * 1e-3
     opt.step()
     sd = opt.state_dict()
     assert set(sd["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
@@ -168,16 +168,16 @@ def test_state_dict_round_trips_with_torch():
     assert float(again.state[params[0]]["step"]) == 2
 
 
-def test_other_dtypes_take_torch_functional_adamw():
+def test_other_dtypes_take_torch_functional_adamw(device):
     """An fp32 param beside bf16 ones: updated exactly as torch.optim.AdamW updates it."""
     torch.manual_seed(1)
-    w32 = torch.nn.Parameter(torch.randn(33))
-    w16 = torch.nn.Parameter(torch.randn(20).bfloat16())
+    w32 = torch.nn.Parameter(torch.randn(33).to(device))
+    w16 = torch.nn.Parameter(torch.randn(20).bfloat16().to(device))
     twin = torch.nn.Parameter(w32.detach().clone())
     opt, ref = AdamW([w32, w16], **HYPER), torch.optim.AdamW([twin], foreach=False, **HYPER)
     for _ in range(3):
-        g = torch.randn(33)
-        w32.grad, twin.grad, w16.grad = g.clone(), g.clone(), torch.randn(20).bfloat16()
+        g = torch.randn(33).to(device)
+        w32.grad, twin.grad, w16.grad = g.clone(), g.clone(), torch.randn(20).bfloat16().to(device)
         opt.step()
         ref.step()
     assert torch.equal(w32.detach(), twin.detach())
