@@ -14,10 +14,10 @@ class _Fwd(nn.Module):
         return torch.nn.functional.silu(a.float()).mul(b.float()).to(a.dtype)
 
 
-def _swiglu_grads(seed: bool, use_a_again: bool = False):
+def _swiglu_grads(device: str, seed: bool, use_a_again: bool = False):
     torch.manual_seed(0)
-    a = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
-    b = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+    a = torch.randn(4, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+    b = torch.randn(4, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
     bwd = SwiGLUBwd()
     object.__setattr__(bwd, "crucible_seed", seed)
     a1, b1 = a * 1, b * 1  # the saved tensors are these, as a projection's outputs in a model
@@ -30,27 +30,27 @@ def _swiglu_grads(seed: bool, use_a_again: bool = False):
     return a.grad, b.grad
 
 
-def test_a_seeds_in_place_swiglu_backward_gives_the_same_gradients():
-    da, db = _swiglu_grads(seed=True)
-    da0, db0 = _swiglu_grads(seed=False)
+def test_a_seeds_in_place_swiglu_backward_gives_the_same_gradients(device):
+    da, db = _swiglu_grads(device, seed=True)
+    da0, db0 = _swiglu_grads(device, seed=False)
     assert torch.equal(da, da0) and torch.equal(db, db0)
 
 
-def test_an_overwritten_input_another_op_saved_fails_loudly():
+def test_an_overwritten_input_another_op_saved_fails_loudly(device):
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        _swiglu_grads(seed=True, use_a_again=True)
-    _swiglu_grads(seed=False, use_a_again=True)  # the plain path has nothing to overwrite
+        _swiglu_grads(device, seed=True, use_a_again=True)
+    _swiglu_grads(device, seed=False, use_a_again=True)  # the plain path has nothing to overwrite
 
 
-def test_only_a_seed_kernel_is_asked_to_work_in_place():
+def test_only_a_seed_kernel_is_asked_to_work_in_place(device):
     calls = []
 
     class Archived(SwiGLUBwd):  # an archived winner may carry an in_place the harness never checked
         def in_place(self, a, b, dy):
             calls.append("in_place")
             return super().in_place(a, b, dy)
-    a = torch.randn(2, 8, dtype=torch.bfloat16, requires_grad=True)
-    b = torch.randn(2, 8, dtype=torch.bfloat16, requires_grad=True)
+    a = torch.randn(2, 8, dtype=torch.bfloat16, device=device, requires_grad=True)
+    b = torch.randn(2, 8, dtype=torch.bfloat16, device=device, requires_grad=True)
     bwd = Archived()
     object.__setattr__(bwd, "crucible_seed", False)
     _SwiGLU.apply(a * 1, b * 1, _Fwd(), bwd).float().sum().backward()

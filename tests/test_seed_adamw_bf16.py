@@ -169,12 +169,13 @@ def test_state_dict_round_trips_with_torch(device):
 
 
 def test_other_dtypes_take_torch_functional_adamw(device):
-    """An fp32 param beside bf16 ones: updated exactly as torch.optim.AdamW updates it."""
+    """An fp32 param beside bf16 ones: updated exactly as torch.optim.AdamW (its default path: foreach on a GPU,
+    single-tensor on the CPU, which differ in their last bits) updates it."""
     torch.manual_seed(1)
     w32 = torch.nn.Parameter(torch.randn(33).to(device))
     w16 = torch.nn.Parameter(torch.randn(20).bfloat16().to(device))
     twin = torch.nn.Parameter(w32.detach().clone())
-    opt, ref = AdamW([w32, w16], **HYPER), torch.optim.AdamW([twin], foreach=False, **HYPER)
+    opt, ref = AdamW([w32, w16], **HYPER), torch.optim.AdamW([twin], **HYPER)
     for _ in range(3):
         g = torch.randn(33).to(device)
         w32.grad, twin.grad, w16.grad = g.clone(), g.clone(), torch.randn(20).bfloat16().to(device)
