@@ -18,6 +18,8 @@ against eager on the GPU. What is reported, per task:
   comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
   machine has pynvml.
 
+- the rejected candidates by stage and reason (`rejections`), one message of each kind printed.
+
 Every task's line is printed and appended to benchmarks/data/throughput.csv with the GPU, driver, versions and commit.
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,7 @@ PARTS = ("static", "load", "compile", "correctness", "robustness", "timing")
 FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton", "task", "checks_per_gpu",
           "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
-          "gpu_timing_frac", "nvml_util_pct"]
+          "gpu_timing_frac", "nvml_util_pct", "rejections"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -126,6 +129,11 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     parts = [parts_of(c.diagnostics or {}) for _, c in mine if c.diagnostics]
     holds = [h for gate in executor.gates.values() for h in gate.holds()]
     verified = sum(c.accepted for _, c in mine)
+    why = Counter(f"{c.stage or '-'}/{c.reason}" for _, c in mine if not c.accepted)
+    first = {}  # one message per kind of rejection, to read what happened
+    for _, c in mine:
+        if not c.accepted:
+            first.setdefault(f"{c.stage or '-'}/{c.reason}", c.message[:200])
     row: dict[str, Any] = {
         "task": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task), "device": device,
         "checks_per_gpu": checks_per_gpu, "seconds": seconds, "wall_s": wall, "window_s": window,
@@ -134,7 +142,8 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         "proposals_per_min": len(mine) * 60.0 / window if mine else 0.0,
         "gpu_idle_frac": 1.0 - busy_seconds(holds, start, end) / window if mine else None,
         "gpu_timing_frac": busy_seconds([h for h in holds if h.mode == EXCLUSIVE], start, end) / window if mine
-        else None, "nvml_util_pct": nvml, "stop_reason": summary.stop_reason}
+        else None, "nvml_util_pct": nvml, "stop_reason": summary.stop_reason,
+        "rejections": "; ".join(f"{k} x{n}" for k, n in why.most_common()), "rejection_examples": first}
     for key in (*PARTS, "gpu_wait", "timing_wait"):
         row[f"{key}_s"] = statistics.fmean(p[key] for p in parts) if parts else None
     laps = [laps_of(c.diagnostics) for _, c in mine if c.diagnostics]
@@ -167,7 +176,8 @@ def show(row: dict[str, Any]) -> str:
             f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%"
             f"  (stopped: {row['stop_reason']})\n  laps a candidate (s): " +
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("laps", {}).items(), key=lambda kv: -kv[1])
-                      if k not in ("total_s", "calls") and v >= 0.05))
+                      if k not in ("total_s", "calls") and v >= 0.05) +
+            "".join(f"\n  rejected {k}: {m}" for k, m in row.get("rejection_examples", {}).items()))
 
 
 def main(argv: list[str] | None = None) -> int:
