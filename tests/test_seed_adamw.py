@@ -84,16 +84,22 @@ def _state(shapes, device, seed=0, grad_dtype=torch.float32, flat_offset=None):
              [torch.randn(s, generator=g) * 1e-4 for s in shapes],
              [torch.rand(s, generator=g) * 1e-6 for s in shapes]]
     if flat_offset is not None:
-        packed = []
-        for lst in lists:
-            flat = torch.empty(flat_offset + sum(t.numel() + 3 for t in lst), dtype=lst[0].dtype)
-            views, at = [], flat_offset
-            for t in lst:
-                views.append(flat[at:at + t.numel()].view(t.shape).copy_(t))
-                at += t.numel() + 3
-            packed.append(views)
-        lists = packed
+        lists = unaligned_views(lists, flat_offset)
     return [[t.to(device) for t in lst] for lst in lists]
+
+
+def unaligned_views(lists: list[list[torch.Tensor]], flat_offset: int) -> list[list[torch.Tensor]]:
+    """Each list's tensors copied into views of one buffer of their dtype and device, the first starting flat_offset
+    elements in and 3 elements between them: arrays that are not 16-element aligned."""
+    packed = []
+    for lst in lists:
+        flat = torch.empty(flat_offset + sum(t.numel() + 3 for t in lst), dtype=lst[0].dtype, device=lst[0].device)
+        views, at = [], flat_offset
+        for t in lst:
+            views.append(flat[at:at + t.numel()].view(t.shape).copy_(t))
+            at += t.numel() + 3
+        packed.append(views)
+    return packed
 
 
 def _reference(p, g, m, v, step, lr, betas, eps, wd):

@@ -21,6 +21,7 @@ from patching.records import Verdict
 from sandbox.task import load_task
 from sandbox.tolerance import compare
 from seeds.adamw_bf16 import ModelNew, adamw_bf16_step, adamw_bf16_step_
+from tests.test_seed_adamw import unaligned_views
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks"
 HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -73,17 +74,7 @@ def _state(shapes, seed=0, flat_offset=None, device="cpu"):
     scales = (0.02, 1e-3, 1e-4, None)
     lists = [[((torch.rand(s, generator=g) * 1e-6) if k is None else torch.randn(s, generator=g) * k).bfloat16()
               .to(device) for s in shapes] for k in scales]
-    if flat_offset is not None:
-        packed = []
-        for lst in lists:
-            flat = torch.empty(flat_offset + sum(t.numel() + 3 for t in lst), dtype=torch.bfloat16, device=device)
-            views, at = [], flat_offset
-            for t in lst:
-                views.append(flat[at:at + t.numel()].view(t.shape).copy_(t))
-                at += t.numel() + 3
-            packed.append(views)
-        lists = packed
-    return lists
+    return lists if flat_offset is None else unaligned_views(lists, flat_offset)
 
 
 @pytest.mark.parametrize("flat_offset", [None, 5])
