@@ -22,7 +22,11 @@ written, by the same program, so `adamw_bf16_step_` runs the same kernel in plac
 Every load is converted to fp32 explicitly and every result is converted explicitly to the output's dtype, rounded
 to nearest even (on the GPU Triton's cast does it; the CPU interpreter's truncates, so there `store_rounded` rounds
 by hand), so no result depends on Triton's promotion rules for bf16 operands. Bias corrections come from seeds/adamw.py
-(`_bias_terms`: fp64 once per program). Not measured on a GPU yet.
+(`_bias_terms`: fp64 once per program).
+
+On the H200 (benchmarks/bench_model_optimizer.py, benchmarks/data/adamw_model.csv), Llama 1B's 1.50B params in 147
+tensors, in place, through patching.optimizer.AdamW: 5.18 ms a step (4,050 GB/s at 14 B/param), against torch's
+AdamW(fused=True) 7.75 ms and its default foreach 17.41 ms.
 """
 from __future__ import annotations
 
