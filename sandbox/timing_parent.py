@@ -169,8 +169,8 @@ def race_report(measured: dict[str, Any], rule: stats.RaceRule) -> tuple[dict[st
 def _fetch_samples(harness: "Harness", run: "_Run", reply: dict[str, Any], out_bytes: int,
                    burst: int) -> tuple[list[dict[str, Any]], list[str]]:
     """The outputs of PICKED_SAMPLES timed calls, chosen at random now among those the child kept, and what is wrong
-    with them before they meet the reference: another call or input set than asked for, or an output that no longer
-    matches the fingerprint the timer took when its call returned (work finished later, THREATS #16)."""
+    with them before they meet the reference: another call or input set than asked for. Whether they still match
+    their fingerprints at return (work finished later, THREATS #16) is `_changed_after_return`'s, on the GPU."""
     measured, n_sets = reply["measured"], reply["n_sets"]
     prints = {int(e["call"]): e for e in measured.get("fingerprints") or [] if isinstance(e, dict) and "call" in e}
     kept = sorted({int(c) for c in reply.get("kept_calls") or []} & set(prints))
