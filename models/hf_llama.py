@@ -26,8 +26,8 @@ from patching.modelfile import ModelFileError
 PRESETS = {"tiny": LLAMA_PRESETS["tiny"], "1b": LLAMA_PRESETS["1b"]}
 
 
-NEEDS_TRANSFORMERS = ("this model file needs Hugging Face's transformers: pip install transformers (or pip install "
-                      "'kernel-crucible[hf]')")
+# no "[hf]" extra named here: the CLI prints through rich, which reads brackets as markup
+NEEDS_TRANSFORMERS = "this model file needs Hugging Face's transformers: pip install transformers"
 if importlib.util.find_spec("transformers") is None:  # checked without importing it (seconds): at load time
     raise ModelFileError(NEEDS_TRANSFORMERS)
 

@@ -103,5 +103,5 @@ def test_hf_calls_outside_the_contract_are_unmatched_or_fall_back():
 def test_hf_model_file_without_transformers_ends_in_one_sentence(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now fails as if not installed
     with pytest.raises(ModelFileError, match=r"^hf_llama\.py: this model file needs Hugging Face's transformers: "
-                                             r"pip install transformers"):
+                                             r"pip install transformers$"):
         load_model_file("models/hf_llama.py", "tiny")
