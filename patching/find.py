@@ -1,12 +1,14 @@
 """Find a model's fusable regions: its leaf modules matched to crucible's tasks, with the shapes they ran at in a
-real forward (captured by forward hooks), and the ops left to PyTorch, read from a torch.fx trace.
+real forward (captured by forward hooks), and the ops left to PyTorch, read from a torch.fx trace (or, where fx
+cannot trace the model, as transformers' models, the leaf modules outside the regions).
 
-A module is matched by its class name (the shipped models' leaf modules, and the names Hugging Face's Llama and
-Mixtral give the same ops), then confirmed by the call itself: the hook reads the arguments' shapes and a call that
+A module is matched by its class name (the shipped models' leaf modules, Hugging Face's RMSNorm classes, and its
+LlamaMLP and LlamaForCausalLM, read whole: HF_READERS, patched by patching/hf.py), then confirmed by the call itself: the hook reads the arguments' shapes and a call that
 does not fit the task's contract (e.g. an odd head dim for RoPE) leaves the module unmatched, never guessed.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import Counter
 from typing import Any, Callable
@@ -25,6 +27,9 @@ CLASS_KINDS: dict[str, Kind] = {
     "CausalAttention": Kind.ATTENTION,
     "LMLoss": Kind.LM_LOSS,
     "SparseMoE": Kind.MOE,
+    # Hugging Face's modules read and replaced whole (patching/hf.py): the MLP around its SwiGLU, the causal LM
+    # around its head and loss
+    "LlamaMLP": Kind.SWIGLU, "LlamaForCausalLM": Kind.LM_LOSS,
 }
 
 
@@ -96,6 +101,69 @@ READERS: dict[Kind, Callable[[nn.Module, tuple], tuple[dict[str, int], tuple[int
 }
 
 
+def read_call(mod: nn.Module, kind: Kind, args: tuple, kwargs: dict
+              ) -> tuple[dict[str, int], tuple[int, ...], dict[str, float], torch.dtype]:
+    """The task constants, shape key, float settings and dtype of one call of a matched module; ValueError (or
+    AttributeError, IndexError, TypeError) where the call does not fit the contract."""
+    hf = HF_READERS.get(type(mod).__name__)
+    if hf is not None:
+        return hf(mod, args, kwargs)
+    return (*READERS[kind](mod, args), args[0].dtype)
+
+
+MISFITS = (ValueError, AttributeError, IndexError, TypeError)
+
+
+def _silu(act: nn.Module) -> bool:
+    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+def read_mlp(mod: nn.Module, args: tuple, kwargs: dict):
+    x = args[0] if args else kwargs.get("x")
+    if not _silu(getattr(mod, "act_fn", None)):
+        raise ValueError(f"the MLP's activation is {type(getattr(mod, 'act_fn', None)).__name__}, not SiLU: "
+                         "not a SwiGLU")
+    layers = [getattr(mod, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(m, nn.Linear) for m in layers) or layers[0].out_features != layers[1].out_features:
+        raise ValueError("a gated MLP needs Linear gate_proj and up_proj of one width, and a Linear down_proj")
+    h, n = x.shape[-1], layers[0].out_features
+    return {"M": x.numel() // h, "N": n}, (n,), {}, x.dtype
+
+
+def training_call(mod: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The causal LM's arguments for a call the fused loss serves; ValueError saying why for any other call."""
+    bound = inspect.signature(type(mod).forward).bind(mod, *args, **kwargs).arguments
+    bound.pop("self")
+    extra = bound.pop("kwargs", {})
+    if extra:
+        raise ValueError(f"a call with {', '.join(sorted(extra))}, which the fused loss does not take")
+    if bound.get("labels") is None:
+        raise ValueError("a call without labels: no loss to fuse")
+    if not mod.training:
+        raise ValueError("a call in eval mode, which returns the logits")
+    if bound.get("cache", bound.get("past_key_values")) is not None:
+        raise ValueError("a call with a cache")
+    if not isinstance(bound.get("logits_to_keep", 0), int) or bound.get("logits_to_keep", 0) != 0:
+        raise ValueError("a call with logits_to_keep")
+    if getattr(mod.loss_function, "__name__", "") != "ForCausalLMLoss":
+        raise ValueError(f"the loss is {getattr(mod.loss_function, '__name__', mod.loss_function)}, not "
+                         "transformers' ForCausalLMLoss")
+    head = getattr(mod, "lm_head", None)
+    if not isinstance(head, nn.Linear) or head.bias is not None or head.out_features != mod.config.vocab_size:
+        raise ValueError("the LM head must be a Linear(hidden, vocab) without bias")
+    return bound
+
+
+def read_causal_lm(mod: nn.Module, args: tuple, kwargs: dict):
+    labels = training_call(mod, args, kwargs)["labels"]
+    v, h = mod.lm_head.weight.shape
+    return {"BT": labels.numel(), "H": h, "V": v}, (h, v), {}, mod.lm_head.weight.dtype
+
+
+# Hugging Face's modules read (and replaced, patching/hf.py) whole: their calls are not the shipped leaf modules'
+HF_READERS = {"LlamaMLP": read_mlp, "LlamaForCausalLM": read_causal_lm}
+
+
 def candidates(model: nn.Module) -> dict[str, Kind]:
     """Qualified module name -> the kind its class names."""
     return {name: CLASS_KINDS[type(m).__name__] for name, m in model.named_modules()
@@ -113,20 +181,20 @@ def find_regions(model: nn.Module, inputs: list[Any], forward: Callable[..., Any
     handles = []
 
     def hook(name: str, kind: Kind):
-        def record(mod: nn.Module, args: tuple) -> None:
+        def record(mod: nn.Module, args: tuple, kwargs: dict) -> None:
             try:
-                consts, key, floats = READERS[kind](mod, args)
-            except (ValueError, AttributeError, IndexError) as exc:
+                consts, key, floats, dtype = read_call(mod, kind, args, kwargs)
+            except MISFITS as exc:
                 misfits[name] = str(exc)
                 return
             entry = seen.setdefault((kind, key), {"modules": [], "constants": consts, "floats": floats,
-                                                  "dtype": str(args[0].dtype).removeprefix("torch.")})
+                                                  "dtype": str(dtype).removeprefix("torch.")})
             if name not in entry["modules"]:
                 entry["modules"].append(name)
         return record
 
     for name, kind in found.items():
-        handles.append(named[name].register_forward_pre_hook(hook(name, kind)))
+        handles.append(named[name].register_forward_pre_hook(hook(name, kind), with_kwargs=True))
     try:
         with torch.no_grad():
             (forward or model)(*inputs)
@@ -152,7 +220,7 @@ def unmatched_ops(model: nn.Module, concrete: dict[str, Any] | None = None) -> d
     """The ops a torch.fx trace of the model shows outside the matched regions, by name with their counts (the
     projections, the embedding, residual adds...): what stays PyTorch's. {"(not traceable)": 0}-style one entry
     naming the failure where fx cannot trace the model."""
-    leaves = set(CLASS_KINDS)
+    leaves = set(CLASS_KINDS) - set(HF_READERS)  # they hold ops left to PyTorch: the projections, the decoder
 
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
@@ -161,7 +229,8 @@ def unmatched_ops(model: nn.Module, concrete: dict[str, Any] | None = None) -> d
     try:
         graph = Tracer().trace(model, concrete_args=concrete)
     except Exception as exc:  # noqa: BLE001 - fx refuses data-dependent control flow; say so, do not guess
-        return {f"(the model could not be traced by torch.fx: {type(exc).__name__})": 0}
+        return {f"(not traced by torch.fx: {type(exc).__name__}; the leaf modules outside the regions instead)": 0,
+                **_unmatched_leaves(model)}
     named = dict(model.named_modules())
     counts: Counter[str] = Counter()
     for node in graph.nodes:
@@ -173,6 +242,21 @@ def unmatched_ops(model: nn.Module, concrete: dict[str, Any] | None = None) -> d
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
             if name not in _SHAPE_ONLY:
                 counts[name] += 1
+    return dict(counts.most_common())
+
+
+def _unmatched_leaves(model: nn.Module) -> dict[str, int]:
+    """The leaf modules left to PyTorch, by class with their counts, where no trace lists the ops: all but the
+    matched modules and what their patched forwards replace (a gated MLP's activation, a causal LM's head)."""
+    kinds = {name: CLASS_KINDS[type(m).__name__] for name, m in model.named_modules()
+             if type(m).__name__ in CLASS_KINDS}
+    counts: Counter[str] = Counter()
+    for name, m in model.named_modules():
+        parent, _, attr = name.rpartition(".")
+        replaced = (kinds.get(parent) is Kind.SWIGLU and not isinstance(m, nn.Linear)
+                    or kinds.get(parent) is Kind.LM_LOSS and attr == "lm_head")
+        if next(m.children(), None) is None and name not in kinds and not replaced:
+            counts[type(m).__name__] += 1
     return dict(counts.most_common())
 
 

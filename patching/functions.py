@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn as nn
 
-from patching.find import READERS
+from patching.find import MISFITS, read_call
 from patching.records import Kind
 
 
@@ -183,8 +184,14 @@ def _bind_weight(kernel: nn.Module, w: torch.Tensor) -> None:
         kernel.weight = w if isinstance(w, nn.Parameter) else nn.Parameter(w, requires_grad=False)
 
 
-def _run(kind: Kind, module: nn.Module, inst: Installed, args: tuple):
+# class name -> the patched forward(module, installed, args, kwargs) of a module read whole (patching/hf.py fills it)
+FORWARDS: dict[str, Callable[[nn.Module, Installed, tuple, dict], object]] = {}
+
+
+def _run(kind: Kind, module: nn.Module, inst: Installed, args: tuple, kwargs: dict):
     k = inst.kernels
+    if type(module).__name__ in FORWARDS:
+        return FORWARDS[type(module).__name__](module, inst, args, kwargs)
     if kind is Kind.RMSNORM:
         return _RMSNorm.apply(args[0], module.weight, k["forward"], k["backward"])
     if kind is Kind.SWIGLU:
@@ -211,17 +218,18 @@ def install(module: nn.Module, inst: Installed) -> None:
             _release(inst.kernels[role], names)
     original = type(module).forward
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):
         try:
-            key = READERS[inst.kind](self, args)[1]
-        except (ValueError, AttributeError, IndexError):
-            key = None
-        if key != inst.key or args[0].dtype != torch.bfloat16:
+            _, key, _, dtype = read_call(self, inst.kind, args, kwargs)
+        except MISFITS:
+            key = dtype = None
+        if key != inst.key or dtype != torch.bfloat16:
             inst.fallbacks += 1
-            inst.fallback_shapes.add(tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
-            return original(self, *args)
+            inst.fallback_shapes.add(tuple(tuple(a.shape) for a in (*args, *kwargs.values())
+                                           if isinstance(a, torch.Tensor)))
+            return original(self, *args, **kwargs)
         inst.calls += 1
-        return _run(inst.kind, self, inst, args)
+        return _run(inst.kind, self, inst, args, kwargs)
 
     module.forward = types.MethodType(forward, module)
     object.__setattr__(module, "crucible_patch", inst)  # not a submodule: the state dict stays the model's

@@ -52,6 +52,8 @@ def load_model_file(path: str | Path, preset: str | None = None) -> ModelFile:
     sys.modules[spec.name] = module  # dataclasses look their module up there
     try:
         spec.loader.exec_module(module)
+    except ModelFileError as exc:  # the file's own sentence (e.g. a library it needs is not installed)
+        raise ModelFileError(f"{path.name}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - the user's file: one sentence, not a traceback
         raise ModelFileError(f"{path.name} failed to import: {type(exc).__name__}: {exc}") from None
     missing = [n for n in ("PRESETS", "get_model", "get_inputs") if not hasattr(module, n)]

@@ -17,6 +17,7 @@ import torch.nn as nn
 from patching.extract import extract
 from patching.find import find_regions, unmatched_ops
 from patching.functions import Installed, install, uninstall
+from patching.hf import left_to_pytorch
 from patching.kernels import Verifier, instantiate
 from patching.records import Kind, Outcome, PatchReport, Region, RegionResult
 
@@ -30,8 +31,8 @@ def survey(model: nn.Module, inputs: list[Any], out_dir: str | Path, name: str,
     regions, misfits = find_regions(model, inputs, forward)
     files = extract(regions, Path(out_dir), name)
     report = PatchReport(name)
-    report.unmatched = {**unmatched_ops(model, {"cache": None}), **{f"{m} (unmatched: {why})": 1
-                                                                    for m, why in misfits.items()}}
+    report.unmatched = {**unmatched_ops(model, {"cache": None}), **left_to_pytorch(model),
+                        **{f"{m} (unmatched: {why})": 1 for m, why in misfits.items()}}
     return regions, files, report
 
 
