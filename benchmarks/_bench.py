@@ -1,8 +1,9 @@
 """What the GPU bench scripts share: their --smoke / --budget options, a median time over rotating input sets, the
-relative L2 error, and the commit a measurement is recorded under."""
+relative L2 error, the commit a measurement is recorded under, and appending rows to a CSV."""
 from __future__ import annotations
 
 import argparse
+import csv
 import subprocess
 import time
 from pathlib import Path
@@ -112,3 +113,14 @@ def commit(root: Path) -> str:
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def append_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
+    """Append rows (only `fields`, in that order) to a CSV, writing the header when the file is new."""
+    new = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerows(rows)

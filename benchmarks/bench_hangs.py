@@ -9,7 +9,6 @@ Every row is printed and appended to benchmarks/data/hangs.csv with the GPU, dri
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from benchmarks._bench import append_csv  # noqa: E402
 from benchmarks._bench import commit as repo_commit  # noqa: E402
 from benchmarks.bench_throughput import environment  # noqa: E402
 
@@ -67,12 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{cand.name:24s} {took:6.1f} s  {res.stage.value:12s} {res.reason.value:10s} {res.message[:160]}",
                   flush=True)
     if not args.no_csv:
-        new = not args.csv.exists()
-        with args.csv.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-            if new:
-                w.writeheader()
-            w.writerows(rows)
+        append_csv(args.csv, FIELDS, rows)
     return 0
 
 

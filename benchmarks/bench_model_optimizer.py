@@ -8,7 +8,6 @@ Rows go to benchmarks/data/adamw_model.csv with the GPU, driver, versions and co
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from benchmarks._bench import append_csv  # noqa: E402
 from benchmarks._bench import commit as repo_commit  # noqa: E402
 from benchmarks.bench_throughput import environment  # noqa: E402
 
@@ -73,12 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:24s} {ms:8.2f} ms a step on {n / 1e9:.2f}B params in {len(params)} tensors", flush=True)
         del opt
     if not args.no_csv:
-        new = not CSV.exists()
-        with CSV.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-            if new:
-                w.writeheader()
-            w.writerows(rows)
+        append_csv(CSV, FIELDS, rows)
     return 0
 
 

@@ -25,7 +25,6 @@ Every task's line is printed and appended to benchmarks/data/throughput.csv with
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import statistics
 import sys
@@ -40,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from benchmarks._bench import append_csv  # noqa: E402
 from benchmarks._bench import commit as repo_commit  # noqa: E402
 CSV = ROOT / "benchmarks" / "data" / "throughput.csv"
 TASKS = ("rmsnorm_fwd", "softmax_fwd", "swiglu_fwd", "attention_fwd_bwd")  # three memory-bound, one compute-bound
@@ -212,14 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                           workdir=Path(tmp))
             print(show(row), flush=True)
             if not args.no_csv:
-                new = not args.csv.exists()
-                args.csv.parent.mkdir(parents=True, exist_ok=True)
-                with args.csv.open("a", newline="") as f:
-                    w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-                    if new:
-                        w.writeheader()
-                    w.writerow({k: ("" if v is None else f"{v:.4g}" if isinstance(v, float) else v)
-                                for k, v in {**common, **row}.items()})
+                append_csv(args.csv, FIELDS, [{k: ("" if v is None else f"{v:.4g}" if isinstance(v, float) else v)
+                                               for k, v in {**common, **row}.items()}])
     return 0
 
 
