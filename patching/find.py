@@ -3,8 +3,9 @@ real forward (captured by forward hooks), and the ops left to PyTorch, read from
 cannot trace the model, as transformers' models, the leaf modules outside the regions).
 
 A module is matched by its class name (the shipped models' leaf modules, Hugging Face's RMSNorm classes, and its
-LlamaMLP and LlamaForCausalLM, read whole: HF_READERS, patched by patching/hf.py), then confirmed by the call itself: the hook reads the arguments' shapes and a call that
-does not fit the task's contract (e.g. an odd head dim for RoPE) leaves the module unmatched, never guessed.
+LlamaMLP and LlamaForCausalLM, read whole: HF_READERS, patched by patching/hf.py), then confirmed by the call itself:
+the hook reads the arguments' shapes and a call that does not fit the task's contract (e.g. an odd head dim for
+RoPE) leaves the module unmatched, never guessed.
 """
 from __future__ import annotations
 

@@ -39,9 +39,10 @@ squares of each output tensor) right after each timed call returns, and again la
 of the run, within a memory budget) — a change means work finished after the call "returned" (THREATS #16). A
 sample of its timed outputs is copied to the CPU, outside the timed region, for the parent to check against the
 reference (THREATS #15, #4); with `keep_outputs` none is copied during the run: the outputs stay held and the caller
-fetches the calls the parent picks afterwards, so the candidate cannot know which of its calls are checked. Holding them (up to `hold_bytes`) means a timed call cannot reuse the blocks its
-previous outputs occupied, as a program does (and as the baselines do: their outputs are freed): with a cold cache
-every call's outputs would be a new cudaMalloc inside its host time, which only the watched function pays (the
+fetches the calls the parent picks afterwards, so the candidate cannot know which of its calls are checked. Holding
+them (up to `hold_bytes`) means a timed call cannot reuse the blocks its previous outputs occupied, as a program
+does (and as the baselines do: their outputs are freed): with a cold cache every call's outputs would be a new
+cudaMalloc inside its host time, which only the watched function pays (the
 suspected cause of the AdamW seed's 0.77 ms of host time a call in `crucible bench` against 0.21 in a plain loop,
 315 MB of outputs a call; benchmarks/bench_child_overhead.py measures it). So before the first timed call, blocks
 the size of the watched function's warm-up output storages, as many as the re-check will hold at once, are
@@ -156,29 +157,29 @@ def measure(
     """Time each callable `reps` times, interleaved and rotated, on the current CUDA device.
 
     fns: name -> callable taking one input set (a list) and returning the output(s). `watch` names the function whose
-    outputs are fingerprinted and sampled (default: the first). `sample_every`: every n-th timed call of `watch`
-    (and its last; the last alone when n >= reps) is copied to the CPU (default: about four samples). `graph`: time
-    CUDA-graph replays, one graph captured per (function, input set) before warm-up; for launch-bound ops.
-    `hold_bytes`: memory the fingerprint re-check may keep alive; past it the oldest outputs are re-checked early and
-    released. `cover_ms`: device time of flush passes queued ahead of each call, to hide host launch overhead (0: one pass). `burst`: calls of one
-    function queued back to back before the device is synchronised (sustained mode, for compute-bound work whose
-    clock depends on how busy the GPU has been; 1: one call at a time). Warm-up and timed calls are rounded up to
-    whole bursts. `settle_ms`: before each timed burst, untimed calls of the same function on an input set kept for
-    this alone (the last one) run back to back for about this much device time, so the burst starts at the clock
-    that function settles at under load; their device time is recorded, and heating calls much faster than the
+    outputs are fingerprinted and sampled (default: the first). `sample_every`: every n-th timed call of `watch` (and
+    its last; the last alone when n >= reps) is copied to the CPU (default: about four samples). `graph`: time
+    CUDA-graph replays, one graph captured per (function, input set) before warm-up; for launch-bound ops. `hold_bytes`:
+    memory the fingerprint re-check may keep alive; past it the oldest outputs are re-checked early and released.
+    `cover_ms`: device time of flush passes queued ahead of each call, to hide host launch overhead (0: one pass).
+    `burst`: calls of one function queued back to back before the device is synchronised (sustained mode, for
+    compute-bound work whose clock depends on how busy the GPU has been; 1: one call at a time). Warm-up and timed calls
+    are rounded up to whole bursts. `settle_ms`: before each timed burst, untimed calls of the same function on an input
+    set kept for this alone (the last one) run back to back for about this much device time, so the burst starts at the
+    clock that function settles at under load; their device time is recorded, and heating calls much faster than the
     timed ones flag the burst (`count`). `fresh_inputs`: functions that get a private copy of each input set, made
     before the flush, because they may write over their inputs (Liger's cross-entropy stores the gradient in its
-    logits): every function then sees the same values. `reserve`: grow the allocator's cache for the held outputs
-    before the timed rounds (see `reserve_outputs`; False only to measure what it saves). `isolate`: functions (the
-    baselines) whose results the watched function must never be handed by the caching allocator (THREATS #5):
-    their calls and private input copies allocate from a memory pool of their own, and what they return (autograd's
-    gradients come from its own thread, outside the pool) and their private inputs are set to NaN bytes before
-    being freed. Without torch's MemPool the scrubbing alone applies, with a warning. `race`: stop the rounds once
-    the watched function cannot beat the rule's incumbent, and time a contest still open after `reps` calls for up
-    to `extra_reps` more (see the module's docstring); without it, exactly `reps`. `keep_outputs`: a dict to fill
-    with the watched function's timed outputs still held at the end ({call: (input set, output)}, fingerprints
-    re-checked), none copied to the CPU during the run: the caller samples them later, outside the measurement, at
-    calls chosen after it (eager mode, outputs within `hold_bytes`).
+    logits): every function then sees the same values. `reserve`: grow the allocator's cache for the held outputs before
+    the timed rounds (see `reserve_outputs`; False only to measure what it saves). `isolate`: functions (the baselines)
+    whose results the watched function must never be handed by the caching allocator (THREATS #5): their calls and
+    private input copies allocate from a memory pool of their own, and what they return (autograd's gradients come from
+    its own thread, outside the pool) and their private inputs are set to NaN bytes before being freed. Without torch's
+    MemPool the scrubbing alone applies, with a warning. `race`: stop the rounds once the watched function cannot beat
+    the rule's incumbent, and time a contest still open after `reps` calls for up to `extra_reps` more (see the module's
+    docstring); without it, exactly `reps`. `keep_outputs`: a dict to fill with the watched function's timed outputs
+    still held at the end ({call: (input set, output)}, fingerprints re-checked), none copied to the CPU during the run:
+    the caller samples them later, outside the measurement, at calls chosen after it (eager mode, outputs within
+    `hold_bytes`).
     """
     plan = make_plan(fns, input_sets, reps=reps, warmup=warmup, burst=burst, settle_ms=settle_ms, watch=watch,
                  sample_every=sample_every, graph=graph, hold_bytes=hold_bytes, fresh_inputs=fresh_inputs,
