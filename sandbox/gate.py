@@ -4,7 +4,7 @@ Several candidates are checked on one GPU at once (agent/search/executors.py), s
 correctness while another is timed. Their GPU work takes the gate in shared mode, a timing stage takes it in
 exclusive mode: a timing waits until the shared holders in progress have finished, and while it waits or runs no
 new shared holder starts (writer preference, so a stream of short checks cannot starve a timing). Two timings never
-overlap.
+overlap, and at most TIMING_TURNS timing stages hold their input sets on the GPU at once (`timing_turn`).
 
 The gate is the parent's (trusted) bookkeeping: it orders the work the parent asks for. Every hold is logged with
 its start and end (`holds()`), so a benchmark can say how much of the wall time the GPU had work and a test can
@@ -21,6 +21,9 @@ from typing import Iterator
 
 SHARED, EXCLUSIVE = "shared", "exclusive"
 MAX_LOGGED = 200_000  # holds kept for holds(); a long run forgets its oldest
+# Timing stages in progress on one GPU at once: the one measuring and the next, which builds its input sets (up to
+# sandbox/timing_child.SET_BUDGET_BYTES) while it waits for its exclusive turn; the rest wait before building theirs.
+TIMING_TURNS = 2
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class GpuGate:
         self._exclusive = False  # an exclusive holder now
         self._waiting_exclusive = 0
         self._log: deque[Hold] = deque(maxlen=MAX_LOGGED)
+        self._turns = threading.BoundedSemaphore(TIMING_TURNS)
 
     @contextmanager
     def shared(self, holder: str = "") -> Iterator[float]:
@@ -84,6 +88,18 @@ class GpuGate:
                 self._exclusive = False
                 self._log.append(Hold(EXCLUSIVE, holder, start, end, start - asked))
                 self._cond.notify_all()
+
+    @contextmanager
+    def timing_turn(self) -> Iterator[float]:
+        """One of the TIMING_TURNS timing stages that may hold their input sets and kept outputs on this GPU at once
+        (taken before the stage builds them, given back when its outputs are released); yields the seconds waited.
+        Nothing else is waited for while it is held but the gate itself, which never waits for a turn."""
+        asked = time.monotonic()
+        self._turns.acquire()
+        try:
+            yield time.monotonic() - asked
+        finally:
+            self._turns.release()
 
     def holds(self) -> list[Hold]:
         """The finished holds, oldest first (by end)."""

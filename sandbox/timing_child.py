@@ -121,9 +121,10 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     others = [n for n in fns if n != watch]
     state.pop("kept", None)
     kept: dict[int, tuple[int, Any]] | None = {} if msg.get("defer_samples") else None
+    hold = {"hold_bytes": int(msg["hold_bytes"])} if msg.get("hold_bytes") else {}
     measured = timing.measure(fns, sets, reps=msg["reps"], warmup=msg["warmup"], burst=burst, settle_ms=settle_ms,
                               watch=watch, sample_every=msg["sample_every"], fresh_inputs=others, isolate=others,
-                              race=race, extra_reps=extra, keep_outputs=kept)
+                              race=race, extra_reps=extra, keep_outputs=kept, **hold)
     if kept is not None:
         state["kept"] = kept
     t2 = time.monotonic()
@@ -147,4 +148,5 @@ def samples(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     kept = state.pop("kept", None) or {}
     out = [{"call": int(c), "input_set": kept[c][0], "outputs": to_cpu(kept[c][1])} for c in msg["calls"] if c in kept]
     kept.clear()
+    torch.cuda.empty_cache()  # the kept outputs and the input sets back to the GPU: the next timing builds its own
     return {"ok": True, "samples": out}

@@ -2,7 +2,8 @@
 (sandbox.timing_child), then validates what came back and builds the report (profiler.report).
 
 Three requests, of which only the second holds the GPU alone: `prepare_timing` (the child builds its input sets and
-baselines), `time` (the measurement; the candidate's timed outputs stay on the device where they fit in DEFER_BYTES),
+baselines), `time` (the measurement; the candidate's timed outputs stay on the device where they fit in
+`defer_bytes`),
 then `samples`: PICKED_SAMPLES timed calls, picked at random only now, are copied back, so the candidate cannot know
 which of its calls are checked and no copy happens inside the exclusive turn. Outputs too big to keep are sampled
 during the measurement instead (every `sample_every`-th call and the last).
@@ -23,7 +24,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -47,8 +49,8 @@ SETTLE_MS = 100.0  # untimed calls ahead of each burst, in device ms: the clock 
 BURST_BYTES = 4 << 30  # outputs one burst may hold alive
 RACE_MARGIN, RACE_MIN_ROUNDS = 0.05, 10  # profiler.stats.RaceRule against an incumbent's time
 EXTRA_REPS = REPS  # more calls a contest still open after REPS may take
-# Timed outputs the child may keep on the device for the parent to sample after the measurement (within
-# profiler.timing's default hold, so none is released early), and how many timed calls the parent then picks.
+# Timed outputs the child may keep on the device for the parent to sample after the measurement (at least; see
+# defer_bytes: the child holds them all, none released early), and how many timed calls the parent then picks.
 DEFER_BYTES, PICKED_SAMPLES = 8 << 30, 3
 RACE_VERDICTS = {stats.LOST: "not faster than the incumbent", stats.WON: "faster than the incumbent's time",
                  stats.OPEN: "no significant difference from the incumbent"}
@@ -110,18 +112,22 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         msg["extra_reps"] = EXTRA_REPS
     msg["burst"], msg["settle_ms"] = pacing(opts.timing_mode, roof.bound, out_bytes)
     calls = REPS + (EXTRA_REPS if rule is not None else 0)
-    msg["defer_samples"] = defer = candidate and 0 < out_bytes and calls * out_bytes <= DEFER_BYTES
-    t_prep = time.monotonic()  # the input sets and baselines, built while other checks may use the GPU
-    prepared = harness._request(run, Stage.TIMING, {**msg, "op": "prepare_timing"})
-    t0 = time.monotonic()
-    reply = harness._request(run, Stage.TIMING, msg, max_bytes=(64 << 20) if defer else
-                             (calls // msg["sample_every"] + 2) * out_bytes * 2 + (64 << 20), exclusive=True)
-    t1 = time.monotonic()
-    measured = reply["measured"]
-    problems = []
-    if defer:  # after the exclusive turn: the calls to check are picked now, and copied while other checks run
-        measured["samples"], problems = _fetch_samples(harness, run, reply, out_bytes, msg["burst"])
-    t_fetch = time.monotonic()
+    keep = defer_bytes(run.device)
+    msg["defer_samples"] = defer = candidate and 0 < out_bytes and calls * out_bytes <= keep
+    if defer:
+        msg["hold_bytes"] = keep
+    with _timing_turn(run):  # at most gate.TIMING_TURNS children hold their input sets on the GPU at once
+        t_prep = time.monotonic()  # the input sets and baselines, built while other checks may use the GPU
+        prepared = harness._request(run, Stage.TIMING, {**msg, "op": "prepare_timing"})
+        t0 = time.monotonic()
+        reply = harness._request(run, Stage.TIMING, msg, max_bytes=(64 << 20) if defer else
+                                 (calls // msg["sample_every"] + 2) * out_bytes * 2 + (64 << 20), exclusive=True)
+        t1 = time.monotonic()
+        measured = reply["measured"]
+        problems = []
+        if defer:  # after the exclusive turn: the calls to check are picked now, and copied while other checks run
+            measured["samples"], problems = _fetch_samples(harness, run, reply, out_bytes, msg["burst"])
+        t_fetch = time.monotonic()
     with harness._gpu(run):
         if defer:
             problems += _changed_after_return(measured["samples"], measured, run.device)
@@ -140,6 +146,28 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
                       "report_s": time.monotonic() - t2,
                       **{str(k): float(v) for k, v in child_laps.items() if isinstance(v, (int, float))}}
     return report
+
+
+def defer_bytes(device: str) -> int:
+    """The timed outputs a child may keep for sampling after its measurement: DEFER_BYTES, or an eighth of the GPU's
+    memory where that is more (an H200's 17.6 GB: 60 calls of a 256 MiB output, a raced softmax's)."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return DEFER_BYTES
+    return max(DEFER_BYTES, torch.cuda.get_device_properties(torch.device(device)).total_memory // 8)
+
+
+@contextmanager
+def _timing_turn(run: "_Run") -> Iterator[None]:
+    """One of the GPU's timing turns (sandbox/gate.py), its wait counted as the gate's waits are: in the check's
+    deadline and its `timing_wait` lap."""
+    gate = getattr(run.options, "gate", None)
+    if gate is None:
+        yield
+        return
+    with gate.timing_turn() as waited:
+        run.deadline += waited
+        run.laps["timing_wait"] = run.laps.get("timing_wait", 0.0) + waited
+        yield
 
 
 def race_rule(incumbent_ms: float | None) -> stats.RaceRule | None:

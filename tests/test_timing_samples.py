@@ -58,6 +58,12 @@ class _Child:
         self.events.append("gate: alone" if exclusive else "gate: shared")
         yield
 
+    @contextlib.contextmanager
+    def timing_turn(self):  # the gate's, as run.options.gate
+        self.events.append("timing turn taken")
+        yield 0.25
+        self.events.append("timing turn given back")
+
 
 def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: int = 0) -> list[str]:
     """Runs timing_parent.measure up to the validation against the reference; returns the problems found before."""
@@ -69,9 +75,9 @@ def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: 
     monkeypatch.setattr("profiler.ceilings.get_ceilings", lambda gpu: {})
     task = types.SimpleNamespace(make_inputs=lambda seed, distribution, device: [torch.zeros(4)], path="t.py",
                                  overrides={}, declared_roofline=lambda: None)
-    run = types.SimpleNamespace(task=task, device="cpu", rng=random.Random(seed),
+    run = types.SimpleNamespace(task=task, device="cpu", rng=random.Random(seed), deadline=0.0, laps={},
                                 options=types.SimpleNamespace(gpu=0, timing_mode="auto", baselines=("eager",),
-                                                              incumbent_ms=None))
+                                                              incumbent_ms=None, gate=child))
     reference = types.SimpleNamespace(output_bytes=lambda inputs: out_bytes, model=None, model_seed=0)
     problems: list[str] = []
     orig = timing_parent._changed_after_return
@@ -98,8 +104,10 @@ def test_the_calls_to_check_are_picked_after_the_exclusive_turn(monkeypatch):
     assert _measure(child, monkeypatch=monkeypatch) == []
     assert child.time_msg["defer_samples"] is True
     # the child learns which calls are checked only after its measurement, in a request that shares the GPU
-    assert child.events == ["gate: shared", "child: prepare_timing", "child: time (the GPU alone)", "child: samples",
-                            "gate: shared", "validate against the reference"]
+    # a timing turn covers the child's input sets and kept outputs, from building them to releasing them
+    assert child.events == ["gate: shared", "timing turn taken", "child: prepare_timing", "child: time (the GPU alone)",
+                            "child: samples", "timing turn given back", "gate: shared",
+                            "validate against the reference"]
     assert len(child.asked) == timing_parent.PICKED_SAMPLES and set(child.asked) <= set(child.kept)
     assert child.asked == sorted(set(child.asked))
 
@@ -139,3 +147,36 @@ def test_a_print_match_tolerates_summation_order_only():
     y[17] += 1e-3
     assert not timing_parent._matches_print([y], fp, "cpu")
     assert not timing_parent._matches_print([x, x], fp, "cpu")
+
+
+def test_at_most_two_timings_hold_their_input_sets_at_once():
+    import threading
+    import time
+
+    from sandbox.gate import TIMING_TURNS, GpuGate
+
+    gate, inside, most, lock = GpuGate(), [0], [0], threading.Lock()
+
+    def timing():
+        with gate.timing_turn():
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.02)
+            with lock:
+                inside[0] -= 1
+    threads = [threading.Thread(target=timing) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert TIMING_TURNS == 2 and most[0] == TIMING_TURNS
+
+
+def test_the_kept_outputs_budget_grows_with_the_gpu(monkeypatch):
+    assert timing_parent.defer_bytes("cpu") == timing_parent.DEFER_BYTES
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(total_memory=141 << 30))
+    assert timing_parent.defer_bytes("cuda:0") == (141 << 30) // 8
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(total_memory=24 << 30))
+    assert timing_parent.defer_bytes("cuda:0") == timing_parent.DEFER_BYTES
