@@ -66,12 +66,18 @@ def _cache_kwarg() -> str:
 
 
 def build(cfg: LlamaConfig, device="cpu", dtype=torch.bfloat16, seed: int = 0) -> HFCausalLMLoss:
+    return build_hf("LlamaConfig", cfg, device, dtype, seed)
+
+
+def build_hf(config_class: str, cfg, device="cpu", dtype=torch.bfloat16, seed: int = 0, **extra) -> HFCausalLMLoss:
+    """transformers' causal LM of `config_class` at cfg's Llama-layout sizes (plus `extra` config fields), with
+    SDPA attention, an untied head and random weights from `seed`, in training mode."""
     tf = transformers_module()
-    config = tf.LlamaConfig(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.ffn,
-                            num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
-                            num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.eps,
-                            rope_theta=cfg.rope_theta, max_position_embeddings=max(cfg.seq * 2, 128),
-                            tie_word_embeddings=False, hidden_act="silu")
+    config = getattr(tf, config_class)(
+        vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.ffn, num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+        rms_norm_eps=cfg.eps, rope_theta=cfg.rope_theta, max_position_embeddings=max(cfg.seq * 2, 128),
+        tie_word_embeddings=False, hidden_act="silu", **extra)
     dtype_kw = "dtype" if int(tf.__version__.split(".")[0]) >= 5 else "torch_dtype"
     with torch.device(device):
         lm = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", **{dtype_kw: dtype})
@@ -84,7 +90,10 @@ def get_model(preset: str = "tiny", device="cpu", dtype=torch.bfloat16) -> HFCau
 
 
 def get_inputs(preset: str = "tiny", device="cpu", seed: int = 0) -> list[torch.Tensor]:
+    return token_inputs(PRESETS[preset], device, seed)
+
+
+def token_inputs(cfg, device="cpu", seed: int = 0) -> list[torch.Tensor]:
     """Random token ids [batch, seq] and their labels: the ids themselves, as transformers shifts them."""
-    cfg = PRESETS[preset]
     ids = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq), generator=torch.Generator().manual_seed(seed))
     return [ids.to(device), ids.clone().to(device)]

@@ -3,7 +3,8 @@ real forward (captured by forward hooks), and the ops left to PyTorch, read from
 cannot trace the model, as transformers' models, the leaf modules outside the regions).
 
 A module is matched by its class name (the shipped models' leaf modules, Hugging Face's RMSNorm classes, and its
-LlamaMLP and LlamaForCausalLM, read whole: HF_READERS, patched by patching/hf.py), then confirmed by the call itself:
+LlamaMLP, LlamaForCausalLM, MixtralForCausalLM and MixtralSparseMoeBlock, read whole: HF_READERS, patched by
+patching/hf.py), then confirmed by the call itself:
 the hook reads the arguments' shapes and a call that does not fit the task's contract (e.g. an odd head dim for
 RoPE) leaves the module unmatched, never guessed.
 """
@@ -28,9 +29,10 @@ CLASS_KINDS: dict[str, Kind] = {
     "CausalAttention": Kind.ATTENTION,
     "LMLoss": Kind.LM_LOSS,
     "SparseMoE": Kind.MOE,
-    # Hugging Face's modules read and replaced whole (patching/hf.py): the MLP around its SwiGLU, the causal LM
-    # around its head and loss
-    "LlamaMLP": Kind.SWIGLU, "LlamaForCausalLM": Kind.LM_LOSS,
+    # Hugging Face's modules read and replaced whole (patching/hf.py): the MLP around its SwiGLU, the causal LMs
+    # around their head and loss, Mixtral's MoE block around its router and fused experts
+    "LlamaMLP": Kind.SWIGLU, "LlamaForCausalLM": Kind.LM_LOSS, "MixtralForCausalLM": Kind.LM_LOSS,
+    "MixtralSparseMoeBlock": Kind.MOE,
 }
 
 
@@ -144,6 +146,9 @@ def training_call(mod: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
         raise ValueError("a call in eval mode, which returns the logits")
     if bound.get("cache", bound.get("past_key_values")) is not None:
         raise ValueError("a call with a cache")
+    aux = bound.get("output_router_logits")
+    if aux if aux is not None else getattr(mod.config, "output_router_logits", False):
+        raise ValueError("a call with output_router_logits, whose loss adds the router's auxiliary loss")
     if not isinstance(bound.get("logits_to_keep", 0), int) or bound.get("logits_to_keep", 0) != 0:
         raise ValueError("a call with logits_to_keep")
     if getattr(mod.loss_function, "__name__", "") != "ForCausalLMLoss":
@@ -161,8 +166,39 @@ def read_causal_lm(mod: nn.Module, args: tuple, kwargs: dict):
     return {"BT": labels.numel(), "H": h, "V": v}, (h, v), {}, mod.lm_head.weight.dtype
 
 
+def read_mixtral_moe(mod: nn.Module, args: tuple, kwargs: dict):
+    """transformers 5's MixtralSparseMoeBlock: a MixtralTopKRouter (softmax, top-k, the weights renormalised: the
+    MoE tasks' routing) over MixtralExperts, fused [E, 2F, H] gate_up_proj (gate rows, then up rows) and
+    [E, H, F] down_proj, SiLU-gated."""
+    x = args[0] if args else kwargs.get("hidden_states")
+    gate, experts = getattr(mod, "gate", None), getattr(mod, "experts", None)
+    if type(gate).__name__ != "MixtralTopKRouter" or type(experts).__name__ != "MixtralExperts":
+        raise ValueError(f"a router {type(gate).__name__} and experts {type(experts).__name__}, not transformers' "
+                         "MixtralTopKRouter (softmax top-k, renormalised) and MixtralExperts")
+    if x.dim() != 3:
+        raise ValueError("the block takes hidden states [batch, seq, hidden]")
+    if mod.training and getattr(mod, "jitter_noise", 0) > 0:
+        raise ValueError(f"router jitter noise {mod.jitter_noise} in training scales the input by random noise, "
+                         "which the MoE contract does not")
+    if not _silu(getattr(experts, "act_fn", None)):
+        raise ValueError(f"the experts' activation is {type(getattr(experts, 'act_fn', None)).__name__}, not "
+                         "SiLU: not SwiGLU experts")
+    if getattr(experts, "has_bias", False) or getattr(gate, "bias", None) is not None:
+        raise ValueError("experts or a router with biases, which the MoE contract does not have")
+    h, (n, f2, _) = x.shape[-1], experts.gate_up_proj.shape
+    ffn, top_k = f2 // 2, int(mod.top_k)
+    if (experts.gate_up_proj.shape != (n, 2 * ffn, h) or experts.down_proj.shape != (n, h, ffn)
+            or gate.weight.shape != (n, h) or int(gate.top_k) != top_k):
+        raise ValueError("experts' gate_up_proj [E, 2F, H], down_proj [E, H, F] and a router [E, H] of one "
+                         "hidden size and expert count, the block's top-k the router's")
+    if not experts.gate_up_proj.dtype == experts.down_proj.dtype == x.dtype:
+        raise ValueError("experts' weights of another dtype than the hidden states")
+    return {"T": x.numel() // h, "H": h, "FFN": ffn, "EXPERTS": n, "TOP_K": top_k}, (h, ffn, n, top_k), {}, x.dtype
+
+
 # Hugging Face's modules read (and replaced, patching/hf.py) whole: their calls are not the shipped leaf modules'
-HF_READERS = {"LlamaMLP": read_mlp, "LlamaForCausalLM": read_causal_lm}
+HF_READERS = {"LlamaMLP": read_mlp, "LlamaForCausalLM": read_causal_lm, "MixtralForCausalLM": read_causal_lm,
+              "MixtralSparseMoeBlock": read_mixtral_moe}
 
 
 def candidates(model: nn.Module) -> dict[str, Kind]:
@@ -255,7 +291,8 @@ def _unmatched_leaves(model: nn.Module) -> dict[str, int]:
     for name, m in model.named_modules():
         parent, _, attr = name.rpartition(".")
         replaced = (kinds.get(parent) is Kind.SWIGLU and not isinstance(m, nn.Linear)
-                    or kinds.get(parent) is Kind.LM_LOSS and attr == "lm_head")
+                    or kinds.get(parent) is Kind.LM_LOSS and attr == "lm_head"
+                    or kinds.get(parent.rpartition(".")[0]) is Kind.MOE and parent.endswith(".experts"))
         if next(m.children(), None) is None and name not in kinds and not replaced:
             counts[type(m).__name__] += 1
     return dict(counts.most_common())

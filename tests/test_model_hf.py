@@ -20,10 +20,23 @@ from sandbox.task import load_task
 from tests.test_model_patch import LOSS_BOUND, STEPS
 
 
-def _tiny():
+def _tiny(path: str = "models/hf_llama.py"):
     pytest.importorskip("transformers")
-    spec = load_model_file("models/hf_llama.py", "tiny")
+    spec = load_model_file(path, "tiny")
     return spec, spec.module.PRESETS["tiny"]
+
+
+def assert_all_patched(report, kinds: set) -> None:
+    """The regions are of `kinds`; every task file carries the region's constants and passes its check; every
+    region is patched."""
+    assert {r.region.kind for r in report.results} == kinds
+    for result in report.results:
+        for task in result.tasks:
+            loaded = load_task(task.path, rescale=False)
+            assert all(loaded.current_constants()[k] == v for k, v in result.region.constants.items()
+                       if k in loaded.constants)
+            check_task(loaded, "cpu")
+        assert result.outcome is Outcome.PATCHED, result.reason
 
 
 @pytest.mark.slow
@@ -34,14 +47,7 @@ def test_hf_llama_match_extract_patch_train(tmp_path):
 
     report = patching.patch(model, inputs, name=spec.name, workdir=tmp_path)
 
-    assert {r.region.kind for r in report.results} == {Kind.RMSNORM, Kind.SWIGLU, Kind.LM_LOSS}
-    for result in report.results:
-        for task in result.tasks:
-            loaded = load_task(task.path, rescale=False)
-            assert all(loaded.current_constants()[k] == v for k, v in result.region.constants.items()
-                       if k in loaded.constants)
-            check_task(loaded, "cpu")
-        assert result.outcome is Outcome.PATCHED, result.reason
+    assert_all_patched(report, {Kind.RMSNORM, Kind.SWIGLU, Kind.LM_LOSS})
     # what stays PyTorch's is listed, with why: the projections (no fx trace of transformers' code), RoPE, attention
     left = report.unmatched
     assert left["Linear"] == 7 * cfg.layers and left["Embedding"] == 1, left
