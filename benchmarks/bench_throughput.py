@@ -16,7 +16,8 @@ against eager on the GPU. What is reported, per task:
   gate (sandbox/gate.py: checks share the GPU, a timing holds it alone);
 - the GPU's idle fraction: the share of the window in which no gated GPU work (a check's call, reference or
   comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
-  machine has pynvml.
+  machine has pynvml; the parent process's CPU seconds over the run's wall time (near one core: its threads, which
+  prepare inputs, references and comparisons for every slot, queue on its interpreter lock).
 
 - the rejected candidates by stage and reason (`rejections`), one message of each kind printed.
 
@@ -47,7 +48,7 @@ PARTS = ("static", "load", "compile", "correctness", "robustness", "timing")
 FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton", "task", "checks_per_gpu",
           "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
-          "gpu_timing_frac", "nvml_util_pct", "rejections"]
+          "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "rejections"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -117,10 +118,12 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     config = RunConfig(task_path=task, device=device, budget=100_000, time_limit_s=seconds, polish=0,
                        checks_per_gpu=checks_per_gpu, final_baselines=("eager",))
     sampler = NvmlSampler(0) if device == "cuda" else None
+    cpu0 = time.process_time()
     t0 = time.monotonic()
     with Archive(workdir / f"{task.stem}.db") as archive:
         summary = run_search(config, archive, on_event=on_event, executor=executor)
     wall = time.monotonic() - t0
+    parent_cpu = (time.process_time() - cpu0) / max(wall, 1e-9)  # near 1: the parent's threads queue on its GIL
     nvml = sampler.stop() if sampler is not None else None
     start = next((t for t, c in verdicts if c.origin == "seed"), t0)
     mine = [(t, c) for t, c in verdicts if c.origin != "seed" and c.verdict != "interrupted" and t > start]
@@ -142,7 +145,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         "proposals_per_min": len(mine) * 60.0 / window if mine else 0.0,
         "gpu_idle_frac": 1.0 - busy_seconds(holds, start, end) / window if mine else None,
         "gpu_timing_frac": busy_seconds([h for h in holds if h.mode == EXCLUSIVE], start, end) / window if mine
-        else None, "nvml_util_pct": nvml, "stop_reason": summary.stop_reason,
+        else None, "nvml_util_pct": nvml, "parent_cpu_frac": parent_cpu, "stop_reason": summary.stop_reason,
         "rejections": "; ".join(f"{k} x{n}" for k, n in why.most_common()), "rejection_examples": first}
     for key in (*PARTS, "gpu_wait", "timing_wait"):
         row[f"{key}_s"] = statistics.fmean(p[key] for p in parts) if parts else None
@@ -173,7 +176,8 @@ def show(row: dict[str, Any]) -> str:
             f"K={row['checks_per_gpu']})\n  seconds a candidate: {parts}; waiting for the GPU {f(row['gpu_wait_s'])}"
             f" + for the timing slot {f(row['timing_wait_s'])}\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
             f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "
-            f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%"
+            f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%, "
+            f"the parent's CPU {f(row['parent_cpu_frac'], '.0%')} of a core"
             f"  (stopped: {row['stop_reason']})\n  laps a candidate (s): " +
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("laps", {}).items(), key=lambda kv: -kv[1])
                       if k not in ("total_s", "calls") and v >= 0.05) +
