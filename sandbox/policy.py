@@ -95,6 +95,7 @@ class Policy:
     scratch_bound_bytes: int = 0  # the bound that stands (0: the scratch directory is the host's, unbounded)
     # True while trusted code (Triton compiling, the harness itself) is running, so tools may be invoked.
     trusted_depth: int = 0
+    library_dirs: tuple[str, ...] = ()  # where code that may read frames lives (set by `apply`)
 
     def walls(self) -> dict[str, object]:
         """Which OS-enforced walls stood when confinement finished (the memory bound in bytes, 0 where none)."""
@@ -128,6 +129,7 @@ def apply(policy: Policy) -> Policy:
     # Last: without capabilities even a root process cannot undo the namespaces (remount, setns) or raise limits,
     # whatever the candidate later does to the Python-level checks below.
     policy.capabilities_dropped = _drop_capabilities()
+    policy.library_dirs = library_dirs(policy.write_roots)
     os.chdir(policy.scratch)
     os.environ["TMPDIR"] = str(policy.scratch)
     tempfile.tempdir = str(policy.scratch)  # the zygote may already have cached /tmp
@@ -267,10 +269,24 @@ def _writable(path: object) -> bool:
 _FRAME_EVENTS = {"sys._getframe", "sys._getframemodulename", "sys._current_frames", "sys._current_exceptions"}
 _FRAME_ATTRS = {"tb_frame", "f_code", "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code"}
 # Libraries ask for frames as they define things (typing.TypeVar and enum read the caller's module name), so a lazy
-# import inside the candidate's call must go on: code from the interpreter's own library directories may; the
-# candidate's file, or code it compiled, may not.
+# import inside the candidate's call must go on: code from the interpreter's own library directories, and from the
+# import path's other directories (PYTHONPATH, `pip install --target`), may; the candidate's file, or code it
+# compiled, may not: nothing under a directory the candidate can write counts (`library_dirs`).
 _LIBRARY_DIRS = tuple(dict.fromkeys(os.path.realpath(sysconfig.get_paths()[k]) + os.sep
                                     for k in ("stdlib", "platstdlib", "purelib", "platlib")))
+
+
+def library_dirs(write_roots: list[Path] | list[str], path: list[str] | None = None) -> tuple[str, ...]:
+    """The interpreter's library directories and the import path's existing absolute directories (`path`, default
+    sys.path), less any inside or above a writable root: where code that may read frames lives."""
+    roots = [os.path.realpath(r) for r in write_roots]
+
+    def overlaps(d: str) -> bool:
+        return any(d == r or d.startswith(r + os.sep) or r.startswith(d + os.sep) for r in roots)
+    found = [os.path.realpath(e) for e in (sys.path if path is None else path)
+             if e and os.path.isabs(e) and os.path.isdir(e)]
+    dirs = [d.rstrip(os.sep) for d in _LIBRARY_DIRS] + found
+    return tuple(dict.fromkeys(d + os.sep for d in dirs if d != os.sep and not overlaps(d)))
 
 
 def _asked_by_library(p: Policy) -> bool:
@@ -281,7 +297,7 @@ def _asked_by_library(p: Policy) -> bool:
         name = sys._getframe(2).f_code.co_filename
     finally:
         p.trusted_depth -= 1
-    return name.startswith(_LIBRARY_DIRS)
+    return name.startswith(p.library_dirs or _LIBRARY_DIRS)
 
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND

@@ -5,10 +5,13 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from sandbox import policy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,3 +80,20 @@ def test_the_os_layers_hold_after_the_python_layer_is_subverted(probe):
     assert results["remount_rw"] == "refused"
     assert results["write_outside_after_subversion"] in ("OSError", "PermissionError") and not outside.exists()
     assert results["network_isolated"]
+
+
+def test_library_dirs_take_the_import_path_but_nothing_the_candidate_can_write(tmp_path):
+    """A library reached through PYTHONPATH (say, `pip install --target DIR`) may read frames as it defines
+    things; the scratch directory, a directory inside it, or one holding it must not count."""
+    site = tmp_path / "site"
+    scratch = tmp_path / "scratch"
+    inner = scratch / "pkgs"
+    for d in (site, inner):
+        d.mkdir(parents=True)
+    dirs = policy.library_dirs([scratch], [str(site), str(inner), str(tmp_path), "", "relative/dir",
+                                           str(tmp_path / "missing")])
+    assert str(site) + os.sep in dirs
+    for refused in (inner, scratch, tmp_path, tmp_path / "missing"):
+        assert str(refused) + os.sep not in dirs
+    assert not any(d.startswith(str(scratch)) for d in dirs)
+    assert os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep in dirs
