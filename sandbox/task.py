@@ -34,6 +34,7 @@ import hashlib
 import logging
 import math
 import sys
+import threading
 import types
 import dataclasses
 from dataclasses import dataclass, field
@@ -202,18 +203,20 @@ class Task:
         return list(self.module.get_init_inputs())
 
     def make_reference(self, seed: int, device: torch.device | str) -> torch.nn.Module:
-        torch.manual_seed(seed)
-        model = self.module.Model(*self.init_inputs())
+        with SEEDED:
+            torch.manual_seed(seed)
+            model = self.module.Model(*self.init_inputs())
         return model.to(device).eval()
 
     def make_inputs(self, seed: int, distribution: str, device: torch.device | str = "cpu") -> list[Any]:
         """Inputs for one call: get_inputs() under `seed`, floating tensors redrawn from `distribution`."""
         if distribution not in DISTRIBUTIONS:
             raise ValueError(f"unknown distribution {distribution!r}")
-        torch.manual_seed(seed)
         # get_inputs() makes its tensors on the default device: on the GPU that is the device itself, so large
-        # inputs are drawn there (CPU-made inputs of several GB take seconds). Same seed, same values.
-        with torch.device(device):
+        # inputs are drawn there (CPU-made inputs of several GB take seconds). Same seed, same values, whatever
+        # other threads draw (SEEDED).
+        with SEEDED, torch.device(device):
+            torch.manual_seed(seed)
             inputs = list(self.module.get_inputs())
         gens: dict[torch.device, torch.Generator] = {}
         out = []
@@ -240,6 +243,11 @@ def load_task(path: str | Path, constants: dict[str, int] | None = None, *, resc
     task = _load(path, {}, rescale=rescale)
     return task.with_constants(constants, pin=True) if constants else task
 
+
+# torch's default generators are one per process: a harness checks several candidates on threads, and a seed set by
+# one thread would be drawn from by another (the parent's inputs of a timing stage then differ from the ones the
+# candidate's process rebuilt from the same seed). Seeding and drawing hold this lock together.
+SEEDED = threading.RLock()
 
 # (path, source hash, overrides, pinned, budget) -> the rescaled task's overrides and its note
 _FITTED: dict[tuple, tuple[dict[str, int], str]] = {}

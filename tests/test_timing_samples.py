@@ -3,13 +3,16 @@ the parent picks the calls to check only once the exclusive turn is over, and wh
 for, on the input sets they were given, unchanged since their call returned."""
 import contextlib
 import random
+import threading
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from profiler.device_memory import fingerprint
 from sandbox import timing_parent
+from sandbox.task import load_task
 
 N_SETS, WARM = 35, timing_parent.WARMUP
 
@@ -180,3 +183,29 @@ def test_the_kept_outputs_budget_grows_with_the_gpu(monkeypatch):
     assert timing_parent.defer_bytes("cuda:0") == (141 << 30) // 8
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(total_memory=24 << 30))
     assert timing_parent.defer_bytes("cuda:0") == timing_parent.DEFER_BYTES
+
+
+def test_inputs_drawn_from_a_seed_do_not_depend_on_other_threads():
+    """The parent rebuilds a timing's input sets from the seeds it sent the candidate's process; with several checks
+    on threads, one check's seed must not be drawn from by another (every honest candidate rejected at random)."""
+    root = Path(__file__).resolve().parent
+    task = load_task(root / "tasks" / "row_mean.py")
+    norm = load_task(root.parent / "tasks" / "rmsnorm_fwd.py")
+    seeds = list(range(8))
+    want = {s: task.make_inputs(s, "normal")[0] for s in seeds}
+    weights = {s: norm.make_reference(s, "cpu").weight.detach().clone() for s in seeds}
+    wrong: list[int] = []
+
+    def draw(s: int) -> None:
+        for _ in range(200):
+            if not torch.equal(task.make_inputs(s, "normal")[0], want[s]):
+                wrong.append(s)
+            if not torch.equal(norm.make_reference(s, "cpu").weight, weights[s]):
+                wrong.append(-s - 1)
+
+    threads = [threading.Thread(target=draw, args=(s,)) for s in seeds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
