@@ -115,6 +115,13 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
             verdicts.append((time.monotonic(), event.candidate))
 
     executor = LocalExecutor()
+    if device == "cuda":  # the slots the run gets: fewer than asked where the task's checks do not fit at once
+        import torch
+
+        from agent.search.executors import checks_that_fit
+        from sandbox.task import load_task
+        checks_per_gpu = checks_that_fit(load_task(task), torch.cuda.get_device_properties(0).total_memory,
+                                         checks_per_gpu)
     config = RunConfig(task_path=task, device=device, budget=100_000, time_limit_s=seconds, polish=0,
                        checks_per_gpu=checks_per_gpu, final_baselines=("eager",))
     sampler = NvmlSampler(0) if device == "cuda" else None

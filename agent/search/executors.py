@@ -23,15 +23,18 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from sandbox.gate import GpuGate
+from sandbox.gate import TIMING_TURNS, GpuGate
 from sandbox.records import CheckResult
 from sandbox.task import Task
+from sandbox.timing_child import SET_BUDGET_BYTES
+from sandbox.timing_parent import EXTRA_REPS, REPS, WARMUP
 
 if TYPE_CHECKING:
     from agent.search.runs import RunConfig
 
 log = logging.getLogger(__name__)
-CHECK_FOOTPRINT = 8  # GPU bytes a check keeps alive, in multiples of the task's input bytes (checks_that_fit)
+CHECK_FOOTPRINT = 16  # GPU bytes a check keeps alive, in multiples of the task's input bytes (checks_that_fit;
+# H200, SwiGLU's 0.94 GB of inputs at 8 checks: the parent held 81 GiB, a timing's child 28 GiB, out of memory)
 CHECKS_PER_GPU = 4  # slots per GPU when the run does not say: enough that a compile is ready before the GPU is free
 
 
@@ -126,15 +129,25 @@ def _resolve_local(device: str) -> str:
 
 
 def checks_that_fit(task: Task, gpu_bytes: int, wanted: int = CHECKS_PER_GPU) -> int:
-    """How many checks one GPU holds at once when the run does not say: a check keeps about CHECK_FOOTPRINT times the
-    task's input bytes alive there (the parent's inputs, reference output and float64 truth, the lent staging copies,
-    the child's own copies), so a task of gigabytes (KernelBench's level 1 has 6 GB tensors) is checked fewer at a
-    time instead of running the GPU out of memory."""
+    """How many checks one GPU holds at once, at most `wanted`: a check keeps about CHECK_FOOTPRINT times the task's
+    input bytes alive there (the parent's inputs, reference output and float64 truth, the lent staging copies, the
+    soak's calls, the child's own copies), and the GPU's timing turns (sandbox/gate.py) each hold a timing's input
+    sets and kept outputs besides (`timing_bytes`), so a task of gigabytes (SwiGLU at Llama-3 8B's width, KernelBench's
+    6 GB tensors) is checked fewer at a time instead of running the GPU out of memory."""
     try:
-        need = CHECK_FOOTPRINT * task.input_bytes()
+        inputs = task.input_bytes()
     except Exception:  # noqa: BLE001 - a task whose inputs cannot be probed keeps the default
         return wanted
-    return max(1, min(wanted, gpu_bytes // max(1, need)))
+    room = gpu_bytes - TIMING_TURNS * timing_bytes(inputs, gpu_bytes)
+    return max(1, min(wanted, room // max(1, CHECK_FOOTPRINT * inputs)))
+
+
+def timing_bytes(input_bytes: int, gpu_bytes: int) -> int:
+    """What one timing stage may hold on the GPU beyond a check's own: its input sets (one per timed call, within
+    the child's budget) and the timed outputs it keeps for sampling (taken as large as the inputs; within the
+    parent's deferral budget, an eighth of the GPU)."""
+    calls = WARMUP + REPS + EXTRA_REPS + 1
+    return min(SET_BUDGET_BYTES, calls * input_bytes) + min(gpu_bytes // 8, calls * input_bytes)
 
 
 class LocalExecutor:
@@ -172,9 +185,15 @@ class LocalExecutor:
         if max(gpu_ids, default=-1) >= visible:
             what = f"--gpus {config.gpus}" if self.gpu_ids is None else f"GPU {max(gpu_ids)}"
             raise ExecutorError(f"{what} asks for more GPUs than the {visible} visible")
+        gpu_bytes = torch.cuda.get_device_properties(gpu_ids[0]).total_memory if torch.cuda.is_available() else 0
         if per_gpu is None:
-            gpu_bytes = torch.cuda.get_device_properties(gpu_ids[0]).total_memory if torch.cuda.is_available() else 0
             per_gpu = checks_that_fit(task, gpu_bytes) if gpu_bytes else CHECKS_PER_GPU
+        elif gpu_bytes and checks_that_fit(task, gpu_bytes, per_gpu) < per_gpu:
+            fit = checks_that_fit(task, gpu_bytes, per_gpu)
+            log.warning("--checks-per-gpu %d: %d checks of %s fit in the GPU's memory at once; checking %d at a "
+                        "time (more would fail as out of memory, which says nothing about a candidate)",
+                        per_gpu, fit, task.path.name, fit)
+            per_gpu = fit
         return LocalSession(task, device, len(gpu_ids) * per_gpu, factory, gpu_ids=gpu_ids * per_gpu, gates=gates)
 
     def close(self) -> None:
