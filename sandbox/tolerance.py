@@ -6,8 +6,11 @@ A candidate output `c` is compared with two references computed in the trusted p
 It passes when all of these hold:
   1. NaN/Inf positions equal r's (a candidate may be finite where r overflowed only if t is finite there too
      and c is close to t);
-  2. elementwise |c - t| <= atol * scale + rtol * |t| + K * max(|r - t|, RMS(r - t)), where scale is the RMS of t:
-     the absolute slack is relative to the output's magnitude, so returning zeros for a small-valued output fails;
+  2. elementwise |c - t| <= atol * scale + rtol * |t| + max(K * max(|r - t|, RMS(r - t)), MAX(|r - t|)), where
+     scale is the RMS of t: the absolute slack is relative to the output's magnitude, so returning zeros for a
+     small-valued output fails; and no element need be closer to the truth than the reference's worst one (an
+     honest kernel's rounding errors have a tail as PyTorch's do, only at other elements: of 67M attention outputs
+     one or two of a tuned variant's lay past 4x PyTorch's RMS error, rejecting 78 of 87 variants on the H200);
   3. relative L2 error ||c - t|| / ||t|| <= max(l2 floor of the dtype, K * that of r): at most a few times
      PyTorch's own error, never looser than the dtype's floor. The float32 floor is tight enough that a
      tf32 matmul (≈3e-4 at large K) fails unless the task declares tf32 allowed.
@@ -79,7 +82,7 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
     rel_l2 = math.sqrt(g.err2) / norm_t if norm_t > 0 else math.sqrt(g.err2)
     rel_l2_ref = math.sqrt(worst_ref2) / norm_t if norm_t > 0 else math.sqrt(worst_ref2)
     l2_bound = max(tol.rel_l2, REF_FACTOR * rel_l2_ref)
-    n_out, worst_flat, max_abs = _elementwise(chunks, tol, scale_t, ref_rms, l2_failed=rel_l2 > l2_bound)
+    n_out, worst_flat, max_abs = _elementwise(chunks, tol, scale_t, ref_rms, g.ref_max, l2_failed=rel_l2 > l2_bound)
 
     if g.n_nf_bad == 0 and n_out == 0 and rel_l2 <= l2_bound:
         return None
@@ -122,6 +125,7 @@ class _GlobalTerms:
     t2: float = 0.0  # sum of the truth's squares there
     err2: float = 0.0  # sum of the candidate's squared errors there
     ref_err2: list[float] = field(default_factory=list)  # PyTorch's own: the reference's, then each alternate's
+    ref_max: float = 0.0  # the reference's largest error at one element (an alternate's stay where they are)
 
 
 def _global_terms(chunks: _Chunks, n_alternates: int) -> _GlobalTerms:
@@ -145,11 +149,13 @@ def _global_terms(chunks: _Chunks, n_alternates: int) -> _GlobalTerms:
         g.t2 += float(tf.pow(2).sum())
         for j, x in enumerate((rf, *(_finite_or(a[finite], tf) for a in alts))):
             g.ref_err2[j] += float((x - tf).pow(2).sum())
+            if j == 0 and tf.numel():
+                g.ref_max = max(g.ref_max, float((x - tf).abs().max()))
         g.err2 += float((cf - tf).pow(2).sum())
     return g
 
 
-def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float, *,
+def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float, ref_max: float, *,
                  l2_failed: bool) -> tuple[int, int | None, float]:
     """Pass 2, elementwise: how many elements lie outside their bound, the flat index of the worst one by error over
     bound, and the largest absolute error. The worst is looked for only where it can be: in chunks with an element
@@ -164,7 +170,8 @@ def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float
         ref_err = (rf - tf).abs()
         for a in alts:
             ref_err = torch.maximum(ref_err, (_finite_or(a[finite], tf) - tf).abs())
-        bound = tol.atol * max(scale_t, 1e-30) + tol.rtol * tf.abs() + REF_FACTOR * ref_err.clamp_min(ref_rms)
+        bound = tol.atol * max(scale_t, 1e-30) + tol.rtol * tf.abs() + \
+            (REF_FACTOR * ref_err.clamp_min(ref_rms)).clamp_min(ref_max)
         outside = int((err > bound).sum())
         n_out += outside
         max_abs = max(max_abs, float(err.max()))
