@@ -4,7 +4,9 @@ Several candidates are checked on one GPU at once (agent/search/executors.py), s
 correctness while another is timed. Their GPU work takes the gate in shared mode, a timing stage takes it in
 exclusive mode: a timing waits until the shared holders in progress have finished, and while it waits or runs no
 new shared holder starts (writer preference, so a stream of short checks cannot starve a timing). Two timings never
-overlap, and at most TIMING_TURNS timing stages hold their input sets on the GPU at once (`timing_turn`).
+overlap, and at most TIMING_TURNS timing stages hold their input sets on the GPU at once (`timing_turn`). The
+parent's own passing peaks (a reference run with its float64 truth: tens of GB for attention's backward) take bytes
+of a memory budget (`memory`), so two checks' peaks never meet on the GPU when together they would not fit.
 
 The gate is the parent's (trusted) bookkeeping: it orders the work the parent asks for. Every hold is logged with
 its start and end (`holds()`), so a benchmark can say how much of the wall time the GPU had work and a test can
@@ -40,8 +42,11 @@ class Hold:
 class GpuGate:
     """A writer-preferring shared/exclusive lock for one GPU, with a log of its holds."""
 
-    def __init__(self, name: str = "gpu") -> None:
+    def __init__(self, name: str = "gpu", memory_bytes: int = 0) -> None:
         self.name = name
+        self.memory_bytes = memory_bytes  # the budget of `memory` (0: none, every request admitted at once)
+        self._memory_used = 0
+        self._memory_holders = 0
         self._cond = threading.Condition()
         self._shared = 0  # shared holders now
         self._exclusive = False  # an exclusive holder now
@@ -100,6 +105,29 @@ class GpuGate:
             yield time.monotonic() - asked
         finally:
             self._turns.release()
+
+    @contextmanager
+    def memory(self, nbytes: int | None) -> Iterator[float]:
+        """Hold `nbytes` of the memory budget for passing work of the parent's (None: all of it, for work whose peak
+        is not known yet and is measured alone); yields the seconds waited. A request is admitted when it fits
+        beside the others held, and always when nothing is held, whatever its size."""
+        asked = time.monotonic()
+        if not self.memory_bytes:
+            yield 0.0
+            return
+        want = self.memory_bytes if nbytes is None else min(max(0, nbytes), self.memory_bytes)
+        with self._cond:
+            while self._memory_holders and self._memory_used + want > self.memory_bytes:
+                self._cond.wait()
+            self._memory_used += want
+            self._memory_holders += 1
+        try:
+            yield time.monotonic() - asked
+        finally:
+            with self._cond:
+                self._memory_used -= want
+                self._memory_holders -= 1
+                self._cond.notify_all()
 
     def holds(self) -> list[Hold]:
         """The finished holds, oldest first (by end)."""

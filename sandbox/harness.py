@@ -300,7 +300,7 @@ class Harness:
         run = _Run(task_obj, Path("-"), options, child, start + timeout_s, random.Random(secrets.randbits(31)),
                    lending=cudaipc.Lending(cudaipc.lending_cap(self.device)))
         try:
-            reference = Reference(task_obj, run.device, run.rng.randrange(1 << 31))
+            reference = Reference(task_obj, run.device, run.rng.randrange(1 << 31), gate=options.gate)
             scratch = self._scratch(child)
             self._request(run, Stage.TIMING, self._setup_msg(run, None, reference, scratch))
             return timing_parent.measure(self, run, reference, candidate=False)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -18,7 +19,10 @@ if TYPE_CHECKING:
     from .task import Task
 
 log = logging.getLogger(__name__)
-
+# The passing GPU bytes of one reference run (its own dtype, the float64 truth, the alternates) by task, shapes and
+# device: measured on the first run, which holds the gate's whole memory budget; later runs ask for this much more.
+_PEAKS: dict[tuple[str, tuple, str], int] = {}
+PEAK_MARGIN = 1.25
 
 REFERENCES_HOOK = "crucible_references"
 
@@ -40,7 +44,7 @@ class Expected:
 
 
 class Reference:
-    def __init__(self, task: Task, device: str, model_seed: int):
+    def __init__(self, task: Task, device: str, model_seed: int, gate: Any = None):
         self.task = task
         self.device = device
         self.model_seed = model_seed
@@ -50,6 +54,7 @@ class Reference:
             raise TaskError(f"{task.path.name}: Model(*get_init_inputs()) failed: {type(exc).__name__}: {exc}") from None
         self.alternates = _alternates(task, self.model)
         self.call_s = 0.0  # the fastest call of the model in its own dtype so far (sandbox.deadlines); 0: none yet
+        self.gate = gate  # the GPU's gate (sandbox/gate.py) where several checks share it: runs take its memory
         self.model64: torch.nn.Module | None = None
         try:
             self.model64 = copy.deepcopy(self.model).double()
@@ -91,6 +96,32 @@ class Reference:
         return sum(t.numel() * t.element_size() for t in ref)
 
     def run(self, inputs: list[Any]) -> Expected:
+        """The outputs in the model's dtype, the float64 truth and the alternates' outputs on these inputs. On a
+        shared GPU the run's passing memory is taken from the gate's budget first (`_memory_turn`)."""
+        with self._memory_turn():
+            return self._run(inputs)
+
+    @contextmanager
+    def _memory_turn(self) -> Iterator[None]:
+        """The gate's memory for this run: the task's measured peak, or the whole budget while none is measured
+        (then measured here, and the cache handed back so the other checks' streams can use what it took)."""
+        dev = torch.device(self.device)
+        if self.gate is None or dev.type != "cuda":
+            yield
+            return
+        key = (str(self.task.path), tuple(sorted(self.task.overrides.items())), str(dev))
+        known = _PEAKS.get(key)
+        with self.gate.memory(None if known is None else int(known * PEAK_MARGIN)):
+            if known is not None:
+                yield
+                return
+            before = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            yield
+            _PEAKS[key] = max(0, torch.cuda.max_memory_allocated(dev) - before)
+            torch.cuda.empty_cache()
+
+    def _run(self, inputs: list[Any]) -> Expected:
         dev_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
         out, ref = self._run_model(dev_inputs)
         structure = "tuple" if isinstance(out, (tuple, list)) else "tensor"

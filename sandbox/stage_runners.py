@@ -32,7 +32,7 @@ SOAK_MIN_CALLS = 3
 
 def compile_candidate(harness: Harness, run: _Run) -> tuple[Reference, dict[str, Any]]:
     t0 = time.monotonic()
-    reference = Reference(run.task, run.device, run.rng.randrange(1 << 31))
+    reference = Reference(run.task, run.device, run.rng.randrange(1 << 31), gate=run.options.gate)
     reference_s = time.monotonic() - t0
     msg = harness._setup_msg(run, str(run.candidate), reference, harness._scratch(run.child))
     reply = harness._request(run, Stage.COMPILE, msg, within=run.within("the setup (import and ModelNew(...))"))
@@ -89,7 +89,7 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
     _return_cached(run)
     for variant, vtask in variants:
         with run.lap("reference_build"):
-            vref = Reference(vtask, run.device, reference.model_seed)
+            vref = Reference(vtask, run.device, reference.model_seed, gate=run.options.gate)
         with run.lap("rebuild"):
             harness._request(run, Stage.ROBUSTNESS, {"op": "rebuild", "init_inputs": vref.init_inputs(),
                                                   "state_dict": vref.state_dict(),

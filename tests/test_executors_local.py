@@ -116,6 +116,24 @@ def test_a_task_of_gigabytes_is_checked_fewer_at_a_time():
     assert checks_that_fit(SimpleNamespace(input_bytes=broken), h200) == CHECKS_PER_GPU
 
 
+def test_reference_peaks_get_what_the_timings_and_checks_leave():
+    """The memory budget of the parent's reference runs: the GPU less two timings' holdings and the checks' own
+    footprints; at least a byte (the gate then runs them one at a time), and none off the GPU."""
+    from types import SimpleNamespace
+
+    from agent.search.executors import CHECK_FOOTPRINT, parent_memory_budget, timing_bytes
+    gib = 1 << 30
+    attention = SimpleNamespace(input_bytes=lambda: 4 * 4 * 32 * 4096 * 128 * 2)  # q, k, v, do of attention_fwd_bwd
+    h200 = int(139.8 * gib)
+    inputs = attention.input_bytes()
+    assert parent_memory_budget(attention, h200, 4) == h200 - 2 * timing_bytes(inputs, h200) - 4 * CHECK_FOOTPRINT * inputs
+    assert parent_memory_budget(attention, h200, 64) == 1
+    assert parent_memory_budget(attention, 0, 4) == 0
+    def broken():
+        raise RuntimeError("get_inputs failed")
+    assert parent_memory_budget(SimpleNamespace(input_bytes=broken), h200, 4) == 1
+
+
 def test_input_bytes_are_probed_without_allocating():
     from pathlib import Path
 

@@ -53,6 +53,40 @@ def test_shared_holders_overlap_and_an_exclusive_holder_is_alone():
     assert any(b.start < a.end for a, b in zip(shared, shared[1:])), "no two shared holds overlapped"
 
 
+def test_the_memory_budget_keeps_peaks_that_do_not_fit_apart():
+    """Reference runs take bytes of the gate's memory budget: two that fit overlap, two that do not wait for each
+    other, one of unknown size (None) runs alone, and one larger than the whole budget is still admitted."""
+    gate = GpuGate(memory_bytes=100)
+    spans: list[tuple[str, float, float]] = []
+    lock = threading.Lock()
+    start = threading.Barrier(5)
+
+    def run(name, nbytes):
+        start.wait()
+        with gate.memory(nbytes):
+            t0 = time.monotonic()
+            time.sleep(0.05)
+            with lock:
+                spans.append((name, t0, time.monotonic()))
+
+    jobs = [("small1", 30), ("small2", 30), ("big1", 70), ("big2", 70), ("unknown", None)]
+    threads = [threading.Thread(target=run, args=job) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(spans) == 5
+    by = {n: (a, b) for n, a, b in spans}
+    overlap = lambda x, y: by[x][0] < by[y][1] and by[y][0] < by[x][1]  # noqa: E731
+    assert not overlap("big1", "big2")
+    assert all(not overlap("unknown", other) for other in by if other != "unknown")
+    with gate.memory(10_000):  # past the budget, alone: admitted
+        pass
+    assert GpuGate().memory_bytes == 0
+    with GpuGate().memory(None) as waited:  # no budget: nothing waits
+        assert waited == 0.0
+
+
 def test_a_waiting_exclusive_holder_stops_new_shared_ones():
     """Writer preference: once a timing waits, a check that asks later waits behind it."""
     gate = GpuGate()

@@ -142,6 +142,20 @@ def checks_that_fit(task: Task, gpu_bytes: int, wanted: int = CHECKS_PER_GPU) ->
     return max(1, min(wanted, room // max(1, CHECK_FOOTPRINT * inputs)))
 
 
+def parent_memory_budget(task: Task, gpu_bytes: int, checks: int) -> int:
+    """The bytes the parent's passing peaks (reference runs with their float64 truth) may take on a GPU at once
+    (sandbox/gate.py's `memory`): what the timing turns and the checks' own footprints (checks_that_fit) leave, at
+    least one byte (a run then goes alone: the gate admits one whatever its size); 0 (no budget) off the GPU."""
+    if gpu_bytes <= 0:
+        return 0
+    try:
+        inputs = task.input_bytes()
+    except Exception:  # noqa: BLE001 - a task whose inputs cannot be probed: its reference runs one at a time
+        return 1
+    left = gpu_bytes - TIMING_TURNS * timing_bytes(inputs, gpu_bytes) - checks * CHECK_FOOTPRINT * inputs
+    return max(1, left)
+
+
 def timing_bytes(input_bytes: int, gpu_bytes: int) -> int:
     """What one timing stage may hold on the GPU beyond a check's own: its input sets (one per timed call, within
     the child's budget) and the timed outputs it keeps for sampling (taken as large as the inputs; within the
@@ -213,6 +227,12 @@ class LocalSession:
         self.gates = gates if gates is not None else {}
         for gpu in self.gpu_ids:
             self.gates.setdefault(gpu, GpuGate(f"{device}:{gpu}"))
+        import torch
+        # This task's reference peaks beside its checks (a batch's next task on the GPU sets its own budget).
+        if device == "cuda" and torch.cuda.is_available():
+            for gpu in set(self.gpu_ids):
+                self.gates[gpu].memory_bytes = parent_memory_budget(
+                    task, torch.cuda.get_device_properties(gpu).total_memory, self.gpu_ids.count(gpu))
         self.evaluators: dict[int, Evaluator] = {}
 
     def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
