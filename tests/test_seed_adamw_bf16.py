@@ -202,8 +202,8 @@ def test_a_rejected_kernel_gives_torch_adamw_and_says_why(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_harness_accepts_the_seed_at_a_model_sizes(tmp_path):
-    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 10)).to(torch.bfloat16)
+def test_the_harness_accepts_the_seed_at_a_model_sizes(tmp_path, device):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 10)).to(torch.bfloat16).to(device)
     opt, result = patching.adamw(model, **HYPER, name="mlp", workdir=tmp_path)
     assert isinstance(opt, AdamW) and result.patched, result.reason
     assert [v.accepted for v in result.verdicts] == [True]
