@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import statistics
 import sys
 import tempfile
@@ -70,6 +71,20 @@ def laps_of(diagnostics: dict[str, Any]) -> dict[str, float]:
     laps = ((diagnostics.get("timing") or {}).get("laps") or {})
     out.update({f"timing.{k}": float(v) for k, v in laps.items() if isinstance(v, (int, float))})
     return out
+
+
+OUTSIDE = re.compile(r"(\d+)/(\d+) elements outside tolerance")
+FEW_ELEMENTS = 10
+
+
+def rejection_kind(stage: str | None, reason: str | None, message: str) -> str:
+    """stage/reason of a rejection; a wrong result also says whether a few elements (<= FEW_ELEMENTS: a rounding
+    tail) or more were outside tolerance."""
+    kind = f"{stage or '-'}/{reason}"
+    found = OUTSIDE.search(message or "")
+    if found:
+        kind += " (a few elements)" if int(found.group(1)) <= FEW_ELEMENTS else " (many elements)"
+    return kind
 
 
 class NvmlSampler:
@@ -139,11 +154,11 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     parts = [parts_of(c.diagnostics or {}) for _, c in mine if c.diagnostics]
     holds = [h for gate in executor.gates.values() for h in gate.holds()]
     verified = sum(c.accepted for _, c in mine)
-    why = Counter(f"{c.stage or '-'}/{c.reason}" for _, c in mine if not c.accepted)
+    why = Counter(rejection_kind(c.stage, c.reason, c.message) for _, c in mine if not c.accepted)
     first = {}  # one message per kind of rejection, to read what happened
     for _, c in mine:
         if not c.accepted:
-            first.setdefault(f"{c.stage or '-'}/{c.reason}", c.message[:200])
+            first.setdefault(rejection_kind(c.stage, c.reason, c.message), c.message[:200])
     row: dict[str, Any] = {
         "task": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task), "device": device,
         "checks_per_gpu": checks_per_gpu, "seconds": seconds, "wall_s": wall, "window_s": window,

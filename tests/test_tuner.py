@@ -158,3 +158,11 @@ def test_options_of_a_helper_imported_from_the_repository():
         assert set(again) == set(knobs)
     # a name imported from outside the repository is not a helper
     assert find_knobs("from torch.nn.functional import rms_norm\n\ny = rms_norm(x, (4,), num_warps=None)\n") == []
+
+
+def test_a_count_of_tiles_is_tuned_as_a_count_not_a_size():
+    """`subtiles=` of the attention seed's helper is how many tiles (1 or 2), not a tile size: its values are
+    counts, never 16384."""
+    thin = (ROOT / "seeds" / "attention_bwd.py").read_text()
+    knobs = {k.key: k for k in find_knobs(thin)}
+    assert knobs["attention_fwd_with_delta().subtiles#1"].choices() == [1, 2, 4, 8]

@@ -59,8 +59,9 @@ def add_search_options(p: argparse.ArgumentParser, *,
                    help="LLM proposals whose outcome is not known yet, counting those still being checked "
                         "(default 4; 1: every request sees the previous one's verdict)")
     p.add_argument("--checks-per-gpu", type=int, metavar="K",
-                   help="candidates checked at once on each GPU (default 4; 1 on the CPU): they compile and check "
-                        "their correctness side by side while one at a time is timed, alone on the GPU")
+                   help="candidates checked at once on each GPU (default half the CPU's cores within 4 to 8, fewer "
+                        "where the task's checks would not fit in the GPU's memory; 1 on the CPU): they compile and "
+                        "check their correctness side by side while one at a time is timed, alone on the GPU")
     p.add_argument("--samples", type=int, default=1,
                    help="requests that may share one prompt at a time (parallel sampling; default 1)")
     p.add_argument("--max-output-tokens", type=int, default=8192,

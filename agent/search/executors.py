@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
@@ -35,7 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 CHECK_FOOTPRINT = 16  # GPU bytes a check keeps alive, in multiples of the task's input bytes (checks_that_fit;
 # H200, SwiGLU's 0.94 GB of inputs at 8 checks: the parent held 81 GiB, a timing's child 28 GiB, out of memory)
-CHECKS_PER_GPU = 4  # slots per GPU when the run does not say: enough that a compile is ready before the GPU is free
+# Slots per GPU when the run does not say: half the CPU's cores (each check's process compiles and loads on one),
+# at least 4 (a compile ready before the GPU is free) and at most 8 (H200, RMSNorm: 35 verified a minute at 8,
+# 23 at 4; benchmarks/data/throughput.csv), and never more than the GPU's memory holds (checks_that_fit).
+CHECKS_PER_GPU = min(8, max(4, (os.cpu_count() or 1) // 2))
 
 
 class ExecutorError(Exception):

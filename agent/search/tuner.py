@@ -227,6 +227,9 @@ class Tuner:
 
 def _kind(name: str, value: int) -> str:
     low = name.lower()
+    if low.startswith("num_") and not low.endswith(("warps", "stages")) or \
+            low.rstrip("_").endswith(("tiles", "blocks", "chunks")):
+        return "count"  # how many (subtiles, num_blocks), not how big
     if "warps" in low:
         return "warps"
     if "stages" in low:
