@@ -197,7 +197,7 @@ def _read_only_mounts(libc: ctypes.CDLL, write_roots: list[Path], shm_writable: 
     too: the NVIDIA driver only reads /proc/driver/nvidia and /sys, and a device node opens for writing on a
     read-only mount (/dev/null, /dev/nvidia*), so CUDA works."""
     try:
-        roots = [os.path.realpath(r) for r in write_roots]
+        roots = [os.path.realpath(r) for r in (*write_roots, "/dev/shm")]  # /dev/shm: the child's own, writable tmpfs
         for root in roots:
             if libc.mount(root.encode(), root.encode(), None, MS_BIND | MS_REC, None) != 0:
                 return False
@@ -278,8 +278,8 @@ _LIBRARY_DIRS = tuple(dict.fromkeys(os.path.realpath(sysconfig.get_paths()[k]) +
 
 def library_dirs(write_roots: list[Path] | list[str], path: list[str] | None = None) -> tuple[str, ...]:
     """The interpreter's library directories and the import path's existing absolute directories (`path`, default
-    sys.path), less any inside or above a writable root: where code that may read frames lives."""
-    roots = [os.path.realpath(r) for r in write_roots]
+    sys.path), less any inside or above a writable root or /dev/shm: where code that may read frames lives."""
+    roots = [os.path.realpath(r) for r in (*write_roots, "/dev/shm")]  # /dev/shm: the child's own, writable tmpfs
 
     def overlaps(d: str) -> bool:
         return any(d == r or d.startswith(r + os.sep) or r.startswith(d + os.sep) for r in roots)

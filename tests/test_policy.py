@@ -91,7 +91,8 @@ def test_library_dirs_take_the_import_path_but_nothing_the_candidate_can_write(t
     for d in (site, inner):
         d.mkdir(parents=True)
     dirs = policy.library_dirs([scratch], [str(site), str(inner), str(tmp_path), "", "relative/dir",
-                                           str(tmp_path / "missing")])
+                                           str(tmp_path / "missing"), "/dev/shm"])
+    assert "/dev/shm" + os.sep not in dirs
     assert str(site) + os.sep in dirs
     for refused in (inner, scratch, tmp_path, tmp_path / "missing"):
         assert str(refused) + os.sep not in dirs
