@@ -19,13 +19,16 @@ against eager on the GPU. What is reported, per task:
   machine has pynvml; the parent process's CPU seconds over the run's wall time (near one core: its threads, which
   prepare inputs, references and comparisons for every slot, queue on its interpreter lock).
 
-- the rejected candidates by stage and reason (`rejections`), one message of each kind printed.
+- the rejected candidates by stage and reason (`rejections`), one message of each kind printed; and how many of the
+  verified ones compiled to kernels of their own, not the starting kernel's or another's (`distinct_verified`: a
+  tuner edit in a branch the task's shape never takes verifies a kernel already verified).
 
 Every task's line is printed and appended to benchmarks/data/throughput.csv with the GPU, driver, versions and commit.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import statistics
@@ -49,7 +52,7 @@ PARTS = ("static", "load", "compile", "correctness", "robustness", "timing")
 FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton", "task", "checks_per_gpu",
           "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
-          "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "rejections"]
+          "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "rejections"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -85,6 +88,18 @@ def rejection_kind(stage: str | None, reason: str | None, message: str) -> str:
     if found:
         kind += " (a few elements)" if int(found.group(1)) <= FEW_ELEMENTS else " (many elements)"
     return kind
+
+
+def kernel_signature(diagnostics: dict[str, Any]) -> str | None:
+    """The compiled kernels a verified candidate ran (names, warps, stages, constexprs; from its timing report), as
+    one string: two sources that compile to the same kernels (a tuner edit in a branch this shape never takes)
+    share it. None where the report lists no kernels."""
+    kernels = (diagnostics.get("timing") or {}).get("kernels") or []
+    if not kernels:
+        return None
+    return json.dumps(sorted([k.get("name"), k.get("num_warps"), k.get("num_stages"),
+                              sorted((str(a), str(b)) for a, b in (k.get("constants") or {}).items())]
+                             for k in kernels if isinstance(k, dict)), default=str)
 
 
 class NvmlSampler:
@@ -154,6 +169,9 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     parts = [parts_of(c.diagnostics or {}) for _, c in mine if c.diagnostics]
     holds = [h for gate in executor.gates.values() for h in gate.holds()]
     verified = sum(c.accepted for _, c in mine)
+    signatures = [kernel_signature(c.diagnostics or {}) for _, c in mine if c.accepted]
+    seeded = {kernel_signature(c.diagnostics or {}) for _, c in verdicts if c.origin == "seed"}
+    distinct = len({sig for sig in signatures if sig is not None} - seeded) if any(signatures) else None
     why = Counter(rejection_kind(c.stage, c.reason, c.message) for _, c in mine if not c.accepted)
     first = {}  # one message per kind of rejection, to read what happened
     for _, c in mine:
@@ -162,7 +180,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     row: dict[str, Any] = {
         "task": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task), "device": device,
         "checks_per_gpu": checks_per_gpu, "seconds": seconds, "wall_s": wall, "window_s": window,
-        "proposals": len(mine), "verified": verified, "rejected": len(mine) - verified,
+        "proposals": len(mine), "verified": verified, "rejected": len(mine) - verified, "distinct_verified": distinct,
         "verified_per_min": verified * 60.0 / window if mine else 0.0,
         "proposals_per_min": len(mine) * 60.0 / window if mine else 0.0,
         "gpu_idle_frac": 1.0 - busy_seconds(holds, start, end) / window if mine else None,
@@ -193,8 +211,9 @@ def show(row: dict[str, Any]) -> str:
     def f(v: Any, fmt: str = ".2f") -> str:
         return "-" if v is None else format(v, fmt)
     parts = " ".join(f"{p} {f(row[f'{p}_s'])}" for p in PARTS)
+    distinct = "" if row.get("distinct_verified") is None else f", {row['distinct_verified']} distinct compiled"
     return (f"{row['task']}: {f(row['verified_per_min'], '.1f')} verified/min ({row['verified']} of "
-            f"{row['proposals']} in {row['window_s']:.0f} s, {f(row['proposals_per_min'], '.1f')} proposals/min; "
+            f"{row['proposals']} in {row['window_s']:.0f} s{distinct}, {f(row['proposals_per_min'], '.1f')} proposals/min; "
             f"K={row['checks_per_gpu']})\n  seconds a candidate: {parts}; waiting for the GPU {f(row['gpu_wait_s'])}"
             f" + for the timing slot {f(row['timing_wait_s'])}\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
             f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "

@@ -292,3 +292,18 @@ def test_the_benchmark_reads_where_a_candidates_seconds_went():
     assert parts_of(result.to_dict()) == pytest.approx({
         "static": 0.01, "load": 0.35, "compile": 1.2, "correctness": 0.2, "robustness": 0.9, "timing": 1.5,
         "gpu_wait": 0.4, "timing_wait": 0.7})
+
+
+def test_the_benchmark_tells_kernels_apart_and_rejections_by_their_size():
+    from benchmarks.bench_throughput import kernel_signature, rejection_kind
+
+    def diag(warps, block):
+        return {"timing": {"kernels": [{"name": "k", "kernel": "k_0", "num_warps": warps, "num_stages": 1,
+                                        "constants": {"BLOCK": block}}]}}
+    assert kernel_signature(diag(4, 1024)) == kernel_signature(diag(4, 1024))
+    assert len({kernel_signature(diag(w, b)) for w in (4, 8) for b in (1024, 2048)}) == 4
+    assert kernel_signature({}) is None and kernel_signature({"timing": {"kernels": []}}) is None
+    few = rejection_kind("correctness", "output_mismatch", "output 0: 2/67108864 elements outside tolerance; worst")
+    many = rejection_kind("correctness", "output_mismatch", "output 1: 25311344/67108864 elements outside tolerance")
+    assert few.endswith("(a few elements)") and many.endswith("(many elements)")
+    assert rejection_kind("timing", "harness_error", "out of memory") == "timing/harness_error"
