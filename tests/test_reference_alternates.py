@@ -1,6 +1,5 @@
 """A task's other honest PyTorch implementations (`crucible_references`): run beside the reference in the trusted
 parent, passed to the comparison, and left out (never fatal) when they cannot run or return something else."""
-import contextlib
 import textwrap
 
 import torch
@@ -60,43 +59,3 @@ def test_the_attention_backward_tasks_name_the_flash_backend():
     expected = ref.run(task.make_inputs(0, "normal"))
     assert list(ref.alternates) == ["SDPA FlashAttention-2 backend"]
     assert len(expected.alternates) == 1 and len(expected.alternates[0]) == 4
-
-
-def test_a_reference_run_on_a_shared_gpu_takes_its_measured_peak_from_the_gate(monkeypatch):
-    """The first run of a task's shape holds the gate's whole memory budget and measures its peak; the next asks
-    for that peak (with a margin). Off the GPU, or without a gate, nothing is asked (the CUDA calls are stood in
-    for: the logic is what is tested here, the GPU run in benchmarks/bench_throughput.py)."""
-    from types import SimpleNamespace
-
-    from sandbox import reference as reference_mod
-
-    asked, allocated = [], {"now": 100, "peak": 0}
-
-    class Gate:
-        def memory(self, nbytes):
-            asked.append(nbytes)
-            return contextlib.nullcontext(0.0)
-
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: allocated["now"])
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda dev=None: allocated.update(peak=0))
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda dev=None: allocated["peak"])
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(reference_mod, "_PEAKS", {})
-    ref = Reference.__new__(Reference)
-    ref.task = SimpleNamespace(path="t.py", overrides={"N": 8})
-    ref.device, ref.gate = "cuda:0", Gate()
-    with ref._memory_turn():
-        allocated["peak"] = 100 + 4000  # the run's passing peak above what was held before it
-    with ref._memory_turn():
-        pass
-    assert asked == [None, int(4000 * reference_mod.PEAK_MARGIN)]
-    ref.task = SimpleNamespace(path="t.py", overrides={"N": 16})  # another shape: measured again, alone
-    with ref._memory_turn():
-        pass
-    ref.device = "cpu"
-    with ref._memory_turn():
-        pass
-    ref.device, ref.gate = "cuda:0", None
-    with ref._memory_turn():
-        pass
-    assert asked == [None, int(4000 * reference_mod.PEAK_MARGIN), None]
