@@ -432,3 +432,29 @@ def test_llm_run_ends_with_a_tuner_polish(tmp_path, task, kernel):
     assert min(c.id for c in tuned) > max(c.id for c in llm_kernels)  # the polish began after the LLM's verdicts
     assert any(e.kind is EventKind.NOTE and "polish" in e.message for e in events)
     assert "the tuner polishes the last 2" in events[0].message
+
+
+def test_the_tuner_does_not_propose_again_a_value_whose_variant_was_rejected(tmp_path, task, kernel):
+    """A one-knob variant rejected at correctness (here: every BLOCK_SIZE of 2048) blames that value: the tuner
+    proposes it once, whichever verified kernel it starts from next."""
+    seen: list[str] = []
+
+    class RejectsBlock2048(ScriptedEvaluator):
+        def check(self, path: Path, baselines=None, incumbent_ms=None) -> CheckResult:
+            source = Path(path).read_text()
+            seen.append(source)
+            if "BLOCK_SIZE = 2048" in source:
+                stage = StageResult(Stage.CORRECTNESS, False, Reason.OUTPUT_MISMATCH, "wrong")
+                return CheckResult(task="t", candidate=str(path), device="cpu", verdict=Verdict.REJECTED,
+                                   stage=Stage.CORRECTNESS, reason=Reason.OUTPUT_MISMATCH, message="wrong",
+                                   stages=(stage,), seconds=0.01, timed=False)
+            return super().check(path, baselines, incumbent_ms)
+
+    ScriptedEvaluator.calls, ScriptedEvaluator.raced, ScriptedEvaluator.asked = 0, [], []
+    with Archive(tmp_path / "a.db") as archive:
+        run_search(RunConfig(task_path=task, budget=14, device="cpu", start_from=kernel, concurrency=1, seed=1),
+                   archive, evaluator_factory=RejectsBlock2048)
+        rows = archive.candidates()
+    assert len(seen) == 15
+    assert sum("BLOCK_SIZE = 2048" in s for s in seen) == 1
+    assert any(c.reason == "output_mismatch" for c in rows)

@@ -166,3 +166,24 @@ def test_a_count_of_tiles_is_tuned_as_a_count_not_a_size():
     thin = (ROOT / "seeds" / "attention_bwd.py").read_text()
     knobs = {k.key: k for k in find_knobs(thin)}
     assert knobs["attention_fwd_with_delta().subtiles#1"].choices() == [1, 2, 4, 8]
+
+
+def test_a_value_whose_single_change_was_rejected_is_not_proposed_again():
+    """The tuner learns from the loop's verdicts: a one-knob variant rejected before its timing blames that knob's
+    value, which no later proposal uses; a two-knob variant blames neither."""
+    tuner, known = Tuner(3), {sha256(LLM_KERNEL)}
+    block = next(k for k in find_knobs(LLM_KERNEL) if k.key == "BLOCK_SIZE#1")
+    bad = block.choices()[0]
+    rejected = LLM_KERNEL.replace(f"BLOCK_SIZE = {block.value}", f"BLOCK_SIZE = {bad}")
+    tuner.learn(LLM_KERNEL, rejected)
+    assert ("BLOCK_SIZE#1", str(bad)) in tuner.failed
+    two = rejected.replace("num_warps = 8 if", "num_warps = 16 if")
+    tuner.learn(LLM_KERNEL, two)
+    assert len(tuner.failed) == 1
+    for _ in range(60):
+        prop = tuner.mutate(LLM_KERNEL, known)
+        if prop is None:
+            break
+        known.add(sha256(prop.source))
+        sizes = {k.text for k in find_knobs(prop.source) if k.key == "BLOCK_SIZE#1"}
+        assert sizes != {str(bad)}, prop.description

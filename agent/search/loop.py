@@ -354,7 +354,13 @@ class _Coordinator(Issuing, Crowning):
         self.harness_errors = 0
         self.check_times.append(time.monotonic() - pending.started)
         base = self._base(pending, "ok", "", source=pending.source)
-        self._record(record_check(base, future.result()))
+        cand = record_check(base, future.result())
+        parents = pending.selection.parents
+        if pending.origin == "tuner" and len(parents) == 1 and parents[0].source and pending.source and \
+                cand.verdict == "rejected" and cand.stage not in (None, "propose", "timing") and \
+                cand.reason not in ("harness_error", "interrupted"):
+            self.tuner.learn(parents[0].source, pending.source)
+        self._record(cand)
 
     # ---- recording -------------------------------------------------------------------------------------------
     def _base(self, p: Pending, reason: str, message: str, *, source: str | None = None) -> Candidate:

@@ -178,6 +178,21 @@ class Tuner:
 
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
+        # (knob key, value text) of single-knob variants rejected before their timing: not proposed again this run
+        self.failed: set[tuple[str, str]] = set()
+
+    def learn(self, parent_source: str, source: str) -> None:
+        """A variant of `parent_source` was rejected before its timing (it failed to compile, refused its
+        arguments, or computed a wrong result): where it changed one knob, that knob's new value is not proposed
+        again in this run (`subtiles=16384`, a block size the kernel breaks at). A variant of two changes blames
+        neither."""
+        before = {k.key: k.text for k in find_knobs(parent_source)}
+        changed = [k for k in find_knobs(source) if k.key in before and k.text != before[k.key]]
+        if len(changed) == 1:
+            self.failed.add((changed[0].key, changed[0].text))
+
+    def _choices(self, knob: Knob) -> list[int]:
+        return [v for v in knob.choices() if (knob.key, str(v)) not in self.failed]
 
     def mutate(self, parent_source: str, known: set[str]) -> Proposal | None:
         """A variant with one or two knobs changed whose sha256 is not in `known`; None when none is left."""
@@ -188,14 +203,14 @@ class Tuner:
         for _ in range(48):
             count = 1 if len(knobs) == 1 or self.rng.random() < 0.7 else 2
             picked = self.rng.sample(knobs, count)
-            edits = [(k, self.rng.choice(k.choices())) for k in picked if k.choices()]
+            edits = [(k, self.rng.choice(self._choices(k))) for k in picked if self._choices(k)]
             if not edits:
                 continue
             source = _apply(parent_source, edits)
             if sha256(source) not in known and source != parent_source:
                 return _proposal(source, edits, "mutation", started)
         for k in knobs:  # the random draws all hit known sources: walk every single change in order
-            for v in k.choices():
+            for v in self._choices(k):
                 source = _apply(parent_source, [(k, v)])
                 if sha256(source) not in known:
                     return _proposal(source, [(k, v)], "mutation", started)
