@@ -16,7 +16,8 @@ It reads the kernel's source with `ast` and finds the knobs a person would turn,
 
 A proposal is returned as a `Reply` whose text carries the new source in a ```python block, exactly as a provider's
 reply would, so the loop extracts and evaluates both alike. Proposals are deterministic under the tuner's seed and
-never repeat a source whose sha256 the caller says is known.
+never repeat a source whose sha256 the caller says is known. The loop tells the tuner of its variants rejected before
+their timing (`learn`): a value whose one-knob change failed is not proposed again in the run.
 """
 from __future__ import annotations
 
