@@ -19,6 +19,8 @@ against eager on the GPU. What is reported, per task:
   machine has pynvml; the parent process's CPU seconds over the run's wall time (near one core: its threads, which
   prepare inputs, references and comparisons for every slot, queue on its interpreter lock).
 
+- the starting kernel's speedup over eager and the best kernel's at the end (its final re-check): whether the search
+  found kernels at least as fast;
 - the rejected candidates by stage and reason (`rejections`), one message of each kind printed; and how many of the
   verified ones compiled to kernels of their own, not the starting kernel's or another's (`distinct_verified`: a
   tuner edit in a branch the task's shape never takes verifies a kernel already verified).
@@ -52,7 +54,7 @@ PARTS = ("static", "load", "compile", "correctness", "robustness", "timing")
 FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton", "task", "checks_per_gpu",
           "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
-          "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "rejections"]
+          "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "start_speedup", "best_speedup", "rejections"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -186,6 +188,9 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         "gpu_idle_frac": 1.0 - busy_seconds(holds, start, end) / window if mine else None,
         "gpu_timing_frac": busy_seconds([h for h in holds if h.mode == EXCLUSIVE], start, end) / window if mine
         else None, "nvml_util_pct": nvml, "parent_cpu_frac": parent_cpu, "stop_reason": summary.stop_reason,
+        "start_speedup": summary.start.timings.speedup_eager if summary.start is not None else None,
+        "best_speedup": (summary.final.timings.speedup_eager if summary.final is not None
+                         else summary.best.timings.speedup_eager if summary.best is not None else None),
         "rejections": "; ".join(f"{k} x{n}" for k, n in why.most_common()), "rejection_examples": first}
     for key in (*PARTS, "gpu_wait", "timing_wait"):
         row[f"{key}_s"] = statistics.fmean(p[key] for p in parts) if parts else None
@@ -215,7 +220,9 @@ def show(row: dict[str, Any]) -> str:
     return (f"{row['task']}: {f(row['verified_per_min'], '.1f')} verified/min ({row['verified']} of "
             f"{row['proposals']} in {row['window_s']:.0f} s{distinct}, {f(row['proposals_per_min'], '.1f')} proposals/min; "
             f"K={row['checks_per_gpu']})\n  seconds a candidate: {parts}; waiting for the GPU {f(row['gpu_wait_s'])}"
-            f" + for the timing slot {f(row['timing_wait_s'])}\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
+            f" + for the timing slot {f(row['timing_wait_s'])}\n  "
+            f"vs eager: the starting kernel {f(row.get('start_speedup'), '.3f')}x, the best at the end "
+            f"{f(row.get('best_speedup'), '.3f')}x\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
             f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "
             f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%, "
             f"the parent's CPU {f(row['parent_cpu_frac'], '.0%')} of a core"
