@@ -51,7 +51,7 @@ from agent.search.executors import (Evaluator, EvaluatorFactory, Executor, Execu
 from agent.search.flatten import flatten
 from agent.search.issuing import Issuing
 from agent.search.prepare import new_run_id, open_task, prepare, resolve_start
-from agent.search.proposing import Pending, rank, speed
+from agent.search.proposing import Pending, rank, speed, tuner_feedback
 from agent.search.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
                                RunConfig, RunSummary)
 from sandbox.records import CheckResult
@@ -355,11 +355,7 @@ class _Coordinator(Issuing, Crowning):
         self.check_times.append(time.monotonic() - pending.started)
         base = self._base(pending, "ok", "", source=pending.source)
         cand = record_check(base, future.result())
-        parents = pending.selection.parents
-        if pending.origin == "tuner" and len(parents) == 1 and parents[0].source and pending.source and \
-                cand.verdict == "rejected" and cand.stage not in (None, "propose", "timing") and \
-                cand.reason not in ("harness_error", "interrupted"):
-            self.tuner.learn(parents[0].source, pending.source)
+        tuner_feedback(self.tuner, pending, cand)
         self._record(cand)
 
     # ---- recording -------------------------------------------------------------------------------------------

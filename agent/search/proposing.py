@@ -59,6 +59,16 @@ def tuner_proposal(search: Search, tuner: tuner_mod.Tuner, elites: list[Candidat
         exhausted.add(sel.parents[0].id)
 
 
+def tuner_feedback(tuner: tuner_mod.Tuner, pending: Pending, cand: Candidate) -> None:
+    """Tell the tuner of its one-parent variant rejected before its timing (Tuner.learn); a harness error or an
+    interrupted check says nothing about the kernel, a timing rejection may be a close call."""
+    parents = pending.selection.parents
+    if pending.origin == "tuner" and len(parents) == 1 and parents[0].source and pending.source and \
+            cand.verdict == "rejected" and cand.stage not in (None, "propose", "timing") and \
+            cand.reason not in ("harness_error", "interrupted"):
+        tuner.learn(parents[0].source, pending.source)
+
+
 def llm_messages(task: Task, sel: Selection, elites: list[Candidate], *, timed: bool,
                  history: Sequence[Candidate] = (), best: Candidate | None = None, max_output_tokens: int = 8192,
                  system: str | None = None, reflection: str | None = None) -> list[Message]:
