@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.archive.records import Candidate
+from agent.archive.records import Candidate, sha256
 
 from agent.archive.store import Archive
 from agent.llm.fake import FakeProvider
@@ -458,3 +458,35 @@ def test_the_tuner_does_not_propose_again_a_value_whose_variant_was_rejected(tmp
     assert len(seen) == 15
     assert sum("BLOCK_SIZE = 2048" in s for s in seen) == 1
     assert any(c.reason == "output_mismatch" for c in rows)
+
+
+def test_a_check_the_harness_failed_is_run_once_more(tmp_path, task, kernel):
+    """A harness_error verdict (the harness ran out of GPU memory beside other checks) says nothing about the
+    kernel: the candidate is checked again, once; a second failure is recorded as it is."""
+    seen: list[str] = []
+
+    class FailsFirstTwice(ScriptedEvaluator):
+        def check(self, path: Path, baselines=None, incumbent_ms=None) -> CheckResult:
+            source = Path(path).read_text()
+            seen.append(source)
+            first, always = len(seen) == 2, "BLOCK_SIZE = 2048" in source
+            if first or always:  # the first proposal fails once; any BLOCK_SIZE 2048 fails every time
+                stage = StageResult(Stage.CORRECTNESS, False, Reason.HARNESS_ERROR, "out of GPU memory")
+                return CheckResult(task="t", candidate=str(path), device="cpu", verdict=Verdict.REJECTED,
+                                   stage=Stage.CORRECTNESS, reason=Reason.HARNESS_ERROR, message="out of GPU memory",
+                                   stages=(stage,), seconds=0.01, timed=False)
+            return super().check(path, baselines, incumbent_ms)
+
+    ScriptedEvaluator.calls, ScriptedEvaluator.raced, ScriptedEvaluator.asked = 0, [], []
+    with Archive(tmp_path / "a.db") as archive:
+        run_search(RunConfig(task_path=task, budget=12, device="cpu", start_from=kernel, concurrency=1, seed=1),
+                   archive, evaluator_factory=FailsFirstTwice)
+        rows = [c for c in archive.candidates() if c.origin == "tuner"]
+    assert seen[1] == seen[2]  # the first proposal, checked again
+    by_sha = {sha256(s): s for s in seen}
+    first = next(c for c in rows if c.source_sha == sha256(seen[1]))
+    assert first.accepted
+    failing = [c for c in rows if "BLOCK_SIZE = 2048" in by_sha[c.source_sha]]
+    for c in failing:
+        assert c.reason == "harness_error" and seen.count(by_sha[c.source_sha]) == 2
+    assert failing and len(rows) == 12 and len(seen) == 1 + 12 + 1 + len(failing)

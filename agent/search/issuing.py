@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from agent.archive.records import sha256
+from agent.archive.records import Candidate, sha256
 from agent.llm import diffs
 from agent.llm.chat import Reply
 from agent.llm.extract import NoCode, extract_code, normal_form, outside_reasoning
@@ -48,6 +48,16 @@ class Issuing:
             else:
                 if len(self._outstanding()) >= self.config.concurrency or not self._request():
                     return
+
+    def _check_again(self, pending: Pending, cand: Candidate) -> bool:
+        """A candidate whose check the harness itself failed (out of GPU memory beside the other checks: a verdict
+        of harness_error, which says nothing about the kernel) waits for the next slot, once; True when it does."""
+        if cand.reason != "harness_error" or pending.retried or self.stop_reason is not None:
+            return False
+        pending.retried = True
+        self.in_flight.add(pending.sha)
+        self.ready.appendleft(pending)
+        return True
 
     def _outstanding(self) -> list[Pending]:
         """The LLM's proposals whose outcome is not known yet: requests in flight and candidates still waiting for

@@ -355,6 +355,8 @@ class _Coordinator(Issuing, Crowning):
         self.check_times.append(time.monotonic() - pending.started)
         base = self._base(pending, "ok", "", source=pending.source)
         cand = record_check(base, future.result())
+        if self._check_again(pending, cand):
+            return
         tuner_feedback(self.tuner, pending, cand)
         self._record(cand)
 
@@ -477,8 +479,8 @@ class _Coordinator(Issuing, Crowning):
         return Progress(per_minute=round(new * 60.0 / elapsed, 2) if new and elapsed > 0 else None,
                         proposals=self.issued, budget=self.budget,
                         in_flight=len(self.requests) + len(self.ready) + len(self.evals) + self._dueling(),
-                        accepted=self.accepted,
-                        rejected=self.rejected, input_tokens=self.tokens_in, output_tokens=self.tokens_out,
+                        accepted=self.accepted, rejected=self.rejected, input_tokens=self.tokens_in,
+                        output_tokens=self.tokens_out,
                         cost_usd=self.cost if self.priced else None, requests=self.llm_requests,
                         verified_llm=self.verified_llm, elapsed_s=time.monotonic() - self.started,
                         check_s=sum(self.check_times) / len(self.check_times) if self.check_times else None,

@@ -35,6 +35,7 @@ class Pending:
     path: Path | None = None
     slot: int | None = None
     started: float = field(default_factory=time.monotonic)
+    retried: bool = False  # checked again once after the harness itself failed (a verdict of harness_error)
 
 
 def tuner_proposal(search: Search, tuner: tuner_mod.Tuner, elites: list[Candidate], exhausted: set[int],
