@@ -49,6 +49,20 @@ def test_the_bound_follows_pytorchs_own_error():
     assert compare("out", noisy(0.05 * REF_FACTOR * 2), pytorch, truth) is not None
 
 
+def test_no_element_is_held_closer_than_the_references_worst():
+    """PyTorch's own errors have a tail: a candidate whose one element lies past 4x PyTorch's RMS error, but no
+    further from the truth than PyTorch's worst element, passes; past that worst, it fails."""
+    truth = torch.linspace(-1.0, 1.0, 1 << 16, dtype=torch.float64)
+    pytorch = truth.clone()
+    pytorch[10] += 0.04  # PyTorch's tail: one element off by 0.04, every other exact
+    got = truth.clone()
+    got[5000] += 0.035  # past 4x PyTorch's RMS error (about 1.6e-4 here), within its worst: passes
+    assert compare("o", got.float(), pytorch.float(), truth) is None
+    got[5000] = truth[5000] + 0.06  # past PyTorch's worst: fails
+    bad = compare("o", got.float(), pytorch.float(), truth)
+    assert bad is not None and bad.worst_index == (5000,)
+
+
 def test_nan_where_the_reference_is_finite_is_reported_with_its_position():
     ref, truth = _refs(torch.bfloat16)
     got = ref.clone()
