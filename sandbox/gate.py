@@ -47,6 +47,7 @@ class GpuGate:
         self.memory_bytes = memory_bytes  # the budget of `memory` (0: none, every request admitted at once)
         self._memory_used = 0
         self._memory_holders = 0
+        self._memory_alone_waiting = 0  # requests for the whole budget waiting
         self._cond = threading.Condition()
         self._shared = 0  # shared holders now
         self._exclusive = False  # an exclusive holder now
@@ -116,9 +117,15 @@ class GpuGate:
             yield 0.0
             return
         want = self.memory_bytes if nbytes is None else min(max(0, nbytes), self.memory_bytes)
+        alone = want >= self.memory_bytes
         with self._cond:
-            while self._memory_holders and self._memory_used + want > self.memory_bytes:
-                self._cond.wait()
+            self._memory_alone_waiting += alone
+            try:  # a request for the whole budget goes first: no later, smaller one slips in ahead of it
+                while self._memory_holders and (self._memory_used + want > self.memory_bytes or
+                                                (not alone and self._memory_alone_waiting)):
+                    self._cond.wait()
+            finally:
+                self._memory_alone_waiting -= alone
             self._memory_used += want
             self._memory_holders += 1
         try:

@@ -88,6 +88,37 @@ def test_the_memory_budget_keeps_peaks_that_do_not_fit_apart():
         assert waited == 0.0
 
 
+def test_a_request_for_the_whole_memory_budget_is_not_overtaken():
+    """While a run of unknown size (the whole budget) waits, a smaller request that comes later waits behind it."""
+    gate = GpuGate(memory_bytes=100)
+    order, first_in, release = [], threading.Event(), threading.Event()
+
+    def holder():
+        with gate.memory(10):
+            first_in.set()
+            release.wait(5)
+
+    def run(name, nbytes):
+        with gate.memory(nbytes):
+            order.append(name)
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    first_in.wait(5)
+    threads.append(threading.Thread(target=run, args=("unknown", None)))
+    threads[-1].start()
+    time.sleep(0.05)
+    threads.append(threading.Thread(target=run, args=("small", 10)))
+    threads[-1].start()
+    time.sleep(0.05)
+    assert order == []  # the small one fits beside the holder, yet waits behind the unknown one
+    release.set()
+    for t in threads:
+        t.join(timeout=10)
+    assert order == ["unknown", "small"]
+
+
 def test_a_reference_run_on_a_shared_gpu_takes_its_measured_peak_from_the_gate(monkeypatch):
     """The first run of a task's shape holds the gate's whole memory budget and measures its peak; the next asks
     for that peak (with a margin). Off the GPU, or without a gate, nothing is asked (the CUDA calls are stood in
