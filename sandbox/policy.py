@@ -197,7 +197,7 @@ def _read_only_mounts(libc: ctypes.CDLL, write_roots: list[Path], shm_writable: 
     too: the NVIDIA driver only reads /proc/driver/nvidia and /sys, and a device node opens for writing on a
     read-only mount (/dev/null, /dev/nvidia*), so CUDA works."""
     try:
-        roots = [os.path.realpath(r) for r in (*write_roots, "/dev/shm")]  # /dev/shm: the child's own, writable tmpfs
+        roots = [os.path.realpath(r) for r in write_roots]
         for root in roots:
             if libc.mount(root.encode(), root.encode(), None, MS_BIND | MS_REC, None) != 0:
                 return False
