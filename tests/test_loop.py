@@ -434,6 +434,21 @@ def test_llm_run_ends_with_a_tuner_polish(tmp_path, task, kernel):
     assert "the tuner polishes the last 2" in events[0].message
 
 
+def _tuned(tmp_path: Path, task: Path, kernel: Path, budget: int, evaluator: type) -> list[Candidate]:
+    """The archive's records of a tuner run of `budget` proposals from `kernel`, checked by `evaluator`."""
+    ScriptedEvaluator.calls, ScriptedEvaluator.raced, ScriptedEvaluator.asked = 0, [], []
+    with Archive(tmp_path / "a.db") as archive:
+        run_search(RunConfig(task_path=task, budget=budget, device="cpu", start_from=kernel, concurrency=1, seed=1),
+                   archive, evaluator_factory=evaluator)
+        return archive.candidates()
+
+
+def _rejected_at_correctness(path: Path, reason: Reason, message: str) -> CheckResult:
+    stage = StageResult(Stage.CORRECTNESS, False, reason, message)
+    return CheckResult(task="t", candidate=str(path), device="cpu", verdict=Verdict.REJECTED, stage=Stage.CORRECTNESS,
+                       reason=reason, message=message, stages=(stage,), seconds=0.01, timed=False)
+
+
 def test_the_tuner_does_not_propose_again_a_value_whose_variant_was_rejected(tmp_path, task, kernel):
     """A one-knob variant rejected at correctness (here: every BLOCK_SIZE of 2048) blames that value: the tuner
     proposes it once, whichever verified kernel it starts from next."""
@@ -444,17 +459,10 @@ def test_the_tuner_does_not_propose_again_a_value_whose_variant_was_rejected(tmp
             source = Path(path).read_text()
             seen.append(source)
             if "BLOCK_SIZE = 2048" in source:
-                stage = StageResult(Stage.CORRECTNESS, False, Reason.OUTPUT_MISMATCH, "wrong")
-                return CheckResult(task="t", candidate=str(path), device="cpu", verdict=Verdict.REJECTED,
-                                   stage=Stage.CORRECTNESS, reason=Reason.OUTPUT_MISMATCH, message="wrong",
-                                   stages=(stage,), seconds=0.01, timed=False)
+                return _rejected_at_correctness(path, Reason.OUTPUT_MISMATCH, "wrong")
             return super().check(path, baselines, incumbent_ms)
 
-    ScriptedEvaluator.calls, ScriptedEvaluator.raced, ScriptedEvaluator.asked = 0, [], []
-    with Archive(tmp_path / "a.db") as archive:
-        run_search(RunConfig(task_path=task, budget=14, device="cpu", start_from=kernel, concurrency=1, seed=1),
-                   archive, evaluator_factory=RejectsBlock2048)
-        rows = archive.candidates()
+    rows = _tuned(tmp_path, task, kernel, 14, RejectsBlock2048)
     assert len(seen) == 15
     assert sum("BLOCK_SIZE = 2048" in s for s in seen) == 1
     assert any(c.reason == "output_mismatch" for c in rows)
@@ -471,17 +479,10 @@ def test_a_check_the_harness_failed_is_run_once_more(tmp_path, task, kernel):
             seen.append(source)
             first, always = len(seen) == 2, "BLOCK_SIZE = 2048" in source
             if first or always:  # the first proposal fails once; any BLOCK_SIZE 2048 fails every time
-                stage = StageResult(Stage.CORRECTNESS, False, Reason.HARNESS_ERROR, "out of GPU memory")
-                return CheckResult(task="t", candidate=str(path), device="cpu", verdict=Verdict.REJECTED,
-                                   stage=Stage.CORRECTNESS, reason=Reason.HARNESS_ERROR, message="out of GPU memory",
-                                   stages=(stage,), seconds=0.01, timed=False)
+                return _rejected_at_correctness(path, Reason.HARNESS_ERROR, "out of GPU memory")
             return super().check(path, baselines, incumbent_ms)
 
-    ScriptedEvaluator.calls, ScriptedEvaluator.raced, ScriptedEvaluator.asked = 0, [], []
-    with Archive(tmp_path / "a.db") as archive:
-        run_search(RunConfig(task_path=task, budget=12, device="cpu", start_from=kernel, concurrency=1, seed=1),
-                   archive, evaluator_factory=FailsFirstTwice)
-        rows = [c for c in archive.candidates() if c.origin == "tuner"]
+    rows = [c for c in _tuned(tmp_path, task, kernel, 12, FailsFirstTwice) if c.origin == "tuner"]
     assert seen[1] == seen[2]  # the first proposal, checked again
     by_sha = {sha256(s): s for s in seen}
     first = next(c for c in rows if c.source_sha == sha256(seen[1]))
