@@ -54,7 +54,8 @@ PARTS = ("static", "load", "compile", "correctness", "robustness", "timing")
 FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton", "task", "checks_per_gpu",
           "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
-          "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "start_speedup", "best_speedup", "rejections"]
+          "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "start_speedup",
+          "best_speedup", "rejections"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -218,7 +219,8 @@ def show(row: dict[str, Any]) -> str:
     parts = " ".join(f"{p} {f(row[f'{p}_s'])}" for p in PARTS)
     distinct = "" if row.get("distinct_verified") is None else f", {row['distinct_verified']} distinct compiled"
     return (f"{row['task']}: {f(row['verified_per_min'], '.1f')} verified/min ({row['verified']} of "
-            f"{row['proposals']} in {row['window_s']:.0f} s{distinct}, {f(row['proposals_per_min'], '.1f')} proposals/min; "
+            f"{row['proposals']} in {row['window_s']:.0f} s{distinct}, "
+            f"{f(row['proposals_per_min'], '.1f')} proposals/min; "
             f"K={row['checks_per_gpu']})\n  seconds a candidate: {parts}; waiting for the GPU {f(row['gpu_wait_s'])}"
             f" + for the timing slot {f(row['timing_wait_s'])}\n  "
             f"vs eager: the starting kernel {f(row.get('start_speedup'), '.3f')}x, the best at the end "

@@ -148,9 +148,10 @@ def _global_terms(chunks: _Chunks, n_alternates: int) -> _GlobalTerms:
         g.n_fin += tf.numel()
         g.t2 += float(tf.pow(2).sum())
         for j, x in enumerate((rf, *(_finite_or(a[finite], tf) for a in alts))):
-            g.ref_err2[j] += float((x - tf).pow(2).sum())
-            if j == 0 and tf.numel():
-                g.ref_max = max(g.ref_max, float((x - tf).abs().max()))
+            d = x - tf
+            g.ref_err2[j] += float(d.pow(2).sum())
+            if j == 0 and d.numel():
+                g.ref_max = max(g.ref_max, float(d.abs().max()))
         g.err2 += float((cf - tf).pow(2).sum())
     return g
 

@@ -142,8 +142,7 @@ def checks_that_fit(task: Task, gpu_bytes: int, wanted: int = CHECKS_PER_GPU) ->
         inputs = task.input_bytes()
     except Exception:  # noqa: BLE001 - a task whose inputs cannot be probed keeps the default
         return wanted
-    room = gpu_bytes - TIMING_TURNS * timing_bytes(inputs, gpu_bytes)
-    return max(1, min(wanted, room // max(1, CHECK_FOOTPRINT * inputs)))
+    return max(1, min(wanted, _left(inputs, gpu_bytes, 0) // max(1, CHECK_FOOTPRINT * inputs)))
 
 
 def parent_memory_budget(task: Task, gpu_bytes: int, checks: int) -> int:
@@ -156,8 +155,12 @@ def parent_memory_budget(task: Task, gpu_bytes: int, checks: int) -> int:
         inputs = task.input_bytes()
     except Exception:  # noqa: BLE001 - a task whose inputs cannot be probed: its reference runs one at a time
         return 1
-    left = gpu_bytes - TIMING_TURNS * timing_bytes(inputs, gpu_bytes) - checks * CHECK_FOOTPRINT * inputs
-    return max(1, left)
+    return max(1, _left(inputs, gpu_bytes, checks))
+
+
+def _left(input_bytes: int, gpu_bytes: int, checks: int) -> int:
+    """The GPU's bytes past its timing turns' holdings and `checks` checks' footprints (may be negative)."""
+    return gpu_bytes - TIMING_TURNS * timing_bytes(input_bytes, gpu_bytes) - checks * CHECK_FOOTPRINT * input_bytes
 
 
 def timing_bytes(input_bytes: int, gpu_bytes: int) -> int:
@@ -206,8 +209,7 @@ class LocalExecutor:
         gpu_bytes = torch.cuda.get_device_properties(gpu_ids[0]).total_memory if torch.cuda.is_available() else 0
         if per_gpu is None:
             per_gpu = checks_that_fit(task, gpu_bytes) if gpu_bytes else CHECKS_PER_GPU
-        elif gpu_bytes and checks_that_fit(task, gpu_bytes, per_gpu) < per_gpu:
-            fit = checks_that_fit(task, gpu_bytes, per_gpu)
+        elif gpu_bytes and (fit := checks_that_fit(task, gpu_bytes, per_gpu)) < per_gpu:
             log.warning("--checks-per-gpu %d: %d checks of %s fit in the GPU's memory at once; checking %d at a "
                         "time (more would fail as out of memory, which says nothing about a candidate)",
                         per_gpu, fit, task.path.name, fit)

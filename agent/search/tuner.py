@@ -204,7 +204,8 @@ class Tuner:
         for _ in range(48):
             count = 1 if len(knobs) == 1 or self.rng.random() < 0.7 else 2
             picked = self.rng.sample(knobs, count)
-            edits = [(k, self.rng.choice(self._choices(k))) for k in picked if self._choices(k)]
+            options = [(k, self._choices(k)) for k in picked]
+            edits = [(k, self.rng.choice(values)) for k, values in options if values]
             if not edits:
                 continue
             source = _apply(parent_source, edits)
