@@ -192,7 +192,10 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         "start_speedup": summary.start.timings.speedup_eager if summary.start is not None else None,
         "best_speedup": (summary.final.timings.speedup_eager if summary.final is not None
                          else summary.best.timings.speedup_eager if summary.best is not None else None),
-        "rejections": "; ".join(f"{k} x{n}" for k, n in why.most_common()), "rejection_examples": first}
+        "rejections": "; ".join(f"{k} x{n}" for k, n in why.most_common()), "rejection_examples": first,
+        "seed_verdicts": [f"{'accepted' if c.accepted else 'rejected'}"
+                          f"{'' if c.accepted else f' at {c.stage}/{c.reason}: {c.message[:300]}'}"
+                          for _, c in verdicts if c.origin == "seed"]}
     for key in (*PARTS, "gpu_wait", "timing_wait"):
         row[f"{key}_s"] = statistics.fmean(p[key] for p in parts) if parts else None
     laps = [laps_of(c.diagnostics) for _, c in mine if c.diagnostics]
@@ -231,7 +234,8 @@ def show(row: dict[str, Any]) -> str:
             f"  (stopped: {row['stop_reason']})\n  laps a candidate (s): " +
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("laps", {}).items(), key=lambda kv: -kv[1])
                       if k not in ("total_s", "calls") and v >= 0.05) +
-            "".join(f"\n  rejected {k}: {m}" for k, m in row.get("rejection_examples", {}).items()))
+            "".join(f"\n  rejected {k}: {m}" for k, m in row.get("rejection_examples", {}).items()) +
+            "".join(f"\n  the starting kernel: {v}" for v in row.get("seed_verdicts", [])))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,9 @@ SDPA's FlashAttention-2 backend beside the cuDNN one SDPA picks on a Hopper GPU)
 largest of them. So a candidate is held to the least accurate of PyTorch's own kernels for the op, not to the luck
 of the one the reference happened to run. NaN/Inf positions still follow r.
 Integer and boolean outputs must be equal exactly.
+The comparison walks the output CHUNK elements at a time on its own device, in float32 for 16-bit outputs and
+float64 otherwise, with the sums kept on the device: one synchronisation a pass (a full-size check compares a dozen
+outputs of 100M+ elements, and it holds the GPU's shared gate while it does).
 """
 from __future__ import annotations
 
@@ -129,64 +132,91 @@ class _GlobalTerms:
 
 
 def _global_terms(chunks: _Chunks, n_alternates: int) -> _GlobalTerms:
-    """Pass 1, the global terms: non-finite disagreements, and the sums behind the RMS and L2 norms."""
-    g = _GlobalTerms(ref_err2=[0.0] * (1 + n_alternates))
+    """Pass 1, the global terms: non-finite disagreements, and the sums behind the RMS and L2 norms. The sums stay on
+    the device until the last chunk (one synchronisation a pass, not several a chunk); non-finite elements are
+    zeroed in place of being selected out (no data-dependent copies)."""
+    sums: list[torch.Tensor] = []  # per chunk: nf_bad, c_nf, r_nf, n_fin, t2, err2, ref_max, ref_err2[...]
     for start, c, r, t, alts in chunks:
         c_nf, r_nf, t_nf = ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t)
-        # Where r is non-finite the candidate must agree with r exactly (same NaN, same signed Inf), unless the
-        # float64 truth is finite there and the candidate is finite too (it avoided an overflow r suffered).
-        same_nf = (c_nf == r_nf) & (torch.isnan(c) == torch.isnan(r)) & ((c == r) | torch.isnan(c) | ~c_nf)
-        nf_bad = ~(same_nf | (r_nf & ~t_nf & ~c_nf))
-        bad = int(nf_bad.sum())
-        if bad and g.first_nf is None:
-            g.first_nf = start + int(nf_bad.nonzero()[0])
-        g.n_nf_bad += bad
-        g.c_nf_count += int(c_nf.sum())
-        g.r_nf_count += int(r_nf.sum())
-        finite = ~c_nf & ~r_nf & ~t_nf
-        cf, rf, tf = c[finite], r[finite], t[finite]
-        g.n_fin += tf.numel()
-        g.t2 += float(tf.pow(2).sum())
-        for j, x in enumerate((rf, *(_finite_or(a[finite], tf) for a in alts))):
-            d = x - tf
-            g.ref_err2[j] += float(d.pow(2).sum())
-            if j == 0 and d.numel():
-                g.ref_max = max(g.ref_max, float(d.abs().max()))
-        g.err2 += float((cf - tf).pow(2).sum())
+        nf_bad = _nf_bad(c, r, c_nf, r_nf, t_nf)
+        finite = ~(c_nf | r_nf | t_nf)
+        tf = _zeroed(t, finite)
+        terms = [nf_bad.sum(), c_nf.sum(), r_nf.sum(), finite.sum(), _sum2(tf), _sum2(_zeroed(c, finite) - tf)]
+        ref_err = [_zeroed(x, finite) - tf for x in (r, *(_finite_or(a, t) for a in alts))]
+        terms.append(ref_err[0].abs().max() if ref_err[0].numel() else tf.new_zeros(()))
+        terms += [_sum2(d) for d in ref_err]
+        sums.append(torch.stack([x.to(torch.float64) for x in terms]))
+    if not sums:
+        return _GlobalTerms(ref_err2=[0.0] * (1 + n_alternates))
+    per_chunk = torch.stack(sums).cpu()  # the one synchronisation of the pass
+    total = per_chunk.sum(0).tolist()
+    g = _GlobalTerms(n_nf_bad=int(total[0]), c_nf_count=int(total[1]), r_nf_count=int(total[2]), n_fin=int(total[3]),
+                     t2=total[4], err2=total[5], ref_max=float(per_chunk[:, 6].max()), ref_err2=total[7:])
+    if g.n_nf_bad:  # where the first disagreement lies: in the first chunk that has one, looked up there alone
+        k = int((per_chunk[:, 0] > 0).nonzero()[0])
+        start, c, r, t, _ = chunks.chunk(k)
+        nf_bad = _nf_bad(c, r, ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t))
+        g.first_nf = start + int(nf_bad.nonzero()[0])
     return g
+
+
+def _nf_bad(c: torch.Tensor, r: torch.Tensor, c_nf: torch.Tensor, r_nf: torch.Tensor,
+            t_nf: torch.Tensor) -> torch.Tensor:
+    """Elements whose NaN/Inf disagrees with the reference's. Where r is non-finite the candidate must agree with r
+    exactly (same NaN, same signed Inf), unless the float64 truth is finite there and the candidate is finite too
+    (it avoided an overflow r suffered; pass 2 then holds it to the truth)."""
+    same_nf = (c_nf == r_nf) & (torch.isnan(c) == torch.isnan(r)) & ((c == r) | torch.isnan(c) | ~c_nf)
+    return ~(same_nf | (r_nf & ~t_nf & ~c_nf))
 
 
 def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float, ref_max: float, *,
                  l2_failed: bool) -> tuple[int, int | None, float]:
     """Pass 2, elementwise: how many elements lie outside their bound, the flat index of the worst one by error over
-    bound, and the largest absolute error. The worst is looked for only where it can be: in chunks with an element
-    outside (its ratio exceeds 1, every other chunk's does not), or anywhere when the L2 bound already failed."""
-    n_out, worst_ratio, worst_flat, max_abs = 0, -1.0, None, 0.0
-    for start, c, r, t, alts in chunks:
-        finite = torch.isfinite(c) & torch.isfinite(r) & torch.isfinite(t)
-        cf, rf, tf = c[finite], r[finite], t[finite]
-        if not tf.numel():
+    bound, and the largest absolute error. The counts stay on the device until the last chunk; the worst is looked
+    for afterwards, only where it can be: in chunks with an element outside (its ratio exceeds 1, every other
+    chunk's does not), or anywhere when the L2 bound already failed."""
+    counts: list[torch.Tensor] = []
+    for _, c, r, t, alts in chunks:
+        _, err, bound = _err_bound(c, r, t, alts, tol, scale_t, ref_rms, ref_max)
+        counts.append(torch.stack([(err > bound).sum().to(torch.float64), err.max().to(torch.float64)]))
+    if not counts:
+        return 0, None, 0.0
+    per_chunk = torch.stack(counts).cpu()  # the one synchronisation of the pass
+    n_out, max_abs = int(per_chunk[:, 0].sum()), float(per_chunk[:, 1].max())
+    worst_ratio, worst_flat = -1.0, None
+    for k in range(len(per_chunk)):
+        if not (per_chunk[k, 0] > 0 or l2_failed):
             continue
-        err = (cf - tf).abs()
-        ref_err = (rf - tf).abs()
-        for a in alts:
-            ref_err = torch.maximum(ref_err, (_finite_or(a[finite], tf) - tf).abs())
-        bound = tol.atol * max(scale_t, 1e-30) + tol.rtol * tf.abs() + \
-            (REF_FACTOR * ref_err.clamp_min(ref_rms)).clamp_min(ref_max)
-        outside = int((err > bound).sum())
-        n_out += outside
-        max_abs = max(max_abs, float(err.max()))
-        if outside or l2_failed:
-            ratio = err / bound.clamp_min(1e-300)
-            k = int(ratio.argmax())
-            if float(ratio[k]) > worst_ratio:
-                worst_ratio, worst_flat = float(ratio[k]), start + int(finite.nonzero()[k])
+        start, c, r, t, alts = chunks.chunk(k)
+        finite, err, bound = _err_bound(c, r, t, alts, tol, scale_t, ref_rms, ref_max)
+        ratio = torch.where(finite, err / bound, -1.0)  # a non-finite element is never the worst by error
+        j = int(ratio.argmax())
+        if float(ratio[j]) > worst_ratio:
+            worst_ratio, worst_flat = float(ratio[j]), start + j
     return n_out, worst_flat, max_abs
 
 
+def _err_bound(c: torch.Tensor, r: torch.Tensor, t: torch.Tensor, alts: list[torch.Tensor], tol: Tolerance,
+               scale_t: float, ref_rms: float, ref_max: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where candidate and truth are finite, and each element's error and its bound (rule 2 of the module
+    docstring): 0 and a positive bound elsewhere (pass 1 judged those). Where the reference alone overflowed, the
+    candidate is held to the truth with no error of the reference's to widen its bound."""
+    finite = torch.isfinite(c) & torch.isfinite(t)
+    tf = _zeroed(t, finite)
+    err = (_zeroed(c, finite) - tf).abs()
+    ref_err = (_zeroed(r, finite & torch.isfinite(r)) - _zeroed(t, finite & torch.isfinite(r))).abs()
+    for a in alts:
+        ref_err = torch.maximum(ref_err, (_zeroed(_finite_or(a, t), finite) - tf).abs())
+    bound = tol.atol * max(scale_t, 1e-30) + tol.rtol * tf.abs() + \
+        (REF_FACTOR * ref_err.clamp_min(ref_rms)).clamp_min(ref_max)
+    return finite, err, bound
+
+
 class _Chunks:
-    """got, ref and truth (ref where there is none) flattened, as float64 on got's device, CHUNK elements at a time:
-    a 2 GB output never needs more than a few CHUNK-sized float64 temporaries at once."""
+    """got, ref and truth (ref where there is none) flattened, on got's device in the working precision, CHUNK
+    elements at a time: a 2 GB output never needs more than a few CHUNK-sized temporaries at once. The working
+    precision is float64, or float32 for 16-bit outputs (whose bounds lie far above float32's rounding: a bf16
+    element is compared to within 1% of its value, and float32 keeps the truth to 6e-8 of it) at half the bytes."""
 
     def __init__(self, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor | None,
                  alternates: tuple[torch.Tensor, ...] = ()):
@@ -194,18 +224,41 @@ class _Chunks:
         self.truth = truth.detach().reshape(-1) if truth is not None else self.ref
         self.alternates = tuple(a.detach().reshape(-1) for a in alternates)
         self.device = self.got.device
+        self.dtype = torch.float32 if ref.dtype in (torch.float16, torch.bfloat16) else torch.float64
 
-    def _f64(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(device=self.device, dtype=torch.float64)
+    def _work(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(device=self.device, dtype=self.dtype)
+
+    def _work_truth(self, t: torch.Tensor) -> torch.Tensor:
+        """The truth in the working precision, finite wherever it is finite: a float64 value past float32's range
+        becomes float32's largest of its sign, not an infinity (which would excuse the candidate there)."""
+        w = self._work(t)
+        if t.dtype != torch.float64 or self.dtype == torch.float64:
+            return w
+        big = torch.finfo(self.dtype).max
+        return torch.where(torch.isinf(w) & torch.isfinite(t.to(self.device)), torch.sign(w) * big, w)
 
     def __iter__(self):
-        for start in range(0, self.got.numel(), CHUNK):
-            end = start + CHUNK
-            yield (start, self._f64(self.got[start:end]), self._f64(self.ref[start:end]),
-                   self._f64(self.truth[start:end]), [self._f64(a[start:end]) for a in self.alternates])
+        for k in range(-(-self.got.numel() // CHUNK)):
+            yield self.chunk(k)
+
+    def chunk(self, k: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        start, end = k * CHUNK, (k + 1) * CHUNK
+        return (start, self._work(self.got[start:end]), self._work(self.ref[start:end]),
+                self._work_truth(self.truth[start:end]), [self._work(a[start:end]) for a in self.alternates])
 
     def value(self, which: str, flat: int) -> float:
-        return float(self._f64(getattr(self, which)[flat]))
+        return float(getattr(self, which)[flat].to(torch.float64))
+
+
+def _zeroed(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """x where `keep`, else 0 (a NaN or Inf elsewhere then adds nothing to a sum)."""
+    return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _sum2(x: torch.Tensor) -> torch.Tensor:
+    """The sum of squares, accumulated in float64 whatever x's precision."""
+    return torch.linalg.vector_norm(x, dtype=torch.float64).square()
 
 
 def _finite_or(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -155,3 +155,72 @@ def test_an_alternates_overflow_loosens_nothing_and_needs_a_truth():
     far = ref.clone()
     far[:8] += 1.0
     assert compare("o", far, ref, None, alternates=(far,)) is not None
+
+
+def _rules(got, ref, truth, alternates=()):
+    """The module docstring's rules written out plainly (one float64 pass, elements selected by mask): the number of
+    elements compare must count as mismatched, and whether the relative L2 bound holds."""
+    tol = tolerance_for(ref.dtype)
+    c, r, t = got.double().reshape(-1), ref.double().reshape(-1), truth.double().reshape(-1)
+    alts = [a.double().reshape(-1) for a in alternates]
+    same_nf = (c.isfinite() == r.isfinite()) & (c.isnan() == r.isnan()) & ((c == r) | c.isnan() | c.isfinite())
+    nf_bad = int((~(same_nf | (~r.isfinite() & t.isfinite() & c.isfinite()))).sum())
+    fin = c.isfinite() & r.isfinite() & t.isfinite()  # the sums: where all three are finite
+    own = [(r - t)[fin].abs()] + [(torch.where(a.isfinite(), a, t) - t)[fin].abs() for a in alts]
+    worst2 = max(float(e.pow(2).sum()) for e in own)
+    rms_t, n = float(t[fin].pow(2).mean().sqrt()), int(fin.sum())
+    l2_ok = float((c - t)[fin].norm()) <= max(tol.rel_l2, REF_FACTOR * worst2 ** 0.5 / float(t[fin].norm())) * \
+        float(t[fin].norm())
+    held = c.isfinite() & t.isfinite()  # elementwise: wherever candidate and truth are, the reference's error 0 where
+    ref_err = torch.where(r.isfinite(), (r - t).abs(), 0.0)  # it overflowed
+    for a in alts:
+        ref_err = torch.maximum(ref_err, (torch.where(a.isfinite(), a, t) - t).abs())
+    bound = tol.atol * max(rms_t, 1e-30) + tol.rtol * t.abs() + \
+        (REF_FACTOR * ref_err.clamp_min((worst2 / n) ** 0.5)).clamp_min(float(own[0].max()))
+    return nf_bad + int(((c - t).abs() > bound)[held].sum()), l2_ok
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(6))
+def test_compare_counts_what_the_documented_rules_count(monkeypatch, dtype, case):
+    """Over random outputs with noise, outliers, NaN and Inf, an alternate, and chunks that split the tensor
+    anywhere, compare (chunked, on the device, in float32 for 16-bit outputs) finds the mismatches the rules written
+    out plainly find."""
+    import sandbox.tolerance as tolerance_mod
+
+    g = torch.Generator().manual_seed(100 + case)
+    truth = torch.randn(37, 29, generator=g, dtype=torch.float64) * 10.0 ** (case - 2)
+    ref = (truth * (1 + 0.002 * torch.randn(truth.shape, generator=g, dtype=torch.float64))).to(dtype)
+    alt = (truth * (1 + 0.004 * torch.randn(truth.shape, generator=g, dtype=torch.float64))).to(dtype)
+    got = (truth * (1 + 0.01 * case * torch.randn(truth.shape, generator=g, dtype=torch.float64))).to(dtype)
+    flat = got.view(-1)
+    flat[torch.randint(0, flat.numel(), (case + 1,), generator=g)] *= 3.0
+    if case % 2:
+        ref.view(-1)[7] = float("inf")
+        got.view(-1)[7] = float("inf") if case != 3 else 1.0
+        got.view(-1)[11] = float("nan")
+    monkeypatch.setattr(tolerance_mod, "CHUNK", 97 + case)
+    report = compare("y", got, ref, truth, alternates=(alt,) if case > 2 else ())
+    count, l2_ok = _rules(got, ref, truth, (alt,) if case > 2 else ())
+    assert (report is None) == (count == 0 and l2_ok)
+    assert report is None or report.mismatched == count
+
+
+def test_bf16_outputs_past_float32s_range_are_still_compared():
+    """16-bit outputs are compared in float32: their squares are summed in float64 (1e30 squared overflows float32),
+    and a truth past float32's range is not turned into an Inf that would excuse the candidate there."""
+    truth = torch.full((64,), 1e30, dtype=torch.float64)
+    ref = truth.to(torch.bfloat16)
+    assert compare("y", ref.clone(), ref, truth) is None
+    off = ref.clone()
+    off[:4] *= 1.5
+    report = compare("y", off, ref, truth)
+    assert report is not None and report.mismatched == 4 and report.rel_l2_err < 1.0
+    huge = torch.full((64,), 3.0e38, dtype=torch.float64)
+    huge[0] = 3.45e38  # finite in float64, past float32's largest
+    ref = huge.to(torch.bfloat16)
+    got = ref.clone()
+    got[0] = 0.0  # the reference overflowed there, the truth did not: held to the truth, and far from it
+    assert compare("y", got, ref, huge) is not None
+    ref[0] = torch.finfo(torch.bfloat16).max  # a reference that stayed finite: the truth must stay finite too
+    assert compare("y", got, ref, huge) is not None
