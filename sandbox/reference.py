@@ -88,12 +88,16 @@ class Reference:
             raise TaskError(f"{self.task.path.name}: the reference must return a tensor or a tuple of tensors")
         return out, ref
 
-    def output_bytes(self, inputs: list[Any]) -> int:
-        """Bytes of the reference's outputs on these inputs, from the model in its own dtype alone (no float64
-        truth, no alternates: at causal attention fwd+bwd the truth's scores alone are 16 GiB a tensor)."""
+    def output_specs(self, inputs: list[Any]) -> list[tuple[torch.Size, torch.dtype]]:
+        """Shape and dtype of each of the reference's outputs on these inputs, from the model in its own dtype alone
+        (no float64 truth, no alternates: at causal attention fwd+bwd the truth's scores alone are 16 GiB a tensor)."""
         dev_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
         _, ref = self._run_model(dev_inputs)
-        return sum(t.numel() * t.element_size() for t in ref)
+        return [(t.shape, t.dtype) for t in ref]
+
+    def output_bytes(self, inputs: list[Any]) -> int:
+        """Bytes of the reference's outputs on these inputs (output_specs)."""
+        return sum(shape.numel() * dtype.itemsize for shape, dtype in self.output_specs(inputs))
 
     def run(self, inputs: list[Any]) -> Expected:
         """The outputs in the model's dtype, the float64 truth and the alternates' outputs on these inputs. On a

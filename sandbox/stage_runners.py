@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 # call costs milliseconds even at the smallest shape, so the soak stays short; on a GPU cheap calls run by hundreds.
 SOAK_BUDGET_S = {"cpu": (0.2, 64), "cuda": (1.0, 2000)}
 SOAK_MIN_CALLS = 3
+# The soak's calls go to the child in requests of about this much wall time each: a request holds the GPU's gate
+# (shared) while it runs, and a timing waiting for its exclusive turn waits for every shared holder to finish, while
+# the other checks wait behind it. One 1 s soak in a request made every timing of a search wait that long.
+SOAK_SLICE_S = 0.1
 
 
 def compile_candidate(harness: Harness, run: _Run) -> tuple[Reference, dict[str, Any]]:
@@ -119,7 +123,8 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
     """Many calls back to back at the model's current shape (the cheapest tried), on fresh inputs: a number
     drawn log-uniformly up to what SOAK_BUDGET_S allows at this call's time, so a kernel that turns to a stored
     output after its first N calls cannot know N's safe value. The last call and one other drawn at random are
-    verified here; the child checks every call as any other (trace, state), and cannot tell which are verified."""
+    verified here; the child checks every call as any other (trace, state). The calls go in slices of about
+    SOAK_SLICE_S each (the child keeps the base sets between them), each slice its own turn at the GPU's gate."""
     n = soak_length(run.rng, seconds, run.device.split(":")[0])
     checked = sorted({n - 1} | set(run.rng.sample(range(n - 1), 1)))  # each costs a reference and a compare
     dists = task.meta.distributions
@@ -130,25 +135,40 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
     for k in checked:
         with run.lap("reference"), harness._gpu(run):
             expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
-    used: set[int] = set()
-    msg: dict[str, Any] = {"op": "soak", "n": n, "checked": checked, "fixed": list(task.meta.fixed_inputs)}
-    buffers: list[torch.Tensor | None] = []
-    with run.lap("ship"):
-        msg["base"] = [run.lending.ship(b, used)[0] for b in base]
-        if run.device != "cpu":  # the checked calls' outputs come back into lent GPU buffers, not through host memory
-            msg["out_buffers"], buffers = run.lending.ship([_poisoned(r) for e in expected for r in e.ref], used)
-    del base  # the lent copies are what the child derives its calls' inputs from
-    _return_cached(run)
-    within = run.within(f"the soak of {n} calls", reference, calls=n)
-    with run.lap("soak"):
-        reply = harness._request(run, Stage.ROBUSTNESS, msg, max_bytes=4 * sum(e.nbytes for e in expected) + (1 << 24),
-                              within=within)
-    run.calls += n
-    run.call_seconds += float(reply.get("seconds") or 0.0)
-    outs = _claim(reply.get("outputs"), buffers)
+    per_slice = max(1, int(SOAK_SLICE_S / max(run.own_s(reference) or seconds, 1e-6)))
+    outs: list[Any] = []
+    structure = expected[0].structure
+    for start in range(0, n, per_slice):
+        stop = min(n, start + per_slice)
+        mine = [j for j, k in enumerate(checked) if start <= k < stop]
+        used: set[int] = set()
+        msg: dict[str, Any] = {"op": "soak", "n": n, "start": start, "stop": stop,
+                               "checked": [checked[j] for j in mine], "fixed": list(task.meta.fixed_inputs)}
+        buffers: list[torch.Tensor | None] = []
+        with run.lap("ship"):
+            if start == 0:  # the child keeps its copies of the base sets until the last slice
+                msg["base"] = [run.lending.ship(b, used)[0] for b in base]
+            if run.device != "cpu" and mine:  # the checked calls' outputs come back into lent GPU buffers
+                msg["out_buffers"], buffers = run.lending.ship([poisoned(r.shape, r.dtype, r.device)
+                                                                for j in mine for r in expected[j].ref], used)
+        if start == 0:
+            del base  # the lent copies are what the child derives its calls' inputs from
+            _return_cached(run)
+        within = run.within(f"calls {start + 1} to {stop} of the soak's {n}", reference, calls=stop - start)
+        with run.lap("soak"):
+            reply = harness._request(run, Stage.ROBUSTNESS, msg, within=within,
+                                     max_bytes=4 * sum(expected[j].nbytes for j in mine) + (1 << 24))
+        run.calls += stop - start
+        run.call_seconds += float(reply.get("seconds") or 0.0)
+        got = claim(reply.get("outputs"), buffers)
+        if not isinstance(got, list) or len(got) != len(expected[0].ref) * len(mine) or \
+                (mine and reply.get("structure") != structure):
+            outs = None
+            break
+        outs += got
     per = len(expected[0].ref)
-    if not isinstance(outs, list) or len(outs) != per * len(checked) or \
-            not all(isinstance(t, torch.Tensor) for t in outs) or reply.get("structure") != expected[0].structure:
+    if not isinstance(outs, list) or len(outs) != per * len(checked) or not all(isinstance(t, torch.Tensor)
+                                                                                for t in outs):
         raise Rejected(Stage.ROBUSTNESS, Reason.OUTPUT_SHAPE, f"the candidate's outputs over {n} calls in a row "
                       "did not come back as its single calls' did")
     for j, (k, exp) in enumerate(zip(checked, expected)):
@@ -194,14 +214,15 @@ def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs
         buffers: list[torch.Tensor | None] = []
         if run.device != "cpu":
             # Outputs come back into lent buffers on the GPU (no trip through host memory).
-            msg["out_buffers"], buffers = run.lending.ship([_poisoned(r) for r in expected.ref], used)
+            msg["out_buffers"], buffers = run.lending.ship([poisoned(r.shape, r.dtype, r.device) for r in expected.ref],
+                                                           used)
     within = run.within(f"the {stage.value} call", reference, calls=1)
     with run.lap("request"):
         reply = harness._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24), within=within)
     run.timed_call(reference, time.monotonic() - within.start)
     run.calls += 1
     run.call_seconds += float(reply.get("seconds") or 0.0)
-    outs = _claim(reply.get("outputs"), buffers)
+    outs = claim(reply.get("outputs"), buffers)
     if not isinstance(outs, list) or not all(isinstance(t, torch.Tensor) for t in outs):
         raise Rejected(stage, Reason.OUTPUT_TYPE, "the candidate's outputs could not be read back")
     # Outputs that came back by value (past the lending cap) go where the reference's are, so that every comparison
@@ -250,28 +271,29 @@ def soak_length(rng: random.Random, seconds: float, device: str) -> int:
     return int(round(math.exp(rng.uniform(math.log(SOAK_MIN_CALLS), math.log(most)))))
 
 
-def _poisoned(ref: torch.Tensor) -> torch.Tensor | None:
-    """A contiguous buffer like `ref`, every byte 0xFF (NaN in every float format, -1 in every integer one): where the
-    child writes nothing, the comparison says so. None for bool outputs, which have no such pattern (they travel by
-    value)."""
-    if ref.dtype == torch.bool or ref.is_complex():
+def poisoned(shape: torch.Size, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor | None:
+    """A contiguous buffer of this shape and dtype, every byte 0xFF (NaN in every float format, -1 in every integer
+    one): where the child writes nothing, the comparison says so. None for bool and complex outputs, which have no
+    such pattern (they travel by value)."""
+    if dtype == torch.bool or dtype.is_complex:
         return None
-    buf = torch.empty_like(ref, memory_format=torch.contiguous_format)
+    buf = torch.empty(shape, dtype=dtype, device=device)
     if buf.numel():
         buf.reshape(-1).view(torch.uint8).fill_(0xFF)
     return buf
 
 
-def _claim(outs: Any, buffers: list[torch.Tensor | None]) -> Any:
-    """The reply's outputs with each {"__gpu_buffer__": i} the child put at position i replaced by a copy of our
-    buffer i (a copy: the child maps the buffer until it is dead). Anything else forged stays as it is and fails the
-    output-type check."""
+def claim(outs: Any, buffers: list[torch.Tensor | None], start: int = 0) -> Any:
+    """The reply's outputs with each {"__gpu_buffer__": start + i} the child put at position i replaced by a copy of
+    our buffer start + i (a copy: the child maps the buffer until it is dead). Anything else forged stays as it is
+    and fails the output-type check."""
     if not isinstance(outs, list):
         return outs
     claimed = []
     for i, o in enumerate(outs):
+        at = start + i
         if isinstance(o, dict) and set(o) == {"__gpu_buffer__"}:
-            buf = buffers[i] if o["__gpu_buffer__"] == i and i < len(buffers) else None
+            buf = buffers[at] if o["__gpu_buffer__"] == at and at < len(buffers) else None
             if buf is None:
                 return None
             claimed.append(buf.clone())

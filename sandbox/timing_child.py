@@ -140,13 +140,26 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-def samples(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
-    """The kept outputs of the timed calls the parent picked after the measurement, copied to the CPU; every kept
-    output is released."""
+def samples(state: dict[str, Any], msg: dict[str, Any],
+            hand_back: Callable[[list[Any], list[Any], int], list[Any]] | None = None) -> dict[str, Any]:
+    """The kept outputs of the timed calls the parent picked after the measurement: into the GPU buffers it lent,
+    call after call (`hand_back`, the worker's), else copied to the CPU; every kept output is released."""
     from profiler.device_memory import to_cpu
 
     kept = state.pop("kept", None) or {}
-    out = [{"call": int(c), "input_set": kept[c][0], "outputs": to_cpu(kept[c][1])} for c in msg["calls"] if c in kept]
+    buffers = msg.get("out_buffers") or []
+    out, at = [], 0
+    for c in msg["calls"]:
+        if c not in kept:
+            continue
+        outs = kept[c][1]
+        if buffers and hand_back is not None:
+            outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+            sent = hand_back(outs, buffers, at)
+            at += len(outs)
+        else:
+            sent = to_cpu(outs)
+        out.append({"call": int(c), "input_set": kept[c][0], "outputs": sent})
     kept.clear()
     torch.cuda.empty_cache()  # the kept outputs and the input sets back to the GPU: the next timing builds its own
     return {"ok": True, "samples": out}

@@ -33,6 +33,7 @@ from profiler import stats
 
 from . import tolerance
 from .records import Reason, Rejected, Stage
+from .stage_runners import claim, poisoned
 from .timing_child import derive
 
 if TYPE_CHECKING:
@@ -97,7 +98,8 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     seeds = [run.rng.randrange(1 << 31) for _ in range(BASE_SETS)]
     with harness._gpu(run):  # the parent's own GPU work shares the gate; only the child's measurement holds it alone
         base = [task.make_inputs(s, "normal", run.device) for s in seeds]
-        out_bytes = reference.output_bytes(base[0])  # the reference alone: no float64 truth to size the transfers
+        specs = reference.output_specs(base[0])  # the reference alone: no float64 truth to size the transfers
+        out_bytes = sum(shape.numel() * dtype.itemsize for shape, dtype in specs)
         t_roof = time.monotonic()
         with torch.no_grad():
             roof = task_roofline(task.declared_roofline(), reference.model, base[0], get_ceilings(opts.gpu))
@@ -126,7 +128,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         measured = reply["measured"]
         problems = []
         if defer:  # after the exclusive turn: the calls to check are picked now, and copied while other checks run
-            measured["samples"], problems = _fetch_samples(harness, run, reply, out_bytes, msg["burst"])
+            measured["samples"], problems = _fetch_samples(harness, run, reply, specs, msg["burst"])
         t_fetch = time.monotonic()
     with harness._gpu(run):
         if defer:
@@ -194,19 +196,28 @@ def race_report(measured: dict[str, Any], rule: stats.RaceRule) -> tuple[dict[st
     return record, problem
 
 
-def _fetch_samples(harness: "Harness", run: "_Run", reply: dict[str, Any], out_bytes: int,
+def _fetch_samples(harness: "Harness", run: "_Run", reply: dict[str, Any], specs: list[tuple[torch.Size, torch.dtype]],
                    burst: int) -> tuple[list[dict[str, Any]], list[str]]:
     """The outputs of PICKED_SAMPLES timed calls, chosen at random now among those the child kept, and what is wrong
     with them before they meet the reference: another call or input set than asked for. Whether they still match
-    their fingerprints at return (work finished later, THREATS #16) is `_changed_after_return`'s, on the GPU."""
+    their fingerprints at return (work finished later, THREATS #16) is `_changed_after_return`'s, on the GPU.
+    On a GPU they come back into buffers the parent lends, shaped as the reference's outputs and poisoned (as a
+    call's do, sandbox/stage_runners.py), not through host memory (3 SwiGLU outputs: 1.4 GB, 1.5 s by value)."""
     measured, n_sets = reply["measured"], reply["n_sets"]
     prints = {int(e["call"]): e for e in measured.get("fingerprints") or [] if isinstance(e, dict) and "call" in e}
     kept = sorted({int(c) for c in reply.get("kept_calls") or []} & set(prints))
     if not kept:
         return [], ["the candidate's process kept none of its timed outputs for the parent to check"]
     picked = sorted(run.rng.sample(kept, min(PICKED_SAMPLES, len(kept))))
-    got = harness._request(run, Stage.TIMING, {"op": "samples", "calls": picked},
-                           max_bytes=len(picked) * out_bytes * 2 + (64 << 20))["samples"]
+    out_bytes = sum(shape.numel() * dtype.itemsize for shape, dtype in specs)
+    msg: dict[str, Any] = {"op": "samples", "calls": picked}
+    staged: list[torch.Tensor | None] = []
+    if torch.device(run.device).type == "cuda":
+        msg["out_buffers"], staged = run.lending.ship(
+            [poisoned(shape, dtype, run.device) for _ in picked for shape, dtype in specs], set())
+    got = harness._request(run, Stage.TIMING, msg, max_bytes=len(picked) * out_bytes * 2 + (64 << 20))["samples"]
+    for j, sample in enumerate(got):  # each sample's outputs at its place among the buffers: call j's from j * per
+        sample["outputs"] = claim(sample["outputs"], staged, start=j * len(specs)) if staged else sample["outputs"]
     warm_calls = -(-WARMUP // burst) * burst
     problems = []
     if sorted(int(s["call"]) for s in got) != picked:

@@ -241,17 +241,24 @@ def _call(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
-    """`n` calls back to back on inputs derived from the base sets (timing_child.derive, which the parent repeats);
-    the outputs of the calls in `checked` come back (into the parent's GPU buffers, in order, where it lent them),
-    every call is checked here as `_call` checks one. Nothing in a call says whether its output will be verified."""
+    """Calls `start` to `stop` of the soak's `n`, back to back, on inputs derived from the base sets
+    (timing_child.derive, which the parent repeats; sent with the first slice, kept until the last); the outputs of
+    the calls in `checked` come back (into the parent's GPU buffers, in order, where it lent them), every call is
+    checked here as `_call` checks one. Nothing in a call says whether its output will be verified."""
     device = state["device"]
-    base = [[_fresh(x, device) for x in s] for s in msg["base"]]
+    if "base" in msg:
+        state["soak"] = ([[_fresh(x, device) for x in s] for s in msg["base"]], None)
+    if "soak" not in state:
+        return {"ok": False, "reason": "harness_error", "message": "a soak slice came before the soak's base sets"}
+    base, keep = state["soak"]
     checked, fixed = set(msg["checked"]), tuple(msg["fixed"])
     buffers = msg.get("out_buffers") or []
     outputs: list[torch.Tensor] = []
     strides: list[list[int]] = []
-    seconds, keep, structure = 0.0, None, "tensor"
-    for k in range(int(msg["n"])):
+    seconds, structure = 0.0, "tensor"
+    n = int(msg["n"])
+    stop = int(msg.get("stop", n))
+    for k in range(int(msg.get("start", 0)), stop):
         inputs = timing_child.derive(base, k, fixed)
         reply, out = _run_call(state, inputs)
         seconds += reply.get("seconds", 0.0)
@@ -265,9 +272,12 @@ def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
             strides += [list(o.stride()) for o in outs]
         keep = inputs  # the next call's inputs do not reuse these addresses
         _scramble_written(state)
-    del keep
+    if stop >= n:
+        state.pop("soak", None)
+    else:
+        state["soak"] = (base, keep)
     return {"ok": True, "outputs": outputs, "strides": strides, "structure": structure, "seconds": seconds,
-            "calls": int(msg["n"])}
+            "calls": n}
 
 
 def _run_call(state: dict[str, Any], inputs: list[Any]) -> tuple[dict[str, Any], Any]:
@@ -410,7 +420,7 @@ def _prepare_timing(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any
 
 
 def _samples(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
-    return _with_hidden(state, timing_child.samples, msg)
+    return _with_hidden(state, lambda st, m: timing_child.samples(st, m, _hand_back), msg)
 
 
 def _with_hidden(state: dict[str, Any], fn, msg: dict[str, Any]) -> dict[str, Any]:

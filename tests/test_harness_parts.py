@@ -2,7 +2,11 @@
 markers (the GPU path itself runs in tests/test_harness_gpu.py on the H200)."""
 import torch
 
-from sandbox.stage_runners import _claim, _poisoned
+from sandbox.stage_runners import claim, poisoned
+
+
+def _poisoned(ref):
+    return poisoned(ref.shape, ref.dtype, ref.device)
 
 
 def test_poisoned_buffers_read_as_nan_or_minus_one():
@@ -17,15 +21,19 @@ def test_poisoned_buffers_read_as_nan_or_minus_one():
 
 def test_claim_replaces_markers_with_copies_and_refuses_forgeries():
     a, b = torch.arange(4.0), torch.arange(6.0)
-    got = _claim([{"__gpu_buffer__": 0}, {"__gpu_buffer__": 1}], [a, b])
+    got = claim([{"__gpu_buffer__": 0}, {"__gpu_buffer__": 1}], [a, b])
     assert torch.equal(got[0], a) and torch.equal(got[1], b)
     assert got[0].data_ptr() != a.data_ptr()  # a copy: the child may still write into the buffer it was lent
     value = torch.ones(2)
-    assert _claim([value, {"__gpu_buffer__": 1}], [None, b])[0] is value  # sent by value: kept as it came
-    assert _claim([{"__gpu_buffer__": 1}, {"__gpu_buffer__": 1}], [a, b]) is None  # another position's buffer
-    assert _claim([{"__gpu_buffer__": 0}], [None]) is None  # no buffer was lent there
-    assert _claim([{"__gpu_buffer__": 2}], [a]) is None
-    assert _claim("not a list", [a]) == "not a list"  # the output-type check reports it
+    assert claim([value, {"__gpu_buffer__": 1}], [None, b])[0] is value  # sent by value: kept as it came
+    assert claim([{"__gpu_buffer__": 1}, {"__gpu_buffer__": 1}], [a, b]) is None  # another position's buffer
+    assert claim([{"__gpu_buffer__": 0}], [None]) is None  # no buffer was lent there
+    assert claim([{"__gpu_buffer__": 2}], [a]) is None
+    assert claim("not a list", [a]) == "not a list"  # the output-type check reports it
+    # the timing stage's samples: call j's outputs sit at j * (outputs a call) among one request's buffers
+    got = claim([{"__gpu_buffer__": 1}], [a, b], start=1)
+    assert torch.equal(got[0], b)
+    assert claim([{"__gpu_buffer__": 0}], [a, b], start=1) is None  # the first call's buffer, claimed for the second
 
 
 def test_running_out_of_gpu_memory_is_the_harness_s_error_not_the_candidate_s(monkeypatch):

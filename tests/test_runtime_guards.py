@@ -122,6 +122,30 @@ def test_honest_candidate_is_accepted_with_a_soak(harness):
     assert result.costs["calls"] == 8 + soak["calls"]
 
 
+def test_a_soak_in_slices_is_one_soak(harness, tmp_path, monkeypatch):
+    """The soak's calls go to the child one slice at a time (each its own turn at the GPU's gate): a slice of one call
+    each here. The child keeps its base sets and its count across slices, so every call is made once and a counter
+    that turns to its store inside the soak is still caught."""
+    from sandbox import stage_runners
+
+    monkeypatch.setattr(stage_runners, "SOAK_SLICE_S", 1e-9)
+    slices = []
+    request = Harness._request
+
+    def counted(self, run, stage, msg, *a, **kw):
+        if msg.get("op") == "soak":
+            slices.append((msg["start"], msg["stop"], "base" in msg))
+        return request(self, run, stage, msg, *a, **kw)
+    monkeypatch.setattr(Harness, "_request", counted)
+    result = _check(harness, HERE / "candidates" / "rmsnorm_honest.py")
+    assert result.accepted, result.message
+    soak = next(s for s in result.stages if s.stage is Stage.ROBUSTNESS).details["soak"]
+    assert slices == [(k, k + 1, k == 0) for k in range(soak["calls"])]
+    assert result.costs["calls"] == 8 + soak["calls"]
+    result = _check(harness, _variant(tmp_path, "runtime_hidden_counter.py", 10))  # turns inside the soak
+    assert result.stage is Stage.ROBUSTNESS and "in a row" in result.message, result.message
+
+
 def test_the_calls_of_a_check_are_not_fixed(harness):
     orders = set()
     for seed in (1, 2, 3):

@@ -23,9 +23,9 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
     monkeypatch.setattr("profiler.roofline.task_roofline", lambda *a: types.SimpleNamespace(bound="compute"))
     monkeypatch.setattr("profiler.ceilings.get_ceilings", lambda gpu: {})
 
-    def output_bytes(inputs):
+    def output_specs(inputs):
         events.append("reference's output bytes")
-        return 1 << 20
+        return [(torch.Size([1 << 18]), torch.float32)]
 
     def reference_run(inputs):  # the float64 truth: not needed to size the outputs
         events.append("reference (float64 truth included)")
@@ -48,7 +48,7 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
     run = types.SimpleNamespace(task=task, device="cuda:0", rng=random.Random(0),  # as _Run.device gives it
                                 options=types.SimpleNamespace(gpu=0, timing_mode="auto", baselines=("eager",),
                                                               incumbent_ms=None))
-    reference = types.SimpleNamespace(run=reference_run, output_bytes=output_bytes, model=None, model_seed=0)
+    reference = types.SimpleNamespace(run=reference_run, output_specs=output_specs, model=None, model_seed=0)
     with pytest.raises(_ChildAsked):
         timing_parent.measure(types.SimpleNamespace(_request=request, _gpu=gpu), run, reference, candidate=True)
     # Only the child's measurement holds the GPU alone; the parent's inputs and reference, and the child's input sets

@@ -52,9 +52,14 @@ class _Child:
                     "baselines": {}, "kept_calls": self.kept}
         self.asked = list(msg["calls"])
         calls = self.send if self.send is not None else self.asked
-        return {"ok": True, "samples": [
-            {"call": c, "input_set": self.input_set if self.input_set is not None else (WARM + c) % N_SETS,
-             "outputs": [_outputs(c) + (1.0 if c in self.changed else 0.0)]} for c in calls]}
+        self.buffers = msg.get("out_buffers")
+        samples = [{"call": c, "input_set": self.input_set if self.input_set is not None else (WARM + c) % N_SETS,
+                    "outputs": [_outputs(c) + (1.0 if c in self.changed else 0.0)]} for c in calls]
+        if self.buffers:  # lent buffers (the fake lending hands the child the parent's own tensors): written in place
+            for j, sample in enumerate(samples):
+                self.buffers[j].copy_(sample["outputs"][0])
+                sample["outputs"] = [{"__gpu_buffer__": j}]
+        return {"ok": True, "samples": samples}
 
     @contextlib.contextmanager
     def _gpu(self, run, exclusive=False):
@@ -68,7 +73,7 @@ class _Child:
         self.events.append("timing turn given back")
 
 
-def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: int = 0) -> list[str]:
+def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: int = 0, run_on=None) -> list[str]:
     """Runs timing_parent.measure up to the validation against the reference; returns the problems found before."""
     def validate(run, reference, base, measured, n_sets):
         child.events.append("validate against the reference")
@@ -81,12 +86,15 @@ def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: 
     run = types.SimpleNamespace(task=task, device="cpu", rng=random.Random(seed), deadline=0.0, laps={},
                                 options=types.SimpleNamespace(gpu=0, timing_mode="auto", baselines=("eager",),
                                                               incumbent_ms=None, gate=child))
-    reference = types.SimpleNamespace(output_bytes=lambda inputs: out_bytes, model=None, model_seed=0)
+    specs = [(torch.Size([4, 8]), torch.float32)] if out_bytes == 4 * 8 * 4 else [(torch.Size([out_bytes]), torch.uint8)]
+    reference = types.SimpleNamespace(output_specs=lambda inputs: specs, model=None, model_seed=0)
+    if run_on is not None:
+        run_on(run)
     problems: list[str] = []
     orig = timing_parent._changed_after_return
 
     def changed(samples, measured, device):
-        out = orig(samples, measured, device)
+        out = orig(samples, measured, "cpu")  # where these tests' tensors are, whatever device the run names
         problems.extend(out)
         return out
     monkeypatch.setattr(timing_parent, "_changed_after_return", changed)
@@ -113,6 +121,30 @@ def test_the_calls_to_check_are_picked_after_the_exclusive_turn(monkeypatch):
                             "validate against the reference"]
     assert len(child.asked) == timing_parent.PICKED_SAMPLES and set(child.asked) <= set(child.kept)
     assert child.asked == sorted(set(child.asked))
+
+
+def test_on_a_gpu_the_samples_come_back_into_lent_buffers_not_through_host_memory(monkeypatch):
+    """The picked calls' outputs are written by the child into poisoned buffers the parent lends (call j's at j times
+    the outputs a call), and read from there: the same checks see the same values."""
+    lent: list[list[torch.Tensor]] = []
+
+    class Lending:
+        def ship(self, tensors, used):
+            lent.append(tensors)
+            return tensors, tensors  # the child is handed the parent's tensors themselves
+    monkeypatch.setattr(timing_parent, "poisoned", lambda shape, dtype, device: torch.full(shape, float("nan")))
+    monkeypatch.setattr(timing_parent, "defer_bytes", lambda device: timing_parent.DEFER_BYTES)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    child = _Child()
+
+    def on_gpu(run):
+        run.device, run.lending = "cuda:0", Lending()
+    assert _measure(child, monkeypatch=monkeypatch, run_on=on_gpu) == []
+    assert len(lent) == 1 and len(lent[0]) == timing_parent.PICKED_SAMPLES and child.buffers is lent[0]
+    assert all(torch.equal(b, _outputs(c)) for b, c in zip(lent[0], child.asked))
+    child = _Child(changed=range(30))  # the changed values arrive through the buffers too, and are caught
+    assert any("changed after the call returned" in p for p in
+               _measure(child, monkeypatch=monkeypatch, run_on=on_gpu))
 
 
 def test_picks_differ_between_checks(monkeypatch):
