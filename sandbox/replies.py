@@ -171,6 +171,10 @@ _OUTPUTS = _list(_tensor, 4096)
 SAMPLES = _list(_record({"call": _int(), "input_set": _int(),
                           "outputs": lambda v, w: _OUTPUTS(v if type(v) is list else [v], w)},
                          ("call", "input_set", "outputs"), open_=True))
+# The samples fetched after the measurement: on a GPU written into buffers the parent lent (markers), else by value.
+FETCHED = _list(_record({"call": _int(), "input_set": _int(),
+                         "outputs": lambda v, w: _list(_output, 4096)(v if type(v) is list else [v], w)},
+                        ("call", "input_set", "outputs"), open_=True))
 # The timing stage's measurements (profiler.timing.measure): the fields the parent reads are checked, the rest are
 # reported as they are.
 MEASURED = _record({
@@ -192,7 +196,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
              "calls": _int()},
     "time": {"measured": MEASURED, "n_sets": _int(1), "kernels": _list(_json), "environment": _map(_json),
              "baselines": _map(_map(_json)), "laps": LAPS, "kept_calls": _list(_int(), 1 << 16)},
-    "samples": {"samples": SAMPLES},
+    "samples": {"samples": FETCHED},
     "prepare_timing": {"laps": LAPS},
 }
 # Fields a successful reply must carry (a failed one carries a reason instead).

@@ -156,6 +156,17 @@ def test_replies_that_do_not_fit_their_schema_are_refused(op, reply, says):
     assert says in str(info.value), str(info.value)
 
 
+def test_fetched_samples_may_come_back_in_lent_buffers_but_timed_samples_may_not():
+    marker = [{"call": 0, "input_set": 1, "outputs": [{"__gpu_buffer__": 0}, torch.ones(2)]}]
+    assert replies.validate("samples", {"ok": True, "samples": marker})["samples"][0]["outputs"][0] == \
+        {"__gpu_buffer__": 0}
+    with pytest.raises(replies.MalformedReply):
+        replies.validate("samples", {"ok": True, "samples": [{"call": 0, "input_set": 1, "outputs": [3]}]})
+    with pytest.raises(replies.MalformedReply):  # during the measurement no buffer is lent
+        replies.validate("time", {"ok": True, "measured": {"fns": {}, "samples": marker}, "n_sets": 2, "kernels": [],
+                                  "environment": {}, "baselines": {}})
+
+
 def test_long_texts_are_cut_not_refused():
     checked = replies.validate("call", {"ok": False, "reason": "runtime_error", "message": "x" * 100_000})
     assert checked["reason"] == "runtime_error" and len(checked["message"]) < 4100
