@@ -28,10 +28,11 @@ if TYPE_CHECKING:
 # call costs milliseconds even at the smallest shape, so the soak stays short; on a GPU cheap calls run by hundreds.
 SOAK_BUDGET_S = {"cpu": (0.2, 64), "cuda": (1.0, 2000)}
 SOAK_MIN_CALLS = 3
-# The soak's calls go to the child in requests of about this much wall time each: a request holds the GPU's gate
-# (shared) while it runs, and a timing waiting for its exclusive turn waits for every shared holder to finish, while
-# the other checks wait behind it. One 1 s soak in a request made every timing of a search wait that long.
-SOAK_SLICE_S = 0.1
+# The soak's calls go to the child in requests of about this much wall time each, and in at most SOAK_SLICES: a
+# request holds the GPU's gate (shared) while it runs, and a timing waiting for its exclusive turn waits for every
+# shared holder to finish, while the other checks wait behind it (one 1 s soak in a request made every timing of a
+# search wait that long); each slice waits its own turn, so slices of a few calls made a soak wait minutes (H200).
+SOAK_SLICE_S, SOAK_SLICES = 0.1, 4
 
 
 def compile_candidate(harness: Harness, run: _Run) -> tuple[Reference, dict[str, Any]]:
@@ -124,7 +125,8 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
     drawn log-uniformly up to what SOAK_BUDGET_S allows at this call's time, so a kernel that turns to a stored
     output after its first N calls cannot know N's safe value. The last call and one other drawn at random are
     verified here; the child checks every call as any other (trace, state). The calls go in slices of about
-    SOAK_SLICE_S each (the child keeps the base sets between them), each slice its own turn at the GPU's gate."""
+    SOAK_SLICE_S each, at most SOAK_SLICES (the child keeps the base sets between them), each slice its own turn at
+    the GPU's gate."""
     n = soak_length(run.rng, seconds, run.device.split(":")[0])
     checked = sorted({n - 1} | set(run.rng.sample(range(n - 1), 1)))  # each costs a reference and a compare
     dists = task.meta.distributions
@@ -135,7 +137,7 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
     for k in checked:
         with run.lap("reference"), harness._gpu(run):
             expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
-    per_slice = max(1, int(SOAK_SLICE_S / max(run.own_s(reference) or seconds, 1e-6)))
+    per_slice = max(1, -(-n // SOAK_SLICES), int(SOAK_SLICE_S / max(run.own_s(reference) or seconds, 1e-6)))
     outs: list[Any] = []
     structure = expected[0].structure
     for start in range(0, n, per_slice):

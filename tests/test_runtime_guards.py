@@ -129,6 +129,7 @@ def test_a_soak_in_slices_is_one_soak(harness, tmp_path, monkeypatch):
     from sandbox import stage_runners
 
     monkeypatch.setattr(stage_runners, "SOAK_SLICE_S", 1e-9)
+    monkeypatch.setattr(stage_runners, "SOAK_SLICES", 1 << 20)
     slices = []
     request = Harness._request
 
@@ -144,6 +145,11 @@ def test_a_soak_in_slices_is_one_soak(harness, tmp_path, monkeypatch):
     assert result.costs["calls"] == 8 + soak["calls"]
     result = _check(harness, _variant(tmp_path, "runtime_hidden_counter.py", 10))  # turns inside the soak
     assert result.stage is Stage.ROBUSTNESS and "in a row" in result.message, result.message
+    monkeypatch.setattr(stage_runners, "SOAK_SLICES", 2)  # never more slices than that, however short a call
+    slices.clear()
+    result = _check(harness, HERE / "candidates" / "rmsnorm_honest.py")
+    n = next(s for s in result.stages if s.stage is Stage.ROBUSTNESS).details["soak"]["calls"]
+    assert result.accepted and len(slices) == min(2, n) and slices[-1][1] == n
 
 
 def test_the_calls_of_a_check_are_not_fixed(harness):
