@@ -30,7 +30,6 @@ Every task's line is printed and appended to benchmarks/data/throughput.csv with
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import statistics
@@ -93,18 +92,6 @@ def rejection_kind(stage: str | None, reason: str | None, message: str) -> str:
     return kind
 
 
-def kernel_signature(diagnostics: dict[str, Any]) -> str | None:
-    """The compiled kernels a verified candidate ran (names, warps, stages, constexprs; from its timing report), as
-    one string: two sources that compile to the same kernels (a tuner edit in a branch this shape never takes)
-    share it. None where the report lists no kernels."""
-    kernels = (diagnostics.get("timing") or {}).get("kernels") or []
-    if not kernels:
-        return None
-    return json.dumps(sorted([k.get("name"), k.get("num_warps"), k.get("num_stages"),
-                              sorted((str(a), str(b)) for a, b in (k.get("constants") or {}).items())]
-                             for k in kernels if isinstance(k, dict)), default=str)
-
-
 class NvmlSampler:
     """GPU utilisation (%) every `every_s` on a thread; `mean` is None where NVML cannot be read."""
 
@@ -139,6 +126,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     from agent.archive.store import Archive
     from agent.search.executors import LocalExecutor
     from agent.search.loop import EventKind, RunConfig, run_search
+    from agent.search.tuner import compiled_signature
     from sandbox.gate import EXCLUSIVE, busy_seconds
 
     verdicts: list[tuple[float, Any]] = []  # (when, candidate) of every verdict, in order
@@ -172,8 +160,8 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     parts = [parts_of(c.diagnostics or {}) for _, c in mine if c.diagnostics]
     holds = [h for gate in executor.gates.values() for h in gate.holds()]
     verified = sum(c.accepted for _, c in mine)
-    signatures = [kernel_signature(c.diagnostics or {}) for _, c in mine if c.accepted]
-    seeded = {kernel_signature(c.diagnostics or {}) for _, c in verdicts if c.origin == "seed"}
+    signatures = [compiled_signature(c.diagnostics or {}) for _, c in mine if c.accepted]
+    seeded = {compiled_signature(c.diagnostics or {}) for _, c in verdicts if c.origin == "seed"}
     distinct = len({sig for sig in signatures if sig is not None} - seeded) if any(signatures) else None
     why = Counter(rejection_kind(c.stage, c.reason, c.message) for _, c in mine if not c.accepted)
     first = {}  # one message per kind of rejection, to read what happened

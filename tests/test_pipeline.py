@@ -368,7 +368,8 @@ def test_the_benchmark_reads_where_a_candidates_seconds_went():
 
 
 def test_the_benchmark_tells_kernels_apart_and_rejections_by_their_size():
-    from benchmarks.bench_throughput import kernel_signature, rejection_kind
+    from agent.search.tuner import compiled_signature as kernel_signature
+    from benchmarks.bench_throughput import rejection_kind
 
     def diag(warps, block):
         return {"timing": {"kernels": [{"name": "k", "kernel": "k_0", "num_warps": warps, "num_stages": 1,

@@ -187,3 +187,41 @@ def test_a_value_whose_single_change_was_rejected_is_not_proposed_again():
         known.add(sha256(prop.source))
         sizes = {k.text for k in find_knobs(prop.source) if k.key == "BLOCK_SIZE#1"}
         assert sizes != {str(bad)}, prop.description
+
+
+def test_a_knob_whose_verified_change_ran_the_parents_very_kernels_is_not_tuned_again():
+    """A one-knob variant that verified with its parent's compiled kernels (same names, warps, stages, constexprs)
+    changed code the task's shape never runs: the loop tells the tuner, which then proposes no value of that knob;
+    a variant whose kernels differ, or one of two changes, teaches nothing."""
+    from agent.archive.records import Candidate
+    from agent.search.elites import Selection
+    from agent.search.proposing import Pending, tuner_feedback
+    from agent.search.tuner import compiled_signature
+
+    def timed(warps):
+        return {"timing": {"kernels": [{"name": "k", "num_warps": warps, "num_stages": 1, "constants": {"B": 64}}]}}
+
+    def cand(source, diagnostics, verdict="accepted"):
+        return Candidate(task_path="t.py", task_hash="h", origin="tuner", proposer="tuner", verdict=verdict,
+                         reason="ok", source=source, diagnostics=diagnostics)
+    tuner, known = Tuner(5), {sha256(LLM_KERNEL)}
+    block = next(k for k in find_knobs(LLM_KERNEL) if k.key == "BLOCK_SIZE#1")
+    variant = LLM_KERNEL.replace(f"BLOCK_SIZE = {block.value}", f"BLOCK_SIZE = {block.choices()[0]}")
+    parent = cand(LLM_KERNEL, timed(4))
+
+    def feed(source, diagnostics):
+        tuner_feedback(tuner, Pending("tuner", "tuner", Selection("improve", [parent]), "", source=source),
+                       cand(source, diagnostics))
+    feed(variant, timed(8))  # other kernels: the knob matters
+    assert tuner.inert == set()
+    feed(variant.replace("num_warps = 8 if", "num_warps = 16 if"), timed(4))  # two changes: blames neither
+    assert tuner.inert == set()
+    assert compiled_signature(timed(4)) == compiled_signature(parent.diagnostics)
+    feed(variant, timed(4))
+    assert tuner.inert == {"BLOCK_SIZE#1"}
+    for _ in range(60):
+        prop = tuner.mutate(LLM_KERNEL, known)
+        if prop is None:
+            break
+        known.add(sha256(prop.source))
+        assert {k.text for k in find_knobs(prop.source) if k.key == "BLOCK_SIZE#1"} == {str(block.value)}

@@ -61,13 +61,19 @@ def tuner_proposal(search: Search, tuner: tuner_mod.Tuner, elites: list[Candidat
 
 
 def tuner_feedback(tuner: tuner_mod.Tuner, pending: Pending, cand: Candidate) -> None:
-    """Tell the tuner of its one-parent variant rejected before its timing (Tuner.learn); a harness error or an
-    interrupted check says nothing about the kernel, a timing rejection may be a close call."""
+    """Tell the tuner of its one-parent variant rejected before its timing (Tuner.learn; a harness error or an
+    interrupted check says nothing about the kernel, a timing rejection may be a close call), or verified with the
+    very kernels its parent ran (Tuner.learn_unchanged)."""
     parents = pending.selection.parents
-    if pending.origin == "tuner" and len(parents) == 1 and parents[0].source and pending.source and \
-            cand.verdict == "rejected" and cand.stage not in (None, "propose", "timing") and \
+    if pending.origin != "tuner" or len(parents) != 1 or not parents[0].source or not pending.source:
+        return
+    if cand.verdict == "rejected" and cand.stage not in (None, "propose", "timing") and \
             cand.reason not in ("harness_error", "interrupted"):
         tuner.learn(parents[0].source, pending.source)
+    elif cand.accepted:
+        mine = tuner_mod.compiled_signature(cand.diagnostics or {})
+        if mine is not None and mine == tuner_mod.compiled_signature(parents[0].diagnostics or {}):
+            tuner.learn_unchanged(parents[0].source, pending.source)
 
 
 def llm_messages(task: Task, sel: Selection, elites: list[Candidate], *, timed: bool,

@@ -17,14 +17,18 @@ It reads the kernel's source with `ast` and finds the knobs a person would turn,
 A proposal is returned as a `Reply` whose text carries the new source in a ```python block, exactly as a provider's
 reply would, so the loop extracts and evaluates both alike. Proposals are deterministic under the tuner's seed and
 never repeat a source whose sha256 the caller says is known. The loop tells the tuner of its variants rejected before
-their timing (`learn`): a value whose one-knob change failed is not proposed again in the run.
+their timing (`learn`): a value whose one-knob change failed is not proposed again in the run; and of its verified
+variants that compiled to the very kernels their parent ran (`learn_unchanged`): that knob lies in a branch the
+task's shape never takes, and no value of it is proposed again (on the H200, 30 of 32 verified RMSNorm variants of a
+search were such edits).
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
-import random
 import functools
+import json
+import random
 import re
 import time
 from dataclasses import dataclass
@@ -181,18 +185,29 @@ class Tuner:
         self.rng = random.Random(seed)
         # (knob key, value text) of single-knob variants rejected before their timing: not proposed again this run
         self.failed: set[tuple[str, str]] = set()
+        # knob keys whose single change compiled to the parent's very kernels: no value of them is proposed again
+        self.inert: set[str] = set()
 
     def learn(self, parent_source: str, source: str) -> None:
         """A variant of `parent_source` was rejected before its timing (it failed to compile, refused its
         arguments, or computed a wrong result): where it changed one knob, that knob's new value is not proposed
         again in this run (`subtiles=16384`, a block size the kernel breaks at). A variant of two changes blames
         neither."""
-        before = {k.key: k.text for k in find_knobs(parent_source)}
-        changed = [k for k in find_knobs(source) if k.key in before and k.text != before[k.key]]
+        changed = _changed(parent_source, source)
         if len(changed) == 1:
             self.failed.add((changed[0].key, changed[0].text))
 
+    def learn_unchanged(self, parent_source: str, source: str) -> None:
+        """A verified variant of `parent_source` ran the very kernels its parent did (`compiled_signature`): where it
+        changed one knob, that knob sits in code the task's shape never runs, and no value of it is proposed again
+        in this run. A variant of two changes says nothing of either alone."""
+        changed = _changed(parent_source, source)
+        if len(changed) == 1:
+            self.inert.add(changed[0].key)
+
     def _choices(self, knob: Knob) -> list[int]:
+        if knob.key in self.inert:
+            return []
         return [v for v in knob.choices() if (knob.key, str(v)) not in self.failed]
 
     def mutate(self, parent_source: str, known: set[str]) -> Proposal | None:
@@ -240,7 +255,25 @@ class Tuner:
         return None
 
 
+def compiled_signature(diagnostics: dict) -> str | None:
+    """The compiled kernels a verified candidate ran (names, warps, stages, constexprs; from its timing report), as
+    one string: two sources that compile to the same kernels (a tuner edit in a branch this shape never takes)
+    share it. None where the report lists no kernels (a check without timing)."""
+    kernels = (diagnostics.get("timing") or {}).get("kernels") or []
+    if not kernels:
+        return None
+    return json.dumps(sorted([k.get("name"), k.get("num_warps"), k.get("num_stages"),
+                              sorted((str(a), str(b)) for a, b in (k.get("constants") or {}).items())]
+                             for k in kernels if isinstance(k, dict)), default=str)
+
+
 # ---- internals -----------------------------------------------------------------------------------------------------
+
+def _changed(parent_source: str, source: str) -> list[Knob]:
+    """The knobs of `source` whose text differs from the same knob's in `parent_source`."""
+    before = {k.key: k.text for k in find_knobs(parent_source)}
+    return [k for k in find_knobs(source) if k.key in before and k.text != before[k.key]]
+
 
 def _kind(name: str, value: int) -> str:
     low = name.lower()
