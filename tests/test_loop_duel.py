@@ -217,3 +217,27 @@ def test_a_leg_the_harness_fails_keeps_the_incumbent(tmp_path, task, kernel, gpu
         assert duel.outcome is DuelOutcome.FAILED and "harness_error" in duel.note and len(duel.legs) == 2
         assert s.best.id == seed.id and s.final.candidate_id == seed.id
         assert len(ev.log) == 5  # no leg after the failed one; then the final re-check
+
+
+@pytest.mark.parametrize("slow_check, legs", [(2, []), (3, ["challenger"])],
+                         ids=["limit passed before the duel", "limit passed during its first leg"])
+def test_past_the_time_limit_no_duel_starts_and_none_goes_on(tmp_path, task, kernel, gpu, slow_check, legs):
+    """A run keeps to its --time-limit: a challenger queued when it passes is archived unfought, and a duel in
+    flight ends with the legs it has (neither crowns); the best is then checked once more, as at any end."""
+    import time
+
+    def slow(kind, baselines, n):
+        if n == slow_check:
+            time.sleep(1.2)
+
+    ev = clocked({"seed": 1.0, "variant": 0.9}, on_check=slow)
+    with Archive(tmp_path / "a.db") as archive:
+        s = run_search(RunConfig(task_path=task, budget=1, device="cuda", start_from=kernel, time_limit_s=1.0),
+                       archive, evaluator_factory=ev)
+        seed, variant = by_kind(archive, s.run_id)
+        (duel,) = archive.duels(run_id=s.run_id)
+        assert duel.outcome is DuelOutcome.INTERRUPTED and not duel.crowned
+        assert [leg.side for leg in duel.legs] == legs
+        assert s.best.id == seed.id and s.final.candidate_id == seed.id
+        assert ev.log == [("seed", None), ("variant", None)] + [("variant", ("eager",))] * len(legs) + \
+            [("seed", FINAL)]

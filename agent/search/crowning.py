@@ -4,7 +4,9 @@ run's best re-checked once more at the end.
 `Crowning` is a part of the search loop's coordinator (agent/search/loop.py). On a GPU a candidate that ranks above
 the best on its own check waits as a challenger; one duel at a time (agent/search/duel.py decides it) re-times the
 two back to back on one slot, and every duel is archived. At the end the best is checked from the start once more and
-timed against the final baselines (agent/archive/reverify.py records it). It reads and writes the coordinator's
+timed against the final baselines (agent/archive/reverify.py records it). Past the run's time limit no duel starts
+and the one in flight ends with the legs it has: the challengers left are archived unfought (on the H200 a 60 s
+softmax search had gone on duelling its queued challengers for 110 s more). It reads and writes the coordinator's
 state; it runs on the coordinating thread only.
 """
 from __future__ import annotations
@@ -30,7 +32,14 @@ class Crowning:
         if cand.timed:
             self._emit(EventKind.NEW_BEST, f"new best #{cand.id}: {speed(cand)}{why}", cand)
 
+    def _past_time_limit(self) -> bool:
+        limit = self.config.time_limit_s
+        return limit is not None and time.monotonic() - self.started >= limit
+
     def _start_duel(self) -> None:
+        if self.challengers and self._past_time_limit():
+            while self.challengers:
+                self._archive_duel(duel_mod.queued_unfought(self.challengers.popleft(), self.best, self.run_id))
         while self.bout is None and self.challengers and self.free_slots and not self.stop.is_set():
             cand, best = self.challengers.popleft(), self.best
             assert best is not None
@@ -47,8 +56,12 @@ class Crowning:
                                        f"on its own check: re-timing both back to back before crowning it", cand)
 
     def _next_leg(self) -> None:
+        """The bout's next leg on its slot; past the time limit, after its first leg, the bout ends instead."""
         bout = self.bout
         assert bout is not None
+        if bout.legs and self._past_time_limit():
+            self._end_duel()
+            return
         bout.leg_started = time.monotonic()
         bout.future = self.session.submit(bout.slot, bout.paths[bout.side], baselines=duel_mod.BASELINES)
 
