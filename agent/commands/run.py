@@ -52,8 +52,9 @@ def add_search_options(p: argparse.ArgumentParser, *,
     p.add_argument("--archive", type=Path, help="archive file (default: $CRUCIBLE_ARCHIVE, else runs/archive.db)")
     p.add_argument("--max-tokens", type=int, help="stop once the run has used this many tokens")
     p.add_argument("--max-cost", type=float, help="stop once the run has cost this many USD (priced models only)")
-    p.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop proposing after this wall time (checks in flight finish; no duel starts past it, one "
-                        "in flight ends after its current leg; the best is then checked once more)")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="stop proposing after this wall time (checks in flight finish; no duel starts past it, one in "
+                        "flight ends after its current leg; the best is then checked once more)")
     p.add_argument("--target-roofline", type=float, metavar="PCT", help="stop once a kernel reaches PCT%% of roofline")
     p.add_argument("--polish", type=int, help="tuner proposals at the end of an LLM run (default: a fifth of budget)")
     p.add_argument("--concurrency", type=int, default=4,

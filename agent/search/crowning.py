@@ -5,9 +5,9 @@ run's best re-checked once more at the end.
 the best on its own check waits as a challenger; one duel at a time (agent/search/duel.py decides it) re-times the
 two back to back on one slot, and every duel is archived. At the end the best is checked from the start once more and
 timed against the final baselines (agent/archive/reverify.py records it). Past the run's time limit no duel starts
-and the one in flight ends with the legs it has: the challengers left are archived unfought (on the H200 a 60 s
-softmax search had gone on duelling its queued challengers for 110 s more). It reads and writes the coordinator's
-state; it runs on the coordinating thread only.
+and the one in flight ends with the legs it has: the challengers left are archived unfought (else every challenger
+queued by then is duelled, four full checks each, however far past the limit that goes). It reads and writes the
+coordinator's state; it runs on the coordinating thread only.
 """
 from __future__ import annotations
 
