@@ -31,7 +31,7 @@ SOAK_MIN_CALLS = 3
 # The soak's calls go to the child in requests of about this much wall time each, and in at most SOAK_SLICES: a
 # request holds the GPU's gate (shared) while it runs, and a timing waiting for its exclusive turn waits for every
 # shared holder to finish, while the other checks wait behind it (one 1 s soak in a request made every timing of a
-# search wait that long); each slice waits its own turn, so slices of a few calls made a soak wait minutes (H200).
+# search wait that long); each slice waits its own turn behind the timings, so a soak is cut into few.
 SOAK_SLICE_S, SOAK_SLICES = 0.1, 4
 
 
