@@ -14,7 +14,8 @@ outputs that changed after their call returned, event time that missed work, a t
 
 With an incumbent's time to beat (CheckOptions.incumbent_ms) the rounds race it (profiler.stats.RaceRule): the child
 stops timing a candidate whose interval lies above the incumbent's band, and times a contest still open after REPS
-calls for up to EXTRA_REPS more. The parent repeats the rule on the returned times; the report's `race` says the rule,
+calls for up to EXTRA_REPS more (fewer where their outputs could not all be kept for sampling: `extra_reps`). The
+parent repeats the rule on the returned times; the report's `race` says the rule,
 the rounds used, whether timing stopped early, and the verdict, which for a candidate stopped early is "not faster
 than the incumbent" (its median over the rounds it ran stays in `candidate_ms`, never a speedup it did not earn).
 A child that stopped without the rule holding is a timing problem.
@@ -109,12 +110,13 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
            "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,
            "sample_every": max(1, REPS // 4, math.ceil(REPS * out_bytes / SAMPLE_BYTES))}
     rule = race_rule(opts.incumbent_ms) if candidate else None
+    keep = defer_bytes(run.device)
+    extra = extra_reps(out_bytes, keep) if rule is not None else 0
     if rule is not None:
         msg["race"] = {k: v for k, v in rule.to_dict().items() if k != "rule"}
-        msg["extra_reps"] = EXTRA_REPS
+        msg["extra_reps"] = extra
     msg["burst"], msg["settle_ms"] = pacing(opts.timing_mode, roof.bound, out_bytes)
-    calls = REPS + (EXTRA_REPS if rule is not None else 0)
-    keep = defer_bytes(run.device)
+    calls = REPS + extra
     msg["defer_samples"] = defer = candidate and 0 < out_bytes and calls * out_bytes <= keep
     if defer:
         msg["hold_bytes"] = keep
@@ -139,7 +141,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
                           roof=roof, kernels=reply["kernels"], environment=reply["environment"],
                           output_problems=problems, seed=random.Random(seeds[0]).randrange(1 << 30))
     if rule is not None:
-        report["race"], problem = race_report(measured, rule)
+        report["race"], problem = race_report(measured, rule, extra)
         if problem:
             report["problems"].append({"reason": Reason.TIMING_INCONSISTENT.value, "message": problem})
     child_laps = {**(prepared.get("laps") or {}), **(reply.get("laps") or {})}
@@ -176,7 +178,19 @@ def race_rule(incumbent_ms: float | None) -> stats.RaceRule | None:
     return None if incumbent_ms is None else stats.RaceRule(incumbent_ms, RACE_MARGIN, RACE_MIN_ROUNDS)
 
 
-def race_report(measured: dict[str, Any], rule: stats.RaceRule) -> tuple[dict[str, Any], str | None]:
+def extra_reps(out_bytes: int, keep: int) -> int:
+    """The calls a contest still open after REPS may take: EXTRA_REPS, fewer where the outputs of them all would not
+    fit in the `keep` bytes a child may hold for sampling after its exclusive turn (past that the samples are copied
+    to the host inside the turn: a raced SwiGLU timing, 65 calls of 470 MB sampled so, measured 3.5 s in a search on
+    the H200, against 0.47 s for the 35 kept calls of a check alone). A close contest of a task with huge outputs
+    then ends sooner, as "no significant difference"."""
+    if out_bytes <= 0 or REPS * out_bytes > keep:
+        return EXTRA_REPS  # sampled inside the turn whatever the count: the extra calls cost only their own time
+    return max(0, min(EXTRA_REPS, keep // out_bytes - REPS))
+
+
+def race_report(measured: dict[str, Any], rule: stats.RaceRule,
+                extra: int = EXTRA_REPS) -> tuple[dict[str, Any], str | None]:
     """The race's record from the parent's own reading of the candidate's stream times (the child's stopping
     decision used those, a lower bound on its counted times), and a problem where the child stopped without the
     rule holding."""
@@ -184,7 +198,7 @@ def race_report(measured: dict[str, Any], rule: stats.RaceRule) -> tuple[dict[st
     claimed = measured.get("race") if isinstance(measured.get("race"), dict) else {}
     decision = stats.race(stream, rule) if stream else stats.OPEN
     stopped = bool(claimed.get("stopped_early"))
-    record = {**rule.to_dict(), "rounds": len(stream), "planned_reps": REPS, "extra_reps": EXTRA_REPS,
+    record = {**rule.to_dict(), "rounds": len(stream), "planned_reps": REPS, "extra_reps": extra,
               "stopped_early": stopped, "extended": len(stream) > REPS, "decision": decision,
               "verdict": RACE_VERDICTS[decision] + (" (stopped early)" if stopped else "")}
     if stream:

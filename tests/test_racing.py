@@ -137,3 +137,15 @@ def test_no_incumbent_means_no_race():
 def test_check_options_refuse_a_meaningless_incumbent_time(bad):
     with pytest.raises(ValueError, match="incumbent"):
         CheckOptions(incumbent_ms=bad)
+
+
+def test_extra_calls_only_as_far_as_their_outputs_can_be_kept_for_sampling():
+    """A close contest gets EXTRA_REPS more calls, fewer where the outputs of them all would not fit in what a child
+    may keep for the parent to sample after its exclusive turn; where even the planned calls do not fit (sampled
+    inside the turn anyway) the extra calls cost only their own time and stay."""
+    reps, extra, keep = timing_parent.REPS, timing_parent.EXTRA_REPS, 1 << 30
+    assert timing_parent.extra_reps(1 << 20, keep) == extra
+    assert timing_parent.extra_reps(keep // (reps + 10), keep) == 10
+    assert timing_parent.extra_reps(keep // reps, keep) == 0
+    assert timing_parent.extra_reps(keep // reps + 1, keep) == extra
+    assert timing_parent.extra_reps(0, keep) == extra

@@ -241,3 +241,16 @@ def test_inputs_drawn_from_a_seed_do_not_depend_on_other_threads():
     for t in threads:
         t.join()
     assert not wrong
+
+
+def test_a_raced_timing_takes_no_more_extra_calls_than_can_be_kept(monkeypatch):
+    """Raced against an incumbent, a task whose outputs are large gets only the extra calls whose outputs still fit
+    in what the child keeps, so its samples are still fetched after the exclusive turn, not copied inside it."""
+    child = _Child()
+
+    def raced(run):
+        run.options.incumbent_ms = 1.0
+    _measure(child, out_bytes=timing_parent.DEFER_BYTES // (timing_parent.REPS + 10), monkeypatch=monkeypatch,
+             run_on=raced)
+    assert child.time_msg["extra_reps"] == 10 and child.time_msg["defer_samples"] is True
+    assert "child: samples" in child.events
