@@ -111,7 +111,8 @@ class GpuGate:
     def memory(self, nbytes: int | None) -> Iterator[float]:
         """Hold `nbytes` of the memory budget for passing work of the parent's (None: all of it, for work whose peak
         is not known yet and is measured alone); yields the seconds waited. A request is admitted when it fits
-        beside the others held, and always when nothing is held, whatever its size."""
+        beside the others held, and always when nothing is held, whatever its size; never while a request for the
+        whole budget waits (that one goes first)."""
         asked = time.monotonic()
         if not self.memory_bytes:
             yield 0.0
@@ -120,12 +121,15 @@ class GpuGate:
         alone = want >= self.memory_bytes
         with self._cond:
             self._memory_alone_waiting += alone
-            try:  # a request for the whole budget goes first: no later, smaller one slips in ahead of it
-                while self._memory_holders and (self._memory_used + want > self.memory_bytes or
-                                                (not alone and self._memory_alone_waiting)):
+            try:  # a request for the whole budget goes first: no smaller one slips in ahead of it, not even in the
+                # moment after the last holder left and before the waiting whole-budget request was scheduled
+                while (self._memory_holders and self._memory_used + want > self.memory_bytes) or \
+                        (not alone and self._memory_alone_waiting):
                     self._cond.wait()
             finally:
                 self._memory_alone_waiting -= alone
+                if alone:
+                    self._cond.notify_all()  # the smaller requests waiting behind it look again
             self._memory_used += want
             self._memory_holders += 1
         try:
