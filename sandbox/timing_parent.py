@@ -34,7 +34,7 @@ from profiler import stats
 
 from . import tolerance
 from .records import Reason, Rejected, Stage
-from .stage_runners import claim, poisoned
+from .handback import claim, poisoned
 from .timing_child import derive
 
 if TYPE_CHECKING:

@@ -1,8 +1,8 @@
-"""The harness's GPU output hand-back, in the parts that run anywhere: poisoned buffers and claiming the child's
-markers (the GPU path itself runs in tests/test_harness_gpu.py on the H200)."""
+"""The harness's GPU output hand-back (sandbox/handback.py), in the parts that run anywhere: poisoned buffers and
+claiming the child's markers (the GPU path itself runs in tests/test_harness_gpu.py on the H200)."""
 import torch
 
-from sandbox.stage_runners import claim, poisoned
+from sandbox.handback import claim, poisoned
 
 
 def _poisoned(ref):
