@@ -1,7 +1,7 @@
 """Hugging Face's LlamaForCausalLM (transformers, built from a config with random weights) through the whole
-`crucible model` flow on the CPU, as tests/test_model_patch.py runs the shipped Llama: the regions at the model's
-shapes, their task files, the patch with every region's outcome, the ops left to PyTorch with their reasons, and 3
-AdamW steps of the patched model against eager's."""
+`crucible model` flow on the CPU, as tests/test_model_patch.py runs the shipped Llama (at the same smaller sizes:
+`smaller`): the regions at the model's shapes, their task files, the patch with every region's outcome, the ops left
+to PyTorch with their reasons, and 3 AdamW steps of the patched model against eager's."""
 import copy
 import sys
 
@@ -17,12 +17,13 @@ from patching.records import Kind, Outcome
 from patching.steps import loss_gap, train_losses
 from sandbox.reference import check_task
 from sandbox.task import load_task
-from tests.test_model_patch import LOSS_BOUND, STEPS
+from tests.test_model_patch import LOSS_BOUND, STEPS, smaller
 
 
 def _tiny(path: str = "models/hf_llama.py"):
+    """The model file's "tiny" preset at tests/test_model_patch.py's smaller sizes, and its config."""
     pytest.importorskip("transformers")
-    spec = load_model_file(path, "tiny")
+    spec = smaller(load_model_file(path, "tiny"))
     return spec, spec.module.PRESETS["tiny"]
 
 
