@@ -17,7 +17,7 @@ from patching.records import Kind, Outcome
 from patching.steps import loss_gap, train_losses
 from sandbox.reference import check_task
 from sandbox.task import load_task
-from tests.test_model_patch import LOSS_BOUND, STEPS, smaller
+from tests.test_model_patch import GRAD_BOUND, LOSS_BOUND, STEPS, grad_gaps, smaller
 
 
 def _tiny(path: str = "models/hf_llama.py"):
@@ -55,16 +55,19 @@ def test_hf_llama_match_extract_patch_train(tmp_path):
     assert any(k.startswith("(not traced by torch.fx") for k in left), left
     for op in ("apply_rotary_pos_emb", "attention (sdpa)"):
         assert [v for k, v in left.items() if k.startswith(op + " (left to PyTorch: ")] == [cfg.layers], left
+    gaps = grad_gaps(model, eager, inputs)  # every parameter's gradient as eager's (tests/test_model_patch.py)
+    assert gaps and max(gaps.values()) < GRAD_BOUND, sorted(gaps.items(), key=lambda kv: -kv[1])[:4]
 
     batch = lambda step: spec.inputs(seed=step)  # noqa: E731
     opt, adamw = patching.adamw(model, lr=1e-3, weight_decay=0.0, workdir=tmp_path / "adamw")
     assert adamw.patched, adamw.reason
+    before = patching.call_counts(model)
     want, got = train_losses(eager, batch, STEPS), train_losses(model, batch, STEPS, optimizer=AdamW)
     assert loss_gap(want, got) < LOSS_BOUND, (want, got)
     counts = patching.call_counts(model)
     assert set(counts) == {"lm", "lm.model.norm"} | {f"lm.model.layers.{i}.{m}" for i in range(cfg.layers)
                                                      for m in ("mlp", "input_layernorm", "post_attention_layernorm")}
-    assert all(c == (STEPS, 0) for c in counts.values()), counts
+    assert all((c[0] - before[n][0], c[1]) == (STEPS, 0) for n, c in counts.items()), counts
     model(*inputs).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad.float()).all(), name

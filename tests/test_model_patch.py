@@ -1,7 +1,7 @@
 """The whole `crucible model` flow on the CPU, through Triton's interpreter, on the tiny Llama and Mixtral presets
 made smaller still (`smaller`): find the regions, write their task files (each loads and passes `check --reference`),
-have the harness check the kernels at the model's shapes and patch them in, train a few steps and compare the losses
-with eager's."""
+have the harness check the kernels at the model's shapes and patch them in, compare every parameter's gradient with
+eager's, train a few steps and compare the losses with eager's."""
 import copy
 import dataclasses
 
@@ -19,9 +19,12 @@ from sandbox.task import load_task
 
 # bf16 training, 3 AdamW steps at lr 1e-3 on a 4.9 loss: the eager and patched curves round differently inside
 # the ops (fp32 in the kernels, bf16 between them) and in the optimizer (crucible's fp32 step against torch's bf16
-# foreach ops), measured under 1e-4 apart here; 2e-3 is 20x that and far below
-# what a wrong gradient does (a missing or mis-scaled one moves the third step's loss by > 1e-2).
+# foreach ops), measured under 1e-4 apart here; 2e-3 is 20x that. It does not catch a wrong gradient: zeroing,
+# halving or doubling any one parameter's gradient moved the gap by 1.3e-3 at most (measured), so the gradients
+# are compared too, each parameter's against eager's on one batch: measured 1.8% (Llama) and 2.4% (Mixtral) apart
+# at most (eager's bf16 against the kernels' fp32 inside), where a halved, doubled or missing one is 50-100% off.
 LOSS_BOUND = 2e-3
+GRAD_BOUND = 0.1
 STEPS = 3
 
 
@@ -59,6 +62,8 @@ def test_match_extract_patch_train(name, expected, tmp_path):
         assert result.outcome is Outcome.PATCHED, result.reason
         assert all(v.accepted for v in result.verdicts)
     assert report.unmatched.get("Linear", 0) > 0  # the projections stay PyTorch's, and are listed as such
+    gaps = grad_gaps(model, eager, inputs)
+    assert gaps and max(gaps.values()) < GRAD_BOUND, sorted(gaps.items(), key=lambda kv: -kv[1])[:4]
 
     batch = lambda step: spec.inputs(seed=step)  # noqa: E731
     # the patched model trains with crucible's AdamW (the fused bf16 step), eager with torch's
@@ -80,6 +85,22 @@ def test_match_extract_patch_train(name, expected, tmp_path):
     for pname, p in model.named_parameters():
         assert ".experts." in pname or p.grad is not None, pname
         assert p.grad is None or torch.isfinite(p.grad.float()).all(), pname
+
+
+def grad_gaps(model: torch.nn.Module, eager: torch.nn.Module, inputs) -> dict[str, float]:
+    """Each parameter's gradient of the patched model against eager's on the same batch, as the relative L2 error;
+    the gradients are cleared again (training starts from none)."""
+    for m in (model, eager):
+        m(*inputs).backward()
+    gaps = {}
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
+        g, w = p.grad, q.grad
+        if w is None or not w.float().norm():  # an expert no token was routed to: none or zero on both sides
+            assert g is None or not g.float().norm(), name
+        else:
+            gaps[name] = _rel(g, w)
+        p.grad = q.grad = None
+    return gaps
 
 
 class _Refused(torch.nn.Module):
