@@ -200,7 +200,8 @@ def test_lanes_only_for_the_local_executor_on_cuda_with_several_gpus(monkeypatch
 def test_several_gpus_asked_on_the_cpu_say_they_are_ignored(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(batch_mod, "_visible_gpus", lambda device: 0)
     d = folder(tmp_path, "rmsnorm_fwd.py", "softmax_fwd.py")
-    code, rows = batch(d, tmp_path, "--gpus", "2", "--device", "cpu", "--budget", "0")
+    code, rows = batch(d, tmp_path, "--gpus", "2", "--device", "cpu", "--budget", "0",
+                       "--set", "M=16", "--set", "N=256")  # small: each seed's check takes about 1 s
     out = capsys.readouterr().out
     assert code == 0, out
     assert "no GPU to use here: --gpus 2 is ignored" in " ".join(out.split())

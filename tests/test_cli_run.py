@@ -58,7 +58,9 @@ def rows(db: Path) -> list[tuple]:
 
 def test_run_on_a_repo_task_without_key_or_gpu_uses_the_tuner(tmp_path):
     db = tmp_path / "archive.db"
-    out = crucible("run", "tasks/rmsnorm_fwd.py", "--budget", "3", "--device", "cpu", "--archive", db)
+    # at a small --set size: each interpreter check takes about 1 s instead of 5 (what is checked is the same)
+    out = crucible("run", "tasks/rmsnorm_fwd.py", "--budget", "3", "--set", "M=16", "--set", "N=256", "--device", "cpu",
+                   "--archive", db)
     assert out.returncode == 0, out.stderr + out.stdout
     text = out.stdout
     assert "offline tuner proposes" in text and "nothing is timed" in text
@@ -150,7 +152,9 @@ def test_seeds_list_json():
 def test_batch_runs_each_task_and_writes_reports(tmp_path, tiny):
     task, _ = tiny
     folder = task.parent
-    (folder / "rmsnorm_fwd.py").write_text((ROOT / "tasks" / "rmsnorm_fwd.py").read_text())  # has a seed
+    # has a seed; at a size the interpreter checks in about 1 s (the rescaled one takes 5)
+    (folder / "rmsnorm_fwd.py").write_text((ROOT / "tasks" / "rmsnorm_fwd.py").read_text()
+                                           .replace("M = 16384", "M = 16").replace("N = 4096", "N = 256"))
     (folder / "notes.py").write_text("x = 1\n")  # not a task: ignored
     db, js, cs = tmp_path / "a.db", tmp_path / "out" / "batch.json", tmp_path / "out" / "batch.csv"
     out = crucible("batch", folder, "--budget", "1", "--device", "cpu", "--archive", db, "--json-out", js,
