@@ -7,8 +7,10 @@ hold 11.5M and 23M elements, and the interpreter's cost follows the elements a k
 close to 3 minutes a check); the MoE block's forward and backward (5.5M, but nine grouped products a call) takes as
 long. The slowest checks therefore run here at smaller sizes than the rescaling gives (SMALLER): the MoE tasks at
 half their rescaled hidden sizes (H 256, F or FFN 176 to 224), and those of many experts or of weight gradients at
-half their experts too (DeepSeek's layer 32 of top-8, the grouped GEMM's backward 32, the MoE block 4 of top-2); the
-fused linear cross-entropy at half its tokens (128); the bf16 AdamW at an eighth of its two large tensors (16384
+half their experts too (DeepSeek's layer 32 of top-8, the grouped GEMM's backward 32, the MoE block 4 of top-2), and
+DeepSeek's layer and the MoE block at half their tokens too (T 128: still several 16-row blocks per expert, partial
+ones included, and DeepSeek's routing still spans two of the alignment's chunks; it cut their checks by two fifths);
+the fused linear cross-entropy at half its tokens (128); the bf16 AdamW at an eighth of its two large tensors (16384
 elements: 64 of the seed's 256-element CPU chunks each, partial chunks at the odd shapes). Every stage, distribution
 and odd shape still runs, and every GEMM still has several N tiles and K steps with partial ones (the seeds' CPU
 tiles are 128 wide); tests/test_seed_moe.py, tests/test_seed_moe_block.py, tests/test_seed_linear_cross_entropy.py and
@@ -36,9 +38,9 @@ def _task_file(name: str) -> Path:
 
 # task -> {constant: divisor of its rescaled CPU size} (module docstring)
 SMALLER = {"moe_grouped_gemm_bwd.py": {"H": 2, "F": 2, "EXPERTS": 2},
-           "moe_layer_deepseek.py": {"H": 2, "FFN": 2, "EXPERTS": 2},
+           "moe_layer_deepseek.py": {"H": 2, "FFN": 2, "EXPERTS": 2, "T": 2},
            "moe_layer_mixtral.py": {"H": 2, "FFN": 2},
-           "moe_block_fwd_bwd.py": {"H": 2, "FFN": 2, "EXPERTS": 2},
+           "moe_block_fwd_bwd.py": {"H": 2, "FFN": 2, "EXPERTS": 2, "T": 2},
            "linear_cross_entropy.py": {"BT": 2},
            "adamw_bf16.py": {"N0": 8, "N1": 8}}
 
