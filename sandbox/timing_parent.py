@@ -33,8 +33,8 @@ import torch
 from profiler import stats
 
 from . import tolerance
-from .records import Reason, Rejected, Stage
 from .handback import claim, poisoned
+from .records import Reason, Rejected, Stage
 from .timing_child import derive
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ def _fetch_samples(harness: "Harness", run: "_Run", reply: dict[str, Any], specs
     with them before they meet the reference: another call or input set than asked for. Whether they still match
     their fingerprints at return (work finished later, THREATS #16) is `_changed_after_return`'s, on the GPU.
     On a GPU they come back into buffers the parent lends, shaped as the reference's outputs and poisoned (as a
-    call's do, sandbox/stage_runners.py), not through host memory (3 SwiGLU outputs: 1.4 GB, 1.5 s by value)."""
+    call's do, sandbox/handback.py), not through host memory (3 SwiGLU outputs: 1.4 GB, 1.5 s by value)."""
     measured, n_sets = reply["measured"], reply["n_sets"]
     prints = {int(e["call"]): e for e in measured.get("fingerprints") or [] if isinstance(e, dict) and "call" in e}
     kept = sorted({int(c) for c in reply.get("kept_calls") or []} & set(prints))
