@@ -43,6 +43,11 @@ class Expected:
         return tuple(alt[i] for alt in self.alternates)
 
 
+def spec_bytes(specs: list[tuple[torch.Size, torch.dtype]]) -> int:
+    """Bytes of tensors of these shapes and dtypes (Reference.output_specs)."""
+    return sum(shape.numel() * dtype.itemsize for shape, dtype in specs)
+
+
 class Reference:
     def __init__(self, task: Task, device: str, model_seed: int, gate: Any = None):
         self.task = task
@@ -94,10 +99,6 @@ class Reference:
         dev_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
         _, ref = self._run_model(dev_inputs)
         return [(t.shape, t.dtype) for t in ref]
-
-    def output_bytes(self, inputs: list[Any]) -> int:
-        """Bytes of the reference's outputs on these inputs (output_specs)."""
-        return sum(shape.numel() * dtype.itemsize for shape, dtype in self.output_specs(inputs))
 
     def run(self, inputs: list[Any]) -> Expected:
         """The outputs in the model's dtype, the float64 truth and the alternates' outputs on these inputs. On a

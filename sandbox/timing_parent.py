@@ -35,6 +35,7 @@ from profiler import stats
 from . import tolerance
 from .handback import claim, poisoned
 from .records import Reason, Rejected, Stage
+from .reference import spec_bytes
 from .timing_child import derive
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     with harness._gpu(run):  # the parent's own GPU work shares the gate; only the child's measurement holds it alone
         base = [task.make_inputs(s, "normal", run.device) for s in seeds]
         specs = reference.output_specs(base[0])  # the reference alone: no float64 truth to size the transfers
-        out_bytes = sum(shape.numel() * dtype.itemsize for shape, dtype in specs)
+        out_bytes = spec_bytes(specs)
         t_roof = time.monotonic()
         with torch.no_grad():
             roof = task_roofline(task.declared_roofline(), reference.model, base[0], get_ceilings(opts.gpu))
@@ -223,7 +224,7 @@ def _fetch_samples(harness: "Harness", run: "_Run", reply: dict[str, Any], specs
     if not kept:
         return [], ["the candidate's process kept none of its timed outputs for the parent to check"]
     picked = sorted(run.rng.sample(kept, min(PICKED_SAMPLES, len(kept))))
-    out_bytes = sum(shape.numel() * dtype.itemsize for shape, dtype in specs)
+    out_bytes = spec_bytes(specs)
     msg: dict[str, Any] = {"op": "samples", "calls": picked}
     staged: list[torch.Tensor | None] = []
     if torch.device(run.device).type == "cuda":

@@ -57,9 +57,9 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
                       "child: prepare_timing", "child: time (the GPU alone)"]
 
 
-def test_output_bytes_runs_the_reference_alone_not_its_float64_copy(tmp_path):
-    """Reference.output_bytes: the reference's outputs' bytes, without running the float64 model."""
-    from sandbox.reference import Reference
+def test_output_specs_run_the_reference_alone_not_its_float64_copy(tmp_path):
+    """Reference.output_specs: the reference's outputs' shapes and dtypes, without running the float64 model."""
+    from sandbox.reference import Reference, spec_bytes
     from sandbox.task import load_task
 
     path = tmp_path / "two_outputs.py"
@@ -73,4 +73,6 @@ def test_output_bytes_runs_the_reference_alone_not_its_float64_copy(tmp_path):
         raise AssertionError("the float64 reference ran")
     ref.model64 = boom
     inputs = task.make_inputs(0, "normal", "cpu")
-    assert ref.output_bytes(inputs) == (8 * 16 + 8) * 4
+    specs = ref.output_specs(inputs)
+    assert specs == [(torch.Size([8, 16]), torch.float32), (torch.Size([8]), torch.float32)]
+    assert spec_bytes(specs) == (8 * 16 + 8) * 4
