@@ -181,6 +181,8 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         "best_speedup": (summary.final.timings.speedup_eager if summary.final is not None
                          else summary.best.timings.speedup_eager if summary.best is not None else None),
         "rejections": "; ".join(f"{k} x{n}" for k, n in why.most_common()), "rejection_examples": first,
+        "rejection_messages": [f"{c.stage}/{c.reason} ({(c.reply or '').strip().splitlines()[0][:80] if c.reply else c.origin}):"
+                               f" {c.message}" for _, c in mine if not c.accepted],
         "seed_verdicts": [f"{'accepted' if c.accepted else 'rejected'}"
                           f"{'' if c.accepted else f' at {c.stage}/{c.reason}: {c.message[:300]}'}"
                           for _, c in verdicts if c.origin == "seed"]}
@@ -204,7 +206,7 @@ def environment(device: str) -> dict[str, str]:
     return out
 
 
-def show(row: dict[str, Any]) -> str:
+def show(row: dict[str, Any], messages: bool = False) -> str:
     def f(v: Any, fmt: str = ".2f") -> str:
         return "-" if v is None else format(v, fmt)
     parts = " ".join(f"{p} {f(row[f'{p}_s'])}" for p in PARTS)
@@ -223,7 +225,8 @@ def show(row: dict[str, Any]) -> str:
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("laps", {}).items(), key=lambda kv: -kv[1])
                       if k not in ("total_s", "calls") and v >= 0.05) +
             "".join(f"\n  rejected {k}: {m}" for k, m in row.get("rejection_examples", {}).items()) +
-            "".join(f"\n  the starting kernel: {v}" for v in row.get("seed_verdicts", [])))
+            "".join(f"\n  the starting kernel: {v}" for v in row.get("seed_verdicts", [])) +
+            ("".join(f"\n  rejection: {m}" for m in row.get("rejection_messages", [])) if messages else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="", help="a word for the CSV line (e.g. serial / pipelined)")
     ap.add_argument("--csv", type=Path, default=CSV, help=f"append here (default {CSV.relative_to(ROOT)})")
     ap.add_argument("--no-csv", action="store_true", help="print only")
+    ap.add_argument("--messages", action="store_true", help="print every rejected candidate's message in full")
     args = ap.parse_args(argv)
     tasks = [ROOT / "tasks" / (t if t.endswith(".py") else f"{t}.py") for t in args.tasks.split(",") if t.strip()]
     missing = [str(t.relative_to(ROOT)) for t in tasks if not t.exists()]
@@ -256,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         for task in tasks:
             row = measure(task, device=args.device, seconds=args.seconds, checks_per_gpu=args.checks_per_gpu,
                           workdir=Path(tmp))
-            print(show(row), flush=True)
+            print(show(row, args.messages), flush=True)
             if not args.no_csv:
                 append_csv(args.csv, FIELDS, [{k: ("" if v is None else f"{v:.4g}" if isinstance(v, float) else v)
                                                for k, v in {**common, **row}.items()}])

@@ -8,6 +8,7 @@ delta against the truth's) so the cause can be read off.
         [--dist constant_rows]      (any task of this form and any harness distribution; default the outliers)
         [--alternates]              (count the task's crucible_references, as the harness does since b7b6f91)
         [--scales 1,2,4]            (also try looser tolerance scales: a failing cell names the smallest that passes)
+        [--path gluon]              (the Gluon path's numerics, sm_90, instead of the Triton kernels)
 """
 from __future__ import annotations
 
@@ -52,6 +53,44 @@ def seed_preprocess(causal):
     return run
 
 
+def gluon(causal, **kw):
+    def run(q, k, v, do):
+        from seeds.attention_gluon_train import attention_fwd_bwd_gluon
+        return attention_fwd_bwd_gluon(q, k, v, do, causal, **kw)
+    return run
+
+
+def gluon_variants(causal):
+    """The Gluon path's numerics (seeds/attention_gluon_train.py): the seed's default first."""
+    return {"gluon fp16, delta from o, fused (seed)": gluon(causal, numerics="auto", delta="o"),
+            "gluon fp16, delta from o, two": gluon(causal, numerics="fp16", delta="o", prep="two"),
+            "gluon fp16, delta from dP, two": gluon(causal, numerics="fp16", delta="dp"),
+            "gluon fp16, not pdl": gluon(causal, numerics="fp16", delta="o", bwd_knobs=dict(dq_block_n=128)),
+            "gluon bf16 precise": gluon(causal, numerics="bf16")}
+
+
+def row_detail(q, k, v, do, b, h, i, d, got, truth, ref):
+    """The row's softmax in float64 (for any candidate): top probabilities, the true delta, the inputs' values."""
+    scale = q.shape[-1] ** -0.5
+    q64, k64, v64, do64 = (t[b, h].double() for t in (q, k, v, do))
+    s = (q64[i] @ k64.t()) * scale
+    p = torch.softmax(s, 0)
+    top = torch.topk(p, 3)
+    delta = float(do64[i] @ (p @ v64))
+    print(f"  dq[{b},{h},{i},{d}] truth {truth:.4g} ref {ref:.4g} got {got:.4g} | max score {float(s.max()):.2f} "
+          f"top p {[round(float(x), 6) for x in top.values]} at keys {top.indices.tolist()} | delta {delta:.6g} "
+          f"| q[i,:2] {q64[i, :2].tolist()} do[i,:2] {do64[i, :2].tolist()} | |dq row| max "
+          f"{float(truth_row_max(q64, k64, v64, do64, i, scale)):.4g}")
+
+
+def truth_row_max(q64, k64, v64, do64, i, scale):
+    s = (q64[i] @ k64.t()) * scale
+    p = torch.softmax(s, 0)
+    dp = v64 @ do64[i]
+    ds = p * (dp - (p * dp).sum())
+    return (ds @ k64).abs().max() * scale
+
+
 def sdpa_backend(backend, causal):
     def run(q, k, v, do):
         from torch.nn.attention import sdpa_kernel
@@ -88,6 +127,9 @@ def main() -> int:
     ap.add_argument("--dist", default="outliers", help="the harness's input distribution (default outliers)")
     ap.add_argument("--alternates", action="store_true",
                     help="count the task's other honest references (crucible_references) as the harness does")
+    ap.add_argument("--path", choices=("triton", "gluon"), default="triton",
+                    help="the seed's kernels to try: the Triton ones (seeds/attention.py) or the Gluon path's numerics "
+                         "(seeds/attention_gluon_train.py, sm_90)")
     ap.add_argument("--scales", default="1", help="tolerance scales to try, comma-separated (default 1); a cell "
                                                    "then names the smallest that passes")
     args = ap.parse_args()
@@ -100,9 +142,13 @@ def main() -> int:
     reference = Reference(task, dev, 0)
     if not args.alternates:
         reference.alternates = {}
-    variants = {"seed (delta from the fp32 o)": seed_default(causal),
-                "seed (delta from the stored o)": seed_preprocess(causal),
-                "seed precise (delta from dP, dS split)": seed_precise(causal)}
+    if args.path == "gluon":
+        variants = gluon_variants(causal)
+    else:
+        variants = {"seed (delta from the fp32 o)": seed_default(causal),
+                    "seed (delta from the stored o)": seed_preprocess(causal),
+                    "seed precise (delta from dP, dS split)": seed_precise(causal)}
+    first = next(iter(variants))
     if not args.smoke:
         from torch.nn.attention import SDPBackend
         variants["sdpa flash backend"] = sdpa_backend(SDPBackend.FLASH_ATTENTION, causal)
@@ -122,8 +168,9 @@ def main() -> int:
                 m = found[0][1]
                 passing = [sc for sc, mm in found if mm is None]
                 cells.append("ok" if m is None else f"{m.mismatched}" + (f" (ok at x{passing[0]:g})" if passing else ""))
-                if m is not None and n == "dq" and name.startswith("seed (delta from the fp32") and draw == 0 and not causal:
-                    err = (got[1].double() - truth[1]).abs()
+                if m is not None and n in ("o", "dq") and name == first and not causal:
+                    err = (got[j].double() - truth[j]).abs()
+                    print(f"draw {draw} {name}, {n}: {m}")
                     flat = torch.topk(err.flatten(), 4).indices
                     for f in flat.tolist():
                         idx = []
@@ -131,8 +178,9 @@ def main() -> int:
                             idx.append(f % size)
                             f //= size
                         b, h, i, d = reversed(idx)
-                        row_report(*inputs, b, h, i, d, float(got[1][b, h, i, d]), float(truth[1][b, h, i, d]),
-                                   float(ref[1][b, h, i, d]))
+                        report = row_report if args.path == "triton" and n == "dq" else row_detail
+                        report(*inputs, b, h, i, d, float(got[j][b, h, i, d]), float(truth[j][b, h, i, d]),
+                               float(ref[j][b, h, i, d]))
             table.append((draw, name, cells))
             del got
         del ref, truth, expected

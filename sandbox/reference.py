@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +26,74 @@ _PEAKS: dict[tuple[str, tuple, str], int] = {}
 PEAK_MARGIN = 1.25
 
 REFERENCES_HOOK = "crucible_references"
+
+
+class SharedExclusive:
+    """Reference runs in one process: the GPU's check slots are threads of the parent, and their reference runs
+    (the model and its float64 truth) share this; a task's alternates take it alone. An alternate may switch
+    process-wide state to pick its implementation (`torch.nn.attention.sdpa_kernel` sets SDPA's backend flags,
+    which every thread sees): run beside another slot's reference, it would turn that reference into another
+    backend or its float64 truth into an error (the float64 math backend switched off), and leave the flags
+    switched where two such runs overlap. A waiting exclusive run holds back new shared ones (writer preference),
+    so a stream of references cannot starve the alternates."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            try:
+                self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+            finally:
+                self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+RUNS = SharedExclusive()
+
+# Process-wide switches an alternate may set to pick an implementation: read before its run and put back after it
+# (a hook that leaks one would change every later reference of the process).
+_SWITCHES = (
+    ("flash_sdp", torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.enable_flash_sdp),
+    ("mem_efficient_sdp", torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.enable_mem_efficient_sdp),
+    ("math_sdp", torch.backends.cuda.math_sdp_enabled, torch.backends.cuda.enable_math_sdp),
+    ("cudnn_sdp", torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.enable_cudnn_sdp),
+)
+
+
+@contextmanager
+def _switches_kept() -> Iterator[None]:
+    saved = [(get(), set_) for _, get, set_ in _SWITCHES]
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        yield
+    finally:
+        for value, set_ in saved:
+            set_(value)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 @dataclass
@@ -97,7 +166,8 @@ class Reference:
         """Shape and dtype of each of the reference's outputs on these inputs, from the model in its own dtype alone
         (no float64 truth, no alternates: at causal attention fwd+bwd the truth's scores alone are 16 GiB a tensor)."""
         dev_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
-        _, ref = self._run_model(dev_inputs)
+        with RUNS.shared():
+            _, ref = self._run_model(dev_inputs)
         return [(t.shape, t.dtype) for t in ref]
 
     def run(self, inputs: list[Any]) -> Expected:
@@ -128,8 +198,14 @@ class Reference:
 
     def _run(self, inputs: list[Any]) -> Expected:
         dev_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        with RUNS.shared():  # released before the alternates take it alone
+            out, ref, truth = self._run_with_truth(dev_inputs)
+        return Expected(ref=[t.detach() for t in ref], truth=truth,
+                        structure="tuple" if isinstance(out, (tuple, list)) else "tensor",
+                        alternates=self._run_alternates(dev_inputs, ref) if truth is not None else [])
+
+    def _run_with_truth(self, dev_inputs: list[Any]) -> tuple[Any, list[torch.Tensor], list[torch.Tensor] | None]:
         out, ref = self._run_model(dev_inputs)
-        structure = "tuple" if isinstance(out, (tuple, list)) else "tensor"
         truth = None
         if self.model64 is not None and any(t.is_floating_point() for t in ref):
             try:
@@ -140,8 +216,7 @@ class Reference:
             except Exception as exc:
                 log.info("float64 reference failed for %s: %s", self.task.name, exc)
                 self.model64, truth = None, None
-        return Expected(ref=[t.detach() for t in ref], truth=truth, structure=structure,
-                        alternates=self._run_alternates(dev_inputs, ref) if truth is not None else [])
+        return out, ref, truth
 
     def _run_alternates(self, inputs: list[Any], ref: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         """Each alternate's outputs; one that cannot run here (a backend this device lacks) or returns another
@@ -149,7 +224,8 @@ class Reference:
         outs = []
         for name, fn in self.alternates.items():
             try:
-                got = _as_list(fn(*inputs))
+                with RUNS.exclusive(), _switches_kept():  # alone in the process: it may switch backends (RUNS)
+                    got = _as_list(fn(*inputs))
             except Exception as exc:  # noqa: BLE001 - e.g. SDPA's flash backend on a CPU
                 log.info("%s: alternate reference %s unavailable here: %s: %s", self.task.name, name,
                          type(exc).__name__, exc)

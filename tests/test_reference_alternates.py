@@ -59,3 +59,61 @@ def test_the_attention_backward_tasks_name_the_flash_backend():
     expected = ref.run(task.make_inputs(0, "normal"))
     assert list(ref.alternates) == ["SDPA FlashAttention-2 backend"]
     assert len(expected.alternates) == 1 and len(expected.alternates[0]) == 4
+
+
+SWITCHING = """
+import threading, time
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+N = 8
+SEEN = []  # (math backend on, flash alone) as the reference's forward saw them
+class Model(torch.nn.Module):
+    def forward(self, x):
+        for _ in range(20):
+            SEEN.append(torch.backends.cuda.math_sdp_enabled())
+            time.sleep(0.002)
+        return x * 2
+def get_inputs():
+    return [torch.randn(2, N)]
+def get_init_inputs():
+    return []
+def crucible_references(model):
+    def flash_only(x):
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            time.sleep(0.05)
+            return x * 2
+    def leaks(x):
+        torch.backends.cuda.enable_math_sdp(False)
+        return x * 2
+    return {"flash only": flash_only, "leaks a switch": leaks}
+"""
+
+
+def test_alternates_switching_backends_run_alone_and_leave_the_switches_as_they_were(tmp_path):
+    """The GPU's check slots are threads of one process, and SDPA's backend switches are process-wide: a slot's
+    alternate that picks a backend must not change another slot's reference (its float64 truth would lose the math
+    backend), and a switch an alternate leaks is put back."""
+    import threading
+
+    path = tmp_path / "switching.py"
+    path.write_text(textwrap.dedent(SWITCHING))
+    task = load_task(path)
+    refs = [Reference(task, "cpu", i) for i in range(2)]
+    seen = task.module.SEEN
+    errors = []
+
+    def work(ref, seed):
+        try:
+            for i in range(6):
+                ref.run(task.make_inputs(seed + i, "normal"))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(r, 10 * i)) for i, r in enumerate(refs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(seen) >= 2 * 6 * 20 and all(seen), "a reference ran while an alternate had switched SDPA's backends"
+    assert torch.backends.cuda.math_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
