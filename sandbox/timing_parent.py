@@ -35,7 +35,7 @@ from profiler import stats
 from . import tolerance
 from .handback import claim, poisoned
 from .records import Reason, Rejected, Stage
-from .reference import spec_bytes
+from .reference import RUNS, spec_bytes
 from .timing_child import derive
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def run(harness: "Harness", run: "_Run", reference: "Reference") -> tuple[dict[s
 
 def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidate: bool) -> dict[str, Any]:
     """Time in the child, validate in the parent, return profiler.report's dict."""
-    from profiler.ceilings import get_ceilings
+    from profiler.ceilings import cached_ceilings, get_ceilings
     from profiler.report import build_timing
     from profiler.roofline import task_roofline
 
@@ -103,8 +103,12 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         specs = reference.output_specs(base[0])  # the reference alone: no float64 truth to size the transfers
         out_bytes = spec_bytes(specs)
         t_roof = time.monotonic()
-        with torch.no_grad():
-            roof = task_roofline(task.declared_roofline(), reference.model, base[0], get_ceilings(opts.gpu))
+        ceilings = cached_ceilings(opts.gpu)
+        if not ceilings:  # measured once a machine; it switches tf32 process-wide, so no other slot's reference
+            with RUNS.exclusive():  # runs meanwhile (sandbox/reference.py RUNS)
+                ceilings = get_ceilings(opts.gpu)
+        with torch.no_grad(), RUNS.shared():
+            roof = task_roofline(task.declared_roofline(), reference.model, base[0], ceilings)
     if torch.device(run.device).type == "cuda":  # run.device is "cuda:N": what the parent ran stays cached
         torch.cuda.empty_cache()  # else held while the child times (H200: 102 GiB held, the child out of memory)
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
