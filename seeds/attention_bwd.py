@@ -18,11 +18,12 @@ rejected. `crucible bench`: accepted, 12.82 ms = 300 TFLOP/s, 0.56x eager (cuDNN
 Swept (benchmarks/sweep_attention_bwd.py, do_bench): with the forward warp-specialised 312.0 / 292.8 TFLOP/s (0.583x /
 0.621x cuDNN); dS as one fp16 operand passed the sweep's two draws and saved 0.66 ms non-causal (lost 0.2 causal), not
 adopted: fp16 overflows past 65504 where bf16's split does not; dQ through fp32 atomics 0.43x (slower).
-Known faults, not yet found: on some of the harness's constant-row draws at the task's size the Gluon path's dq is
-far from the float64 truth (H200: 6 of 21 checks of this seed's kernels in one search, about 23.7M of dq's 67M
-elements outside the bound, -0.71 where the truth is -0.0068), and 10 more of those 21 failed on one of o's 67M
-elements past the bound (uniform inputs); the seed's own check passed. Deterministic (bitwise over repeated runs),
-so faults for those inputs, not a race (docs/BENCHMARKS.md, "Search throughput").
+In one search on the H200, 6 of 21 checks of this seed's kernels were rejected for dq far from the float64 truth on
+constant-row draws (-0.71 where the truth is -0.0068) and 10 for one of o's 67M elements on uniform draws; alone,
+every numerics of the Gluon path passes such draws (benchmarks/diag_attention_precision.py --path gluon). The
+likely cause was the harness's: the task's FlashAttention-2 alternate switched SDPA's process-wide backends beside
+other check slots' references (fixed in sandbox/reference.py; not yet measured on the GPU; docs/BENCHMARKS.md,
+"Search throughput").
 """
 from __future__ import annotations
 

@@ -173,7 +173,7 @@ def _group_order(t, PER_HEAD, GROUPED: gl.constexpr, GROUP: gl.constexpr):
 
 
 @gluon.jit
-def _dkdv_tile(S, NUM_N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, GROUP: gl.constexpr):
+def _dkdv_tile_gl(S, NUM_N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, GROUP: gl.constexpr):
     """(row of the [B*H*S, D] view of the program's first key, of its head's first query, the first query block,
     the query-block count). Tiles run head by head, key blocks in order (causal: the heaviest first); causal with
     GROUP > 0: groups of GROUP heads one after the other, within a group key block 0 of each head first, then key
@@ -197,7 +197,7 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, k_smem, v_smem, q_
     vec: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_M // 32], threads_per_warp=[32], warps_per_cta=[1],
                                          order=[0])
     offs = gl.arange(0, BLOCK_M, layout=vec)
-    k_row, q_row0, m0, n_steps = _dkdv_tile(S, NUM_N, BLOCK_M, BLOCK_N, CAUSAL, GROUP)
+    k_row, q_row0, m0, n_steps = _dkdv_tile_gl(S, NUM_N, BLOCK_M, BLOCK_N, CAUSAL, GROUP)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
     tma_load(k_desc, [k_row, 0], kv_bar, k_smem)
     tma_load(v_desc, [k_row, 0], kv_bar, v_smem)
@@ -421,7 +421,7 @@ def _dkdv_consumer(dk_desc, dv_desc, k_smem, v_smem, out_smem, q_smem, do_smem, 
                                                     instr_shape=[16, HEAD_D, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
     dtype: gl.constexpr = q_smem.dtype
-    k_row, q_row0, m0, n_steps = _dkdv_tile(S, NUM_N, BLOCK_M, BLOCK_N, CAUSAL, GROUP)
+    k_row, q_row0, m0, n_steps = _dkdv_tile_gl(S, NUM_N, BLOCK_M, BLOCK_N, CAUSAL, GROUP)
     dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, mma_d)
     dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, mma_d)
     mbarrier.wait(kv_bar, 0)
@@ -485,7 +485,7 @@ def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, 
     OUT_SEPARATE: dk_desc / dv_desc hold another dtype than the inputs (one more [BLOCK_N, D] buffer).
     DQ_ORDERED: DQ_ACC (fp32 [B*H, D, S]: dQ^T a head) and TICKETS (int32 [B*H*S / BLOCK_M], zeros) take dQ (one
     more [BLOCK_N, BLOCK_M] buffer, dS^T's); else LSE stands in for both, unused. The grid is head-major, key
-    blocks fastest (_dkdv_tile), so a head's programs start before any later head's (the deadlock argument).
+    blocks fastest (_dkdv_tile_gl), so a head's programs start before any later head's (the deadlock argument).
     PDL: each program lets the next kernel launch as soon as it has started (griddepcontrol.launch_dependents):
     the dQ kernel, launched with programmatic dependent launch, reads nothing this one writes, so its programs
     may take the SMs this grid's last wave leaves idle."""
@@ -535,7 +535,7 @@ def _dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, 
 
 # ---- dQ: one program a query block ------------------------------------------------------------------------------
 @gluon.jit
-def _dq_tile(S, NUM_M, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, GROUP: gl.constexpr):
+def _dq_tile_gl(S, NUM_M, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, GROUP: gl.constexpr):
     """(row of the program's first query, of its head's first key, the key-block count). Tiles run head by head;
     causal, a head's last query blocks (the most keys) first (GROUP > 0: across groups of heads, _group_order)."""
     bh, m = _group_order(gl.program_id(0), NUM_M, CAUSAL and GROUP > 0, GROUP)
@@ -552,7 +552,7 @@ def _dq_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
                v_empty, S, NUM_M, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                CAUSAL: gl.constexpr, GROUP: gl.constexpr):
     """The producer (1 warp): the program's Q and dO once, then K and V of key blocks 0 .. n-1 through the ring."""
-    q_row, kv_row0, n_blocks = _dq_tile(S, NUM_M, BLOCK_M, BLOCK_N, CAUSAL, GROUP)
+    q_row, kv_row0, n_blocks = _dq_tile_gl(S, NUM_M, BLOCK_M, BLOCK_N, CAUSAL, GROUP)
     for i in range(n_blocks):
         st = i % STAGES
         ph = (i // STAGES) & 1
@@ -622,7 +622,7 @@ def _dq_consumer(dq_desc, LSE, DELTA, q_smem, out_smem, do_smem, k_smem, v_smem,
     mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
                                                     instr_shape=[16, HEAD_D, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
-    q_row, kv_row0, n_blocks = _dq_tile(S, NUM_M, BLOCK_M, BLOCK_N, CAUSAL, GROUP)
+    q_row, kv_row0, n_blocks = _dq_tile_gl(S, NUM_M, BLOCK_M, BLOCK_N, CAUSAL, GROUP)
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_s))
     lse = gl.load(LSE + q_row + rows)
     dlt = gl.load(DELTA + q_row + rows)

@@ -211,9 +211,27 @@ def test_every_seed_flattens_or_says_why():
         assert check_source(flat.source, path.name) == check_source(path.read_text(), path.name)
         # what stays imported is a host-side helper the static checks refuse in a candidate, never a kernel
         for line in (ln for ln in flat.source.split("\n") if ln.startswith("from seeds.")):
-            assert set(line.split(" import ")[1].replace(",", " ").split()) <= {"_sm_count_cuda", "RowVariant"}, line
+            assert set(line.split(" import ")[1].replace(",", " ").split()) <= HOST_HELPERS, line
         flattened += bool(flat.modules)
     assert flattened >= 20
+
+
+# Host-side helpers that stay imported from their seed modules when a seed is flattened: each reads a tensor's values
+# on the host (`.tolist()`) or caches on the host, which a candidate may not do.
+HOST_HELPERS = {"_sm_count_cuda", "RowVariant", "input_amax", "_fused_forward"}
+
+
+def test_the_attention_training_seed_flattens_with_its_gluon_kernels():
+    """The fwd+bwd seed runs the Gluon kernels on the H200: flattened, the candidate holds them (no two seed modules
+    define a kernel helper by one name) and the tuner finds the Gluon backward's knobs."""
+    from agent.search.flatten import SEEDS_DIR, flatten
+    from agent.search.tuner import find_knobs
+
+    flat = flatten((SEEDS_DIR / "attention_bwd.py").read_text())
+    assert flat.problem is None and "seeds.attention_gluon_bwd" in flat.modules
+    assert "def _dkdv_kernel(" in flat.source and "def _dq_kernel(" in flat.source
+    names = {k.name for k in find_knobs(flat.source)}
+    assert {"dq_block_n", "group_heads"} <= names
 
 
 # ---- the acceptance run: `crucible run` with a model that learns only from what each request shows it ------------
