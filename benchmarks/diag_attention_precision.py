@@ -13,8 +13,6 @@ delta against the truth's) so the cause can be read off.
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import sys
 from pathlib import Path
 

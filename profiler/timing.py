@@ -210,7 +210,8 @@ def measure(
 
 def _run_rounds(plan: Plan, state: State, bench: Bench) -> None:
     """Graph capture (graph mode), the flush cover, then every round; the held outputs are re-checked at the end.
-    Raises _Fatal when the CUDA context became unusable."""
+    Raises _Fatal when the CUDA context became unusable. The host seconds of each phase go to state.phase_s."""
+    t0 = time.monotonic()
     n_sets = len(plan.input_sets)
     if plan.graph:
         used = sorted({c % n_sets for c in range((plan.warm_rounds + plan.timed_rounds) * plan.burst)})
@@ -226,9 +227,11 @@ def _run_rounds(plan: Plan, state: State, bench: Bench) -> None:
     bench.passes = max(1, math.ceil(plan.cover_ms / bench.pass_ms)) if bench.pass_ms > 0 else 1
     gc.collect()
     gc.disable()
+    t = state.lap("setup", t0)
     for rnd in range(plan.warm_rounds + plan.timed_rounds + plan.extra_rounds):
         if not _round(plan, state, bench, events, rnd):
             break
+        t = state.lap("warm" if rnd < plan.warm_rounds else "timed", t)
     if state.race is not None:
         done = [s for b in state.raw[plan.watch] for s in b["stream_ms"]]
         state.race["decision"] = stats.race(done, plan.race) if done else stats.OPEN
@@ -237,6 +240,7 @@ def _run_rounds(plan: Plan, state: State, bench: Bench) -> None:
         if state.kept is not None:
             state.kept[state.prints[idx]["call"]] = (state.prints[idx]["input_set"], old)
     state.held.clear()
+    state.lap("recheck", t)
     state.segments_timed = None if state.segments_before is None else segments(bench.dev) - state.segments_before
 
 
@@ -270,10 +274,12 @@ def _round(plan: Plan, state: State, bench: Bench, events: _Events, rnd: int) ->
     if timed:
         state.order.append(alive)
     if rnd == plan.warm_rounds and not plan.graph:
+        t0 = time.monotonic()
         copies = held_at_once(nbytes(state.watch_sample), plan.hold_bytes, plan.timed_rounds, plan.burst)
         state.reserved = reserve_outputs(state.watch_sample, copies, bench.dev, state.warnings) if plan.reserve else 0
         state.watch_sample = None
         state.segments_before = segments(bench.dev)
+        state.phase_s["reserve"] = time.monotonic() - t0  # inside the first timed round's seconds
     if rnd == plan.warm_rounds and plan.settle_ms:
         for n in plan.names:
             est = median(state.warm_ms[n]) if state.warm_ms[n] else 0.0
@@ -366,8 +372,10 @@ def _keep(plan: Plan, state: State, rnd: int, ks: list[int], outs: list[Any]) ->
     (the oldest re-checked early and released past plan.hold_bytes)."""
     for j, (k, out) in enumerate(zip(ks, outs)):
         i = (rnd - plan.warm_rounds) * plan.burst + j
+        t0 = time.monotonic()
         state.prints.append({"call": i, "input_set": k, "at_return": fingerprint(out), "later": None,
                              "changed": False})
+        state.phase_s["fingerprints"] = state.phase_s.get("fingerprints", 0.0) + time.monotonic() - t0
         if state.kept is None and ((plan.sample_every < plan.reps and i % plan.sample_every == 0)
                                    or i == plan.reps - 1):
             state.samples.append({"fn": plan.watch, "call": i, "input_set": k, "outputs": to_cpu(out)})
@@ -421,7 +429,7 @@ def _result(plan: Plan, state: State, bench: Bench, stream_priority: int) -> dic
               "tail_tolerance_ms": plan.tail_tolerance[0], "tail_tolerance_rel": plan.tail_tolerance[1],
               "cover_ms": plan.cover_ms, "flush_passes": bench.passes, "flush_pass_ms": bench.pass_ms,
               "stream_priority": stream_priority, "reserved_bytes": state.reserved,
-              "allocator_segments_timed": state.segments_timed}
+              "allocator_segments_timed": state.segments_timed, "phase_s": dict(state.phase_s)}
     return {"schema": SCHEMA,
             "device": {"index": bench.dev, "name": props.name, "l2_bytes": bench.l2,
                        "sm_count": props.multi_processor_count},

@@ -4,6 +4,7 @@ These are the records the timing loop (profiler.timing) passes between its steps
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -127,6 +128,13 @@ class State:
     reserved: int = 0
     segments_before: int | None = None
     kept: dict[int, tuple[int, Any]] | None = None  # measure's keep_outputs: the held outputs, sampled later
+    phase_s: dict[str, float] = field(default_factory=dict)  # host seconds by phase of the run (measure's config)
+
+    def lap(self, phase: str, since: float) -> float:
+        """Add the seconds since `since` to `phase`; return now."""
+        now = time.monotonic()
+        self.phase_s[phase] = self.phase_s.get(phase, 0.0) + now - since
+        return now
 
     @classmethod
     def start(cls, plan: Plan) -> "State":

@@ -129,6 +129,8 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         state["kept"] = kept
     t2 = time.monotonic()
     laps["child_measure_s"] = t2 - t1
+    phases = (measured.get("config") or {}).get("phase_s") or {}
+    laps.update({f"child_measure_{k}_s": float(v) for k, v in phases.items()})  # where the measurement's time went
     with policy.trusted():
         kernels = [k.to_dict() for k in compile_stats.kernel_stats(state["module"])] if "module" in state else []
         env = environment(torch.cuda.current_device())

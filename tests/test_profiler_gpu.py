@@ -171,6 +171,9 @@ def test_kept_outputs_are_every_timed_call_and_none_is_sampled_during_the_run(se
         assert k == (warm + call) % len(sets)
         assert torch.equal(out, sets[k][0] * 2)  # still the call's own output after the run
     assert m["fingerprint_mismatches"] == []
+    phases = m["config"]["phase_s"]  # where the measurement's host time went (the timing stage's laps)
+    assert {"setup", "warm", "timed", "reserve", "fingerprints", "recheck"} <= set(phases)
+    assert all(v >= 0 for v in phases.values()) and phases["reserve"] + phases["fingerprints"] <= phases["timed"]
 
 
 def test_graph_replay_mode(sets):
