@@ -23,7 +23,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-MAX_FILES = 4096  # files a kept cache may hold
+MAX_FILES = 4096  # entries (files and directories) a kept cache may hold
+MAX_DEPTH = 4  # directory levels below its root (Triton's cache uses one)
 MAX_BYTES = 256 << 20  # bytes a kept cache may hold (a seed's kernels: a few MB)
 TOTAL_BYTES = 2 << 30  # bytes of all kept caches; the oldest go first
 _CHUNK = 1 << 20
@@ -59,7 +60,7 @@ class CompiledStore:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             copied = copy_regular_files(cache, tmp)
-        except OSError:
+        except (OSError, ValueError):  # unreadable, or a name the filesystem refuses here
             copied = None
         if copied is None or copied[0] == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -91,37 +92,42 @@ class CompiledStore:
 
 def copy_regular_files(src: Path, dest: Path) -> tuple[int, int] | None:
     """Copy the regular files under `src` to `dest` (made), directories recreated, nothing else: no symbolic link
-    followed or copied, no special file opened. (files, bytes) copied; None past MAX_FILES or MAX_BYTES (what was
-    copied stays: the caller removes `dest`)."""
+    followed or copied, no special file opened. (files, bytes) copied; None past MAX_FILES entries, MAX_BYTES or
+    MAX_DEPTH levels (what was copied stays: the caller removes `dest`)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     root = os.open(src, flags | os.O_DIRECTORY)
-    counts = [0, 0]
+    counts = [0, 0, 0]  # files, bytes, entries
     try:
-        return tuple(counts) if _copy_dir(root, dest, flags, counts) else None
+        return (counts[0], counts[1]) if _copy_dir(root, dest, flags, counts, 0) else None
     finally:
         os.close(root)
 
 
-def _copy_dir(dir_fd: int, dest: Path, flags: int, counts: list[int]) -> bool:
+def _copy_dir(dir_fd: int, dest: Path, flags: int, counts: list[int], depth: int) -> bool:
     dest.mkdir(parents=True, exist_ok=True)
     for name in os.listdir(dir_fd):
+        counts[2] += 1
+        if counts[2] > MAX_FILES:
+            return False
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             continue
         if stat.S_ISDIR(st.st_mode):
+            if depth >= MAX_DEPTH:
+                return False
             try:
                 sub = os.open(name, flags | os.O_DIRECTORY, dir_fd=dir_fd)
             except OSError:
                 continue
             try:
-                if not _copy_dir(sub, dest / name, flags, counts):
+                if not _copy_dir(sub, dest / name, flags, counts, depth + 1):
                     return False
             finally:
                 os.close(sub)
         elif stat.S_ISREG(st.st_mode):
             counts[0] += 1
-            if counts[0] > MAX_FILES or counts[1] + st.st_size > MAX_BYTES:
+            if counts[1] + st.st_size > MAX_BYTES:
                 return False
             try:
                 fd = os.open(name, flags | os.O_NONBLOCK, dir_fd=dir_fd)

@@ -23,11 +23,11 @@ from typing import Any, Iterator
 
 import torch
 
-from . import channel, compiled, cudaipc, pyparse, stage_runners, static, wire
+from . import channel, compiled, cudaipc, pyparse, stage_runners, static, verdict, wire
 from .deadlines import BUDGETS, CompileSigns, Deadline
 from .gate import GpuGate
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
-from .records import CheckResult, ErrorInfo, Reason, Rejected, Stage, StageResult, Verdict
+from .records import CheckResult, ErrorInfo, Reason, Rejected, Stage, StageResult
 from .reference import Reference
 from .task import Task, load_task
 
@@ -87,8 +87,7 @@ class _Run:
     stage: Stage = Stage.STATIC
     fresh_build: bool = True  # the next call is the first since the model was built: Triton compiles in it
     signs: CompileSigns | None = None  # when the parent last saw the candidate's process compile
-    source_key: str = ""  # the candidate source's hash (sandbox.compiled: its kernels kept for its later checks)
-    cache_seeded: int = 0  # files of its own earlier check's Triton cache this check started with
+    cache_seeded: int = 0  # files of its own earlier check's Triton cache this check started with (sandbox.compiled)
     # id(reference) -> (the parent's wall time of the fastest call at its shape, the reference's time there)
     walls: dict[int, tuple[float, float]] = field(default_factory=dict)
 
@@ -205,7 +204,7 @@ class Harness:
         if finding is not None:
             stages.append(StageResult(Stage.STATIC, False, finding.reason, finding.message,
                                       seconds=time.monotonic() - t0, details={"line": finding.line}))
-            return self._result(task_obj, candidate, stages, start, None)
+            return verdict.assemble(self.device, task_obj, candidate, stages, start, None)
         stages.append(StageResult(Stage.STATIC, True, Reason.OK, seconds=time.monotonic() - t0))
 
         options = replace(options, device=self.device)
@@ -216,12 +215,12 @@ class Harness:
             stages.append(StageResult(Stage.COMPILE, False, Reason.HARNESS_ERROR,
                                       f"{exc}; the candidate's process could not be started, which says nothing "
                                       "about the candidate", seconds=time.monotonic() - t0))
-            return self._result(task_obj, candidate, stages, start, None)
+            return verdict.assemble(self.device, task_obj, candidate, stages, start, None)
         run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages,
                    lending=cudaipc.Lending(cudaipc.lending_cap(self.device)))
-        with run.lap("cache_seed"):  # its own earlier check's kernels, where one of the same source was verified
-            run.source_key = compiled.source_key(raw)  # the whole file: a longer one failed the static checks
-            run.cache_seeded = compiled.STORE.seed(run.source_key, self._scratch(child) / "triton")
+        key = compiled.source_key(raw)  # the whole file (a longer one failed the static checks)
+        with run.lap("cache_seed"):  # its own earlier check's kernels, where one of this very source was verified
+            run.cache_seeded = compiled.STORE.seed(key, self._scratch(child) / "triton")
         run.signs = CompileSigns(self._scratch(child) / "triton", child.pid)
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
@@ -256,14 +255,13 @@ class Harness:
             finally:
                 lost = self.zygote.health()  # what the candidate did to the zygote, before its process is ended
                 with run.lap("close"):  # a verified candidate's kernels are kept for its later checks
-                    passed = bool(run.stages) and all(s.passed for s in run.stages) and \
-                        run.stages[-1].stage in (Stage.ROBUSTNESS, Stage.TIMING)
-                    self._retire(child, run.lending, keep=run.source_key if passed else "")
+                    done = stages[-1].passed and stages[-1].stage in (Stage.ROBUSTNESS, Stage.TIMING)
+                    self._retire(child, run.lending, keep=key if done else "")
                 lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
         if lost is not None:
             self._blame_for_zygote(run, lost)
-        return self._result(task_obj, candidate, stages, start, timing, network_isolated=run.network_isolated,
-                            run=run)
+        return verdict.assemble(self.device, task_obj, candidate, stages, start, timing,
+                                network_isolated=run.network_isolated, run=run)
 
     def _spawn(self, deadline: float) -> Child:
         """The candidate's process; one retry with a fresh zygote if the warm one turns out lost."""
@@ -432,10 +430,12 @@ class Harness:
         which its Triton cache is kept first (sandbox.compiled), once the process has ended."""
         def reap() -> None:
             child.close(graceful=True)
-            if keep:
-                compiled.STORE.keep(keep, self._scratch(child) / "triton")
-            self._clean(child)
-            lending.release()
+            try:
+                if keep:
+                    compiled.STORE.keep(keep, self._scratch(child) / "triton")
+            finally:
+                self._clean(child)
+                lending.release()
 
         self._reapers = [r for r in self._reapers if r.is_alive()]
         if self.device != "cuda":
@@ -465,39 +465,6 @@ class Harness:
             "init_inputs": reference.init_inputs(), "state_dict": reference.state_dict(),
         }
 
-    # ---- the verdict ----------------------------------------------------------------------------------------
-    def _result(self, task: Task, candidate: Path, stages: list[StageResult], start: float,
-                timing: dict[str, Any] | None, network_isolated: bool = False,
-                run: _Run | None = None) -> CheckResult:
-        last = stages[-1]
-        accepted = all(s.passed for s in stages)
-        if accepted:
-            message = "accepted: correct on every input distribution and shape tried"
-            eager = ((timing or {}).get("baselines") or {}).get("eager") or {}
-            if eager.get("speedup") is not None:
-                message += (f"; {eager['speedup']:.2f}x eager [{eager['ci_low']:.2f}, {eager['ci_high']:.2f}] "
-                            f"({eager['verdict']})")
-            message += "" if timing else " (not timed)"
-        else:
-            message = last.message
-        return CheckResult(
-            task=str(task.path), candidate=str(candidate), device=self.device,
-            verdict=Verdict.ACCEPTED if accepted else Verdict.REJECTED, stage=last.stage,
-            reason=Reason.OK if accepted else last.reason, message=message, stages=tuple(stages),
-            seconds=time.monotonic() - start, timed=timing is not None, timing=timing,
-            environment={"device": self.device, "torch": torch.__version__, "triton": _triton_version(),
-                         "network_isolated": network_isolated, "constants": task.current_constants()},
-            costs=self._costs(stages, run, time.monotonic() - start),
-        )
-
-    @staticmethod
-    def _costs(stages: list[StageResult], run: _Run | None, total: float) -> dict[str, float]:
-        timing_s = sum(s.seconds for s in stages if s.stage is Stage.TIMING)
-        calls_s = run.call_seconds if run else 0.0
-        laps = {f"{k}_s": v for k, v in (run.laps if run else {}).items()}
-        return {"total_s": total, "candidate_calls_s": calls_s, "calls": float(run.calls if run else 0),
-                "timing_stage_s": timing_s, "harness_s": max(0.0, total - calls_s - timing_s), **laps}
-
 
 def check(task: str | Path, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:
     """One-shot: start a harness, check one candidate, stop it."""
@@ -505,7 +472,3 @@ def check(task: str | Path, candidate: str | Path, options: CheckOptions | None 
     with Harness(options.device) as harness:
         return harness.check(task, candidate, options)
 
-
-def _triton_version() -> str:
-    import triton
-    return triton.__version__

@@ -73,8 +73,18 @@ def test_caches_past_the_caps_are_not_kept_and_the_oldest_go_first(tmp_path, mon
     store = CompiledStore(tmp_path / "store")
     monkeypatch.setattr(compiled, "MAX_BYTES", 100)
     assert not store.keep("big", _cache(tmp_path / "big", {"a": b"x" * 60, "b": b"y" * 60}))
+    deep = tmp_path / "deep" / "/".join("d" * (compiled.MAX_DEPTH + 1))
+    deep.mkdir(parents=True)
+    (deep / "f").write_bytes(b"1")
+    assert not store.keep("deep", tmp_path / "deep")  # past MAX_DEPTH levels
+    assert store.keep("shallow", _cache(tmp_path / "shallow", {"/".join("d" * compiled.MAX_DEPTH) + "/f": b"1"}))
     monkeypatch.setattr(compiled, "MAX_FILES", 2)
     assert not store.keep("many", _cache(tmp_path / "many", {"a": b"1", "b": b"2", "c": b"3"}))
+    empty_dirs = tmp_path / "dirs"
+    for i in range(3):
+        (empty_dirs / f"e{i}").mkdir(parents=True)
+    (empty_dirs / "e0" / "f").write_bytes(b"1")
+    assert not store.keep("dirs", empty_dirs)  # directories count as entries too
     monkeypatch.setattr(compiled, "TOTAL_BYTES", 100)
     for i in range(3):
         assert store.keep(f"k{i}", _cache(tmp_path / f"c{i}", {"f": b"z" * 40}))
@@ -82,6 +92,7 @@ def test_caches_past_the_caps_are_not_kept_and_the_oldest_go_first(tmp_path, mon
     for d in dest:
         d.mkdir()
     assert [store.seed(f"k{i}", d) for i, d in enumerate(dest)] == [0, 1, 1]  # 120 bytes > 100: k0 went
+    assert store.seed("shallow", tmp_path) == 0  # went before them
 
 
 def test_a_check_starts_with_its_own_sources_kept_kernels(tmp_path, monkeypatch):
