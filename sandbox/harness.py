@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
-from . import channel, compiled, cudaipc, pyparse, stage_runners, static, verdict, wire
+from . import channel, cudaipc, pyparse, stage_runners, static, verdict, wire
 from .deadlines import BUDGETS, CompileSigns, Deadline
 from .gate import GpuGate
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
@@ -87,7 +87,6 @@ class _Run:
     stage: Stage = Stage.STATIC
     fresh_build: bool = True  # the next call is the first since the model was built: Triton compiles in it
     signs: CompileSigns | None = None  # when the parent last saw the candidate's process compile
-    cache_seeded: int = 0  # files of its own earlier check's Triton cache this check started with (sandbox.compiled)
     # id(reference) -> (the parent's wall time of the fastest call at its shape, the reference's time there)
     walls: dict[int, tuple[float, float]] = field(default_factory=dict)
 
@@ -197,8 +196,7 @@ class Harness:
         stages: list[StageResult] = []
 
         with open(candidate, "rb") as f:  # no more than the parser would look at
-            raw = f.read(4 * pyparse.MAX_SOURCE_CHARS + 4)
-        source = raw.decode("utf-8", errors="replace")
+            source = f.read(4 * pyparse.MAX_SOURCE_CHARS + 4).decode("utf-8", errors="replace")
         t0 = time.monotonic()
         finding = static.check_source(source, candidate.name)
         if finding is not None:
@@ -218,9 +216,6 @@ class Harness:
             return verdict.assemble(self.device, task_obj, candidate, stages, start, None)
         run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages,
                    lending=cudaipc.Lending(cudaipc.lending_cap(self.device)))
-        key = compiled.source_key(raw)  # the whole file (a longer one failed the static checks)
-        with run.lap("cache_seed"):  # its own earlier check's kernels, where one of this very source was verified
-            run.cache_seeded = compiled.STORE.seed(key, self._scratch(child) / "triton")
         run.signs = CompileSigns(self._scratch(child) / "triton", child.pid)
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
@@ -254,9 +249,8 @@ class Harness:
                     seconds=time.monotonic() - run.stage_start, error=ErrorInfo.from_exception(exc)))
             finally:
                 lost = self.zygote.health()  # what the candidate did to the zygote, before its process is ended
-                with run.lap("close"):  # a verified candidate's kernels are kept for its later checks
-                    done = stages[-1].passed and stages[-1].stage in (Stage.ROBUSTNESS, Stage.TIMING)
-                    self._retire(child, run.lending, keep=key if done else "")
+                with run.lap("close"):
+                    self._retire(child, run.lending)
                 lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
         if lost is not None:
             self._blame_for_zygote(run, lost)
@@ -423,19 +417,14 @@ class Harness:
         return Rejected(stage, reason, message, error=error, details=details)
 
     # ---- the candidate's process ---------------------------------------------------------------------------
-    def _retire(self, child: Child, lending: cudaipc.Lending, keep: str = "") -> None:
+    def _retire(self, child: Child, lending: cudaipc.Lending) -> None:
         """End the child and remove its scratch directory. On the CPU, at once; on a GPU, where a process takes a
         quarter of a second to give its context back, on a thread the next check does not wait for (the tensors the
-        child mapped stay alive until it is dead; `close` joins every such thread). `keep`: the source key under
-        which its Triton cache is kept first (sandbox.compiled), once the process has ended."""
+        child mapped stay alive until it is dead; `close` joins every such thread)."""
         def reap() -> None:
             child.close(graceful=True)
-            try:
-                if keep:
-                    compiled.STORE.keep(keep, self._scratch(child) / "triton")
-            finally:
-                self._clean(child)
-                lending.release()
+            self._clean(child)
+            lending.release()
 
         self._reapers = [r for r in self._reapers if r.is_alive()]
         if self.device != "cuda":

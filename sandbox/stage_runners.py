@@ -45,7 +45,6 @@ def compile_candidate(harness: Harness, run: _Run) -> tuple[Reference, dict[str,
     run.network_isolated = bool(reply.get("network_isolated"))
     laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
     return reference, {"network_isolated": run.network_isolated, "reference_s": reference_s,
-                       "cache_seeded_files": run.cache_seeded,
                        "filesystem_read_only": bool(reply.get("filesystem_read_only")),
                        "capabilities_dropped": bool(reply.get("capabilities_dropped")),
                        "walls": reply.get("walls") if isinstance(reply.get("walls"), dict) else {}, **laps}
