@@ -67,26 +67,25 @@ def gluon_variants(causal):
             "gluon bf16 precise": gluon(causal, numerics="bf16")}
 
 
-def row_detail(q, k, v, do, b, h, i, d, got, truth, ref):
-    """The row's softmax in float64 (for any candidate): top probabilities, the true delta, the inputs' values."""
+def row_softmax(q, k, v, do, b, h, i):
+    """Row i of head (b, h) in float64: the scale, the head's inputs, the row's scores, softmax and top 3."""
     scale = q.shape[-1] ** -0.5
     q64, k64, v64, do64 = (t[b, h].double() for t in (q, k, v, do))
     s = (q64[i] @ k64.t()) * scale
     p = torch.softmax(s, 0)
-    top = torch.topk(p, 3)
-    delta = float(do64[i] @ (p @ v64))
-    print(f"  dq[{b},{h},{i},{d}] truth {truth:.4g} ref {ref:.4g} got {got:.4g} | max score {float(s.max()):.2f} "
-          f"top p {[round(float(x), 6) for x in top.values]} at keys {top.indices.tolist()} | delta {delta:.6g} "
-          f"| q[i,:2] {q64[i, :2].tolist()} do[i,:2] {do64[i, :2].tolist()} | |dq row| max "
-          f"{float(truth_row_max(q64, k64, v64, do64, i, scale)):.4g}")
+    return scale, (q64, k64, v64, do64), s, p, torch.topk(p, 3)
 
 
-def truth_row_max(q64, k64, v64, do64, i, scale):
-    s = (q64[i] @ k64.t()) * scale
-    p = torch.softmax(s, 0)
+def row_detail(q, k, v, do, b, h, i, d, got, truth, ref):
+    """The row's softmax in float64 (for any candidate): top probabilities, the true delta, the inputs' values and
+    the row's largest true dq."""
+    scale, (q64, k64, v64, do64), s, p, top = row_softmax(q, k, v, do, b, h, i)
     dp = v64 @ do64[i]
-    ds = p * (dp - (p * dp).sum())
-    return (ds @ k64).abs().max() * scale
+    delta = float((p * dp).sum())
+    dq_max = float(((p * (dp - delta)) @ k64).abs().max() * scale)
+    print(f"  [{b},{h},{i},{d}] truth {truth:.4g} ref {ref:.4g} got {got:.4g} | max score {float(s.max()):.2f} "
+          f"top p {[round(float(x), 6) for x in top.values]} at keys {top.indices.tolist()} | delta {delta:.6g} "
+          f"| q[i,:2] {q64[i, :2].tolist()} do[i,:2] {do64[i, :2].tolist()} | |dq row| max {dq_max:.4g}")
 
 
 def sdpa_backend(backend, causal):
@@ -100,11 +99,7 @@ def sdpa_backend(backend, causal):
 
 
 def row_report(q, k, v, do, b, h, i, d, got, truth, ref):
-    scale = q.shape[-1] ** -0.5
-    q64, k64, v64, do64 = (t[b, h].double() for t in (q, k, v, do))
-    s = (q64[i] @ k64.t()) * scale
-    p = torch.softmax(s, 0)
-    top = torch.topk(p, 3)
+    scale, (q64, k64, v64, do64), s, p, top = row_softmax(q, k, v, do, b, h, i)
     o64 = p @ v64
     delta = float(do64[i] @ o64)
     o, lse, cdelta = attention_fwd_with_delta(q, k, v, do, False)
