@@ -14,6 +14,7 @@ import math
 import random
 import secrets
 import shutil
+import tempfile
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -436,13 +437,17 @@ class Harness:
 
     def _scratch(self, child: Child) -> Path:
         """A fresh directory per candidate: its only writable place, Triton's cache included (a shared cache would
-        let one candidate plant compiled kernels for the next)."""
-        scratch = self.workdir / f"scratch-{child.pid}"
-        (scratch / "triton").mkdir(parents=True, exist_ok=True)
-        return scratch
+        let one candidate plant compiled kernels for the next). Made new for each child, never found by its pid: a
+        directory a killed run left behind, or one an earlier child of a recycled pid still holds until its reaper
+        removes it, is not this child's."""
+        if child.scratch is None:
+            child.scratch = Path(tempfile.mkdtemp(prefix=f"scratch-{child.pid}-", dir=self.workdir))
+            (child.scratch / "triton").mkdir()
+        return child.scratch
 
     def _clean(self, child: Child) -> None:
-        shutil.rmtree(self.workdir / f"scratch-{child.pid}", ignore_errors=True)
+        if child.scratch is not None:
+            shutil.rmtree(child.scratch, ignore_errors=True)
 
     def _setup_msg(self, run: _Run, candidate: str | None, reference: Reference, scratch: Path) -> dict[str, Any]:
         return {

@@ -221,6 +221,7 @@ class Child:
         self.oom = False  # its memory bound killed it (set when closed)
         self.memory_bound_bytes = 0
         self.zygote_lost: ZygoteLost | None = None  # set when closing found the zygote lost
+        self.scratch: Path | None = None  # its scratch directory, once the harness made one (Harness._scratch)
         self.output_bytes = 0
         self.closed = False
         self._tail = bytearray()

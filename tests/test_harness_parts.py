@@ -59,3 +59,28 @@ def test_running_out_of_gpu_memory_is_the_harness_s_error_not_the_candidate_s(mo
                                CheckOptions(device="cpu", timeout_s=120))
     assert not result.accepted and result.reason is Reason.HARNESS_ERROR and result.stage is Stage.SMOKE
     assert "ran out of GPU memory" in result.message and "says nothing about the candidate" in result.message
+
+
+def test_each_child_gets_a_scratch_directory_of_its_own(tmp_path):
+    """A child's scratch (its Triton cache included) is made new, never found by its pid: what a killed run left
+    behind, or an earlier child of the same pid not yet reaped, is not handed to the next candidate, and reaping
+    one child does not remove another's."""
+    from sandbox.harness import Harness
+
+    harness = Harness.__new__(Harness)  # the scratch bookkeeping alone: no zygote
+    harness.workdir = tmp_path
+
+    class FakeChild:
+        pid, scratch = 4242, None
+
+    stale = tmp_path / "scratch-4242" / "triton"
+    stale.mkdir(parents=True)
+    (stale / "planted.json").write_text("{}")
+    first, second = FakeChild(), FakeChild()
+    a = harness._scratch(first)
+    assert harness._scratch(first) == a and list((a / "triton").iterdir()) == []
+    (a / "triton" / "kernel.cubin").write_bytes(b"first's")
+    b = harness._scratch(second)
+    assert b != a and list((b / "triton").iterdir()) == []
+    harness._clean(first)
+    assert not a.exists() and b.exists() and stale.exists()
