@@ -75,18 +75,16 @@ class SharedExclusive:
 RUNS = SharedExclusive()
 
 # Process-wide switches an alternate may set to pick an implementation: read before its run and put back after it
-# (a hook that leaks one would change every later reference of the process).
-_SWITCHES = (
-    ("flash_sdp", torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.enable_flash_sdp),
-    ("mem_efficient_sdp", torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.enable_mem_efficient_sdp),
-    ("math_sdp", torch.backends.cuda.math_sdp_enabled, torch.backends.cuda.enable_math_sdp),
-    ("cudnn_sdp", torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.enable_cudnn_sdp),
-)
+# (a hook that leaks one would change every later reference of the process). SDPA's backends, those this torch has.
+_SWITCHES = tuple((get, set_) for get, set_ in ((getattr(torch.backends.cuda, f"{name}_sdp_enabled", None),
+                                                  getattr(torch.backends.cuda, f"enable_{name}_sdp", None))
+                                                 for name in ("flash", "mem_efficient", "math", "cudnn"))
+                  if get is not None and set_ is not None)
 
 
 @contextmanager
 def _switches_kept() -> Iterator[None]:
-    saved = [(get(), set_) for _, get, set_ in _SWITCHES]
+    saved = [(get(), set_) for get, set_ in _SWITCHES]
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     try:
         yield
