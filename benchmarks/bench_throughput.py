@@ -181,8 +181,8 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         "best_speedup": (summary.final.timings.speedup_eager if summary.final is not None
                          else summary.best.timings.speedup_eager if summary.best is not None else None),
         "rejections": "; ".join(f"{k} x{n}" for k, n in why.most_common()), "rejection_examples": first,
-        "rejection_messages": [f"{c.stage}/{c.reason} ({(c.reply or '').strip().splitlines()[0][:80] if c.reply else c.origin}):"
-                               f" {c.message}" for _, c in mine if not c.accepted],
+        "rejection_messages": [f"{c.stage}/{c.reason} ({_proposed(c)}): {c.message}" for _, c in mine
+                               if not c.accepted],
         "seed_verdicts": [f"{'accepted' if c.accepted else 'rejected'}"
                           f"{'' if c.accepted else f' at {c.stage}/{c.reason}: {c.message[:300]}'}"
                           for _, c in verdicts if c.origin == "seed"]}
@@ -191,6 +191,13 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     laps = [laps_of(c.diagnostics) for _, c in mine if c.diagnostics]
     row["laps"] = {k: statistics.fmean(lap.get(k, 0.0) for lap in laps) for k in sorted({k for lap in laps for k in lap})}
     return row
+
+
+def _proposed(c: Any) -> str:
+    """What the candidate was: the first line of its proposal (the tuner's says which knob it turned), else its
+    origin."""
+    first = next((line for line in (c.reply or "").splitlines() if line.strip()), "")
+    return first.strip()[:80] or c.origin
 
 
 def environment(device: str) -> dict[str, str]:

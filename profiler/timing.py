@@ -279,7 +279,7 @@ def _round(plan: Plan, state: State, bench: Bench, events: _Events, rnd: int) ->
         state.reserved = reserve_outputs(state.watch_sample, copies, bench.dev, state.warnings) if plan.reserve else 0
         state.watch_sample = None
         state.segments_before = segments(bench.dev)
-        state.phase_s["reserve"] = time.monotonic() - t0  # inside the first timed round's seconds
+        state.lap("reserve", t0)  # inside the first timed round's seconds
     if rnd == plan.warm_rounds and plan.settle_ms:
         for n in plan.names:
             est = median(state.warm_ms[n]) if state.warm_ms[n] else 0.0
@@ -375,7 +375,7 @@ def _keep(plan: Plan, state: State, rnd: int, ks: list[int], outs: list[Any]) ->
         t0 = time.monotonic()
         state.prints.append({"call": i, "input_set": k, "at_return": fingerprint(out), "later": None,
                              "changed": False})
-        state.phase_s["fingerprints"] = state.phase_s.get("fingerprints", 0.0) + time.monotonic() - t0
+        state.lap("fingerprints", t0)
         if state.kept is None and ((plan.sample_every < plan.reps and i % plan.sample_every == 0)
                                    or i == plan.reps - 1):
             state.samples.append({"fn": plan.watch, "call": i, "input_set": k, "outputs": to_cpu(out)})

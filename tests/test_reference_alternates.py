@@ -62,11 +62,11 @@ def test_the_attention_backward_tasks_name_the_flash_backend():
 
 
 SWITCHING = """
-import threading, time
+import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 N = 8
-SEEN = []  # (math backend on, flash alone) as the reference's forward saw them
+SEEN = []  # whether SDPA's math backend was on, as the reference's forward saw it, call after call
 class Model(torch.nn.Module):
     def forward(self, x):
         for _ in range(20):
