@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .process import process_tree
+from .process import child_view, process_tree
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class Budget:
 BUDGETS = {"cpu": Budget(compile_s=15.0, margin_s=5.0, per_call=250.0),
            "cuda": Budget(compile_s=6.0, margin_s=4.0, per_call=20.0)}
 POLL_S = 0.5  # how often the signs of compilation are looked for, at most
+SCAN_ENTRIES = 1024  # entries of the candidate's cache looked at a poll (Triton's: a directory per kernel compiled)
 COMPILERS = frozenset({"ptxas", "gcc", "cc", "cc1", "as", "ld", "collect2", "clang", "nvlink", "fatbinary"})
 
 
@@ -65,25 +66,35 @@ class CompileSigns:
     their modification times) or a compiler process in its tree. Polled at most every POLL_S."""
 
     def __init__(self, cache_dir: Path, pid: int):
-        self.cache_dir, self.pid = cache_dir, pid
+        self.cache_dir, self.pid = child_view(pid, cache_dir), pid  # its own view: the scratch is a tmpfs of its own
         self.last: float | None = None
         self._state = self._cache_state()
         self._polled = 0.0
 
     def _cache_state(self) -> tuple[int, int]:
-        """(entries, newest modification time in ns) of the cache's top level: Triton puts each kernel's files in
-        a directory of its own, so a new file changes that directory's time."""
+        """(entries, newest modification time in ns) of the cache and its top level: Triton puts each kernel's
+        files in a directory of its own, so a new file changes that directory's time. The candidate can write
+        there: no link is followed and at most SCAN_ENTRIES are looked at (a new one changes the cache's own time)."""
         count, newest = 0, 0
         try:
-            with os.scandir(self.cache_dir) as entries:
+            fd = os.open(self.cache_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            return count, newest
+        try:
+            newest = os.fstat(fd).st_mtime_ns
+            with os.scandir(fd) as entries:
                 for e in entries:
                     count += 1
+                    if count > SCAN_ENTRIES:
+                        break
                     try:
                         newest = max(newest, e.stat(follow_symlinks=False).st_mtime_ns)
                     except OSError:
                         pass
         except OSError:
             pass
+        finally:
+            os.close(fd)
         return count, newest
 
     def _compiler_running(self) -> bool:

@@ -24,10 +24,10 @@ from typing import Any, Iterator
 
 import torch
 
-from . import channel, cudaipc, pyparse, stage_runners, static, verdict, wire
+from . import channel, compiled, cudaipc, pyparse, stage_runners, static, verdict, wire
 from .deadlines import BUDGETS, CompileSigns, Deadline
 from .gate import GpuGate
-from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost
+from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost, child_view
 from .records import CheckResult, ErrorInfo, Reason, Rejected, Stage, StageResult
 from .reference import Reference
 from .task import Task, load_task
@@ -88,6 +88,8 @@ class _Run:
     stage: Stage = Stage.STATIC
     fresh_build: bool = True  # the next call is the first since the model was built: Triton compiles in it
     signs: CompileSigns | None = None  # when the parent last saw the candidate's process compile
+    source_key: str = ""  # the candidate source's hash: its verified kernels are kept under it (sandbox.compiled)
+    kept_files: int = 0  # the files of its Triton cache kept for its later checks (verified only)
     # id(reference) -> (the parent's wall time of the fastest call at its shape, the reference's time there)
     walls: dict[int, tuple[float, float]] = field(default_factory=dict)
 
@@ -196,8 +198,9 @@ class Harness:
         seed = options.seed if options.seed is not None else secrets.randbits(31)
         stages: list[StageResult] = []
 
-        with open(candidate, "rb") as f:  # no more than the parser would look at
-            source = f.read(4 * pyparse.MAX_SOURCE_CHARS + 4).decode("utf-8", errors="replace")
+        with open(candidate, "rb") as f:  # no more than the parser would look at (a longer file fails the static stage)
+            raw = f.read(4 * pyparse.MAX_SOURCE_CHARS + 4)
+        source = raw.decode("utf-8", errors="replace")
         t0 = time.monotonic()
         finding = static.check_source(source, candidate.name)
         if finding is not None:
@@ -218,6 +221,7 @@ class Harness:
         run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages,
                    lending=cudaipc.Lending(cudaipc.lending_cap(self.device)))
         run.signs = CompileSigns(self._scratch(child) / "triton", child.pid)
+        run.source_key = compiled.source_key(raw)
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
         with self._parent_stream(run):  # this check's parent-side GPU work, ordered apart from other checks'
@@ -250,6 +254,8 @@ class Harness:
                     seconds=time.monotonic() - run.stage_start, error=ErrorInfo.from_exception(exc)))
             finally:
                 lost = self.zygote.health()  # what the candidate did to the zygote, before its process is ended
+                if lost is None:
+                    self._keep_compiled(run)
                 with run.lap("close"):
                     self._retire(child, run.lending)
                 lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
@@ -257,6 +263,14 @@ class Harness:
             self._blame_for_zygote(run, lost)
         return verdict.assemble(self.device, task_obj, candidate, stages, start, timing,
                                 network_isolated=run.network_isolated, run=run)
+
+    def _keep_compiled(self, run: _Run) -> None:
+        """A verified candidate's kernels, kept for its own later checks (sandbox.compiled): read from its process's
+        own view of its cache while that process is alive."""
+        if all(s.passed for s in run.stages) and run.stages[-1].stage in (Stage.ROBUSTNESS, Stage.TIMING):
+            with run.lap("keep_compiled"):
+                run.kept_files = compiled.STORE.keep(run.source_key, compiled.read_cache(
+                    child_view(run.child.pid, self._scratch(run.child) / "triton")))
 
     def _spawn(self, deadline: float) -> Child:
         """The candidate's process; one retry with a fresh zygote if the warm one turns out lost."""
@@ -457,6 +471,7 @@ class Harness:
             "cpu_seconds": int(max(60, 4 * run.options.timeout_s)),
             "allow_compute": run.task.meta.allow_torch_compute, "seed": reference.model_seed,
             "init_inputs": reference.init_inputs(), "state_dict": reference.state_dict(),
+            "compiled": compiled.STORE.files(run.source_key) if candidate is not None else (),
         }
 
 

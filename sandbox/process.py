@@ -334,6 +334,12 @@ def process_state(pid: int) -> str | None:
         return None
 
 
+def child_view(pid: int, path: str | os.PathLike) -> str:
+    """`path` as the process `pid` sees it: through its root, in its own mount namespace (the candidate's scratch
+    tmpfs, sandbox/policy.py, is not at that path on the host: the host's directory stays empty)."""
+    return f"/proc/{pid}/root{os.path.abspath(os.fspath(path))}"
+
+
 def process_tree(pid: int, limit: int = 256) -> list[int]:
     """`pid` and its descendants (at most `limit`), from /proc/<pid>/task/<tid>/children."""
     found, queue = [], [pid]

@@ -46,6 +46,7 @@ def compile_candidate(harness: Harness, run: _Run) -> tuple[Reference, dict[str,
     laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
     return reference, {"network_isolated": run.network_isolated, "reference_s": reference_s,
                        "filesystem_read_only": bool(reply.get("filesystem_read_only")),
+                       "planted_files": len(msg["compiled"]),  # its own kept kernels sent (sandbox.compiled)
                        "capabilities_dropped": bool(reply.get("capabilities_dropped")),
                        "walls": reply.get("walls") if isinstance(reply.get("walls"), dict) else {}, **laps}
 

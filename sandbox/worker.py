@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import carry, channel, cudaipc, policy, timing_child, trace
+from . import carry, channel, compiled, cudaipc, policy, timing_child, trace
 from .records import ErrorInfo, Reason
 
 CANDIDATE_MODULE = "crucible_candidate"
@@ -104,6 +104,9 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # compile in this process: no worker pool to start
     state["policy"] = policy.apply(pol)
     laps["confine_s"] = lap()
+    with policy.trusted():  # this source's own kernels from a verified earlier check (sandbox.compiled), written
+        compiled.plant(msg["triton_cache"], msg.get("compiled") or ())  # before any candidate code runs
+    laps["plant_s"] = lap()
     walls = pol.walls()  # taken before any candidate code runs
     state.update(device=device, allow_compute=msg["allow_compute"])
     state["flags"] = _flags()

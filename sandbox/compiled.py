@@ -1,0 +1,170 @@
+"""A verified candidate's compiled kernels, kept for its own later checks.
+
+A duel's legs and the final re-check run the same source again in fresh processes, and each would compile every
+kernel anew (on the H200, 1.5-3 s a check for the memory-bound seeds, 6-7 s for attention). What the Triton cache of
+a verified check held is kept here, in the parent's memory, under the hash of the candidate's source; a later check
+of the very same source gets the files in its setup message, and its process writes them into its own cache (the
+scratch tmpfs, sandbox/policy.py) before the candidate is imported. Another source never sees them: nothing is kept
+on the host's disk, where every candidate's process can read (the host's files are only made read-only for it).
+The files give a process nothing the same source could not make itself: whatever the first process wrote into its
+cache, the same source may write again.
+
+The parent reads the cache through the child's own view of its files (/proc/PID/root: the tmpfs exists only in the
+child's mount namespace) while the child is alive, after its last stage. The candidate wrote those files, so they
+are read as untrusted data: only Triton's layout (a directory per kernel, files in it), names of a safe alphabet,
+regular files opened relative to their directory with O_NOFOLLOW (no link followed, no device or pipe opened),
+within caps on files and bytes; the store's least recently used entries go first.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+import threading
+from collections import OrderedDict
+
+Files = tuple[tuple[str, bytes], ...]  # ("<kernel directory>/<file>", contents), sorted
+
+MAX_FILES = 4096  # files one kept cache may hold (autotuned kernels: a directory per configuration)
+MAX_BYTES = 128 << 20  # bytes one kept cache may hold (a seed's kernels: a few MB)
+TOTAL_BYTES = 1 << 30  # bytes of all kept caches in the parent's memory
+_DIR = re.compile(r"[A-Za-z0-9_\-]{1,128}")
+_FILE = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,254}")
+_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def source_key(source: bytes) -> str:
+    return hashlib.sha256(source).hexdigest()
+
+
+def valid_name(rel: object) -> bool:
+    """Whether `rel` is a path of Triton's cache layout: '<kernel directory>/<file>', a safe alphabet, no '..'."""
+    if not isinstance(rel, str) or rel.count("/") != 1:
+        return False
+    d, f = rel.split("/")
+    return bool(_DIR.fullmatch(d)) and bool(_FILE.fullmatch(f)) and ".." not in f
+
+
+def read_cache(root: str) -> Files | None:
+    """The regular files of a Triton cache at `root`, in its layout (anything else is left out: links, special
+    files, deeper directories, odd names); None where the root cannot be opened as a directory or the files pass
+    MAX_FILES or MAX_BYTES."""
+    try:
+        top = os.open(root, _FLAGS | os.O_DIRECTORY)
+    except OSError:
+        return None
+    files: list[tuple[str, bytes]] = []
+    total = 0
+    try:
+        for d in sorted(os.listdir(top)):
+            if not _DIR.fullmatch(d):
+                continue
+            try:
+                sub = os.open(d, _FLAGS | os.O_DIRECTORY, dir_fd=top)
+            except OSError:
+                continue  # a link, a file, gone
+            try:
+                for f in sorted(os.listdir(sub)):
+                    if not valid_name(f"{d}/{f}"):
+                        continue
+                    data = _read_regular(sub, f, MAX_BYTES - total)
+                    if data is None:
+                        continue
+                    if len(files) >= MAX_FILES or total + len(data) > MAX_BYTES:
+                        return None
+                    files.append((f"{d}/{f}", data))
+                    total += len(data)
+            finally:
+                os.close(sub)
+    except (OSError, _TooBig):
+        return None
+    finally:
+        os.close(top)
+    return tuple(files)
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _read_regular(dir_fd: int, name: str, room: int) -> bytes | None:
+    """A regular file's bytes (None for anything else); _TooBig past `room` bytes."""
+    try:
+        fd = os.open(name, _FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)  # O_NONBLOCK: a FIFO does not wait for a writer
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, got = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            got += len(chunk)
+            if got > room:
+                raise _TooBig()
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def plant(cache_dir: str, files: Files) -> int:
+    """Write kept files into a fresh process's own cache (the worker, before the candidate is imported); the files
+    written. Names are checked again; an existing file is left as it is."""
+    written = 0
+    for rel, data in files:
+        if not valid_name(rel) or not isinstance(data, bytes):
+            continue
+        d, f = rel.split("/")
+        os.makedirs(os.path.join(cache_dir, d), exist_ok=True)
+        try:
+            fd = os.open(os.path.join(cache_dir, d, f), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, 0o600)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        written += 1
+    return written
+
+
+class Store:
+    """Kept caches by source key, least recently used first, within TOTAL_BYTES; safe across the check slots'
+    threads (a duel's leg on another slot finds what a check kept)."""
+
+    def __init__(self, total_bytes: int = TOTAL_BYTES) -> None:
+        self.total_bytes = total_bytes
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[str, Files] = OrderedDict()
+        self._bytes = 0
+
+    def files(self, key: str) -> Files:
+        with self._lock:
+            if key not in self._kept:
+                return ()
+            self._kept.move_to_end(key)
+            return self._kept[key]
+
+    def keep(self, key: str, files: Files | None) -> int:
+        """Keep `files` under `key` (replacing what was kept: the later check's cache holds the earlier one's and
+        what it compiled since); the files kept (0: nothing to keep, or a name outside the layout)."""
+        if not files or not all(valid_name(rel) and isinstance(data, bytes) for rel, data in files):
+            return 0
+        size = sum(len(data) for _, data in files)
+        if len(files) > MAX_FILES or size > min(MAX_BYTES, self.total_bytes):
+            return 0
+        with self._lock:
+            old = self._kept.pop(key, None)
+            self._bytes -= sum(len(data) for _, data in old) if old else 0
+            self._kept[key] = files
+            self._bytes += size
+            while self._bytes > self.total_bytes:
+                _, gone = self._kept.popitem(last=False)
+                self._bytes -= sum(len(data) for _, data in gone)
+        return len(files)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._kept)
+
+
+STORE = Store()  # the parent's: every harness of the process, every GPU's check slots
