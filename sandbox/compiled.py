@@ -1,13 +1,13 @@
 """A verified candidate's compiled kernels, kept for its own later checks.
 
 A duel's legs and the final re-check run the same source again in fresh processes, and each would compile every
-kernel anew (on the H200, 1.5-3 s a check for the memory-bound seeds, 6-7 s for attention). What the Triton cache of
-a verified check held is kept here, in the parent's memory, under the hash of the candidate's source; a later check
-of the very same source gets the files in its setup message, and its process writes them into its own cache (the
-scratch tmpfs, sandbox/policy.py) before the candidate is imported. Another source never sees them: nothing is kept
-on the host's disk, where every candidate's process can read (the host's files are only made read-only for it).
-The files give a process nothing the same source could not make itself: whatever the first process wrote into its
-cache, the same source may write again.
+kernel anew (on the H200, 1.2-3.1 s a check for the memory-bound tasks, 6.0-7.0 s for attention: the compile column
+of docs/BENCHMARKS.md's search throughput). What the Triton cache of a verified check held is kept here, in the
+parent's memory, under the hash of the candidate's source; a later check of the very same source gets the files in
+its setup message, and its process writes them into its own cache (the scratch tmpfs, sandbox/policy.py) before the
+candidate is imported. Another source never sees them: nothing is kept on the host's disk, where every candidate's
+process can read (the host's files are only made read-only for it). The files give a process nothing the same source
+could not make itself: whatever the first process wrote into its cache, the same source may write again.
 
 The parent reads the cache through the child's own view of its files (/proc/PID/root: the tmpfs exists only in the
 child's mount namespace) while the child is alive, after its last stage. The candidate wrote those files, so they

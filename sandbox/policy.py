@@ -14,8 +14,8 @@ calls libc through ctypes), in the order they are raised:
     tensors by raw CUDA IPC handles, sandbox.cudaipc, which need nothing in /dev/shm). The scratch directory itself
     becomes a size-limited tmpfs of the candidate's own (`scratch_bound_bytes`, CRUCIBLE_SCRATCH_GIB, default 2 GiB): the
     host's disk never fills, the pages count against the memory bound too, and a write past the bound fails with
-    ENOSPC, which the verdict names. The parent reads nothing from the scratch directory (it only removes it), so
-    nothing the candidate writes there needs to reach the host.
+    ENOSPC, which the verdict names. Nothing the candidate writes there reaches the host; the parent reads only the
+    Triton cache, through the child's own view of it and as untrusted data (sandbox.compiled, sandbox.deadlines).
   - seccomp (sandbox.seccomp): no socket of any family, no ptrace, no mount or namespace calls, no new session, no
     signal to any process but itself and its own process group.
   - capabilities: an empty bounding set and no effective/permitted capabilities, so even a root child cannot undo
