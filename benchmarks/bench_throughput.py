@@ -17,8 +17,11 @@ against eager on the GPU. What is reported, per task:
 - the GPU's idle fraction: the share of the window in which no gated GPU work (a check's call, reference or
   comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
   machine has pynvml; the parent process's CPU seconds over the run's wall time (near one core: its threads, which
-  prepare inputs, references and comparisons for every slot, queue on its interpreter lock).
-
+  prepare inputs, references and comparisons for every slot, queue on its interpreter lock);
+- how long the gate was held a candidate for each kind of work (`gate_held`, printed): exclusive:time is the
+  measurement, shared:call / soak / rebuild / samples / prepare_timing the candidate's requests, shared:inputs /
+  reference / compare / timing_inputs / timing_validate the parent's own steps. Shared holds overlap, so their sum
+  may pass the window; a long one is what a waiting timing, and every check behind it, waits for.
 - the starting kernel's speedup over eager and the best kernel's at the end (its final re-check): whether the search
   found kernels at least as fast;
 - the rejected candidates by stage and reason (`rejections`), one message of each kind printed; and how many of the
@@ -127,7 +130,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     from agent.search.executors import LocalExecutor
     from agent.search.loop import EventKind, RunConfig, run_search
     from agent.search.tuner import compiled_signature
-    from sandbox.gate import EXCLUSIVE, busy_seconds
+    from sandbox.gate import EXCLUSIVE, busy_seconds, held_by_work
 
     verdicts: list[tuple[float, Any]] = []  # (when, candidate) of every verdict, in order
 
@@ -190,6 +193,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         row[f"{key}_s"] = statistics.fmean(p[key] for p in parts) if parts else None
     laps = [laps_of(c.diagnostics) for _, c in mine if c.diagnostics]
     row["laps"] = {k: statistics.fmean(lap.get(k, 0.0) for lap in laps) for k in sorted({k for lap in laps for k in lap})}
+    row["gate_held"] = {k: v / len(mine) for k, v in held_by_work(holds, start, end).items()} if mine else {}
     return row
 
 
@@ -228,7 +232,9 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
             f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "
             f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%, "
             f"the parent's CPU {f(row['parent_cpu_frac'], '.0%')} of a core"
-            f"  (stopped: {row['stop_reason']})\n  laps a candidate (s): " +
+            f"  (stopped: {row['stop_reason']})\n  the GPU's gate held a candidate (s): " +
+            ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("gate_held", {}).items(), key=lambda kv: -kv[1])) +
+            "\n  laps a candidate (s): " +
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("laps", {}).items(), key=lambda kv: -kv[1])
                       if k not in ("total_s", "calls") and v >= 0.05) +
             "".join(f"\n  rejected {k}: {m}" for k, m in row.get("rejection_examples", {}).items()) +

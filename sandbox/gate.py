@@ -37,6 +37,7 @@ class Hold:
     start: float
     end: float
     waited_s: float
+    work: str = ""  # what it was held for: the request's op (call, soak, time...) or the parent's step (reference...)
 
 
 class GpuGate:
@@ -56,7 +57,7 @@ class GpuGate:
         self._turns = threading.BoundedSemaphore(TIMING_TURNS)
 
     @contextmanager
-    def shared(self, holder: str = "") -> Iterator[float]:
+    def shared(self, holder: str = "", work: str = "") -> Iterator[float]:
         """Hold the GPU together with other shared holders; yields the seconds spent waiting."""
         asked = time.monotonic()
         with self._cond:
@@ -70,11 +71,11 @@ class GpuGate:
             end = time.monotonic()
             with self._cond:
                 self._shared -= 1
-                self._log.append(Hold(SHARED, holder, start, end, start - asked))
+                self._log.append(Hold(SHARED, holder, start, end, start - asked, work))
                 self._cond.notify_all()
 
     @contextmanager
-    def exclusive(self, holder: str = "") -> Iterator[float]:
+    def exclusive(self, holder: str = "", work: str = "") -> Iterator[float]:
         """Hold the GPU alone; yields the seconds spent waiting for the shared holders to finish."""
         asked = time.monotonic()
         with self._cond:
@@ -92,7 +93,7 @@ class GpuGate:
             end = time.monotonic()
             with self._cond:
                 self._exclusive = False
-                self._log.append(Hold(EXCLUSIVE, holder, start, end, start - asked))
+                self._log.append(Hold(EXCLUSIVE, holder, start, end, start - asked, work))
                 self._cond.notify_all()
 
     @contextmanager
@@ -155,6 +156,18 @@ def busy_seconds(holds: list[Hold], since: float, until: float) -> float:
             total += end - max(start, reach)
             reach = end
     return total
+
+
+def held_by_work(holds: list[Hold], since: float, until: float) -> dict[str, float]:
+    """Seconds of [since, until] the holds of each kind of work lasted, summed (shared holds overlap, so the sum may
+    pass the window): which work keeps a timing waiting, and the other checks behind it."""
+    out: dict[str, float] = {}
+    for h in holds:
+        span = min(h.end, until) - max(h.start, since)
+        if span > 0:
+            key = f"{h.mode}:{h.work or '?'}"
+            out[key] = out.get(key, 0.0) + span
+    return out
 
 
 def overlapping_exclusive(holds: list[Hold]) -> list[tuple[Hold, Hold]]:

@@ -344,14 +344,14 @@ class Harness:
         return torch.cuda.stream(self._streams[run.options.gpu])
 
     @contextmanager
-    def _gpu(self, run: _Run, exclusive: bool = False) -> Iterator[None]:
-        """The GPU for work of this check, through its gate (CheckOptions.gate) when it has one: shared with the
+    def _gpu(self, run: _Run, exclusive: bool = False, work: str = "") -> Iterator[None]:
+        """The GPU for `work` of this check, through its gate (CheckOptions.gate) when it has one: shared with the
         other checks on the GPU, or alone for the timing stage. The wait moves the check's deadline back."""
         gate = run.options.gate
         if gate is None:
             yield
             return
-        with (gate.exclusive if exclusive else gate.shared)(run.candidate.name) as waited:
+        with (gate.exclusive if exclusive else gate.shared)(run.candidate.name, work) as waited:
             run.deadline += waited
             lap = "timing_wait" if exclusive else "gpu_wait"
             run.laps[lap] = run.laps.get(lap, 0.0) + waited
@@ -367,7 +367,7 @@ class Harness:
         op = msg.get("op")
         ungated = op == "setup" or (op == "call" and run.fresh_build)
         run.fresh_build = op in ("setup", "rebuild")
-        with nullcontext() if ungated else self._gpu(run, exclusive):
+        with nullcontext() if ungated else self._gpu(run, exclusive, str(op)):
             if within is not None:  # the deadline counts from the turn at the gate, under the moved ceiling
                 within.start, within.ceiling = time.monotonic(), run.deadline
             return self._request_child(run, stage, msg, max_bytes, within)

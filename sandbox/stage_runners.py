@@ -53,7 +53,7 @@ def compile_candidate(harness: Harness, run: _Run) -> tuple[Reference, dict[str,
 
 def smoke(harness: Harness, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
     seed = run.rng.randrange(1 << 31)
-    with run.lap("inputs"), harness._gpu(run):
+    with run.lap("inputs"), harness._gpu(run, work="inputs"):
         inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], run.device)
     reply, expected = call(harness, run, Stage.SMOKE, reference, inputs)
     first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
@@ -68,7 +68,7 @@ def correctness(harness: Harness, run: _Run, reference: Reference,
     rest = list(run.task.meta.distributions[1:])
     run.rng.shuffle(rest)  # no fixed order of calls to count on
     for dist in rest:
-        with run.lap("inputs"), harness._gpu(run):
+        with run.lap("inputs"), harness._gpu(run, work="inputs"):
             inputs = run.task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
         reply, expected = call(harness, run, Stage.CORRECTNESS, reference, inputs)
         compare(harness, run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
@@ -102,7 +102,7 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
                                                   "state_dict": vref.state_dict(),
                                                   "seed": reference.model_seed},
                           within=run.within("the rebuild at a new shape"))
-        with run.lap("inputs"), harness._gpu(run):
+        with run.lap("inputs"), harness._gpu(run, work="inputs"):
             inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
         reply, expected = call(harness, run, Stage.ROBUSTNESS, vref, inputs)
         label = "shape " + ", ".join(f"{k}={v}" for k, v in variant.items())
@@ -132,12 +132,12 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
     n = soak_length(run.rng, seconds, run.device.split(":")[0])
     checked = sorted({n - 1} | set(run.rng.sample(range(n - 1), 1)))  # each costs a reference and a compare
     dists = task.meta.distributions
-    with run.lap("inputs"), harness._gpu(run):
+    with run.lap("inputs"), harness._gpu(run, work="inputs"):
         base = [task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
                 for dist in (dists[0], run.rng.choice(dists))]
     expected = []
     for k in checked:
-        with run.lap("reference"), harness._gpu(run):
+        with run.lap("reference"), harness._gpu(run, work="reference"):
             expected.append(reference.run(derive(base, k, task.meta.fixed_inputs)))
     per_slice = max(1, -(-n // SOAK_SLICES), int(SOAK_SLICE_S / max(run.own_s(reference) or seconds, 1e-6)))
     outs: list[Any] = []
@@ -210,7 +210,7 @@ def _return_cached(run: _Run) -> None:
 def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
          expected: Expected | None = None) -> tuple[dict[str, Any], Expected]:
     if expected is None:
-        with run.lap("reference"), harness._gpu(run):
+        with run.lap("reference"), harness._gpu(run, work="reference"):
             expected = reference.run(inputs)
     used: set[int] = set()
     with run.lap("ship"):
@@ -254,7 +254,7 @@ def compare(harness: Harness, run: _Run, stage: Stage, outs: list[torch.Tensor],
     meta = run.task.meta
     for i, got in enumerate(outs):
         truth = expected.truth[i] if expected.truth is not None else None
-        with run.lap("compare"), harness._gpu(run):
+        with run.lap("compare"), harness._gpu(run, work="compare"):
             mismatch = tolerance.compare(f"output {i}", got.to(expected.ref[i].device), expected.ref[i], truth,
                                          allow_tf32=meta.allow_tf32, scale=meta.tolerance_scale,
                                          alternates=expected.alternates_for(i))

@@ -98,7 +98,8 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
 
     task, opts = run.task, run.options
     seeds = [run.rng.randrange(1 << 31) for _ in range(BASE_SETS)]
-    with harness._gpu(run):  # the parent's own GPU work shares the gate; only the child's measurement holds it alone
+    # The parent's own GPU work shares the gate; only the child's measurement holds it alone.
+    with harness._gpu(run, work="timing_inputs"):
         base = [task.make_inputs(s, "normal", run.device) for s in seeds]
         specs = reference.output_specs(base[0])  # the reference alone: no float64 truth to size the transfers
         out_bytes = spec_bytes(specs)
@@ -137,7 +138,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         if defer:  # after the exclusive turn: the calls to check are picked now, and copied while other checks run
             measured["samples"], problems = _fetch_samples(harness, run, reply, specs, msg["burst"])
         t_fetch = time.monotonic()
-    with harness._gpu(run):
+    with harness._gpu(run, work="timing_validate"):
         if defer:
             problems += _changed_after_return(measured["samples"], measured, run.device)
         problems += _validate(run, reference, base, measured, reply["n_sets"]) if candidate else []

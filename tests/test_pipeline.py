@@ -16,7 +16,7 @@ from agent.archive.store import Archive
 from agent.search.executors import CHECKS_PER_GPU, LocalExecutor
 from agent.llm.fake import FakeProvider
 from agent.search.loop import RunConfig, run_search
-from sandbox.gate import EXCLUSIVE, SHARED, GpuGate, Hold, busy_seconds, overlapping_exclusive
+from sandbox.gate import EXCLUSIVE, SHARED, GpuGate, Hold, busy_seconds, held_by_work, overlapping_exclusive
 from sandbox.records import CheckResult, Reason, Stage, StageResult, Verdict
 from tests.test_loop import GOOD, SYNTAX_ERROR, WRONG, fenced
 from tests.test_loop import task as task  # noqa: F401 - the fixture
@@ -202,6 +202,15 @@ def test_busy_seconds_is_the_union_of_the_holds():
     assert overlapping_exclusive(holds + [Hold(SHARED, "d", 5.5, 7.0, 0.0)]) != []
 
 
+def test_the_gate_s_holds_are_summed_by_the_work_they_were_for():
+    holds = [Hold(SHARED, "a", 0.0, 2.0, 0.0, "reference"), Hold(SHARED, "b", 1.0, 3.0, 0.0, "reference"),
+             Hold(SHARED, "b", 3.0, 4.0, 0.0, "call"), Hold(EXCLUSIVE, "c", 5.0, 6.0, 0.0, "time")]
+    assert held_by_work(holds, 0.0, 10.0) == pytest.approx({"shared:reference": 4.0, "shared:call": 1.0,
+                                                             "exclusive:time": 1.0})
+    assert held_by_work(holds, 1.5, 5.5) == pytest.approx({"shared:reference": 2.0, "shared:call": 1.0,
+                                                            "exclusive:time": 0.5})
+
+
 # ---- slots ------------------------------------------------------------------------------------------------------
 
 def test_k_slots_per_gpu_share_one_gate(task, tmp_path, monkeypatch):
@@ -350,6 +359,9 @@ def test_real_harness_three_at_once_matches_the_serial_path(task, tmp_path):
     assert serial["good"][:3] == ("accepted", "robustness", "ok") and serial["wrong"][2] == "output_mismatch"
     shared = sorted(holds, key=lambda h: h.start)
     assert {h.mode for h in holds} == {SHARED} and len({h.holder for h in holds}) >= 3
+    # each hold says what it was for: the parent's steps and the candidate's requests (its first call, which
+    # compiles, takes no turn)
+    assert {"inputs", "reference", "compare", "call", "soak", "rebuild"} <= {h.work for h in holds}
     assert any(b.start < a.end and a.holder != b.holder for a, b in zip(shared, shared[1:]))
 
 
