@@ -59,3 +59,21 @@ def test_honest_kernel_is_timed_and_stable(harness):
         assert r.timing["roofline"]["pct_of_roofline"] < 100
     ms_a, ms_b = a.timing["candidate_ms"], b.timing["candidate_ms"]
     assert abs(ms_a - ms_b) / min(ms_a, ms_b) < 0.1, (ms_a, ms_b)
+
+
+def test_a_verified_source_s_later_check_starts_with_its_own_compiled_kernels(harness, tmp_path):
+    """The first check compiles and, verified, keeps its Triton cache (sandbox/compiled.py); the next check of the same
+    source gets it before the import, so its first call compiles nothing; another source starts empty."""
+    source = tmp_path / "rmsnorm_kept.py"
+    source.write_bytes(HONEST.read_bytes() + b"\n# a source of this test's own: nothing kept for it yet\n")
+    first = harness.check(RMSNORM, source, CheckOptions(timing=False))
+    assert first.accepted, first.message
+    assert first.stages[1].details["planted_files"] == 0 and first.costs["kept_files"] > 0
+    again = harness.check(RMSNORM, source, CheckOptions(timing=False))
+    assert again.accepted, again.message
+    assert again.stages[1].details["planted_files"] == first.costs["kept_files"]
+    smoke = [r.stages[2] for r in (first, again)]
+    assert all(s.stage is Stage.SMOKE for s in smoke)
+    print(f"the smoke stage (its first call compiles): {smoke[0].seconds:.2f} s; with the kept kernels "
+          f"{smoke[1].seconds:.2f} s")
+    assert smoke[1].seconds < smoke[0].seconds
