@@ -38,7 +38,7 @@ def test_parent_empties_its_cache_after_the_reference_and_before_the_child_times
         raise _ChildAsked
 
     @contextlib.contextmanager
-    def gpu(run, exclusive=False):  # the harness's gate: the parent's own work takes it shared
+    def gpu(run, exclusive=False, work=""):  # the harness's gate: the parent's own work takes it shared
         events.append("gate: alone" if exclusive else "gate: shared")
         yield
         events.append("gate: given back")

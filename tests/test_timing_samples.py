@@ -62,7 +62,7 @@ class _Child:
         return {"ok": True, "samples": samples}
 
     @contextlib.contextmanager
-    def _gpu(self, run, exclusive=False):
+    def _gpu(self, run, exclusive=False, work=""):
         self.events.append("gate: alone" if exclusive else "gate: shared")
         yield
 
