@@ -27,6 +27,7 @@ from collections import OrderedDict
 Files = tuple[tuple[str, bytes], ...]  # ("<kernel directory>/<file>", contents), sorted
 
 MAX_FILES = 4096  # files one kept cache may hold (autotuned kernels: a directory per configuration)
+MAX_ENTRIES = 4 * MAX_FILES  # directory entries looked at, kept or not (links, odd names, empty directories)
 MAX_BYTES = 128 << 20  # bytes one kept cache may hold (a seed's kernels: a few MB)
 TOTAL_BYTES = 1 << 30  # bytes of all kept caches in the parent's memory
 _DIR = re.compile(r"[A-Za-z0-9_\-]{1,128}")
@@ -34,8 +35,11 @@ _FILE = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,254}")
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def source_key(source: bytes) -> str:
-    return hashlib.sha256(source).hexdigest()
+def check_key(source: bytes, task: str, overrides: dict[str, int], device: str) -> str:
+    """What a cache is kept under: the candidate's source, as the parent read it and the child runs it, checked
+    against one task at one size on one kind of device."""
+    scope = f"{task}\0{sorted(overrides.items())}\0{device}\0".encode()
+    return hashlib.sha256(scope + source).hexdigest()
 
 
 def valid_name(rel: object) -> bool:
@@ -48,16 +52,16 @@ def valid_name(rel: object) -> bool:
 
 def read_cache(root: str) -> Files | None:
     """The regular files of a Triton cache at `root`, in its layout (anything else is left out: links, special
-    files, deeper directories, odd names); None where the root cannot be opened as a directory or the files pass
-    MAX_FILES or MAX_BYTES."""
+    files, deeper directories, odd names); None where the root cannot be opened as a directory, or past MAX_ENTRIES
+    entries looked at (kept or not), MAX_FILES files or MAX_BYTES."""
     try:
         top = os.open(root, _FLAGS | os.O_DIRECTORY)
     except OSError:
         return None
     files: list[tuple[str, bytes]] = []
-    total = 0
+    seen = [0, 0]  # entries looked at, bytes kept
     try:
-        for d in sorted(os.listdir(top)):
+        for d in _names(top, seen):
             if not _DIR.fullmatch(d):
                 continue
             try:
@@ -65,43 +69,59 @@ def read_cache(root: str) -> Files | None:
             except OSError:
                 continue  # a link, a file, gone
             try:
-                for f in sorted(os.listdir(sub)):
+                for f in _names(sub, seen):
                     if not valid_name(f"{d}/{f}"):
                         continue
-                    data = _read_regular(sub, f, MAX_BYTES - total)
+                    data = _read_regular(sub, f, MAX_BYTES - seen[1])
                     if data is None:
                         continue
-                    if len(files) >= MAX_FILES or total + len(data) > MAX_BYTES:
+                    if len(files) >= MAX_FILES:
                         return None
                     files.append((f"{d}/{f}", data))
-                    total += len(data)
+                    seen[1] += len(data)
             finally:
                 os.close(sub)
-    except (OSError, _TooBig):
+    except (OSError, _TooMany):
         return None
     finally:
         os.close(top)
-    return tuple(files)
+    return tuple(sorted(files))
 
 
-class _TooBig(Exception):
+class _TooMany(Exception):
     pass
 
 
+def _names(dir_fd: int, seen: list[int]) -> list[str]:
+    """The names in a directory, counted into seen[0] as they are read; _TooMany past MAX_ENTRIES in all (so a
+    candidate's millions of entries are never all listed)."""
+    names = []
+    with os.scandir(dir_fd) as entries:
+        for e in entries:
+            seen[0] += 1
+            if seen[0] > MAX_ENTRIES:
+                raise _TooMany()
+            names.append(e.name)
+    return names
+
+
 def _read_regular(dir_fd: int, name: str, room: int) -> bytes | None:
-    """A regular file's bytes (None for anything else); _TooBig past `room` bytes."""
+    """A regular file's bytes (None for anything else); _TooMany past `room` bytes (its size, or what it grew to)."""
     try:
         fd = os.open(name, _FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)  # O_NONBLOCK: a FIFO does not wait for a writer
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
+        if st.st_size > room:
+            raise _TooMany()
         chunks, got = [], 0
         while chunk := os.read(fd, 1 << 20):
             got += len(chunk)
             if got > room:
-                raise _TooBig()
+                raise _TooMany()
             chunks.append(chunk)
         return b"".join(chunks)
     finally:

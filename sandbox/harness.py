@@ -88,7 +88,8 @@ class _Run:
     stage: Stage = Stage.STATIC
     fresh_build: bool = True  # the next call is the first since the model was built: Triton compiles in it
     signs: CompileSigns | None = None  # when the parent last saw the candidate's process compile
-    source_key: str = ""  # the candidate source's hash: its verified kernels are kept under it (sandbox.compiled)
+    source: bytes = b""  # the candidate's file as the parent read it: what the static stage saw and the child runs
+    source_key: str = ""  # what its verified kernels are kept under (sandbox.compiled)
     kept_files: int = 0  # the files of its Triton cache kept for its later checks (verified only)
     # id(reference) -> (the parent's wall time of the fastest call at its shape, the reference's time there)
     walls: dict[int, tuple[float, float]] = field(default_factory=dict)
@@ -221,7 +222,8 @@ class Harness:
         run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages,
                    lending=cudaipc.Lending(cudaipc.lending_cap(self.device)))
         run.signs = CompileSigns(self._scratch(child) / "triton", child.pid)
-        run.source_key = compiled.source_key(raw)
+        run.source = raw
+        run.source_key = compiled.check_key(raw, str(task_obj.path), dict(task_obj.overrides), self.device)
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None
         with self._parent_stream(run):  # this check's parent-side GPU work, ordered apart from other checks'
@@ -471,7 +473,11 @@ class Harness:
             "cpu_seconds": int(max(60, 4 * run.options.timeout_s)),
             "allow_compute": run.task.meta.allow_torch_compute, "seed": reference.model_seed,
             "init_inputs": reference.init_inputs(), "state_dict": reference.state_dict(),
-            "compiled": compiled.STORE.files(run.source_key) if candidate is not None else (),
+            "source": run.source if candidate is not None else None,
+            # its own kept kernels; none where the seed is fixed: the same inputs again, which outputs the candidate
+            # stored in its cache could answer
+            "compiled": compiled.STORE.files(run.source_key) if candidate is not None and run.options.seed is None
+            else (),
         }
 
 

@@ -15,6 +15,7 @@ is imported; the worker keeps its own references.
 from __future__ import annotations
 
 import importlib.util
+import linecache
 import mmap
 import os
 import sys
@@ -64,6 +65,15 @@ def main(sock_fd: int, out_fd: int, shared_fd: int) -> None:
             channel.send_to_parent(sock_fd, reply, shared)
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _exec_source(module: Any, source: bytes, path: str) -> None:
+    """Run `source` as the candidate module's code, under its file's name (the trace knows the candidate's frames by
+    it). Its lines go into linecache first, so what Triton reads to compile a kernel (inspect.getsourcelines) and
+    what a traceback shows are these bytes, not the file's."""
+    text = importlib.util.decode_source(source)
+    linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)  # no mtime: never reloaded
+    exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
 
 
 def _failure(reason: Reason, message: str, exc: BaseException | None = None) -> dict[str, Any]:
@@ -122,7 +132,10 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[CANDIDATE_MODULE] = module
     try:
-        spec.loader.exec_module(module)
+        if msg.get("source") is None:
+            spec.loader.exec_module(module)
+        else:  # the bytes the parent read and checked, never the file again (it may have changed since)
+            _exec_source(module, msg["source"], msg["candidate"])
     except BaseException as exc:
         return _failure(Reason.IMPORT_ERROR, f"importing the candidate failed: {type(exc).__name__}: {exc}", exc)
     state["module"] = module

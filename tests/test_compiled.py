@@ -83,7 +83,7 @@ def test_planting_writes_the_layout_and_nothing_outside_it(tmp_path):
 
 def test_the_store_keeps_by_source_and_forgets_the_least_recently_used():
     store = compiled.Store(total_bytes=1000)
-    a, b, c = (compiled.source_key(s) for s in (b"a", b"b", b"c"))
+    a, b, c = (compiled.check_key(s, "task.py", {}, "cuda") for s in (b"a", b"b", b"c"))
     assert store.files(a) == ()
     assert store.keep(a, ((f"{KEY}/a.cubin", b"x" * 400),)) == 1
     assert store.keep(b, ((f"{KEY}/b.cubin", b"x" * 400),)) == 1
@@ -158,19 +158,26 @@ def test_a_verified_source_s_kernels_reach_its_later_checks_only(harness, tmp_pa
     source gets nothing."""
     store = compiled.Store()
     monkeypatch.setattr(compiled, "STORE", store)
-    key = compiled.source_key(HONEST.read_bytes())
+    task = harness.load(RMSNORM)
+
+    def key(source: bytes) -> str:
+        return compiled.check_key(source, str(task.path), dict(task.overrides), "cpu")
+    mine = key(HONEST.read_bytes())
     files = ((f"{KEY}/_rmsnorm_kernel.cubin", os.urandom(3000)), (f"{KEY}/_rmsnorm_kernel.json", b'{"n": 1}'))
-    assert store.keep(key, files) == 2
-    opts = CheckOptions(device="cpu", timeout_s=120, seed=3)
+    assert store.keep(mine, files) == 2
+    opts = CheckOptions(device="cpu", timeout_s=120)
     result = harness.check(RMSNORM, HONEST, opts)
     assert result.accepted, result.message
     assert result.stages[1].details["planted_files"] == 2
     assert result.costs["kept_files"] == 2  # read back from the child's own tmpfs: the files it was given
-    assert store.files(key) == files
+    assert store.files(mine) == files
+    fixed = harness.check(RMSNORM, HONEST, CheckOptions(device="cpu", timeout_s=120, seed=3))
+    assert fixed.accepted and fixed.stages[1].details["planted_files"] == 0  # a fixed seed: the same inputs again
     other = tmp_path / "rmsnorm_other.py"
     other.write_bytes(HONEST.read_bytes() + b"\n# another source\n")
     result = harness.check(RMSNORM, other, opts)
     assert result.accepted, result.message
     assert result.stages[1].details["planted_files"] == 0
     assert result.costs["kept_files"] == 0  # the interpreter compiles nothing: an empty cache is not kept
-    assert store.files(compiled.source_key(other.read_bytes())) == () and store.files(key) == files
+    assert store.files(key(other.read_bytes())) == () and store.files(mine) == files
+    assert key(HONEST.read_bytes()) != compiled.check_key(HONEST.read_bytes(), str(task.path), {"N": 64}, "cpu")

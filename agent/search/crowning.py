@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -133,5 +135,7 @@ class Crowning:
         cand = self.archive.with_source(cand)
         path = self.run_dir / folder / f"{(cand.source_sha or sha256(cand.source or ''))[:16]}.py"
         path.parent.mkdir(exist_ok=True)
-        path.write_text(cand.source or "", encoding="utf-8")
+        tmp = path.with_name(f".{path.name}.{threading.get_ident()}")
+        tmp.write_text(cand.source or "", encoding="utf-8")
+        os.replace(tmp, path)  # whole: a check reading the file never sees it half written
         return path
