@@ -18,7 +18,7 @@ against eager on the GPU. What is reported, per task:
   comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
   machine has pynvml; the parent process's CPU seconds over the run's wall time (near one core: its threads, which
   prepare inputs, references and comparisons for every slot, queue on its interpreter lock);
-- how long the gate was held a candidate for each kind of work (`gate_held`, printed): exclusive:time is the
+- how long the gate was held a candidate for each kind of work (`gate_held`, printed and in the CSV): exclusive:time is the
   measurement, shared:call / soak / rebuild / samples / prepare_timing the candidate's requests, shared:inputs /
   reference / compare / timing_inputs / timing_validate the parent's own steps. Shared holds overlap, so their sum
   may pass the window; a long one is what a waiting timing, and every check behind it, waits for.
@@ -57,7 +57,7 @@ FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton
           "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
           "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "start_speedup",
-          "best_speedup", "rejections"]
+          "best_speedup", "rejections", "gate_held"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -194,6 +194,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     laps = [laps_of(c.diagnostics) for _, c in mine if c.diagnostics]
     row["laps"] = {k: statistics.fmean(lap.get(k, 0.0) for lap in laps) for k in sorted({k for lap in laps for k in lap})}
     row["gate_held"] = {k: v / len(mine) for k, v in held_by_work(holds, start, end).items()} if mine else {}
+    row["gate_held_csv"] = ";".join(f"{k}={v:.3g}" for k, v in sorted(row["gate_held"].items(), key=lambda kv: -kv[1]))
     return row
 
 
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             print(show(row, args.messages), flush=True)
             if not args.no_csv:
                 append_csv(args.csv, FIELDS, [{k: ("" if v is None else f"{v:.4g}" if isinstance(v, float) else v)
-                                               for k, v in {**common, **row}.items()}])
+                                               for k, v in {**common, **row, "gate_held": row["gate_held_csv"]}.items()}])
     return 0
 
 
