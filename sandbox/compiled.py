@@ -18,6 +18,7 @@ within caps on files and bytes; the store's least recently used entries go first
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import stat
@@ -32,6 +33,7 @@ MAX_BYTES = 128 << 20  # bytes one kept cache may hold (a seed's kernels: a few 
 TOTAL_BYTES = 1 << 30  # bytes of all kept caches in the parent's memory
 _DIR = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 _FILE = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,254}")
+GROUP_PREFIX = "__grp__"  # Triton's file listing a compiled kernel's files (runtime/cache.py put_group)
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -130,12 +132,18 @@ def _read_regular(dir_fd: int, name: str, room: int) -> bytes | None:
 
 def plant(cache_dir: str, files: Files) -> int:
     """Write kept files into a fresh process's own cache (the worker, before the candidate is imported); the files
-    written. Names are checked again; an existing file is left as it is."""
+    written. Names are checked again; an existing file is left as it is. A kernel's group file names its other
+    files by absolute path, in the earlier process's cache (Triton compiles again where one is missing), so those
+    are moved to this cache; a group file that is not Triton's is left out."""
     written = 0
     for rel, data in files:
         if not valid_name(rel) or not isinstance(data, bytes):
             continue
         d, f = rel.split("/")
+        if f.startswith(GROUP_PREFIX):
+            data = _relocated(data, cache_dir, d)
+            if data is None:
+                continue
         os.makedirs(os.path.join(cache_dir, d), exist_ok=True)
         try:
             fd = os.open(os.path.join(cache_dir, d, f), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, 0o600)
@@ -145,6 +153,24 @@ def plant(cache_dir: str, files: Files) -> int:
             out.write(data)
         written += 1
     return written
+
+
+def _relocated(group: bytes, cache_dir: str, d: str) -> bytes | None:
+    """A Triton group file ({"child_paths": {name: absolute path}}) naming the same files in `cache_dir`/`d`; None
+    where it is not one, or names a file outside Triton's layout."""
+    try:
+        paths = json.loads(group).get("child_paths")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    if not isinstance(paths, dict):
+        return None
+    moved = {}
+    for key, path in paths.items():
+        name = os.path.basename(path) if isinstance(path, str) else ""
+        if not valid_name(f"{d}/{name}"):
+            return None
+        moved[key] = os.path.join(cache_dir, d, name)
+    return json.dumps({"child_paths": moved}).encode()
 
 
 class Store:

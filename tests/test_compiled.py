@@ -3,6 +3,7 @@ of a cache the candidate wrote, what it keeps and for whom, and the round trip t
 scratch tmpfs."""
 import ctypes
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -79,6 +80,33 @@ def test_planting_writes_the_layout_and_nothing_outside_it(tmp_path):
     assert (cache / KEY / "k.cubin").read_bytes() == b"bin"
     assert (cache / KEY / "there.json").read_bytes() == b"already"
     assert not (tmp_path / "escape.txt").exists() and not (cache / "escape.txt").exists()
+
+
+def test_planted_kernels_are_found_by_triton_s_own_cache_in_the_new_process_s_directory(tmp_path, monkeypatch):
+    """Triton's group file names a kernel's files by absolute path, in the cache of the process that compiled it; a
+    later process's cache is another directory, and a group whose files are not found there means compiling again.
+    Planting moves the group to the new cache, and Triton's own cache manager then finds every file."""
+    from triton.runtime import cache as triton_cache
+
+    key = "ab" * 32
+    old, new = tmp_path / "old" / "triton", tmp_path / "new" / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(old))
+    manager = triton_cache.get_cache_manager(key)
+    group = {name: manager.put(data, name) for name, data in (("k.cubin", b"\x7fELF"), ("k.json", '{"name": "k"}'))}
+    manager.put_group("k.json", group)
+    files = compiled.read_cache(str(old))
+    assert files is not None and len(files) >= 3
+    shutil.rmtree(old)  # that process's tmpfs is gone with it
+    new.mkdir(parents=True)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(new))
+    assert triton_cache.get_cache_manager(key).get_group("k.json") is None  # nothing planted: compile
+    assert compiled.plant(str(new), files) == len(files)
+    found = triton_cache.get_cache_manager(key).get_group("k.json")
+    assert found is not None and set(found) == {"k.cubin", "k.json"}
+    assert all(p.startswith(str(new)) and os.path.exists(p) for p in found.values())
+    dir_name = next(iter(found.values())).split("/")[-2]
+    for bad in (b"not json", b"[1, 2]", b'{"child_paths": {"k.cubin": "/etc/../x y"}}', b'{"child_paths": 3}'):
+        assert compiled.plant(str(new), ((f"{dir_name}/__grp__bad.json", bad),)) == 0
 
 
 def test_the_store_keeps_by_source_and_forgets_the_least_recently_used():
