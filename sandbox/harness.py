@@ -88,7 +88,8 @@ class _Run:
     stage: Stage = Stage.STATIC
     fresh_build: bool = True  # the next call is the first since the model was built: Triton compiles in it
     signs: CompileSigns | None = None  # when the parent last saw the candidate's process compile
-    source: bytes = b""  # the candidate's file as the parent read it: what the static stage saw and the child runs
+    source: str = ""  # the candidate's file as the parent read and decoded it: what the static stage saw and the
+    # child runs
     source_key: str = ""  # what its verified kernels are kept under (sandbox.compiled)
     kept_files: int = 0  # the files of its Triton cache kept for its later checks (verified only)
     # id(reference) -> (the parent's wall time of the fastest call at its shape, the reference's time there)
@@ -222,7 +223,7 @@ class Harness:
         run = _Run(task_obj, candidate, options, child, start + options.timeout_s, random.Random(seed), stages,
                    lending=cudaipc.Lending(cudaipc.lending_cap(self.device)))
         run.signs = CompileSigns(self._scratch(child) / "triton", child.pid)
-        run.source = raw
+        run.source = source
         run.source_key = compiled.check_key(raw, str(task_obj.path), dict(task_obj.overrides), self.device)
         run.laps["spawn"] = time.monotonic() - t0
         timing: dict[str, Any] | None = None

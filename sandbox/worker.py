@@ -67,13 +67,13 @@ def main(sock_fd: int, out_fd: int, shared_fd: int) -> None:
         sys.stderr.flush()
 
 
-def _exec_source(module: Any, source: bytes, path: str) -> None:
-    """Run `source` as the candidate module's code, under its file's name (the trace knows the candidate's frames by
-    it). Its lines go into linecache first, so what Triton reads to compile a kernel (inspect.getsourcelines) and
-    what a traceback shows are these bytes, not the file's."""
-    text = importlib.util.decode_source(source)
+def _exec_source(module: Any, text: str, path: str) -> None:
+    """Run `text`, the source the parent's static stage checked, as the candidate module's code, under its file's
+    name (the trace knows the candidate's frames by it). Compiled as text, never as bytes: a coding declaration
+    (`# coding: utf-7`) would make bytes read as other code than the static stage saw. Its lines go into linecache
+    first, so what Triton reads to compile a kernel (inspect.getsourcelines) and a traceback shows are these."""
     linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)  # no mtime: never reloaded
-    exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
+    exec(compile(text, path, "exec", dont_inherit=True), module.__dict__)
 
 
 def _failure(reason: Reason, message: str, exc: BaseException | None = None) -> dict[str, Any]:
@@ -134,7 +134,7 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     try:
         if msg.get("source") is None:
             spec.loader.exec_module(module)
-        else:  # the bytes the parent read and checked, never the file again (it may have changed since)
+        else:  # the source the parent read and checked, never the file again (it may have changed since)
             _exec_source(module, msg["source"], msg["candidate"])
     except BaseException as exc:
         return _failure(Reason.IMPORT_ERROR, f"importing the candidate failed: {type(exc).__name__}: {exc}", exc)

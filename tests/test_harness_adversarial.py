@@ -106,3 +106,14 @@ def test_honest_kernel_is_accepted_with_every_stage_named(harness):
     assert not result.timed
     robustness = result.stages[-1].details
     assert robustness["shapes"], "odd shapes must be tried"
+
+
+def test_a_coding_declaration_cannot_hide_code_from_the_static_stage(harness, tmp_path):
+    """The static stage reads the file as UTF-8; Python reading the same bytes honours a coding declaration, and
+    under `unicode_escape` a comment's `\\u000a` is a new line of code that the static stage saw as a comment. The
+    child runs the text the static stage checked, so the hidden line never runs (it would end the import)."""
+    hidden = b"# \\u000araise SystemExit('code the static stage never saw ran')\n"
+    cand = tmp_path / "coding_cookie.py"
+    cand.write_bytes(b"# coding: unicode_escape\n" + (HERE / "candidates" / "rmsnorm_honest.py").read_bytes() + hidden)
+    result = harness.check(RMSNORM, cand)
+    assert result.verdict is Verdict.ACCEPTED, result.message
