@@ -41,6 +41,7 @@ The runtime checks (launch trace, audit hook, output checks) stand behind every 
 from __future__ import annotations
 
 import ast
+import io
 
 from . import pyparse
 from .allowlist import (
@@ -64,7 +65,7 @@ def check_source(source: str, filename: str = "candidate.py") -> StaticFinding |
         return StaticFinding(Reason.SYNTAX_ERROR, f"the source was refused before analysis ({exc}); write it "
                              "flatter and smaller")
     try:
-        return _check_tree(tree)
+        return _check_tree(tree) or _kernel_def_lines(tree, source)
     except Refused as refused:
         return refused.finding
     except (RecursionError, MemoryError, ValueError) as exc:
@@ -92,12 +93,30 @@ def _check_tree(tree: ast.Module) -> StaticFinding | None:
     return None
 
 
+def _kernel_def_lines(tree: ast.Module, source: str) -> StaticFinding | None:
+    """Triton's CPU interpreter compiles a kernel again from its source lines, from the last one that starts with
+    `def ` (FunctionRewriter._find_def): a line of a kernel's docstring written so would become the kernel, unchecked.
+    In a kernel, no line after its own `def` line may start so."""
+    lines = io.StringIO(source, newline=None).readlines()  # numbered as Python numbers them
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and kernel_decorator(fn):
+            for n in range(fn.lineno + 1, (fn.end_lineno or fn.lineno) + 1):
+                if n <= len(lines) and lines[n - 1].strip().startswith("def "):
+                    return StaticFinding(Reason.FORBIDDEN_CALL, f"line {n}: a line in kernel `{fn.name}` starts with "
+                                         "`def ` (in a string, the CPU interpreter would take it for the kernel's "
+                                         "start); reword it", n)
+    return None
+
+
 class _Checker(NameChecker):
     """The whole check: NameChecker's walk and rules 1-3, with calls, kernel bodies, definitions and statements."""
 
     # ---- calls ----------------------------------------------------------------------------------------------------
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        if dotted(func) in KERNEL_DECORATORS | {"triton.autotune"} and id(node) not in self.decorating:
+            refuse(node, f"`{dotted(func)}(...)` called as a function makes a kernel the static check does not see as "
+                   f"one; write it as a decorator, `@{dotted(func)}`")
         for kw in node.keywords:
             if kw.arg is not None and (kw.arg in FORBIDDEN_KEYWORDS or "hook" in kw.arg):
                 refuse(kw.value, f"keyword `{kw.arg}=` installs Python that runs at launch; it is not allowed")
@@ -237,6 +256,8 @@ class _Checker(NameChecker):
         if name not in ALLOWED_DECORATORS:
             refuse(dec, f"decorator `@{name}` is not allowed; use only "
                     f"{', '.join('@' + d for d in sorted(ALLOWED_DECORATORS - {'jit'}))}")
+        if isinstance(dec, ast.Call):
+            self.decorating.add(id(dec))
         if isinstance(dec, ast.Call) and name in KERNEL_DECORATORS:
             for kw in dec.keywords:
                 if kw.arg not in JIT_KEYWORDS:

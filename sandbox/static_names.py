@@ -140,6 +140,7 @@ class NameChecker:
         self.scopes: list[tuple[ast.AST, set[str]]] = []
         self.kernel_depth = 0
         self.storage_ok: set[int] = set()      # ids of `.untyped_storage` nodes used as `.untyped_storage().data_ptr()`
+        self.decorating: set[int] = set()      # ids of decorator calls (`@triton.jit(...)`), where a jit call belongs
 
 
     # ---- the walk -------------------------------------------------------------------------------------------------

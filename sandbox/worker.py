@@ -15,6 +15,7 @@ is imported; the worker keeps its own references.
 from __future__ import annotations
 
 import importlib.util
+import io
 import linecache
 import mmap
 import os
@@ -71,8 +72,11 @@ def _exec_source(module: Any, text: str, path: str) -> None:
     """Run `text`, the source the parent's static stage checked, as the candidate module's code, under its file's
     name (the trace knows the candidate's frames by it). Compiled as text, never as bytes: a coding declaration
     (`# coding: utf-7`) would make bytes read as other code than the static stage saw. Its lines go into linecache
-    first, so what Triton reads to compile a kernel (inspect.getsourcelines) and a traceback shows are these."""
-    linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)  # no mtime: never reloaded
+    first, so what Triton reads to compile a kernel (inspect.getsourcelines) and a traceback shows are these: split
+    where Python's tokenizer breaks lines (\n, \r\n, \r) and nowhere else (str.splitlines also breaks at form
+    feeds and other separators inside comments and strings, so a kernel's lines would be looked up in a string)."""
+    lines = io.StringIO(text, newline=None).readlines()  # universal newlines, as linecache reads a file
+    linecache.cache[path] = (len(text), None, lines, path)  # no mtime: never reloaded
     exec(compile(text, path, "exec", dont_inherit=True), module.__dict__)
 
 

@@ -233,6 +233,12 @@ REFUSED = [
     ("", "", "global CACHE", "`global`"),
     ("", "", "match x:\n    case _:\n        pass", "`match`"),
     ("", "", "import math", "top level"),
+    # a kernel made by a call, not a decorator, would escape the kernel-body rules
+    ("def _plain(x_ptr):\n    pass\n_k2 = triton.jit(_plain)", "", "", "called as a function"),
+    ("def _plain(x_ptr):\n    pass\n_k2 = triton.autotune(configs=[], key=[])(triton.jit(_plain))", "", "",
+     "called as a function"),
+    # the CPU interpreter compiles a kernel from the last line of its source that starts with `def `
+    ("", '"""Notes.\ndef x():\n"""', "", "starts with `def `"),
 ]
 
 
