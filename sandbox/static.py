@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 
 from . import pyparse
 from .allowlist import (
@@ -94,18 +95,23 @@ def _check_tree(tree: ast.Module) -> StaticFinding | None:
 
 
 def _kernel_def_lines(tree: ast.Module, source: str) -> StaticFinding | None:
-    """Triton's CPU interpreter compiles a kernel again from its source lines, from the last one that starts with
-    `def ` (FunctionRewriter._find_def): a line of a kernel's docstring written so would become the kernel, unchecked.
-    In a kernel, no line after its own `def` line may start so."""
+    """Triton compiles a kernel again from its source lines (its decorators' first line to its end), from a line
+    that starts with `def `: the first on the GPU (JITCallable: after dedent, `^def\\s+\\w+\\s*\\(`), the last on the
+    CPU interpreter (FunctionRewriter._find_def). Such a line in a decorator's or the body's string would become the
+    kernel, unchecked. In a kernel's lines only its own `def` line may start so."""
     lines = io.StringIO(source, newline=None).readlines()  # numbered as Python numbers them
     for fn in ast.walk(tree):
         if isinstance(fn, ast.FunctionDef) and kernel_decorator(fn):
-            for n in range(fn.lineno + 1, (fn.end_lineno or fn.lineno) + 1):
-                if n <= len(lines) and lines[n - 1].strip().startswith("def "):
+            first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
+            for n in range(first, (fn.end_lineno or fn.lineno) + 1):
+                if n != fn.lineno and n <= len(lines) and _DEF_LINE.match(lines[n - 1]):
                     return StaticFinding(Reason.FORBIDDEN_CALL, f"line {n}: a line in kernel `{fn.name}` starts with "
-                                         "`def ` (in a string, the CPU interpreter would take it for the kernel's "
-                                         "start); reword it", n)
+                                         "`def ` (in a string, Triton would take it for the kernel's start); reword "
+                                         "it", n)
     return None
+
+
+_DEF_LINE = re.compile(r"\s*def\s")
 
 
 class _Checker(NameChecker):

@@ -239,6 +239,9 @@ REFUSED = [
      "called as a function"),
     # the CPU interpreter compiles a kernel from the last line of its source that starts with `def `
     ("", '"""Notes.\ndef x():\n"""', "", "starts with `def `"),
+    # ... and on the GPU from the first, decorators included
+    ('@triton.jit(do_not_specialize=["""\ndef evil(x_ptr):\n"""])\ndef _h(x_ptr):\n    pass', "", "",
+     "starts with `def `"),
 ]
 
 
