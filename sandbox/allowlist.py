@@ -85,6 +85,8 @@ FORBIDDEN_ATTRS = frozenset({
     # frames, code and class internals
     "f_back", "f_globals", "f_locals", "f_builtins", "gi_frame", "cr_frame", "tb_frame", "tb_next", "_getframe",
     "fn", "src",
+    # what Triton compiles and runs for a kernel: its source, the interpreter's rewriter and the rewritten functions
+    "raw_src", "rewriter", "rewrite", "rewritten_fn",
     # numeric flags, streams, graphs, the allocator
     "set_flush_denormal", "use_deterministic_algorithms", "allow_tf32", "set_float32_matmul_precision",
     "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction", "Stream", "stream",

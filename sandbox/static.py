@@ -50,7 +50,8 @@ from .allowlist import (
     LITERAL_NAME_BUILTINS, SEEDS_PACKAGE, tensor_methods,
 )
 from .records import Reason
-from .static_names import NameChecker, Refused, StaticFinding, dotted, is_dunder, kernel_decorator, refuse
+from .static_names import (NameChecker, Refused, StaticFinding, dotted, is_dunder, kernel_decorator, private_attr,
+                           refuse)
 
 
 def check_source(source: str, filename: str = "candidate.py") -> StaticFinding | None:
@@ -66,7 +67,7 @@ def check_source(source: str, filename: str = "candidate.py") -> StaticFinding |
         return StaticFinding(Reason.SYNTAX_ERROR, f"the source was refused before analysis ({exc}); write it "
                              "flatter and smaller")
     try:
-        return _check_tree(tree) or _kernel_def_lines(tree, source)
+        return _check_tree(tree) or _kernel_lines(tree, source)
     except Refused as refused:
         return refused.finding
     except (RecursionError, MemoryError, ValueError) as exc:
@@ -94,24 +95,29 @@ def _check_tree(tree: ast.Module) -> StaticFinding | None:
     return None
 
 
-def _kernel_def_lines(tree: ast.Module, source: str) -> StaticFinding | None:
+def _kernel_lines(tree: ast.Module, source: str) -> StaticFinding | None:
     """Triton compiles a kernel again from its source lines (its decorators' first line to its end), from a line
     that starts with `def `: the first on the GPU (JITCallable: after dedent, `^def\\s+\\w+\\s*\\(`), the last on the
     CPU interpreter (FunctionRewriter._find_def). Such a line in a decorator's or the body's string would become the
-    kernel, unchecked. In a kernel's lines only its own `def` line may start so."""
+    kernel, unchecked. In a kernel's lines only its own `def` line may start so; and none with a backslash, where
+    the tokenizer inspect uses ends the kernel's block though Python's parser reads on."""
     lines = io.StringIO(source, newline=None).readlines()  # numbered as Python numbers them
     for fn in ast.walk(tree):
         if isinstance(fn, ast.FunctionDef) and kernel_decorator(fn):
             first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
-            for n in range(first, (fn.end_lineno or fn.lineno) + 1):
-                if n != fn.lineno and n <= len(lines) and _DEF_LINE.match(lines[n - 1]):
+            for n in range(first, min(len(lines), fn.end_lineno or fn.lineno) + 1):
+                if n != fn.lineno and _DEF_LINE.match(lines[n - 1]):
                     return StaticFinding(Reason.FORBIDDEN_CALL, f"line {n}: a line in kernel `{fn.name}` starts with "
                                          "`def ` (in a string, Triton would take it for the kernel's start); reword "
                                          "it", n)
+                if _CONTINUATION_LINE.match(lines[n - 1]):  # the tokenizer inspect uses ends the kernel there
+                    return StaticFinding(Reason.FORBIDDEN_CALL, f"line {n}: a line in kernel `{fn.name}` starts with "
+                                         "a backslash; join it to the line before", n)
     return None
 
 
 _DEF_LINE = re.compile(r"\s*def\s")
+_CONTINUATION_LINE = re.compile(r"\s*\\")
 
 
 class _Checker(NameChecker):
@@ -166,6 +172,8 @@ class _Checker(NameChecker):
         path = self._module_rooted(target) if isinstance(target, ast.Attribute) else (
             self.imported[target.id] if isinstance(target, ast.Name) and target.id in self.imported else None)
         self._attr_rules(node, attr, f"{path}.{attr}" if path else None, module_rooted=path is not None)
+        if path is None:
+            private_attr(node, attr, target)
 
     # ---- 4. kernel bodies ------------------------------------------------------------------------------------------
     def _kernel_call_name(self, node: ast.Call, name: str) -> None:

@@ -91,6 +91,15 @@ def dotted(node: ast.AST) -> str:
     return ".".join(reversed(parts))
 
 
+def private_attr(node: ast.AST, attr: str, base: ast.AST) -> None:
+    """A private name of another object than the candidate's own (`self._x`, `cls._x`): a kernel's `_src` or
+    `_unsafe_update_src` is what Triton compiles, an interpreted kernel's rewriter what runs at its launch. (Dunder
+    names and modules' private names have rules of their own.)"""
+    if attr.startswith("_") and not is_dunder(attr) and not (isinstance(base, ast.Name) and base.id in ("self", "cls")):
+        refuse(node, f"`.{attr}` is a private attribute of an object not the candidate's own (a kernel's private "
+               "attributes decide what Triton compiles); use public names, and `_` names only on `self`")
+
+
 def is_dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
 
@@ -395,6 +404,8 @@ class NameChecker:
             refuse(node, "`.untyped_storage()` is allowed only as `.untyped_storage().data_ptr()`; "
                     "compare storages by address")
         self._attr_rules(node, node.attr, path, module_rooted=path is not None)
+        if path is None:
+            private_attr(node, node.attr, node.value)
         if isinstance(node.ctx, ast.Store) and node.attr in tensor_methods():
             refuse(node, f"assigning `.{node.attr}`, the name of a Triton tensor method, is not allowed (a kernel "
                     "could call it as Python); choose another attribute name")
