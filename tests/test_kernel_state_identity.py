@@ -148,23 +148,8 @@ def test_a_column_zero_backslash_line_does_not_cut_the_compiled_kernel(tmp_path,
 
 
 # ---- end to end through the CPU harness ---------------------------------------------------------------------------
-ROW_MEAN_PREPARE_SOURCE = '''import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def _row_mean_kernel(x_ptr, y_ptr, n_cols, stride_row, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        acc += tl.load(x_ptr + row * stride_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row, tl.sum(acc, axis=0) / n_cols)
-
-
-def _other_source(lines):
+# The honest row mean with the kernel's rewriter pointed at a string, inserted before its ModelNew.
+PREPARE_SOURCE = """def _other_source(lines):
     return ("def _row_mean_kernel(x_ptr, y_ptr, n_cols, stride_row, BLOCK):\\n"
             "    raise RuntimeError('HIDDEN CODE RAN: gc.get_objects() gave '"
             " + str(len(__import__('gc').get_objects())) + ' objects')\\n")
@@ -173,13 +158,7 @@ def _other_source(lines):
 _row_mean_kernel.rewriter._prepare_source = _other_source
 
 
-class ModelNew(nn.Module):
-    def forward(self, x):
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
-        _row_mean_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), BLOCK=128)
-        return y
-'''
+"""
 
 
 def test_a_string_does_not_run_as_the_kernel_through_the_harness(tmp_path):
@@ -188,10 +167,13 @@ def test_a_string_does_not_run_as_the_kernel_through_the_harness(tmp_path):
     from pathlib import Path
 
     from sandbox.harness import CheckOptions, Harness
+    from sandbox.records import Stage
     candidate = tmp_path / "prepare_source.py"
-    candidate.write_text(ROW_MEAN_PREPARE_SOURCE, encoding="utf-8")
+    honest = (Path(__file__).parent / "candidates" / "row_mean_honest.py").read_text(encoding="utf-8")
+    candidate.write_text(honest.replace("class ModelNew", PREPARE_SOURCE + "class ModelNew", 1), encoding="utf-8")
     row_mean = Path(__file__).parent / "tasks" / "row_mean.py"
     with Harness("cpu") as harness:
         result = harness.check(row_mean, candidate, CheckOptions(device="cpu", timeout_s=60))
     text = " ".join([result.message] + [f"{s.message} {s.error}" for s in result.stages])
     assert "HIDDEN CODE RAN" not in text, f"unchecked code ran in the candidate's process: {result.message}"
+    assert result.stage is Stage.STATIC and "`.rewriter`" in result.message, result.message
