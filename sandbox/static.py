@@ -50,8 +50,7 @@ from .allowlist import (
     LITERAL_NAME_BUILTINS, SEEDS_PACKAGE, tensor_methods,
 )
 from .records import Reason
-from .static_names import (NameChecker, Refused, StaticFinding, dotted, is_dunder, kernel_decorator, private_attr,
-                           refuse)
+from .static_names import NameChecker, Refused, StaticFinding, dotted, is_dunder, kernel_decorator, refuse
 
 
 def check_source(source: str, filename: str = "candidate.py") -> StaticFinding | None:
@@ -173,7 +172,7 @@ class _Checker(NameChecker):
             self.imported[target.id] if isinstance(target, ast.Name) and target.id in self.imported else None)
         self._attr_rules(node, attr, f"{path}.{attr}" if path else None, module_rooted=path is not None)
         if path is None:
-            private_attr(node, attr, target)
+            self.private_attr(node, attr, target)
 
     # ---- 4. kernel bodies ------------------------------------------------------------------------------------------
     def _kernel_call_name(self, node: ast.Call, name: str) -> None:
@@ -258,6 +257,13 @@ class _Checker(NameChecker):
         for dec in node.decorator_list:
             self._check_decorator(dec)
         for base in node.bases:
+            root = base
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if not isinstance(root, ast.Name) or (root.id != "object" and self.module_kind.get(root.id) not in
+                                                  ("class", "import")):
+                refuse(base, f"class {node.name}'s base must be a class you define or import (not the type of a "
+                       "value, such as a kernel's)")
             self.visit(base)
         self._in_scope(node, node.body)
 

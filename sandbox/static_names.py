@@ -91,15 +91,6 @@ def dotted(node: ast.AST) -> str:
     return ".".join(reversed(parts))
 
 
-def private_attr(node: ast.AST, attr: str, base: ast.AST) -> None:
-    """A private name of another object than the candidate's own (`self._x`, `cls._x`): a kernel's `_src` or
-    `_unsafe_update_src` is what Triton compiles, an interpreted kernel's rewriter what runs at its launch. (Dunder
-    names and modules' private names have rules of their own.)"""
-    if attr.startswith("_") and not is_dunder(attr) and not (isinstance(base, ast.Name) and base.id in ("self", "cls")):
-        refuse(node, f"`.{attr}` is a private attribute of an object not the candidate's own (a kernel's private "
-               "attributes decide what Triton compiles); use public names, and `_` names only on `self`")
-
-
 def is_dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
 
@@ -219,6 +210,32 @@ class NameChecker:
     def generic_visit(self, node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
             self.visit(child)
+
+    def private_attr(self, node: ast.AST, attr: str, base: ast.AST) -> None:
+        """A private name only on the candidate's own object: the first parameter of a method, in that method (a
+        kernel's `_src` or `_unsafe_update_src` is what Triton compiles, an interpreted kernel's rewriter what runs at
+        its launch). Dunder names and modules' private names have rules of their own; a method is not called
+        through its class with another object as its first argument (sandbox/static.py)."""
+        if not attr.startswith("_") or is_dunder(attr):
+            return
+        fns = [i for i, (scope, _) in enumerate(self.scopes) if isinstance(scope, (ast.FunctionDef, ast.Lambda))]
+        method = self.scopes[fns[-1]][0] if fns and fns[-1] > 0 and isinstance(self.scopes[fns[-1] - 1][0],
+                                                                                 ast.ClassDef) else None
+        first = (method.args.posonlyargs + method.args.args)[:1] if isinstance(method, ast.FunctionDef) and not any(
+            dotted(d) == "staticmethod" for d in method.decorator_list) else []  # a static method's first: any object
+        if not (first and isinstance(base, ast.Name) and base.id == first[0].arg):
+            refuse(node, f"`.{attr}` is a private attribute of an object not the candidate's own (a kernel's private "
+                   "attributes decide what Triton compiles); use public names, and `_` names only on `self` in a "
+                   "method of your class")
+
+    def instance_methods(self, class_name: str) -> set[str]:
+        """The methods of a class the candidate defines at top level that take their instance first (not static
+        or class methods)."""
+        for node in self.tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == class_name:
+                return {f.name for f in node.body if isinstance(f, ast.FunctionDef) and not any(
+                    dotted(d) in ("staticmethod", "classmethod") for d in f.decorator_list)}
+        return set()
 
     def _in_scope(self, scope: ast.AST, children: list[ast.AST]) -> None:
         self.scopes.append((scope, bound_in(scope)))
@@ -405,7 +422,11 @@ class NameChecker:
                     "compare storages by address")
         self._attr_rules(node, node.attr, path, module_rooted=path is not None)
         if path is None:
-            private_attr(node, node.attr, node.value)
+            self.private_attr(node, node.attr, node.value)
+        if isinstance(node.value, ast.Name) and self.module_kind.get(node.value.id) == "class" and \
+                node.attr in self.instance_methods(node.value.id):
+            refuse(node, f"`{node.value.id}.{node.attr}` is a method taken from its class, callable with any object "
+                   "as its `self`; call it on an instance (`super().__init__()` for a base class)")
         if isinstance(node.ctx, ast.Store) and node.attr in tensor_methods():
             refuse(node, f"assigning `.{node.attr}`, the name of a Triton tensor method, is not allowed (a kernel "
                     "could call it as Python); choose another attribute name")

@@ -239,6 +239,16 @@ REFUSED = [
      "called as a function"),
     # the CPU interpreter compiles a kernel from the last line of its source that starts with `def `
     ("", '"""Notes.\ndef x():\n"""', "", "starts with `def `"),
+    # a kernel's private attributes decide what Triton compiles: private names only on a method's own `self`
+    ("def _f(self):\n    self._src = 'x'", "", "", "private attribute"),
+    ("class _E:\n    @staticmethod\n    def s(k):\n        k._src = 'x'", "", "", "private attribute"),
+    ("", "", "k = _k\nk._unsafe_update_src('def _k(x_ptr, y_ptr, N):\\n    pass')", "private attribute"),
+    ("", "", "s = getattr(_k, '_src')", "private attribute"),
+    ("", "", "r = _k.rewriter", "`.rewriter`"),
+    ("class _E:\n    def f(self):\n        self._src = 'x'\n_E.f(_k)", "", "", "taken from its class"),
+    ("class _E(type(_k)):\n    pass", "", "", "base must be a class"),
+    ("_KT = type(_k)\nclass _E(_KT):\n    pass", "", "", "base must be a class"),
+    ("", "\\\n    v = 1", "", "starts with a backslash"),
     # ... and on the GPU from the first, decorators included
     ('@triton.jit(do_not_specialize=["""\ndef evil(x_ptr):\n"""])\ndef _h(x_ptr):\n    pass', "", "",
      "starts with `def `"),
@@ -267,6 +277,9 @@ ALLOWED = [
     ("", "", "keep = [t for t in (x, y) if t.numel()]\nbig = max(keep, key=lambda t: t.numel())"),
     ("from triton.language.extra import libdevice", "e = libdevice.exp(offs.to(tl.float32))", ""),
     ("from seeds._common import row_block", "", "b = row_block(x.shape[-1])"),
+    ("class _C(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self._n = 4\n"
+     "    def n(self):\n        return self._n\n    @classmethod\n    def make(cls):\n        cls._made = True\n"
+     "        return cls()\n    @staticmethod\n    def twice(a):\n        return 2 * a", "", "b = _C.twice(2)"),
 ]
 
 
