@@ -194,7 +194,6 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     laps = [laps_of(c.diagnostics) for _, c in mine if c.diagnostics]
     row["laps"] = {k: statistics.fmean(lap.get(k, 0.0) for lap in laps) for k in sorted({k for lap in laps for k in lap})}
     row["gate_held"] = {k: v / len(mine) for k, v in held_by_work(holds, start, end).items()} if mine else {}
-    row["gate_held_csv"] = ";".join(f"{k}={v:.3g}" for k, v in sorted(row["gate_held"].items(), key=lambda kv: -kv[1]))
     return row
 
 
@@ -276,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                           workdir=Path(tmp))
             print(show(row, args.messages), flush=True)
             if not args.no_csv:
+                held = ";".join(f"{k}={v:.3g}" for k, v in sorted(row["gate_held"].items(), key=lambda kv: -kv[1]))
                 append_csv(args.csv, FIELDS, [{k: ("" if v is None else f"{v:.4g}" if isinstance(v, float) else v)
-                                               for k, v in {**common, **row, "gate_held": row["gate_held_csv"]}.items()}])
+                                               for k, v in {**common, **row, "gate_held": held}.items()}])
     return 0
 
 

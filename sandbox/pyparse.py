@@ -14,11 +14,19 @@ code already refuses these. Real kernels nest about 20 deep (the seeds, tests an
 from __future__ import annotations
 
 import ast
+import io
 import threading
 
 _LOCK = threading.Lock()
 MAX_SOURCE_CHARS = 1_000_000  # the largest file in the repository is under 100 kB
 MAX_AST_DEPTH = 100
+
+
+def source_lines(source: str) -> list[str]:
+    """The source's lines as Python's tokenizer numbers them and linecache reads a file: broken at \\n, \\r\\n and
+    \\r only (str.splitlines also breaks at form feeds and other separators inside comments and strings). The
+    static stage counts a kernel's lines so, and the candidate's process gives Triton the same lines."""
+    return io.StringIO(source, newline=None).readlines()
 
 
 class Unanalysable(SyntaxError):

@@ -41,7 +41,6 @@ The runtime checks (launch trace, audit hook, output checks) stand behind every 
 from __future__ import annotations
 
 import ast
-import io
 import re
 
 from . import pyparse
@@ -100,7 +99,7 @@ def _kernel_lines(tree: ast.Module, source: str) -> StaticFinding | None:
     CPU interpreter (FunctionRewriter._find_def). Such a line in a decorator's or the body's string would become the
     kernel, unchecked. In a kernel's lines only its own `def` line may start so; and none with a backslash, where
     the tokenizer inspect uses ends the kernel's block though Python's parser reads on."""
-    lines = io.StringIO(source, newline=None).readlines()  # numbered as Python numbers them
+    lines = pyparse.source_lines(source)
     for fn in ast.walk(tree):
         if isinstance(fn, ast.FunctionDef) and kernel_decorator(fn):
             first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])

@@ -15,7 +15,6 @@ is imported; the worker keeps its own references.
 from __future__ import annotations
 
 import importlib.util
-import io
 import linecache
 import mmap
 import os
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch
 
-from . import carry, channel, compiled, cudaipc, policy, timing_child, trace
+from . import carry, channel, compiled, cudaipc, policy, pyparse, timing_child, trace
 from .records import ErrorInfo, Reason
 
 CANDIDATE_MODULE = "crucible_candidate"
@@ -72,11 +71,9 @@ def _exec_source(module: Any, text: str, path: str) -> None:
     """Run `text`, the source the parent's static stage checked, as the candidate module's code, under its file's
     name (the trace knows the candidate's frames by it). Compiled as text, never as bytes: a coding declaration
     (`# coding: utf-7`) would make bytes read as other code than the static stage saw. Its lines go into linecache
-    first, so what Triton reads to compile a kernel (inspect.getsourcelines) and a traceback shows are these: split
-    where Python's tokenizer breaks lines (\n, \r\n, \r) and nowhere else (str.splitlines also breaks at form
-    feeds and other separators inside comments and strings, so a kernel's lines would be looked up in a string)."""
-    lines = io.StringIO(text, newline=None).readlines()  # universal newlines, as linecache reads a file
-    linecache.cache[path] = (len(text), None, lines, path)  # no mtime: never reloaded
+    first, so what Triton reads to compile a kernel (inspect.getsourcelines) and a traceback shows are these, split
+    as Python numbers them (pyparse.source_lines: a form feed in a comment does not move a kernel onto a string)."""
+    linecache.cache[path] = (len(text), None, pyparse.source_lines(text), path)  # no mtime: never reloaded
     exec(compile(text, path, "exec", dont_inherit=True), module.__dict__)
 
 

@@ -26,7 +26,7 @@ from sandbox.harness import CheckOptions, Harness
 from sandbox.records import Reason, Stage
 
 HERE = Path(__file__).parent
-CANDIDATES = HERE / "candidates" / "source_identity"
+HONEST_ROW_MEAN = HERE / "candidates" / "row_mean_honest.py"
 ROW_MEAN = HERE / "tasks" / "row_mean.py"
 MARK = "HIDDEN CODE RAN"
 
@@ -91,25 +91,44 @@ def harness():
         yield h
 
 
-def _check(harness, name):
-    result = harness.check(ROW_MEAN, CANDIDATES / name, CheckOptions(device="cpu", timeout_s=60))
+# What the hidden code does if it runs: report that it ran where the audit hook would refuse gc.get_objects().
+HIDDEN_BODY = ("    raise RuntimeError('HIDDEN CODE RAN with the audit hook off: gc.get_objects() gave '\n"
+               "                       + str(len(__import__('gc').get_objects())) + ' objects')\n")
+KERNEL_DEF = "@triton.jit\ndef _row_mean_kernel(x_ptr, y_ptr, n_cols, stride_row, BLOCK: tl.constexpr):\n"
+# The honest row mean, a comment of form feeds and, before its kernel, a kernel in a string: linecache lines split at
+# each form feed would make inspect read the kernel's source from the string.
+LINECACHE_SHIFT = ("# layout notes" + "\x0c" * 6 + " (form feeds)\n_NOTES = \"\"\"\n@triton.jit\n"
+                   "def _row_mean_kernel(x_ptr, y_ptr, n_cols, stride_row, BLOCK):\n" + HIDDEN_BODY + '"""\n\n\n')
+# The honest row mean whose kernel's docstring holds a line starting `def ` (the interpreter's rewriter compiles
+# from the last such line: the docstring's text would be the kernel, the checked body dead code after it).
+DOCSTRING_DEF = ('    """Layout notes.\ndef _row_mean_kernel(x_ptr, y_ptr, n_cols, stride_row, BLOCK):\n' + HIDDEN_BODY +
+                 '#"""\n')
+
+
+def _check(harness, tmp_path, before: str = "", after: str = ""):
+    """The honest row mean with `before` its kernel's def and `after` it (its first body line), checked."""
+    honest = HONEST_ROW_MEAN.read_text(encoding="utf-8")
+    assert KERNEL_DEF in honest
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(honest.replace(KERNEL_DEF, before + KERNEL_DEF + after, 1), encoding="utf-8")
+    result = harness.check(ROW_MEAN, candidate, CheckOptions(device="cpu", timeout_s=60))
     text = " ".join([result.message] + [f"{s.message} {s.error}" for s in result.stages])
     return result, text
 
 
-def test_form_feeds_in_a_comment_do_not_run_a_kernel_hidden_in_a_string(harness):
-    """Attack 1 through the harness: linecache_shift.py passes the static stage (its hidden kernel is a
-    string); the check runs the checked kernel, an honest row mean, and the string's code never runs."""
-    result, text = _check(harness, "linecache_shift.py")
+def test_form_feeds_in_a_comment_do_not_run_a_kernel_hidden_in_a_string(harness, tmp_path):
+    """Attack 1 through the harness: LINECACHE_SHIFT passes the static stage (its hidden kernel is a string); the
+    check runs the checked kernel, an honest row mean, and the string's code never runs."""
+    result, text = _check(harness, tmp_path, before=LINECACHE_SHIFT)
     assert MARK not in text, f"unchecked code ran in the candidate's process: {result.message}"
     assert result.accepted, (result.stage, result.reason, result.message)
 
 
-def test_a_def_line_in_a_kernel_docstring_does_not_become_the_kernel(harness):
-    """Attack 2: kernel_docstring_def.py's kernel has a docstring with a line starting `def `, from which the
+def test_a_def_line_in_a_kernel_docstring_does_not_become_the_kernel(harness, tmp_path):
+    """Attack 2: DOCSTRING_DEF gives the kernel a docstring with a line starting `def `, from which the
     CPU interpreter's rewriter would compile the kernel (the docstring's text would run, the checked body dead code
     after it). The static stage refuses a line starting with `def ` after a kernel's own `def` line."""
-    result, text = _check(harness, "kernel_docstring_def.py")
+    result, text = _check(harness, tmp_path, after=DOCSTRING_DEF)
     assert MARK not in text, f"unchecked code ran in the candidate's process: {result.message}"
     assert (result.stage, result.reason) == (Stage.STATIC, Reason.FORBIDDEN_CALL), result.message
     assert "starts with `def `" in result.message

@@ -239,6 +239,11 @@ REFUSED = [
      "called as a function"),
     # the CPU interpreter compiles a kernel from the last line of its source that starts with `def `
     ("", '"""Notes.\ndef x():\n"""', "", "starts with `def `"),
+    # ... and on the GPU from the first, decorators included
+    ('@triton.jit(do_not_specialize=["""\ndef evil(x_ptr):\n"""])\ndef _h(x_ptr):\n    pass', "", "",
+     "starts with `def `"),
+    # inspect's tokenizer ends a kernel's block at a line that starts with a backslash
+    ("", "\\\n    v = 1", "", "starts with a backslash"),
     # a kernel's private attributes decide what Triton compiles: private names only on a method's own `self`
     ("def _f(self):\n    self._src = 'x'", "", "", "private attribute"),
     ("class _E:\n    @staticmethod\n    def s(k):\n        k._src = 'x'", "", "", "private attribute"),
@@ -248,10 +253,6 @@ REFUSED = [
     ("class _E:\n    def f(self):\n        self._src = 'x'\n_E.f(_k)", "", "", "taken from its class"),
     ("class _E(type(_k)):\n    pass", "", "", "base must be a class"),
     ("_KT = type(_k)\nclass _E(_KT):\n    pass", "", "", "base must be a class"),
-    ("", "\\\n    v = 1", "", "starts with a backslash"),
-    # ... and on the GPU from the first, decorators included
-    ('@triton.jit(do_not_specialize=["""\ndef evil(x_ptr):\n"""])\ndef _h(x_ptr):\n    pass', "", "",
-     "starts with `def `"),
 ]
 
 
