@@ -127,6 +127,26 @@ def test_show_has_verdict_timings_environment_lineage_and_source(h200, capsys):
         assert code == 2 and sentence in " ".join(err.split()) and "Traceback" not in err
 
 
+def test_a_uid_prefix_of_digits_names_its_candidate_and_an_id_stays_an_id(tmp_path, capsys):
+    """One uid in forty begins with eight decimal digits: such a prefix must find its candidate, not "no candidate
+    #12345678"; a number that is both an id and a uid prefix is refused as ambiguous, and `#N` is always the id."""
+    with Archive(tmp_path / "a.db") as a:
+        first = make(a, uid="0123456789abcdef0123456789abcdef")
+        second = make(a, uid="000002" + "1" * 26)
+        assert second.id == 2 and resolve(a, "01234567").uid == first.uid
+        assert resolve(a, "1").id == resolve(a, "#1").id == 1
+        with pytest.raises(BrowseError, match="both candidate #000002 and a uid prefix"):
+            resolve(a, "000002")
+        assert resolve(a, "#000002").uid == second.uid  # the id, said so
+        assert resolve(a, "0000021").uid == second.uid  # no #21, so the uid
+        with pytest.raises(BrowseError, match="no candidate #111111"):
+            resolve(a, "#111111")
+        with pytest.raises(BrowseError, match="no candidate with uid"):
+            resolve(a, "99999999")
+    code, out, _ = cli(capsys, "show", "01234567", "--archive", tmp_path / "a.db")
+    assert code == 0 and f"#{first.id} (01234567" in " ".join(out.split())
+
+
 def test_diff_and_lineage_follow_both_parents(family, capsys):
     path, f = family
     with Archive(path) as a:

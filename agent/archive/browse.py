@@ -28,13 +28,19 @@ class BrowseError(ValueError):
 # ---- finding candidates ---------------------------------------------------------------------------------------
 def resolve(archive: Archive, ref: str) -> Candidate:
     """The candidate `ref` names, with its source."""
-    text = str(ref).strip().lstrip("#")
-    if text.isdigit():
-        cand = archive.get(int(text))
-        if cand is None:
+    said = str(ref).strip()
+    text = said.lstrip("#")
+    is_uid = not said.startswith("#") and len(text) >= 6 and all(ch in "0123456789abcdef" for ch in text.lower())
+    if text.isdigit():  # an id, or a uid prefix that happens to be all digits (one in forty 8-digit prefixes)
+        cand = archive.get(int(text)) if len(text) < 19 else None
+        if cand is not None and is_uid and archive.by_uid(text):
+            raise BrowseError(f"{text!r} is both candidate #{text} and a uid prefix; write #{text} for the id, or "
+                              "give more of the uid")
+        if cand is not None:
+            return cand
+        if not is_uid:
             raise BrowseError(f"no candidate #{text} in {archive.path}; `crucible archive list` shows the ids")
-        return cand
-    if len(text) >= 6 and all(ch in "0123456789abcdef" for ch in text.lower()):
+    if is_uid:
         found = archive.by_uid(text.lower())
         if len(found) == 1:
             return archive.with_source(found[0])
