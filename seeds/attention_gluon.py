@@ -94,7 +94,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 
 from seeds._common import sm_count
 
@@ -599,13 +599,13 @@ def attention_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     q_layout = gl.NVMMASharedLayout.get_default_for([m_c, d], gdt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gdt)
     rows = b * h * s
-    q_desc = TensorDescriptor(q2, [rows, d], [d, 1], [m_c, d], q_layout)
+    q_desc = GluonTensorDescriptor(q2, [rows, d], [d, 1], [m_c, d], q_layout)
     o_layout = gl.NVMMASharedLayout.get_default_for([m_c, d], GL_DTYPES[o_dtype])
-    o_desc = TensorDescriptor(o.view(rows, d), [rows, d], [d, 1], [m_c, d], o_layout)
-    k_desc = TensorDescriptor(k2, [rows, d], [d, 1], [block_n, d], kv_layout)
-    v_desc = TensorDescriptor(v2, [rows, d], [d, 1], [block_n, d], kv_layout)
+    o_desc = GluonTensorDescriptor(o.view(rows, d), [rows, d], [d, 1], [m_c, d], o_layout)
+    k_desc = GluonTensorDescriptor(k2, [rows, d], [d, 1], [block_n, d], kv_layout)
+    v_desc = GluonTensorDescriptor(v2, [rows, d], [d, 1], [block_n, d], kv_layout)
     # dO's [rows, D] view is addressed with Q's row coordinates (same shape, contiguous); unused without do
-    do_desc = (TensorDescriptor(do.contiguous().view(rows, d), [rows, d], [d, 1], [m_c, d], q_layout)
+    do_desc = (GluonTensorDescriptor(do.contiguous().view(rows, d), [rows, d], [d, 1], [m_c, d], q_layout)
                if with_delta and not delta_o else q_desc)
     do_rows = do.contiguous() if delta_o else lse
     num_m = s // block_m

@@ -126,7 +126,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 
 # the TMA copies under their Triton 3.6 or 3.9 names, picked once in the forward's module
 from seeds.attention_gluon import LOG2E, tma_load, tma_store
@@ -862,7 +862,7 @@ def attention_bwd_gluon(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
 
     def desc(t, block_rows):
         layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], GL_DTYPES[t.dtype])
-        return TensorDescriptor(t, [rows, d], [d, 1], [block_rows, d], layout)
+        return GluonTensorDescriptor(t, [rows, d], [d, 1], [block_rows, d], layout)
 
     m1, n1 = cfg_kv["BLOCK_M"], cfg_kv["BLOCK_N"]
     num_n = s // n1

@@ -216,6 +216,48 @@ def test_every_seed_flattens_or_says_why():
     assert flattened >= 20
 
 
+def test_two_modules_importing_different_things_by_one_name_are_not_flattened(tmp_path):
+    """In one file the later import would shadow the earlier (seeds/attention.py's TensorDescriptor is
+    triton.tools', Gluon's takes a layout: the flattened training seed failed on the H200 wherever it fell back to
+    the Triton path): the file is left as it was, with the name in the reason. The same import twice is fine."""
+    from agent.search.flatten import flatten
+
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    (seeds / "a.py").write_text("from math import floor as r\nimport math\n\n\ndef fa():\n    return r(1.5) * math.prod([1])\n")
+    (seeds / "b.py").write_text("from math import ceil as r\n\n\ndef fb():\n    return r(1.5)\n")
+    (seeds / "c.py").write_text("from math import floor as r\nfrom math import ceil\n\n\ndef fc():\n"
+                                "    return r(1.5) + ceil(0.5)\n")
+    (seeds / "d.py").write_text("def math():\n    return 0\n")
+    src = "from seeds.a import fa\nfrom seeds.b import fb\n\nx = (fa(), fb())\n"
+    flat = flatten(src, seeds_dir=seeds)
+    assert flat.source == src and "import different things as 'r'" in flat.problem
+    assert "'math'" in flatten("from seeds.a import fa\nfrom seeds.d import math\n", seeds_dir=seeds).problem
+    assert "'r'" in flatten("from math import trunc as r\nfrom seeds.c import fc\n", seeds_dir=seeds).problem
+    same = flatten("from seeds.a import fa\nfrom seeds.c import fc\n\nx = fa() + fc()\n", seeds_dir=seeds)
+    assert same.problem is None and same.source.count("from math import floor as r") == 1
+    ns: dict = {}
+    exec(same.source, ns)
+    assert ns["x"] == 1 + (1 + 1)
+
+
+def test_a_flattened_seed_binds_each_top_level_name_to_one_thing():
+    import ast
+
+    from agent.search.flatten import SEEDS_DIR, _defines, flatten
+
+    for path in sorted(SEEDS_DIR.glob("*.py")):
+        if path.name.startswith("_") or path.name == "registry.py":
+            continue
+        seen: dict[str, str] = {}
+        for node in ast.parse(flatten(path.read_text()).source).body:
+            for name in _defines(node):
+                what = ast.unparse(node) if not isinstance(node, (ast.Import, ast.ImportFrom)) else next(
+                    f"{getattr(node, 'module', '')}.{a.name}" for a in node.names
+                    if (a.asname or a.name.split(".")[0]) == name)
+                assert seen.setdefault(name, what) == what, (path.name, name, seen[name], what)
+
+
 # Host-side helpers that stay imported from their seed modules when a seed is flattened: each reads a tensor's values
 # on the host (`.tolist()`) or caches on the host, which a candidate may not do.
 HOST_HELPERS = {"_sm_count_cuda", "RowVariant", "input_amax", "_fused_forward"}

@@ -9,9 +9,10 @@ uses, itself, an import a candidate may not make (a host-side helper cached with
 its seed module: the kernels are copied, such helpers are not.
 
 The result runs the same code (the definitions are copied verbatim). Where it cannot be made safely — a name defined
-differently by two of the modules, a seed module that is not a file, an import of a whole seed module, copied code
-the harness's static checks refuse in a candidate (e.g. an import only seed modules may make) — the file is returned
-unchanged with the reason, and the run goes on with the file as it was.
+differently by two of the modules or imported from two places (the later would shadow the earlier in one file), a
+seed module that is not a file, an import of a whole seed module, copied code the harness's static checks refuse in
+a candidate (e.g. an import only seed modules may make) — the file is returned unchanged with the reason, and the
+run goes on with the file as it was.
 """
 from __future__ import annotations
 
@@ -197,11 +198,19 @@ class _Walk:
 
 def _copied(walk: _Walk, order: list[str], tree: ast.Module) -> tuple[bool, list[str], list[str]]:
     """The taken code in module order: whether any module uses `from __future__ import annotations`, the imports
-    the file lacks, and one section of copied definitions per module. A name the file, or two modules differently,
-    define is refused."""
-    own = {n for node in tree.body if not _seed_import(node) for n in _defines(node)}
+    the file lacks, and one section of copied definitions per module. A name bound to two things is refused: defined
+    by the file and a module, defined differently by two modules, or imported from two places (seeds/attention.py's
+    TensorDescriptor is triton.tools', the Gluon modules' is Gluon's), one of them or defined by another."""
+    own = {n for node in tree.body if not _seed_import(node) and not isinstance(node, (ast.Import, ast.ImportFrom))
+           for n in _defines(node)}
     seen_imports = {ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
     defined_by: dict[str, tuple[str, str]] = {}
+    # name -> (where, what it is bound to) for every name an import binds: the file's own, then each copied one
+    imported: dict[str, tuple[str, tuple]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not _seed_import(node):
+            for name, what in _import_bindings(node):
+                imported.setdefault(name, ("the file", what))
     future = False
     head: list[str] = []
     sections: list[str] = []
@@ -214,6 +223,14 @@ def _copied(walk: _Walk, order: list[str], tree: ast.Module) -> tuple[bool, list
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 if isinstance(node, ast.ImportFrom) and node.module == "__future__":
                     continue
+                for name, what in _import_bindings(node):
+                    if name in own or name in defined_by:
+                        raise _Cant(f"{'the file' if name in own else defined_by[name][0]} defines {name!r} and "
+                                    f"{mod_name} imports it")
+                    if name in imported and imported[name][1] != what:
+                        raise _Cant(f"{imported[name][0]} and {mod_name} import different things as {name!r} "
+                                    f"({_what(imported[name][1])}; {_what(what)})")
+                    imported.setdefault(name, (mod_name, what))
                 text = ast.unparse(node)
                 if text not in seen_imports:
                     seen_imports.add(text)
@@ -223,6 +240,8 @@ def _copied(walk: _Walk, order: list[str], tree: ast.Module) -> tuple[bool, list
             for name in _defines(node):
                 if name in own:
                     raise _Cant(f"the file and {mod_name} both define {name!r}")
+                if name in imported:
+                    raise _Cant(f"{imported[name][0]} imports {name!r} and {mod_name} defines it")
                 if name in defined_by and defined_by[name][1] != segment:
                     raise _Cant(f"{defined_by[name][0]} and {mod_name} define {name!r} differently")
                 defined_by[name] = (mod_name, segment)
@@ -230,6 +249,11 @@ def _copied(walk: _Walk, order: list[str], tree: ast.Module) -> tuple[bool, list
         if body:
             origin = mod_name.replace(".", "/")
             sections.append(f"# ---- copied from the seed module {origin}.py ----\n" + "\n\n\n".join(body))
+    for mod_name, names in walk.kept.items():  # stays `from seeds.X import name`: one meaning for its name too
+        for name in names:
+            if name in own or name in defined_by or imported.get(name, ("", ("from", mod_name, name)))[1] != \
+                    ("from", mod_name, name):
+                raise _Cant(f"{name!r} stays imported from {mod_name}, and the file or another module binds it too")
     return future, head, sections
 
 
@@ -325,3 +349,17 @@ def _free(node: ast.stmt) -> set[str]:
     """Names a statement reads that it does not bind itself (over-approximated: never misses one)."""
     loaded = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     return loaded - _BUILTINS
+
+
+def _import_bindings(node: ast.Import | ast.ImportFrom) -> list[tuple[str, tuple]]:
+    """(name, what it is bound to) for each name a top-level import binds: `import a.b` binds a to module a,
+    `import a.b as c` c to module a.b, `from m import x as y` y to m's attribute x."""
+    if isinstance(node, ast.Import):
+        return [(a.asname, ("module", a.name)) if a.asname else (a.name.split(".")[0], ("module", a.name.split(".")[0]))
+                for a in node.names]
+    return [(a.asname or a.name, ("from", "." * node.level + (node.module or ""), a.name))
+            for a in node.names if a.name != "*"]
+
+
+def _what(what: tuple) -> str:
+    return f"module {what[1]}" if what[0] == "module" else f"{what[1]}.{what[2]}"
