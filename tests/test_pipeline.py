@@ -357,12 +357,12 @@ def test_real_harness_three_at_once_matches_the_serial_path(task, tmp_path):
     piped, holds = run("piped", 3)
     assert piped == serial
     assert serial["good"][:3] == ("accepted", "robustness", "ok") and serial["wrong"][2] == "output_mismatch"
-    shared = sorted(holds, key=lambda h: h.start)
     assert {h.mode for h in holds} == {SHARED} and len({h.holder for h in holds}) >= 3
     # each hold says what it was for: the parent's steps and the candidate's requests (its first call, which
     # compiles, takes no turn)
     assert {"inputs", "reference", "compare", "call", "soak", "rebuild"} <= {h.work for h in holds}
-    assert any(b.start < a.end and a.holder != b.holder for a, b in zip(shared, shared[1:]))
+    # (that checks overlap is test_k_checks_overlap_and_verdicts_match_the_serial_path's, with scripted times: here
+    # a check's gated work is a fraction of a second beside its loading, so on a loaded machine none may overlap)
 
 
 def test_the_benchmark_reads_where_a_candidates_seconds_went():
