@@ -4,8 +4,8 @@ Several candidates are checked on one GPU at once (agent/search/executors.py), s
 correctness while another is timed. Their GPU work takes the gate in shared mode, a timing stage takes it in
 exclusive mode: a timing waits until the shared holders in progress have finished, and while it waits or runs no
 new shared holder starts (writer preference, so a stream of short checks cannot starve a timing). Two timings never
-overlap, and at most `timing_turns` (TIMING_TURNS, or one for a task of gigabytes) timing stages hold their input
-sets on the GPU at once (`timing_turn`). The parent's own passing peaks (a reference run with its float64 truth: tens of GB for attention's backward) take bytes
+overlap, and at most TIMING_TURNS timing stages hold their input sets on the GPU at once (`timing_turn`). The
+parent's own passing peaks (a reference run with its float64 truth: tens of GB for attention's backward) take bytes
 of a memory budget (`memory`), so two checks' peaks never meet on the GPU when together they would not fit.
 
 The gate is the parent's (trusted) bookkeeping: it orders the work the parent asks for. Every hold is logged with
@@ -54,8 +54,7 @@ class GpuGate:
         self._exclusive = False  # an exclusive holder now
         self._waiting_exclusive = 0
         self._log: deque[Hold] = deque(maxlen=MAX_LOGGED)
-        self.timing_turns = TIMING_TURNS  # a task of gigabytes may get one (agent/search/executors.timing_turns)
-        self._in_turn = 0
+        self._turns = threading.BoundedSemaphore(TIMING_TURNS)
 
     @contextmanager
     def shared(self, holder: str = "", work: str = "") -> Iterator[float]:
@@ -99,20 +98,15 @@ class GpuGate:
 
     @contextmanager
     def timing_turn(self) -> Iterator[float]:
-        """One of the `timing_turns` timing stages that may hold their input sets and kept outputs on this GPU at
-        once (taken before the stage builds them, given back when its outputs are released); yields the seconds
-        waited. Nothing else is waited for while it is held but the gate itself, which never waits for a turn."""
+        """One of the TIMING_TURNS timing stages that may hold their input sets and kept outputs on this GPU at once
+        (taken before the stage builds them, given back when its outputs are released); yields the seconds waited.
+        Nothing else is waited for while it is held but the gate itself, which never waits for a turn."""
         asked = time.monotonic()
-        with self._cond:
-            while self._in_turn >= max(1, self.timing_turns):
-                self._cond.wait()
-            self._in_turn += 1
+        self._turns.acquire()
         try:
             yield time.monotonic() - asked
         finally:
-            with self._cond:
-                self._in_turn -= 1
-                self._cond.notify_all()
+            self._turns.release()
 
     @contextmanager
     def memory(self, nbytes: int | None) -> Iterator[float]:

@@ -96,11 +96,11 @@ def test_bad_gpu_ids_are_refused(task):
 
 def test_a_task_of_gigabytes_is_checked_fewer_at_a_time():
     """The checks per GPU shrink to what the GPU holds (about 16x the inputs a check, beside two timings' input sets
-    and kept outputs, or one where that lets more checks in), never below one; a small task keeps what was asked; a
-    task whose inputs cannot be probed too."""
+    and kept outputs), never below one; a small task keeps what was asked; a task whose inputs cannot be probed
+    too."""
     from types import SimpleNamespace
 
-    from agent.search.executors import CHECKS_PER_GPU, checks_that_fit, timing_turns
+    from agent.search.executors import CHECKS_PER_GPU, checks_that_fit
     gib = 1 << 30
     relu = SimpleNamespace(input_bytes=lambda: int(6.4 * gib))  # KernelBench level 1's ReLU: 4096 x 393216 fp32
     swiglu = SimpleNamespace(input_bytes=lambda: 2 * 16384 * 14336 * 2)  # tasks/swiglu_fwd.py: 8 ran out (H200)
@@ -110,9 +110,7 @@ def test_a_task_of_gigabytes_is_checked_fewer_at_a_time():
     h200 = int(139.8 * gib)
     assert checks_that_fit(relu, h200) == 1
     assert checks_that_fit(relu, 40 * gib) == 1
-    assert checks_that_fit(swiglu, h200, 8) == 7  # 4 beside two timing turns (83 GB), 7 beside one
-    assert [timing_turns(swiglu, h200, k) for k in (4, 5, 7)] == [2, 1, 1]
-    assert timing_turns(small, h200, 16) == 2 and timing_turns(relu, h200, 1) == 1
+    assert checks_that_fit(swiglu, h200, 8) == 4
     assert checks_that_fit(small, h200) == CHECKS_PER_GPU
     assert checks_that_fit(small, h200, 16) == 16
     assert checks_that_fit(SimpleNamespace(input_bytes=broken), h200) == CHECKS_PER_GPU

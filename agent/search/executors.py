@@ -137,48 +137,30 @@ def checks_that_fit(task: Task, gpu_bytes: int, wanted: int = CHECKS_PER_GPU) ->
     input bytes alive there (the parent's inputs, reference output and float64 truth, the lent staging copies, the
     soak's calls, the child's own copies), and the GPU's timing turns (sandbox/gate.py) each hold a timing's input
     sets and kept outputs besides (`timing_bytes`), so a task of gigabytes (SwiGLU at Llama-3 8B's width, KernelBench's
-    6 GB tensors) is checked fewer at a time instead of running the GPU out of memory. Where one timing turn instead
-    of TIMING_TURNS lets more checks in, it counts one (`timing_turns` then gives the gate one)."""
+    6 GB tensors) is checked fewer at a time instead of running the GPU out of memory."""
     try:
         inputs = task.input_bytes()
     except Exception:  # noqa: BLE001 - a task whose inputs cannot be probed keeps the default
         return wanted
-    return max(_fit(inputs, gpu_bytes, wanted, turns) for turns in (TIMING_TURNS, 1))
+    return max(1, min(wanted, _left(inputs, gpu_bytes, 0) // max(1, CHECK_FOOTPRINT * inputs)))
 
 
-def timing_turns(task: Task, gpu_bytes: int, checks: int) -> int:
-    """The timing stages that may hold their input sets on the GPU at once beside `checks` checks: TIMING_TURNS
-    (the next timing builds its sets while one measures), or one where the second turn's holdings would leave too
-    little room for the checks (SwiGLU on an H200: two turns hold 83 GB, and 4 checks fit beside them, 6 beside one;
-    the second turn saves only the next timing's preparation, a tenth of a second)."""
-    try:
-        inputs = task.input_bytes()
-    except Exception:  # noqa: BLE001 - as checks_that_fit: the default
-        return TIMING_TURNS
-    return TIMING_TURNS if gpu_bytes <= 0 or _left(inputs, gpu_bytes, checks, TIMING_TURNS) >= 0 else 1
-
-
-def parent_memory_budget(task: Task, gpu_bytes: int, checks: int, turns: int = TIMING_TURNS) -> int:
+def parent_memory_budget(task: Task, gpu_bytes: int, checks: int) -> int:
     """The bytes the parent's passing peaks (reference runs with their float64 truth) may take on a GPU at once
-    (sandbox/gate.py's `memory`): what `turns` timing turns and the checks' own footprints (checks_that_fit) leave,
-    at least one byte (a run then goes alone: the gate admits one whatever its size); 0 (no budget) off the GPU."""
+    (sandbox/gate.py's `memory`): what the timing turns and the checks' own footprints (checks_that_fit) leave, at
+    least one byte (a run then goes alone: the gate admits one whatever its size); 0 (no budget) off the GPU."""
     if gpu_bytes <= 0:
         return 0
     try:
         inputs = task.input_bytes()
     except Exception:  # noqa: BLE001 - a task whose inputs cannot be probed: its reference runs one at a time
         return 1
-    return max(1, _left(inputs, gpu_bytes, checks, turns))
+    return max(1, _left(inputs, gpu_bytes, checks))
 
 
-def _fit(input_bytes: int, gpu_bytes: int, wanted: int, turns: int) -> int:
-    """Checks that fit beside `turns` timing turns, 1 to `wanted`."""
-    return max(1, min(wanted, _left(input_bytes, gpu_bytes, 0, turns) // max(1, CHECK_FOOTPRINT * input_bytes)))
-
-
-def _left(input_bytes: int, gpu_bytes: int, checks: int, turns: int) -> int:
-    """The GPU's bytes past `turns` timing turns' holdings and `checks` checks' footprints (may be negative)."""
-    return gpu_bytes - turns * timing_bytes(input_bytes, gpu_bytes) - checks * CHECK_FOOTPRINT * input_bytes
+def _left(input_bytes: int, gpu_bytes: int, checks: int) -> int:
+    """The GPU's bytes past its timing turns' holdings and `checks` checks' footprints (may be negative)."""
+    return gpu_bytes - TIMING_TURNS * timing_bytes(input_bytes, gpu_bytes) - checks * CHECK_FOOTPRINT * input_bytes
 
 
 def timing_bytes(input_bytes: int, gpu_bytes: int) -> int:
@@ -252,13 +234,11 @@ class LocalSession:
         for gpu in self.gpu_ids:
             self.gates.setdefault(gpu, GpuGate(f"{device}:{gpu}"))
         import torch
-        # This task's reference peaks and timing turns beside its checks (a batch's next task on the GPU sets its own).
+        # This task's reference peaks beside its checks (a batch's next task on the GPU sets its own budget).
         if device == "cuda" and torch.cuda.is_available():
             for gpu in set(self.gpu_ids):
-                total, checks = torch.cuda.get_device_properties(gpu).total_memory, self.gpu_ids.count(gpu)
-                turns = timing_turns(task, total, checks)
-                self.gates[gpu].timing_turns = turns
-                self.gates[gpu].memory_bytes = parent_memory_budget(task, total, checks, turns)
+                self.gates[gpu].memory_bytes = parent_memory_budget(
+                    task, torch.cuda.get_device_properties(gpu).total_memory, self.gpu_ids.count(gpu))
         self.evaluators: dict[int, Evaluator] = {}
 
     def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
