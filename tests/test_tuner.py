@@ -62,6 +62,16 @@ def test_finds_the_knobs_of_an_llm_style_kernel():
     assert not any(key.startswith("_tuned_kernel[]") for key, _, _ in table)
 
 
+def test_a_launch_with_a_keyword_splat_gets_no_absent_option():
+    """`kernel[grid](..., **cfg)`: the dict may hold num_warps already, and an added `num_warps=4` then failed the
+    launch ("got multiple values for keyword argument 'num_warps'": the attention seed's backward, on the H200)."""
+    source = LLM_KERNEL.replace("BLOCK=BLOCK_SIZE, num_warps=num_warps)", "**{'BLOCK': BLOCK_SIZE, 'num_warps': 4})")
+    assert source != LLM_KERNEL
+    table = knob_table(source)
+    assert not any(key.startswith("_add_kernel[]") for key, _, _ in table)
+    assert ("_add_kernel[].num_stages#1", "option", "") in knob_table(LLM_KERNEL)
+
+
 def test_finds_the_knobs_of_a_seed_kernel():
     keys = {k.key for k in find_knobs(RMSNORM)}
     assert {"fwd_config()#1", "bwd_config()#1", "bwd_config()#2", "_rmsnorm_fwd_kernel[].num_warps#1",

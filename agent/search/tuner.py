@@ -362,7 +362,7 @@ def _option_knobs(call: ast.Call, options: dict[str, tuple[str, tuple[int, ...]]
             kind = _kind(option, value or 0) if value in scale and _kind(option, 0) != "count" else "option"
             knobs.setdefault((start, end), Knob(option, kind, value, start, end, kw.value.lineno, key=key,
                                                 text=source[start:end], scale=scale))
-        elif call.args or call.keywords:
+        elif (call.args or call.keywords) and all(k.arg for k in call.keywords):  # a `**cfg` may carry it already
             last = call.args[-1] if not call.keywords else call.keywords[-1]
             _, end = _span(last, offsets, source)
             # several absent options insert at the same spot: keyed by name too
