@@ -6,11 +6,14 @@ A candidate output `c` is compared with two references computed in the trusted p
 It passes when all of these hold:
   1. NaN/Inf positions equal r's (a candidate may be finite where r overflowed only if t is finite there too
      and c is close to t);
-  2. elementwise |c - t| <= atol * scale + rtol * |t| + max(K * max(|r - t|, RMS(r - t)), MAX(|r - t|)), where
-     scale is the RMS of t: the absolute slack is relative to the output's magnitude, so returning zeros for a
-     small-valued output fails; and no element need be closer to the truth than the reference's worst one (an
-     honest kernel's rounding errors have a tail as PyTorch's do, only at other elements: of 67M attention outputs
-     one or two of a tuned variant's lay past 4x PyTorch's RMS error, rejecting 78 of 87 variants on the H200);
+  2. elementwise |c - t| <= atol * scale + rtol * |t| + max(K * max(|r - t|, RMS(r - t)), T * MAX(|r - t|)),
+     where scale is the RMS of t: the absolute slack is relative to the output's magnitude, so returning zeros for
+     a small-valued output fails; and no element need be closer to the truth than T times the reference's worst
+     one. An honest kernel's rounding errors have a tail as PyTorch's do, only at other elements (of 67M attention
+     outputs one or two of a tuned variant's lay past 4x PyTorch's RMS error, rejecting 78 of 87 variants on the
+     H200), and the larger of two such tails' maxima is a coin toss: held to PyTorch's worst itself (T = 1),
+     5 of 7 variants of the attention seed were still rejected for 1 to 7 elements. T = 2 leaves room for a tail
+     somewhat wider than PyTorch's, still tighter than the bulk's K = 4 of rule 3;
   3. relative L2 error ||c - t|| / ||t|| <= max(l2 floor of the dtype, K * that of r): at most a few times
      PyTorch's own error, never looser than the dtype's floor. The float32 floor is tight enough that a
      tf32 matmul (≈3e-4 at large K) fails unless the task declares tf32 allowed.
@@ -34,6 +37,7 @@ import torch
 from .records import Mismatch
 
 REF_FACTOR = 4.0  # "at most a few times PyTorch's own error"
+TAIL_FACTOR = 2.0  # T of rule 2: how much further than PyTorch's worst element any element may lie
 CHUNK = 1 << 24  # elements compared at a time (float64 temporaries of 128 MiB)
 
 
@@ -208,7 +212,7 @@ def _err_bound(c: torch.Tensor, r: torch.Tensor, t: torch.Tensor, alts: list[tor
     for a in alts:
         ref_err = torch.maximum(ref_err, (_zeroed(_finite_or(a, t), finite) - tf).abs())
     bound = tol.atol * max(scale_t, 1e-30) + tol.rtol * tf.abs() + \
-        (REF_FACTOR * ref_err.clamp_min(ref_rms)).clamp_min(ref_max)
+        (REF_FACTOR * ref_err.clamp_min(ref_rms)).clamp_min(TAIL_FACTOR * ref_max)
     return finite, err, bound
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sandbox.stage_runners import _contiguous
-from sandbox.tolerance import REF_FACTOR, compare, tolerance_for
+from sandbox.tolerance import REF_FACTOR, TAIL_FACTOR, compare, tolerance_for
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -50,15 +50,18 @@ def test_the_bound_follows_pytorchs_own_error():
 
 
 def test_no_element_is_held_closer_than_the_references_worst():
-    """PyTorch's own errors have a tail: a candidate whose one element lies past 4x PyTorch's RMS error, but no
-    further from the truth than PyTorch's worst element, passes; past that worst, it fails."""
+    """PyTorch's own errors have a tail: a candidate whose one element lies past 4x PyTorch's RMS error, but within
+    twice PyTorch's worst element, passes (the larger of two honest tails' maxima is a coin toss); past that, it
+    fails."""
     truth = torch.linspace(-1.0, 1.0, 1 << 16, dtype=torch.float64)
     pytorch = truth.clone()
     pytorch[10] += 0.04  # PyTorch's tail: one element off by 0.04, every other exact
     got = truth.clone()
     got[5000] += 0.035  # past 4x PyTorch's RMS error (about 1.6e-4 here), within its worst: passes
     assert compare("o", got.float(), pytorch.float(), truth) is None
-    got[5000] = truth[5000] + 0.06  # past PyTorch's worst: fails
+    got[5000] = truth[5000] + 0.06  # past PyTorch's worst, within twice it: passes
+    assert TAIL_FACTOR == 2.0 and compare("o", got.float(), pytorch.float(), truth) is None
+    got[5000] = truth[5000] + 0.1  # past twice PyTorch's worst (float32's own slack is about 1e-4): fails
     bad = compare("o", got.float(), pytorch.float(), truth)
     assert bad is not None and bad.worst_index == (5000,)
 
@@ -176,7 +179,7 @@ def _rules(got, ref, truth, alternates=()):
     for a in alts:
         ref_err = torch.maximum(ref_err, (torch.where(a.isfinite(), a, t) - t).abs())
     bound = tol.atol * max(rms_t, 1e-30) + tol.rtol * t.abs() + \
-        (REF_FACTOR * ref_err.clamp_min((worst2 / n) ** 0.5)).clamp_min(float(own[0].max()))
+        (REF_FACTOR * ref_err.clamp_min((worst2 / n) ** 0.5)).clamp_min(TAIL_FACTOR * float(own[0].max()))
     return nf_bad + int(((c - t).abs() > bound)[held].sum()), l2_ok
 
 
