@@ -169,9 +169,7 @@ class _Checker(NameChecker):
         target = node.args[0]
         path = self._module_rooted(target) if isinstance(target, ast.Attribute) else (
             self.imported[target.id] if isinstance(target, ast.Name) and target.id in self.imported else None)
-        self._attr_rules(node, attr, f"{path}.{attr}" if path else None, module_rooted=path is not None)
-        if path is None:
-            self.private_attr(node, attr, target)
+        self._attr_rules(node, attr, f"{path}.{attr}" if path else None, module_rooted=path is not None, owner=target)
 
     # ---- 4. kernel bodies ------------------------------------------------------------------------------------------
     def _kernel_call_name(self, node: ast.Call, name: str) -> None:
@@ -256,9 +254,7 @@ class _Checker(NameChecker):
         for dec in node.decorator_list:
             self._check_decorator(dec)
         for base in node.bases:
-            root = base
-            while isinstance(root, ast.Attribute):
-                root = root.value
+            root = self._root(base)
             if not isinstance(root, ast.Name) or (root.id != "object" and self.module_kind.get(root.id) not in
                                                   ("class", "import")):
                 refuse(base, f"class {node.name}'s base must be a class you define or import (not the type of a "

@@ -393,7 +393,8 @@ class NameChecker:
         return None
 
     def _attr_rules(self, node: ast.AST, attr: str, path: str | None, module_rooted: bool,
-                    reason: Reason = Reason.FORBIDDEN_CALL) -> None:
+                    reason: Reason = Reason.FORBIDDEN_CALL, owner: ast.AST | None = None) -> None:
+        """The rules for `.attr` read (or set) on `owner`, or on the module `path` names where it is module-rooted."""
         shown = path or attr
         if is_dunder(attr) and attr not in ALLOWED_DUNDER_ATTRS:
             refuse(node, f"`.{attr}` (in `{shown}`) is not allowed; dunder attributes other than __init__ and "
@@ -413,6 +414,8 @@ class NameChecker:
         if path and not excepted and any(path == p or path.startswith(p + ".")
                                                         for p in FORBIDDEN_PATHS):
             refuse(node, f"`{shown}` is not allowed in a candidate", reason)
+        if not module_rooted and owner is not None:
+            self.private_attr(node, attr, owner)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self.visit(node.value)  # inner names first: `torch.sys.modules` is refused for `.sys`
@@ -420,9 +423,7 @@ class NameChecker:
         if node.attr == "untyped_storage" and id(node) not in self.storage_ok:
             refuse(node, "`.untyped_storage()` is allowed only as `.untyped_storage().data_ptr()`; "
                     "compare storages by address")
-        self._attr_rules(node, node.attr, path, module_rooted=path is not None)
-        if path is None:
-            self.private_attr(node, node.attr, node.value)
+        self._attr_rules(node, node.attr, path, module_rooted=path is not None, owner=node.value)
         if isinstance(node.value, ast.Name) and self.module_kind.get(node.value.id) == "class" and \
                 node.attr in self.instance_methods(node.value.id):
             refuse(node, f"`{node.value.id}.{node.attr}` is a method taken from its class, callable with any object "

@@ -251,8 +251,8 @@ def _copied(walk: _Walk, order: list[str], tree: ast.Module) -> tuple[bool, list
             sections.append(f"# ---- copied from the seed module {origin}.py ----\n" + "\n\n\n".join(body))
     for mod_name, names in walk.kept.items():  # stays `from seeds.X import name`: one meaning for its name too
         for name in names:
-            if name in own or name in defined_by or imported.get(name, ("", ("from", mod_name, name)))[1] != \
-                    ("from", mod_name, name):
+            binding = ("from", mod_name, name)
+            if name in own or name in defined_by or imported.get(name, ("", binding))[1] != binding:
                 raise _Cant(f"{name!r} stays imported from {mod_name}, and the file or another module binds it too")
     return future, head, sections
 
