@@ -261,6 +261,7 @@ class Harness:
                     self._keep_compiled(run)
                 with run.lap("close"):
                     self._retire(child, run.lending)
+                stage_runners.return_cached(run)  # the next check's process starts beside no idle cache of ours
                 lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
         if lost is not None:
             self._blame_for_zygote(run, lost)

@@ -93,7 +93,7 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
     run.rng.shuffle(variants)
     tried = [(float(reply.get("seconds") or 0.0), run.task, reference)]  # the soak takes the cheapest shape
     del reply
-    _return_cached(run)
+    return_cached(run)
     for variant, vtask in variants:
         with run.lap("reference_build"):
             vref = Reference(vtask, run.device, reference.model_seed, gate=run.options.gate)
@@ -110,7 +110,7 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
         shapes.append(variant)
         tried.append((float(reply.get("seconds") or 0.0), vtask, vref))
         del reply, expected, inputs
-        _return_cached(run)
+        return_cached(run)
     seconds, soak_task, soak_ref = min(tried, key=lambda t: t[0])
     if soak_ref is not tried[-1][2]:
         with run.lap("rebuild"):
@@ -157,7 +157,7 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
                                                                 for j in mine for r in expected[j].ref], used)
         if start == 0:
             del base  # the lent copies are what the child derives its calls' inputs from
-            _return_cached(run)
+            return_cached(run)
         within = run.within(f"calls {start + 1} to {stop} of the soak's {n}", reference, calls=stop - start)
         with run.lap("soak"):
             reply = harness._request(run, Stage.ROBUSTNESS, msg, within=within,
@@ -197,7 +197,7 @@ def timing(harness: Harness, run: _Run, reference: Reference) -> tuple[dict[str,
 CACHED_KEPT_BYTES = 1 << 30
 
 
-def _return_cached(run: _Run) -> None:
+def return_cached(run: _Run) -> None:
     """The parent's freed but cached GPU blocks (float64 truths, earlier shapes' inputs) go back to the driver when
     they pass CACHED_KEPT_BYTES: the child's process allocates from what is left of the same GPU, and a full-size
     task's next call needs the room; a small task keeps its cache (no allocation churn from check to check)."""
@@ -212,6 +212,7 @@ def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs
     if expected is None:
         with run.lap("reference"), harness._gpu(run, work="reference"):
             expected = reference.run(inputs)
+    return_cached(run)  # what the parent's last timing validation or reference left cached, the child's room now
     used: set[int] = set()
     with run.lap("ship"):
         msg: dict[str, Any] = {"op": "call", "inputs": run.lending.ship(inputs, used)[0]}
