@@ -67,10 +67,13 @@ def tolerance_for(dtype: torch.dtype, *, allow_tf32: bool = False, scale: float 
 
 
 def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor | None = None, *,
-            allow_tf32: bool = False, scale: float = 1.0, alternates: tuple[torch.Tensor, ...] = ()) -> Mismatch | None:
+            allow_tf32: bool = False, scale: float = 1.0, alternates: tuple[torch.Tensor, ...] = (),
+            fused: bool | None = None) -> Mismatch | None:
     """None when `got` passes against the reference `ref` (and float64 `truth`, if any); else a report.
     `alternates`: the same output from other honest PyTorch implementations (module docstring); ignored without
-    a truth or where a shape differs."""
+    a truth or where a shape differs. `fused`: the passes' sums by sandbox/tolerance_fused.py's kernels where the
+    tensors allow them on a GPU (None), also on the CPU through Triton's interpreter (True: the tests), or never
+    (False)."""
     if got.shape != ref.shape:
         raise ValueError(f"{name}: shape {tuple(got.shape)} vs {tuple(ref.shape)} (check shapes before compare)")
     if not (ref.is_floating_point() or ref.is_complex()):
@@ -79,6 +82,10 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
     tol = tolerance_for(ref.dtype, allow_tf32=allow_tf32, scale=scale)
     alternates = tuple(a for a in alternates if truth is not None and a.shape == ref.shape)
     chunks = _Chunks(got, ref, truth, alternates)
+    if fused is not False and got.numel():
+        from . import tolerance_fused
+        chunks.fused = CHUNK % tolerance_fused.BLOCK == 0 and \
+            tolerance_fused.usable(got, ref, chunks.truth, alternates, interpret=bool(fused))
     g = _global_terms(chunks, len(alternates))
     scale_t = math.sqrt(g.t2 / g.n_fin) if g.n_fin else 0.0
     # PyTorch's own error, per element where it is large there, and as its RMS everywhere: a candidate whose
@@ -139,20 +146,23 @@ def _global_terms(chunks: _Chunks, n_alternates: int) -> _GlobalTerms:
     """Pass 1, the global terms: non-finite disagreements, and the sums behind the RMS and L2 norms. The sums stay on
     the device until the last chunk (one synchronisation a pass, not several a chunk); non-finite elements are
     zeroed in place of being selected out (no data-dependent copies)."""
-    sums: list[torch.Tensor] = []  # per chunk: nf_bad, c_nf, r_nf, n_fin, t2, err2, ref_max, ref_err2[...]
-    for start, c, r, t, alts in chunks:
-        c_nf, r_nf, t_nf = ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t)
-        nf_bad = _nf_bad(c, r, c_nf, r_nf, t_nf)
-        finite = ~(c_nf | r_nf | t_nf)
-        tf = _zeroed(t, finite)
-        terms = [nf_bad.sum(), c_nf.sum(), r_nf.sum(), finite.sum(), _sum2(tf), _sum2(_zeroed(c, finite) - tf)]
-        ref_err = [_zeroed(x, finite) - tf for x in (r, *(_finite_or(a, t) for a in alts))]
-        terms.append(ref_err[0].abs().max())  # a chunk is never empty
-        terms += [_sum2(d) for d in ref_err]
-        sums.append(torch.stack([x.to(torch.float64) for x in terms]))
-    if not sums:
+    if chunks.fused:
+        per_chunk = chunks.fused_rows(1, max_column=6)
+    else:
+        sums: list[torch.Tensor] = []  # per chunk: nf_bad, c_nf, r_nf, n_fin, t2, err2, ref_max, ref_err2[...]
+        for start, c, r, t, alts in chunks:
+            c_nf, r_nf, t_nf = ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t)
+            nf_bad = _nf_bad(c, r, c_nf, r_nf, t_nf)
+            finite = ~(c_nf | r_nf | t_nf)
+            tf = _zeroed(t, finite)
+            terms = [nf_bad.sum(), c_nf.sum(), r_nf.sum(), finite.sum(), _sum2(tf), _sum2(_zeroed(c, finite) - tf)]
+            ref_err = [_zeroed(x, finite) - tf for x in (r, *(_finite_or(a, t) for a in alts))]
+            terms.append(ref_err[0].abs().max())  # a chunk is never empty
+            terms += [_sum2(d) for d in ref_err]
+            sums.append(torch.stack([x.to(torch.float64) for x in terms]))
+        per_chunk = torch.stack(sums).cpu() if sums else None  # the one synchronisation of the pass
+    if per_chunk is None:
         return _GlobalTerms(ref_err2=[0.0] * (1 + n_alternates))
-    per_chunk = torch.stack(sums).cpu()  # the one synchronisation of the pass
     total = per_chunk.sum(0).tolist()
     g = _GlobalTerms(n_nf_bad=int(total[0]), c_nf_count=int(total[1]), r_nf_count=int(total[2]), n_fin=int(total[3]),
                      t2=total[4], err2=total[5], ref_max=float(per_chunk[:, 6].max()), ref_err2=total[7:])
@@ -179,13 +189,17 @@ def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float
     bound, and the largest absolute error. The counts stay on the device until the last chunk; the worst is looked
     for afterwards, only where it can be: in chunks with an element outside (its ratio exceeds 1, every other
     chunk's does not), or anywhere when the L2 bound already failed."""
-    counts: list[torch.Tensor] = []
-    for _, c, r, t, alts in chunks:
-        _, err, bound = _err_bound(c, r, t, alts, tol, scale_t, ref_rms, ref_max)
-        counts.append(torch.stack([(err > bound).sum().to(torch.float64), err.max().to(torch.float64)]))
-    if not counts:
+    if chunks.fused:
+        per_chunk = chunks.fused_rows(2, max_column=1, params=(tol.atol * max(scale_t, 1e-30), tol.rtol, ref_rms,
+                                                                ref_max))
+    else:
+        counts: list[torch.Tensor] = []
+        for _, c, r, t, alts in chunks:
+            _, err, bound = _err_bound(c, r, t, alts, tol, scale_t, ref_rms, ref_max)
+            counts.append(torch.stack([(err > bound).sum().to(torch.float64), err.max().to(torch.float64)]))
+        per_chunk = torch.stack(counts).cpu() if counts else None  # the one synchronisation of the pass
+    if per_chunk is None:
         return 0, None, 0.0
-    per_chunk = torch.stack(counts).cpu()  # the one synchronisation of the pass
     n_out, max_abs = int(per_chunk[:, 0].sum()), float(per_chunk[:, 1].max())
     worst_ratio, worst_flat = -1.0, None
     for k in range(len(per_chunk)):
@@ -229,6 +243,25 @@ class _Chunks:
         self.alternates = tuple(a.detach().reshape(-1) for a in alternates)
         self.device = self.got.device
         self.dtype = torch.float32 if ref.dtype in (torch.float16, torch.bfloat16) else torch.float64
+        self.fused = False  # the passes' sums by sandbox/tolerance_fused.py's kernels (compare decides)
+
+    def fused_rows(self, which: int, *, max_column: int, params: tuple[float, ...] = ()) -> torch.Tensor:
+        """Pass `which`'s per-chunk rows, as the torch loop would stack them, from the kernels' per-block rows: each
+        chunk's blocks summed, but for `max_column`, their largest (every term is >= 0, so a zero row pads)."""
+        from . import tolerance_fused as tf
+        if which == 1:
+            rows = tf.pass1(self.got, self.ref, self.truth, self.alternates, self.dtype)
+        else:
+            rows = tf.pass2(self.got, self.ref, self.truth, self.alternates, self.dtype, params, REF_FACTOR,
+                            TAIL_FACTOR)
+        per = CHUNK // tf.BLOCK
+        n_chunks = -(-rows.shape[0] // per)
+        padded = torch.zeros((n_chunks * per, rows.shape[1]), dtype=rows.dtype, device=rows.device)
+        padded[:rows.shape[0]] = rows
+        padded = padded.view(n_chunks, per, rows.shape[1])
+        out = padded.sum(1)
+        out[:, max_column] = padded[:, :, max_column].amax(1)
+        return out.cpu()  # the one synchronisation of the pass
 
     def _work(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(device=self.device, dtype=self.dtype)
