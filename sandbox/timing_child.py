@@ -32,10 +32,12 @@ def derive(base_sets: list[list[Any]], k: int, fixed: tuple[int, ...]) -> list[A
     out = []
     for i, x in enumerate(src):
         if isinstance(x, torch.Tensor):
-            x = x.clone()
             if k >= len(base_sets) and x.is_floating_point() and i not in fixed and x.dim() > 0 and x.numel():
-                rolled = torch.roll(x, shifts=(7919 * k) % x.shape[-1], dims=-1)
-                x = (rolled.float() * (1.0 + 0.01 * (k % 17))).to(x.dtype)
+                x = torch.roll(x, shifts=(7919 * k) % x.shape[-1], dims=-1)  # a new tensor: scaled in place, one
+                if k % 17:  # rounding (a 16-bit tensor's product is taken in float32), no float32 copies
+                    x.mul_(1.0 + 0.01 * (k % 17))
+            else:
+                x = x.clone()
         out.append(x)
     return out
 
