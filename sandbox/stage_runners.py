@@ -201,10 +201,15 @@ def return_cached(run: _Run) -> None:
     """The parent's freed but cached GPU blocks (float64 truths, earlier shapes' inputs) go back to the driver when
     they pass CACHED_KEPT_BYTES: the child's process allocates from what is left of the same GPU, and a full-size
     task's next call needs the room; a small task keeps its cache (no allocation churn from check to check)."""
-    if run.device != "cpu" and \
-            torch.cuda.memory_reserved(run.device) - torch.cuda.memory_allocated(run.device) > CACHED_KEPT_BYTES:
+    if run.device != "cpu":
         with run.lap("empty_cache"):
-            torch.cuda.empty_cache()
+            idle_cache_back(run.device)
+
+
+def idle_cache_back(device: str) -> None:
+    """The parent's cached but unused blocks on `device` back to the driver where they pass CACHED_KEPT_BYTES."""
+    if torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) > CACHED_KEPT_BYTES:
+        torch.cuda.empty_cache()
 
 
 def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],

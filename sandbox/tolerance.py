@@ -29,12 +29,15 @@ outputs of 100M+ elements, and it holds the GPU's shared gate while it does).
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
 import torch
 
 from .records import Mismatch
+
+log = logging.getLogger(__name__)
 
 REF_FACTOR = 4.0  # "at most a few times PyTorch's own error"
 TAIL_FACTOR = 2.0  # T of rule 2: how much further than PyTorch's worst element any element may lie
@@ -146,9 +149,8 @@ def _global_terms(chunks: _Chunks, n_alternates: int) -> _GlobalTerms:
     """Pass 1, the global terms: non-finite disagreements, and the sums behind the RMS and L2 norms. The sums stay on
     the device until the last chunk (one synchronisation a pass, not several a chunk); non-finite elements are
     zeroed in place of being selected out (no data-dependent copies)."""
-    if chunks.fused:
-        per_chunk = chunks.fused_rows(1, max_column=6)
-    else:
+    per_chunk = chunks.fused_rows(1, max_column=6) if chunks.fused else None
+    if per_chunk is None:
         sums: list[torch.Tensor] = []  # per chunk: nf_bad, c_nf, r_nf, n_fin, t2, err2, ref_max, ref_err2[...]
         for start, c, r, t, alts in chunks:
             c_nf, r_nf, t_nf = ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t)
@@ -160,9 +162,9 @@ def _global_terms(chunks: _Chunks, n_alternates: int) -> _GlobalTerms:
             terms.append(ref_err[0].abs().max())  # a chunk is never empty
             terms += [_sum2(d) for d in ref_err]
             sums.append(torch.stack([x.to(torch.float64) for x in terms]))
-        per_chunk = torch.stack(sums).cpu() if sums else None  # the one synchronisation of the pass
-    if per_chunk is None:
-        return _GlobalTerms(ref_err2=[0.0] * (1 + n_alternates))
+        if not sums:
+            return _GlobalTerms(ref_err2=[0.0] * (1 + n_alternates))
+        per_chunk = torch.stack(sums).cpu()  # the one synchronisation of the pass
     total = per_chunk.sum(0).tolist()
     g = _GlobalTerms(n_nf_bad=int(total[0]), c_nf_count=int(total[1]), r_nf_count=int(total[2]), n_fin=int(total[3]),
                      t2=total[4], err2=total[5], ref_max=float(per_chunk[:, 6].max()), ref_err2=total[7:])
@@ -189,17 +191,16 @@ def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float
     bound, and the largest absolute error. The counts stay on the device until the last chunk; the worst is looked
     for afterwards, only where it can be: in chunks with an element outside (its ratio exceeds 1, every other
     chunk's does not), or anywhere when the L2 bound already failed."""
-    if chunks.fused:
-        per_chunk = chunks.fused_rows(2, max_column=1, params=(tol.atol * max(scale_t, 1e-30), tol.rtol, ref_rms,
-                                                                ref_max))
-    else:
+    params = (tol.atol * max(scale_t, 1e-30), tol.rtol, ref_rms, ref_max)
+    per_chunk = chunks.fused_rows(2, max_column=1, params=params) if chunks.fused else None
+    if per_chunk is None:
         counts: list[torch.Tensor] = []
         for _, c, r, t, alts in chunks:
             _, err, bound = _err_bound(c, r, t, alts, tol, scale_t, ref_rms, ref_max)
             counts.append(torch.stack([(err > bound).sum().to(torch.float64), err.max().to(torch.float64)]))
-        per_chunk = torch.stack(counts).cpu() if counts else None  # the one synchronisation of the pass
-    if per_chunk is None:
-        return 0, None, 0.0
+        if not counts:
+            return 0, None, 0.0
+        per_chunk = torch.stack(counts).cpu()  # the one synchronisation of the pass
     n_out, max_abs = int(per_chunk[:, 0].sum()), float(per_chunk[:, 1].max())
     worst_ratio, worst_flat = -1.0, None
     for k in range(len(per_chunk)):
@@ -245,15 +246,25 @@ class _Chunks:
         self.dtype = torch.float32 if ref.dtype in (torch.float16, torch.bfloat16) else torch.float64
         self.fused = False  # the passes' sums by sandbox/tolerance_fused.py's kernels (compare decides)
 
-    def fused_rows(self, which: int, *, max_column: int, params: tuple[float, ...] = ()) -> torch.Tensor:
+    def fused_rows(self, which: int, *, max_column: int, params: tuple[float, ...] = ()) -> torch.Tensor | None:
         """Pass `which`'s per-chunk rows, as the torch loop would stack them, from the kernels' per-block rows: each
-        chunk's blocks summed, but for `max_column`, their largest (every term is >= 0, so a zero row pads)."""
+        chunk's blocks summed, but for `max_column`, their largest (every term is >= 0, so a zero row pads). None where
+        the kernels fail (then never tried again in this process)."""
         from . import tolerance_fused as tf
-        if which == 1:
-            rows = tf.pass1(self.got, self.ref, self.truth, self.alternates, self.dtype)
-        else:
-            rows = tf.pass2(self.got, self.ref, self.truth, self.alternates, self.dtype, params, REF_FACTOR,
-                            TAIL_FACTOR)
+        try:
+            if which == 1:
+                rows = tf.pass1(self.got, self.ref, self.truth, self.alternates, self.dtype)
+            else:
+                rows = tf.pass2(self.got, self.ref, self.truth, self.alternates, self.dtype, params, REF_FACTOR,
+                                TAIL_FACTOR)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a Triton that cannot build the kernels: the torch passes, logged
+            log.warning("the comparison's kernels failed (%s: %s); the torch passes compare from now on",
+                        type(exc).__name__, exc)
+            tf.give_up(exc)
+            self.fused = False
+            return None
         per = CHUNK // tf.BLOCK
         n_chunks = -(-rows.shape[0] // per)
         padded = torch.zeros((n_chunks * per, rows.shape[1]), dtype=rows.dtype, device=rows.device)

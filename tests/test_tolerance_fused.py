@@ -1,12 +1,16 @@
 """sandbox/tolerance_fused.py's kernels, through Triton's interpreter: compare with them reports what the torch passes
 report, element for element, over the cases of tests/test_tolerance.py (noise, outliers, NaN and Inf, alternates,
 outputs past float32's range), with blocks and chunks small enough that a tensor spans several of each."""
+import json
+import sys
+
 import pytest
 import torch
 
 import sandbox.tolerance as tolerance_mod
 import sandbox.tolerance_fused as fused_mod
 from sandbox.tolerance import compare
+from tests.sm90 import compile_sm90, compiled_in_child, kernel_facts, nvidia_backend_available
 from tests.test_tolerance import _rules
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -92,3 +96,43 @@ def test_what_the_kernels_take():
     assert not fused_mod.usable(x, x, x.double(), ())  # the CPU: the torch passes, unless interpreted (tests)
     assert not fused_mod.usable(x, x, x.double(), (x, x, x), interpret=True)  # past MAX_ALTERNATES
     assert not fused_mod.usable(x.int(), x.int(), x.double(), (), interpret=True)
+
+
+def test_kernels_that_fail_leave_the_comparison_to_the_torch_passes(small_blocks, monkeypatch):
+    monkeypatch.setattr(fused_mod, "_broken", [])
+
+    def cannot(*args, **kwargs):
+        raise RuntimeError("this Triton cannot build it")
+    monkeypatch.setattr(fused_mod, "pass1", cannot)
+    got, ref, truth, alts = _case(torch.bfloat16, 3, n_alts=1)
+    _same(compare("y", got, ref, truth, alternates=alts, fused=True),
+          compare("y", got, ref, truth, alternates=alts, fused=False))
+    assert fused_mod._broken and not fused_mod.usable(got, ref, truth, alts, interpret=True)
+
+
+@pytest.mark.skipif(not nvidia_backend_available(), reason="Triton's NVIDIA backend (ptxas) is not installed")
+def test_the_kernels_compile_for_the_h200():
+    facts = compiled_in_child(__file__)
+    assert set(facts) == {f"pass{p} {w}" for p in (1, 2) for w in WORKS}, facts
+    assert all(f["shared"] >= 0 and f["local"] == 0 for f in facts.values()), facts  # no spills
+
+
+# (output dtype, truth dtype, alternates): bf16 against a float64 truth (float32 work, the clamp), float32, float64
+WORKS = {"bf16 f64 0": ("*bf16", "*fp64", 0, False, True), "bf16 f64 2": ("*bf16", "*fp64", 2, False, True),
+         "fp32 f64 1": ("*fp32", "*fp64", 1, False, True), "fp64 f64 1": ("*fp64", "*fp64", 1, True, False)}
+
+
+def _compile_all():
+    facts = {}
+    for name, (out, truth, n_alt, work64, clamp) in WORKS.items():
+        common = dict(C=out, R=out, T=truth, A0=out, A1=out, n=4096, WORK64=work64, CLAMP=clamp, N_ALT=n_alt,
+                      BLOCK=fused_mod.BLOCK)
+        k1 = compile_sm90(fused_mod._pass1_kernel, dict(common, OUT="*fp64", TERMS=8 + n_alt), num_warps=4)
+        k2 = compile_sm90(fused_mod._pass2_kernel, dict(common, P="*fp64", OUT="*fp64", REF_FACTOR=4.0,
+                                                        TAIL_FACTOR=2.0), num_warps=4)
+        facts[f"pass1 {name}"], facts[f"pass2 {name}"] = kernel_facts(k1), kernel_facts(k2)
+    return facts
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--compile-sm90"]:
+    print(json.dumps(_compile_all()))
