@@ -99,14 +99,17 @@ def _pass1_kernel(C, R, T, A0, A1, OUT, n, WORK64: tl.constexpr, CLAMP: tl.const
     tl.store(row + 3, tl.sum(fin.to(tl.float64), axis=0))
     tl.store(row + 4, _sum2(tf))
     tl.store(row + 5, _sum2(tl.where(fin, c, 0.0) - tf))
-    tl.store(row + 6, tl.max(tl.abs(ref_err), axis=0).to(tl.float64))
     tl.store(row + 7, _sum2(ref_err))
+    worst = tl.max(tl.abs(ref_err), axis=0)
     if N_ALT >= 1:
-        a = _or_truth(_work(A0, offs, mask, WORK64), t)
-        tl.store(row + 8, _sum2(tl.where(fin, a, 0.0) - tf))
+        alt_err = tl.where(fin, _or_truth(_work(A0, offs, mask, WORK64), t), 0.0) - tf
+        tl.store(row + 8, _sum2(alt_err))
+        worst = tl.maximum(worst, tl.max(tl.abs(alt_err), axis=0))
     if N_ALT >= 2:
-        a = _or_truth(_work(A1, offs, mask, WORK64), t)
-        tl.store(row + 9, _sum2(tl.where(fin, a, 0.0) - tf))
+        alt_err = tl.where(fin, _or_truth(_work(A1, offs, mask, WORK64), t), 0.0) - tf
+        tl.store(row + 9, _sum2(alt_err))
+        worst = tl.maximum(worst, tl.max(tl.abs(alt_err), axis=0))
+    tl.store(row + 6, worst.to(tl.float64))
 
 
 @triton.jit

@@ -140,9 +140,14 @@ def test_an_alternate_honest_implementation_widens_the_bound_where_it_errs_too()
     worse = ref.clone()
     worse[:8] = (truth[:8] * 1.5).to(torch.bfloat16)  # 10x the alternate's error: still rejected
     assert compare("dq", worse, ref, truth, alternates=(alt,)) is not None
+    alt_worst = float((alt.double() - truth).abs().max())
     elsewhere = ref.clone()
-    elsewhere[100:108] = (truth[100:108] * 1.06).to(torch.bfloat16)  # where the alternate was accurate: rejected
-    assert compare("dq", elsewhere, ref, truth, alternates=(alt,)) is not None
+    elsewhere[100:108] = (truth[100:108] + 3 * alt_worst).to(torch.bfloat16)  # where the alternate was accurate,
+    assert compare("dq", elsewhere, ref, truth, alternates=(alt,)) is not None  # past twice its worst: rejected
+    tail = ref.clone()  # within twice the alternate's worst element's error, where both were accurate: an honest
+    tail[100:102] = (truth[100:102] + 1.5 * alt_worst).to(torch.bfloat16)  # rounding tail at other elements
+    assert compare("dq", tail, ref, truth) is not None
+    assert compare("dq", tail, ref, truth, alternates=(alt,)) is None
 
 
 def test_an_alternates_overflow_loosens_nothing_and_needs_a_truth():
@@ -179,7 +184,7 @@ def _rules(got, ref, truth, alternates=()):
     for a in alts:
         ref_err = torch.maximum(ref_err, (torch.where(a.isfinite(), a, t) - t).abs())
     bound = tol.atol * max(rms_t, 1e-30) + tol.rtol * t.abs() + \
-        (REF_FACTOR * ref_err.clamp_min((worst2 / n) ** 0.5)).clamp_min(TAIL_FACTOR * float(own[0].max()))
+        (REF_FACTOR * ref_err.clamp_min((worst2 / n) ** 0.5)).clamp_min(TAIL_FACTOR * max(float(e.max()) for e in own))
     return nf_bad + int(((c - t).abs() > bound)[held].sum()), l2_ok
 
 
