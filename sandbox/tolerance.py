@@ -5,7 +5,9 @@ A candidate output `c` is compared with two references computed in the trusted p
   r  the reference model run as the task defines it (its own dtype): what PyTorch itself delivers.
 It passes when all of these hold:
   1. NaN/Inf positions equal r's (a candidate may be finite where r overflowed only if t is finite there too
-     and c is close to t);
+     and c is close to t); where t lies past twice the output dtype's largest value (a mask filled with float64's
+     smallest in the truth and float16's in the reference), c must saturate with t's sign (the dtype's largest
+     magnitude or Inf), and the element takes no part in rules 2 and 3, whose sums it would swamp;
   2. elementwise |c - t| <= atol * scale + rtol * |t| + max(K * max(|r - t|, RMS(r - t)), T * MAX(|r - t|)),
      where scale is the RMS of t: the absolute slack is relative to the output's magnitude, so returning zeros for
      a small-valued output fails; and no element need be closer to the truth than T times PyTorch's worst one
@@ -102,13 +104,14 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
     rel_l2 = math.sqrt(g.err2) / norm_t if norm_t > 0 else math.sqrt(g.err2)
     rel_l2_ref = math.sqrt(worst_ref2) / norm_t if norm_t > 0 else math.sqrt(worst_ref2)
     l2_bound = max(tol.rel_l2, REF_FACTOR * rel_l2_ref)
-    n_out, worst_flat, max_abs = _elementwise(chunks, tol, scale_t, ref_rms, g.ref_max, l2_failed=rel_l2 > l2_bound)
+    l2_failed = not rel_l2 <= l2_bound  # NaN (sums of squares past float64's range) fails
+    n_out, worst_flat, max_abs = _elementwise(chunks, tol, scale_t, ref_rms, g.ref_max, l2_failed=l2_failed)
 
-    if g.n_nf_bad == 0 and n_out == 0 and rel_l2 <= l2_bound:
+    if g.n_nf_bad == 0 and n_out == 0 and not l2_failed:
         return None
 
     # The report: the worst element by error over bound, in the full tensor's coordinates.
-    if (n_out or rel_l2 > l2_bound) and worst_flat is not None:
+    if (n_out or l2_failed) and worst_flat is not None:
         worst = _unravel(worst_flat, ref.shape)
         expected, got_v = chunks.value("truth", worst_flat), chunks.value("got", worst_flat)
     else:
@@ -155,10 +158,10 @@ def _global_terms(chunks: _Chunks, n_alternates: int) -> _GlobalTerms:
     per_chunk = chunks.fused_rows(1, max_column=6) if chunks.fused else None
     if per_chunk is None:
         sums: list[torch.Tensor] = []  # per chunk: nf_bad, c_nf, r_nf, n_fin, t2, err2, ref_max, ref_err2[...]
-        for start, c, r, t, alts in chunks:
+        for start, c, r, t, alts, beyond in chunks:
             c_nf, r_nf, t_nf = ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t)
-            nf_bad = _nf_bad(c, r, c_nf, r_nf, t_nf)
-            finite = ~(c_nf | r_nf | t_nf)
+            nf_bad = _misplaced(c, r, t, beyond, chunks.limit)
+            finite = ~(c_nf | r_nf | t_nf | beyond)
             tf = _zeroed(t, finite)
             terms = [nf_bad.sum(), c_nf.sum(), r_nf.sum(), finite.sum(), _sum2(tf), _sum2(_zeroed(c, finite) - tf)]
             ref_err = [_zeroed(x, finite) - tf for x in (r, *(_finite_or(a, t) for a in alts))]
@@ -173,19 +176,22 @@ def _global_terms(chunks: _Chunks, n_alternates: int) -> _GlobalTerms:
                      t2=total[4], err2=total[5], ref_max=float(per_chunk[:, 6].max()), ref_err2=total[7:])
     if g.n_nf_bad:  # where the first disagreement lies: in the first chunk that has one, looked up there alone
         k = int((per_chunk[:, 0] > 0).nonzero()[0])
-        start, c, r, t, _ = chunks.chunk(k)
-        nf_bad = _nf_bad(c, r, ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t))
-        g.first_nf = start + int(nf_bad.nonzero()[0])
+        start, c, r, t, _, beyond = chunks.chunk(k)
+        g.first_nf = start + int(_misplaced(c, r, t, beyond, chunks.limit).nonzero()[0])
     return g
 
 
-def _nf_bad(c: torch.Tensor, r: torch.Tensor, c_nf: torch.Tensor, r_nf: torch.Tensor,
-            t_nf: torch.Tensor) -> torch.Tensor:
-    """Elements whose NaN/Inf disagrees with the reference's. Where r is non-finite the candidate must agree with r
-    exactly (same NaN, same signed Inf), unless the float64 truth is finite there and the candidate is finite too
-    (it avoided an overflow r suffered; pass 2 then holds it to the truth)."""
+def _misplaced(c: torch.Tensor, r: torch.Tensor, t: torch.Tensor, beyond: torch.Tensor, limit: float) -> torch.Tensor:
+    """Elements judged by position, not by distance (rule 1). Where the truth lies BEYOND the output dtype's range
+    (past twice its largest value: e.g. a mask filled with float64's smallest in the truth, float16's in the
+    reference), the candidate must saturate with the truth's sign (its dtype's largest magnitude, or Inf). Elsewhere
+    NaN/Inf must agree with the reference's: where r is non-finite the candidate must agree with r exactly (same NaN,
+    same signed Inf), unless the float64 truth is finite there and the candidate is finite too (it avoided an
+    overflow r suffered; pass 2 then holds it to the truth)."""
+    c_nf, r_nf, t_nf = ~torch.isfinite(c), ~torch.isfinite(r), ~torch.isfinite(t)
     same_nf = (c_nf == r_nf) & (torch.isnan(c) == torch.isnan(r)) & ((c == r) | torch.isnan(c) | ~c_nf)
-    return ~(same_nf | (r_nf & ~t_nf & ~c_nf))
+    saturated = (torch.sign(c) == torch.sign(t)) & (c.abs() >= limit)
+    return torch.where(beyond, ~saturated, ~(same_nf | (r_nf & ~t_nf & ~c_nf)))
 
 
 def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float, ref_max: float, *,
@@ -194,12 +200,12 @@ def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float
     bound, and the largest absolute error. The counts stay on the device until the last chunk; the worst is looked
     for afterwards, only where it can be: in chunks with an element outside (its ratio exceeds 1, every other
     chunk's does not), or anywhere when the L2 bound already failed."""
-    params = (tol.atol * max(scale_t, 1e-30), tol.rtol, ref_rms, ref_max)
+    params = (tol.atol * max(scale_t, 1e-30), tol.rtol, ref_rms, ref_max, 2.0 * chunks.limit)
     per_chunk = chunks.fused_rows(2, max_column=1, params=params) if chunks.fused else None
     if per_chunk is None:
         counts: list[torch.Tensor] = []
-        for _, c, r, t, alts in chunks:
-            _, err, bound = _err_bound(c, r, t, alts, tol, scale_t, ref_rms, ref_max)
+        for _, c, r, t, alts, beyond in chunks:
+            _, err, bound = _err_bound(c, r, t, alts, beyond, tol, scale_t, ref_rms, ref_max)
             counts.append(torch.stack([(err > bound).sum().to(torch.float64), err.max().to(torch.float64)]))
         if not counts:
             return 0, None, 0.0
@@ -209,8 +215,8 @@ def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float
     for k in range(len(per_chunk)):
         if not (per_chunk[k, 0] > 0 or l2_failed):
             continue
-        start, c, r, t, alts = chunks.chunk(k)
-        finite, err, bound = _err_bound(c, r, t, alts, tol, scale_t, ref_rms, ref_max)
+        start, c, r, t, alts, beyond = chunks.chunk(k)
+        finite, err, bound = _err_bound(c, r, t, alts, beyond, tol, scale_t, ref_rms, ref_max)
         ratio = torch.where(finite, err / bound, -1.0)  # a non-finite element is never the worst by error
         j = int(ratio.argmax())
         if float(ratio[j]) > worst_ratio:
@@ -218,20 +224,29 @@ def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float
     return n_out, worst_flat, max_abs
 
 
-def _err_bound(c: torch.Tensor, r: torch.Tensor, t: torch.Tensor, alts: list[torch.Tensor], tol: Tolerance,
-               scale_t: float, ref_rms: float, ref_max: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _err_bound(c: torch.Tensor, r: torch.Tensor, t: torch.Tensor, alts: list[torch.Tensor], beyond: torch.Tensor,
+               tol: Tolerance, scale_t: float, ref_rms: float, ref_max: float
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where candidate and truth are finite, and each element's error and its bound (rule 2 of the module
     docstring): 0 and a positive bound elsewhere (pass 1 judged those). Where the reference alone overflowed, the
-    candidate is held to the truth with no error of the reference's to widen its bound."""
-    finite = torch.isfinite(c) & torch.isfinite(t)
+    candidate is held to the truth with no error of the reference's to widen its bound. A truth beyond the output's
+    range was judged by position (pass 1)."""
+    finite = torch.isfinite(c) & torch.isfinite(t) & ~beyond
     tf = _zeroed(t, finite)
     err = (_zeroed(c, finite) - tf).abs()
     ref_err = _zeroed(r - t, finite & torch.isfinite(r)).abs()
     for a in alts:
         ref_err = torch.maximum(ref_err, (_zeroed(_finite_or(a, t), finite) - tf).abs())
-    bound = tol.atol * max(scale_t, 1e-30) + tol.rtol * tf.abs() + \
-        (REF_FACTOR * ref_err.clamp_min(ref_rms)).clamp_min(TAIL_FACTOR * ref_max)
+    big = torch.finfo(t.dtype).max
+    bound = _within(tol.atol * max(scale_t, 1e-30), big) + tol.rtol * tf.abs() + \
+        (REF_FACTOR * ref_err.clamp_min(_within(ref_rms, big))).clamp_min(_within(TAIL_FACTOR * ref_max, big))
     return finite, err, bound
+
+
+def _within(x: float, big: float) -> float:
+    """A bound's scalar as the working precision holds it: past its largest value, infinite (as the kernels of
+    sandbox/tolerance_fused.py cast it), not an error."""
+    return math.inf if x > big else x
 
 
 class _Chunks:
@@ -247,6 +262,7 @@ class _Chunks:
         self.alternates = tuple(a.detach().reshape(-1) for a in alternates)
         self.device = self.got.device
         self.dtype = torch.float32 if ref.dtype in (torch.float16, torch.bfloat16) else torch.float64
+        self.limit = torch.finfo(ref.dtype).max if ref.is_floating_point() else math.inf  # the output's largest
         self.fused = False  # the passes' sums by sandbox/tolerance_fused.py's kernels (compare decides)
 
     def fused_rows(self, which: int, *, max_column: int, params: tuple[float, ...] = ()) -> torch.Tensor | None:
@@ -256,7 +272,7 @@ class _Chunks:
         from . import tolerance_fused as tf
         try:
             if which == 1:
-                rows = tf.pass1(self.got, self.ref, self.truth, self.alternates, self.dtype)
+                rows = tf.pass1(self.got, self.ref, self.truth, self.alternates, self.dtype, self.limit)
             else:
                 rows = tf.pass2(self.got, self.ref, self.truth, self.alternates, self.dtype, params, REF_FACTOR,
                                 TAIL_FACTOR)
@@ -293,10 +309,13 @@ class _Chunks:
         for k in range(-(-self.got.numel() // CHUNK)):
             yield self.chunk(k)
 
-    def chunk(self, k: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    def chunk(self, k: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """(start, got, ref, truth, alternates, beyond): the last where the truth lies past twice the output dtype's
+        largest value (read from the truth as computed, before the working precision clamps it)."""
         start, end = k * CHUNK, (k + 1) * CHUNK
+        beyond = self.truth[start:end].to(self.device).abs() > 2.0 * self.limit
         return (start, self._work(self.got[start:end]), self._work(self.ref[start:end]),
-                self._work_truth(self.truth[start:end]), [self._work(a[start:end]) for a in self.alternates])
+                self._work_truth(self.truth[start:end]), [self._work(a[start:end]) for a in self.alternates], beyond)
 
     def value(self, which: str, flat: int) -> float:
         return float(getattr(self, which)[flat].to(torch.float64))

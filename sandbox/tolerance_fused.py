@@ -66,6 +66,12 @@ def _param(ptr, i: tl.constexpr, WORK64: tl.constexpr):
 
 
 @triton.jit
+def _beyond(ptr, offs, mask, limit2):
+    """Where the truth, as computed, lies past twice the output dtype's largest value (tolerance._Chunks.chunk)."""
+    return tl.abs(tl.load(ptr + offs, mask=mask, other=0).to(tl.float64)) > limit2
+
+
+@triton.jit
 def _or_truth(a, t):
     return tl.where(_finite(a), a, t)
 
@@ -77,19 +83,22 @@ def _sum2(x):
 
 
 @triton.jit
-def _pass1_kernel(C, R, T, A0, A1, OUT, n, WORK64: tl.constexpr, CLAMP: tl.constexpr, N_ALT: tl.constexpr,
+def _pass1_kernel(C, R, T, A0, A1, P, OUT, n, WORK64: tl.constexpr, CLAMP: tl.constexpr, N_ALT: tl.constexpr,
                   TERMS: tl.constexpr, BLOCK: tl.constexpr):
+    # P: twice the output dtype's largest value, and that value (float64)
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     c = _work(C, offs, mask, WORK64)
     r = _work(R, offs, mask, WORK64)
     t = _truth(T, offs, mask, WORK64, CLAMP)
+    beyond = _beyond(T, offs, mask, tl.load(P + 0))
     c_nf, r_nf, t_nf = ~_finite(c), ~_finite(r), ~_finite(t)
     c_nan, r_nan = c != c, r != r
     same_nf = (c_nf == r_nf) & (c_nan == r_nan) & ((c == r) | c_nan | ~c_nf)
-    nf_bad = ~(same_nf | (r_nf & ~t_nf & ~c_nf)) & mask
-    fin = ~(c_nf | r_nf | t_nf) & mask
+    saturated = ((c > 0) == (t > 0)) & (tl.abs(c).to(tl.float64) >= tl.load(P + 1))
+    nf_bad = tl.where(beyond, ~saturated, ~(same_nf | (r_nf & ~t_nf & ~c_nf))) & mask
+    fin = ~(c_nf | r_nf | t_nf | beyond) & mask
     tf = tl.where(fin, t, 0.0)
     ref_err = tl.where(fin, r, 0.0) - tf
     row = OUT + pid.to(tl.int64) * TERMS
@@ -122,12 +131,12 @@ def _pass2_kernel(C, R, T, A0, A1, P, OUT, n, REF_FACTOR: tl.constexpr, TAIL_FAC
     r = _work(R, offs, mask, WORK64)
     t = _truth(T, offs, mask, WORK64, CLAMP)
     # P: atol x the truth's scale, rtol, PyTorch's RMS error, its worst element's error (float64, cast here as
-    # torch casts a Python scalar to the tensor's dtype)
+    # torch casts a Python scalar to the tensor's dtype), twice the output dtype's largest value
     atol_s = _param(P, 0, WORK64)
     rtol = _param(P, 1, WORK64)
     ref_rms = _param(P, 2, WORK64)
     ref_max = _param(P, 3, WORK64)
-    fin = _finite(c) & _finite(t)
+    fin = _finite(c) & _finite(t) & ~_beyond(T, offs, mask, tl.load(P + 4))
     tf = tl.where(fin, t, 0.0)
     err = tl.abs(tl.where(fin, c, 0.0) - tf)
     ref_err = tl.abs(tl.where(fin & _finite(r), r - t, 0.0))
@@ -157,7 +166,7 @@ def usable(got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor, alternates
 
 def _args(got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor, alternates: tuple[torch.Tensor, ...],
           work: torch.dtype) -> tuple[list[torch.Tensor], dict]:
-    flat = [x.detach().reshape(-1) for x in (got, ref, truth, *alternates)]
+    flat = [x.detach().contiguous().view(-1) for x in (got, ref, truth, *alternates)]  # the kernels read unit strides
     alts = flat[3:] + [flat[0]] * (MAX_ALTERNATES - len(alternates))  # absent ones never read (N_ALT)
     consts = dict(WORK64=work == torch.float64, CLAMP=truth.dtype == torch.float64 and work != torch.float64,
                   N_ALT=len(alternates), BLOCK=BLOCK)
@@ -174,22 +183,25 @@ def blocks(n: int) -> int:
 
 
 def pass1(got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor, alternates: tuple[torch.Tensor, ...],
-          work: torch.dtype) -> torch.Tensor:
-    """[blocks, PASS1_TERMS + 1 + len(alternates)] float64 on the device: each block's terms of tolerance's pass 1."""
+          work: torch.dtype, limit: float) -> torch.Tensor:
+    """[blocks, PASS1_TERMS + 1 + len(alternates)] float64 on the device: each block's terms of tolerance's pass 1.
+    limit: the output dtype's largest value."""
     tensors, consts = _args(got, ref, truth, alternates, work)
     n = got.numel()
     terms = PASS1_TERMS + 1 + len(alternates)
+    p = torch.tensor((2.0 * limit, limit), dtype=torch.float64, device=got.device)
     out = torch.empty((blocks(n), terms), dtype=torch.float64, device=got.device)
     with _LAUNCH, torch.cuda.device(got.device) if got.is_cuda else nullcontext():
-        _pass1_kernel[(blocks(n),)](*tensors, out, n, TERMS=terms, num_warps=4, enable_fp_fusion=False, **consts)
+        _pass1_kernel[(blocks(n),)](*tensors, p, out, n, TERMS=terms, num_warps=4, enable_fp_fusion=False, **consts)
     return out
 
 
 def pass2(got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor, alternates: tuple[torch.Tensor, ...],
-          work: torch.dtype, params: tuple[float, float, float, float], ref_factor: float,
+          work: torch.dtype, params: tuple[float, float, float, float, float], ref_factor: float,
           tail_factor: float) -> torch.Tensor:
     """[blocks, 2] float64 on the device: each block's count of elements outside their bound, and its largest error.
-    params: (atol x the truth's scale, rtol, PyTorch's RMS error, its worst element's error)."""
+    params: (atol x the truth's scale, rtol, PyTorch's RMS error, its worst element's error, twice the output dtype's
+    largest value)."""
     tensors, consts = _args(got, ref, truth, alternates, work)
     n = got.numel()
     p = torch.tensor(params, dtype=torch.float64, device=got.device)

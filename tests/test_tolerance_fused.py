@@ -127,7 +127,7 @@ def _compile_all():
     for name, (out, truth, n_alt, work64, clamp) in WORKS.items():
         common = dict(C=out, R=out, T=truth, A0=out, A1=out, n=4096, WORK64=work64, CLAMP=clamp, N_ALT=n_alt,
                       BLOCK=fused_mod.BLOCK)
-        k1 = compile_sm90(fused_mod._pass1_kernel, dict(common, OUT="*fp64", TERMS=8 + n_alt), num_warps=4)
+        k1 = compile_sm90(fused_mod._pass1_kernel, dict(common, P="*fp64", OUT="*fp64", TERMS=8 + n_alt), num_warps=4)
         k2 = compile_sm90(fused_mod._pass2_kernel, dict(common, P="*fp64", OUT="*fp64", REF_FACTOR=4.0,
                                                         TAIL_FACTOR=2.0), num_warps=4)
         facts[f"pass1 {name}"], facts[f"pass2 {name}"] = kernel_facts(k1), kernel_facts(k2)
