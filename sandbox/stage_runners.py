@@ -195,21 +195,27 @@ def timing(harness: Harness, run: _Run, reference: Reference) -> tuple[dict[str,
 
 # Cached but unused parent memory past which it is handed back to the driver before the child's next request.
 CACHED_KEPT_BYTES = 1 << 30
+CALL_ROOM = 4
 
 
-def return_cached(run: _Run) -> None:
+def return_cached(run: _Run, room: float = math.inf) -> None:
     """The parent's freed but cached GPU blocks (float64 truths, earlier shapes' inputs) go back to the driver when
-    they pass CACHED_KEPT_BYTES: the child's process allocates from what is left of the same GPU, and a full-size
-    task's next call needs the room; a small task keeps its cache (no allocation churn from check to check)."""
-    if run.device != "cpu":
+    they pass CACHED_KEPT_BYTES and the GPU has less than `room` bytes free: the child's process allocates from what
+    is left of the same GPU, and a full-size task's next call needs the room; a small task keeps its cache (no
+    allocation churn from check to check, and no device-wide wait inside the driver's free)."""
+    if run.device == "cpu" or \
+            torch.cuda.memory_reserved(run.device) - torch.cuda.memory_allocated(run.device) <= CACHED_KEPT_BYTES:
+        return
+    if room == math.inf or torch.cuda.mem_get_info(run.device)[0] < room:
         with run.lap("empty_cache"):
-            idle_cache_back(run.device)
+            torch.cuda.empty_cache()
 
 
-def idle_cache_back(device: str) -> None:
-    """The parent's cached but unused blocks on `device` back to the driver where they pass CACHED_KEPT_BYTES."""
-    if torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) > CACHED_KEPT_BYTES:
-        torch.cuda.empty_cache()
+def call_room(inputs: list[Any], expected: Expected) -> int:
+    """The free GPU memory a call's process should find: CALL_ROOM times its inputs and outputs (its own copies,
+    the outputs it returns and hands back, a kernel's workspace), and CACHED_KEPT_BYTES besides."""
+    inputs_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+    return CALL_ROOM * (inputs_bytes + expected.nbytes) + CACHED_KEPT_BYTES
 
 
 def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs: list[Any],
@@ -217,7 +223,7 @@ def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs
     if expected is None:
         with run.lap("reference"), harness._gpu(run, work="reference"):
             expected = reference.run(inputs)
-    return_cached(run)  # what the parent's last timing validation or reference left cached, the child's room now
+    return_cached(run, call_room(inputs, expected))  # what the last timing validation or reference left cached
     used: set[int] = set()
     with run.lap("ship"):
         msg: dict[str, Any] = {"op": "call", "inputs": run.lending.ship(inputs, used)[0]}
