@@ -11,7 +11,6 @@ shared gate while it does. Rows go to benchmarks/data/compare.csv (--csv to chan
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks._bench import commit as repo_commit  # noqa: E402
+from benchmarks._bench import append_csv, commit as repo_commit  # noqa: E402
 from benchmarks.bench_throughput import environment  # noqa: E402
 from sandbox.tolerance import compare  # noqa: E402
 
@@ -97,13 +96,7 @@ def main() -> int:
         if args.device == "cuda":
             torch.cuda.empty_cache()
     if not args.no_csv:
-        path = Path(args.csv)
-        new = not path.exists()
-        with path.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
-            if new:
-                w.writeheader()
-            w.writerows(rows)
+        append_csv(Path(args.csv), FIELDS, rows)
     print("the two paths agree on every output" if agree else "THE TWO PATHS DISAGREE")
     return 0 if agree else 1
 

@@ -32,13 +32,17 @@ def _finite(x):
 
 
 @triton.jit
-def _work(ptr, offs, mask, WORK64: tl.constexpr):
-    x = tl.load(ptr + offs, mask=mask, other=0)
+def _cast(x, WORK64: tl.constexpr):
     if WORK64:
         w = x.to(tl.float64)
     else:
         w = x.to(tl.float32)
     return w
+
+
+@triton.jit
+def _work(ptr, offs, mask, WORK64: tl.constexpr):
+    return _cast(tl.load(ptr + offs, mask=mask, other=0), WORK64)
 
 
 @triton.jit
@@ -46,23 +50,15 @@ def _truth(ptr, offs, mask, WORK64: tl.constexpr, CLAMP: tl.constexpr):
     """The truth in the working precision; a float64 value past float32's range becomes float32's largest of its
     sign, not an infinity (tolerance._Chunks._work_truth)."""
     t = tl.load(ptr + offs, mask=mask, other=0)
-    if WORK64:
-        w = t.to(tl.float64)
-    else:
-        w = t.to(tl.float32)
-        if CLAMP:
-            w = tl.where((w == w) & ~_finite(w) & _finite(t), tl.where(t > 0, FLOAT32_MAX, -FLOAT32_MAX), w)
+    w = _cast(t, WORK64)
+    if CLAMP:  # float32 work only
+        w = tl.where((w == w) & ~_finite(w) & _finite(t), tl.where(t > 0, FLOAT32_MAX, -FLOAT32_MAX), w)
     return w
 
 
 @triton.jit
 def _param(ptr, i: tl.constexpr, WORK64: tl.constexpr):
-    x = tl.load(ptr + i)
-    if WORK64:
-        w = x.to(tl.float64)
-    else:
-        w = x.to(tl.float32)
-    return w
+    return _cast(tl.load(ptr + i), WORK64)
 
 
 @triton.jit
@@ -83,15 +79,20 @@ def _sum2(x):
 
 
 @triton.jit
-def _pass1_kernel(C, R, T, A0, A1, P, OUT, n, WORK64: tl.constexpr, CLAMP: tl.constexpr, N_ALT: tl.constexpr,
-                  TERMS: tl.constexpr, BLOCK: tl.constexpr):
-    # P: twice the output dtype's largest value, and that value (float64)
+def _block(C, R, T, n, WORK64: tl.constexpr, CLAMP: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's block: its id, offsets and mask, and the candidate's, reference's and truth's elements."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    c = _work(C, offs, mask, WORK64)
-    r = _work(R, offs, mask, WORK64)
-    t = _truth(T, offs, mask, WORK64, CLAMP)
+    return pid, offs, mask, _work(C, offs, mask, WORK64), _work(R, offs, mask, WORK64), \
+        _truth(T, offs, mask, WORK64, CLAMP)
+
+
+@triton.jit
+def _pass1_kernel(C, R, T, A0, A1, P, OUT, n, WORK64: tl.constexpr, CLAMP: tl.constexpr, N_ALT: tl.constexpr,
+                  TERMS: tl.constexpr, BLOCK: tl.constexpr):
+    # P: twice the output dtype's largest value, and that value (float64)
+    pid, offs, mask, c, r, t = _block(C, R, T, n, WORK64, CLAMP, BLOCK)
     beyond = _beyond(T, offs, mask, tl.load(P + 0))
     c_nf, r_nf, t_nf = ~_finite(c), ~_finite(r), ~_finite(t)
     c_nan, r_nan = c != c, r != r
@@ -124,12 +125,7 @@ def _pass1_kernel(C, R, T, A0, A1, P, OUT, n, WORK64: tl.constexpr, CLAMP: tl.co
 @triton.jit
 def _pass2_kernel(C, R, T, A0, A1, P, OUT, n, REF_FACTOR: tl.constexpr, TAIL_FACTOR: tl.constexpr,
                   WORK64: tl.constexpr, CLAMP: tl.constexpr, N_ALT: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    c = _work(C, offs, mask, WORK64)
-    r = _work(R, offs, mask, WORK64)
-    t = _truth(T, offs, mask, WORK64, CLAMP)
+    pid, offs, mask, c, r, t = _block(C, R, T, n, WORK64, CLAMP, BLOCK)
     # P: atol x the truth's scale, rtol, PyTorch's RMS error, its worst element's error (float64, cast here as
     # torch casts a Python scalar to the tensor's dtype), twice the output dtype's largest value
     atol_s = _param(P, 0, WORK64)

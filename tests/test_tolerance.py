@@ -188,6 +188,25 @@ def _rules(got, ref, truth, alternates=()):
     return nf_bad + int(((c - t).abs() > bound)[held].sum()), l2_ok
 
 
+def noisy_case(dtype, case, seed, n_alts):
+    """(got, ref, truth, alternates) of 37 x 29 elements at a scale of 10^(case - 2): references with a little noise,
+    a candidate with more the higher the case, case + 1 elements three times off, and for odd cases an Inf the
+    candidate matches (but in case 3) and a NaN it adds."""
+    g = torch.Generator().manual_seed(seed)
+    truth = torch.randn(37, 29, generator=g, dtype=torch.float64) * 10.0 ** (case - 2)
+    ref = (truth * (1 + 0.002 * torch.randn(truth.shape, generator=g, dtype=torch.float64))).to(dtype)
+    alts = tuple((truth * (1 + 0.004 * (k + 1) * torch.randn(truth.shape, generator=g, dtype=torch.float64)))
+                 .to(dtype) for k in range(n_alts))
+    got = (truth * (1 + 0.01 * case * torch.randn(truth.shape, generator=g, dtype=torch.float64))).to(dtype)
+    flat = got.view(-1)
+    flat[torch.randint(0, flat.numel(), (case + 1,), generator=g)] *= 3.0
+    if case % 2:
+        ref.view(-1)[7] = float("inf")
+        got.view(-1)[7] = float("inf") if case != 3 else 1.0
+        got.view(-1)[11] = float("nan")
+    return got, ref, truth, alts
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", range(6))
 def test_compare_counts_what_the_documented_rules_count(monkeypatch, dtype, case):
@@ -196,20 +215,10 @@ def test_compare_counts_what_the_documented_rules_count(monkeypatch, dtype, case
     out plainly find."""
     import sandbox.tolerance as tolerance_mod
 
-    g = torch.Generator().manual_seed(100 + case)
-    truth = torch.randn(37, 29, generator=g, dtype=torch.float64) * 10.0 ** (case - 2)
-    ref = (truth * (1 + 0.002 * torch.randn(truth.shape, generator=g, dtype=torch.float64))).to(dtype)
-    alt = (truth * (1 + 0.004 * torch.randn(truth.shape, generator=g, dtype=torch.float64))).to(dtype)
-    got = (truth * (1 + 0.01 * case * torch.randn(truth.shape, generator=g, dtype=torch.float64))).to(dtype)
-    flat = got.view(-1)
-    flat[torch.randint(0, flat.numel(), (case + 1,), generator=g)] *= 3.0
-    if case % 2:
-        ref.view(-1)[7] = float("inf")
-        got.view(-1)[7] = float("inf") if case != 3 else 1.0
-        got.view(-1)[11] = float("nan")
+    got, ref, truth, alts = noisy_case(dtype, case, seed=100 + case, n_alts=1 if case > 2 else 0)
     monkeypatch.setattr(tolerance_mod, "CHUNK", 97 + case)
-    report = compare("y", got, ref, truth, alternates=(alt,) if case > 2 else ())
-    count, l2_ok = _rules(got, ref, truth, (alt,) if case > 2 else ())
+    report = compare("y", got, ref, truth, alternates=alts)
+    count, l2_ok = _rules(got, ref, truth, alts)
     assert (report is None) == (count == 0 and l2_ok)
     assert report is None or report.mismatched == count
 

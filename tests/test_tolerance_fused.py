@@ -11,7 +11,7 @@ import sandbox.tolerance as tolerance_mod
 import sandbox.tolerance_fused as fused_mod
 from sandbox.tolerance import compare
 from tests.sm90 import compile_sm90, compiled_in_child, kernel_facts, nvidia_backend_available
-from tests.test_tolerance import _rules
+from tests.test_tolerance import _rules, noisy_case
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -33,20 +33,9 @@ def _same(a, b):
 
 
 def _case(dtype, case, n_alts):
-    g = torch.Generator().manual_seed(200 + case)
-    truth = torch.randn(37, 29, generator=g, dtype=torch.float64) * 10.0 ** (case - 2)
-    ref = (truth * (1 + 0.002 * torch.randn(truth.shape, generator=g, dtype=torch.float64))).to(dtype)
-    alts = tuple((truth * (1 + 0.004 * (k + 1) * torch.randn(truth.shape, generator=g, dtype=torch.float64)))
-                 .to(dtype) for k in range(n_alts))
-    got = (truth * (1 + 0.01 * case * torch.randn(truth.shape, generator=g, dtype=torch.float64))).to(dtype)
-    flat = got.view(-1)
-    flat[torch.randint(0, flat.numel(), (case + 1,), generator=g)] *= 3.0
-    if case % 2:
-        ref.view(-1)[7] = float("inf")
-        got.view(-1)[7] = float("inf") if case != 3 else 1.0
-        got.view(-1)[11] = float("nan")
-        if alts:
-            alts[0].view(-1)[300] = float("nan")
+    got, ref, truth, alts = noisy_case(dtype, case, seed=200 + case, n_alts=n_alts)
+    if case % 2 and alts:
+        alts[0].view(-1)[300] = float("nan")
     return got, ref, truth, alts
 
 
