@@ -30,7 +30,8 @@ happened to be close, while each reference's tail lies elsewhere). NaN/Inf posit
 Integer and boolean outputs must be equal exactly.
 The comparison walks the output CHUNK elements at a time on its own device, in float32 for 16-bit outputs and
 float64 otherwise, with the sums kept on the device: one synchronisation a pass (a full-size check compares a dozen
-outputs of 100M+ elements, and it holds the GPU's shared gate while it does).
+outputs of 100M+ elements, and it holds the GPU's shared gate while it does). On a GPU each pass's sums come from one
+Triton kernel over the whole output (sandbox/tolerance_fused.py), reduced here to the same per-chunk rows.
 """
 from __future__ import annotations
 
