@@ -124,7 +124,14 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
         got=got_v, max_abs_err=max_abs, rel_l2_err=rel_l2, rel_l2_bound=l2_bound,
         nonfinite_expected=g.r_nf_count, nonfinite_got=g.c_nf_count,
         first_nonfinite_diff=_unravel(g.first_nf, ref.shape) if g.first_nf is not None else None,
+        note=SATURATE_NOTE if g.first_nf is not None and abs(chunks.value("truth", g.first_nf)) > 2.0 * chunks.limit
+        else "",
     )
+
+
+SATURATE_NOTE = ("the first differing position's true value lies past the output dtype's range (e.g. a mask filled "
+                 "with float64's smallest value): the output must saturate there, its dtype's largest magnitude or "
+                 "Inf, with the true value's sign")
 
 
 def _compare_exact(name: str, got: torch.Tensor, ref: torch.Tensor) -> Mismatch | None:

@@ -106,6 +106,7 @@ def test_a_mask_filled_with_each_dtypes_smallest_value_is_judged_by_position():
         bad[5] = wrong
         a = _assert_same(bad, ref, t)
         assert a is not None and a.mismatched == 1 and a.first_nonfinite_diff == (5,)
+        assert "must saturate" in a.describe()
 
 
 # ---------------------------------------------------------------- sums past float64's range
