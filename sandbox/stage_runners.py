@@ -195,7 +195,7 @@ def timing(harness: Harness, run: _Run, reference: Reference) -> tuple[dict[str,
 
 # Cached but unused parent memory past which it is handed back to the driver before the child's next request.
 CACHED_KEPT_BYTES = 1 << 30
-CALL_ROOM = 4
+CALL_ROOM = 4  # the free GPU memory a call should find, in multiples of its inputs' and outputs' bytes
 
 
 def return_cached(run: _Run, room: float = math.inf) -> None:
