@@ -124,7 +124,7 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
         got=got_v, max_abs_err=max_abs, rel_l2_err=rel_l2, rel_l2_bound=l2_bound,
         nonfinite_expected=g.r_nf_count, nonfinite_got=g.c_nf_count,
         first_nonfinite_diff=_unravel(g.first_nf, ref.shape) if g.first_nf is not None else None,
-        note=SATURATE_NOTE if g.first_nf is not None and abs(chunks.value("truth", g.first_nf)) > 2.0 * chunks.limit
+        note=SATURATE_NOTE if g.first_nf is not None and abs(chunks.value("truth", g.first_nf)) > chunks.beyond
         else "",
     )
 
@@ -208,7 +208,7 @@ def _elementwise(chunks: _Chunks, tol: Tolerance, scale_t: float, ref_rms: float
     bound, and the largest absolute error. The counts stay on the device until the last chunk; the worst is looked
     for afterwards, only where it can be: in chunks with an element outside (its ratio exceeds 1, every other
     chunk's does not), or anywhere when the L2 bound already failed."""
-    params = (tol.atol * max(scale_t, 1e-30), tol.rtol, ref_rms, ref_max, 2.0 * chunks.limit)
+    params = (tol.atol * max(scale_t, 1e-30), tol.rtol, ref_rms, ref_max, chunks.beyond)
     per_chunk = chunks.fused_rows(2, max_column=1, params=params) if chunks.fused else None
     if per_chunk is None:
         counts: list[torch.Tensor] = []
@@ -271,6 +271,7 @@ class _Chunks:
         self.device = self.got.device
         self.dtype = torch.float32 if ref.dtype in (torch.float16, torch.bfloat16) else torch.float64
         self.limit = torch.finfo(ref.dtype).max if ref.is_floating_point() else math.inf  # the output's largest
+        self.beyond = 2.0 * self.limit  # a truth past this is judged by position (rule 1)
         self.fused = False  # the passes' sums by sandbox/tolerance_fused.py's kernels (compare decides)
 
     def fused_rows(self, which: int, *, max_column: int, params: tuple[float, ...] = ()) -> torch.Tensor | None:
@@ -280,7 +281,7 @@ class _Chunks:
         from . import tolerance_fused as tf
         try:
             if which == 1:
-                rows = tf.pass1(self.got, self.ref, self.truth, self.alternates, self.dtype, self.limit)
+                rows = tf.pass1(self.got, self.ref, self.truth, self.alternates, self.dtype, self.beyond, self.limit)
             else:
                 rows = tf.pass2(self.got, self.ref, self.truth, self.alternates, self.dtype, params, REF_FACTOR,
                                 TAIL_FACTOR)
@@ -321,7 +322,7 @@ class _Chunks:
         """(start, got, ref, truth, alternates, beyond): the last where the truth lies past twice the output dtype's
         largest value (read from the truth as computed, before the working precision clamps it)."""
         start, end = k * CHUNK, (k + 1) * CHUNK
-        beyond = self.truth[start:end].to(self.device).abs() > 2.0 * self.limit
+        beyond = self.truth[start:end].to(self.device).abs() > self.beyond
         return (start, self._work(self.got[start:end]), self._work(self.ref[start:end]),
                 self._work_truth(self.truth[start:end]), [self._work(a[start:end]) for a in self.alternates], beyond)
 

@@ -179,13 +179,14 @@ def blocks(n: int) -> int:
 
 
 def pass1(got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor, alternates: tuple[torch.Tensor, ...],
-          work: torch.dtype, limit: float) -> torch.Tensor:
+          work: torch.dtype, beyond: float, limit: float) -> torch.Tensor:
     """[blocks, PASS1_TERMS + 1 + len(alternates)] float64 on the device: each block's terms of tolerance's pass 1.
-    limit: the output dtype's largest value."""
+    beyond: the truth's magnitude past which an element is judged by position; limit: the output dtype's largest
+    value."""
     tensors, consts = _args(got, ref, truth, alternates, work)
     n = got.numel()
     terms = PASS1_TERMS + 1 + len(alternates)
-    p = torch.tensor((2.0 * limit, limit), dtype=torch.float64, device=got.device)
+    p = torch.tensor((beyond, limit), dtype=torch.float64, device=got.device)
     out = torch.empty((blocks(n), terms), dtype=torch.float64, device=got.device)
     with _LAUNCH, torch.cuda.device(got.device) if got.is_cuda else nullcontext():
         _pass1_kernel[(blocks(n),)](*tensors, p, out, n, TERMS=terms, num_warps=4, enable_fp_fusion=False, **consts)
