@@ -27,19 +27,33 @@ SET_BUDGET_BYTES = 24 << 30  # device memory the input sets may take
 
 def derive(base_sets: list[list[Any]], k: int, fixed: tuple[int, ...]) -> list[Any]:
     """Input set k: base set k % len(base_sets), floating inputs rolled along their last dim and rescaled from the
-    second round on (the parent repeats this bit for bit)."""
+    second round on (the parent repeats this bit for bit). Each is a new contiguous tensor written in one pass."""
     src = base_sets[k % len(base_sets)]
     out = []
     for i, x in enumerate(src):
         if isinstance(x, torch.Tensor):
             if k >= len(base_sets) and x.is_floating_point() and i not in fixed and x.dim() > 0 and x.numel():
-                x = torch.roll(x, shifts=(7919 * k) % x.shape[-1], dims=-1)  # a new tensor: scaled in place, one
-                if k % 17:  # rounding (a 16-bit tensor's product is taken in float32), no float32 copies
-                    x.mul_(1.0 + 0.01 * (k % 17))
+                x = rolled(x, (7919 * k) % x.shape[-1], 1.0 + 0.01 * (k % 17) if k % 17 else None)
             else:
                 x = x.clone()
         out.append(x)
     return out
+
+
+def rolled(x: torch.Tensor, shift: int, scale: float | None) -> torch.Tensor:
+    """torch.roll(x, shift, dims=-1) times `scale` (None: not scaled), as a new contiguous tensor, bit for bit, in
+    one pass over x: the two halves of the roll each multiplied into their place (a 16-bit tensor's product taken in
+    float32 and rounded once, as x.mul_(scale) would)."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n = x.shape[-1]
+    for src, dst in ((x[..., :n - shift], y[..., shift:]), (x[..., n - shift:], y[..., :shift])):
+        if dst.numel() == 0:
+            continue
+        if scale is None:
+            dst.copy_(src)
+        else:
+            torch.mul(src, scale, out=dst)
+    return y
 
 
 def set_count(base_set: list[Any], wanted: int) -> int:
