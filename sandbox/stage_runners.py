@@ -34,6 +34,10 @@ SOAK_MIN_CALLS = 3
 # shared holder to finish, while the other checks wait behind it (one 1 s soak in a request made every timing of a
 # search wait that long); each slice waits its own turn behind the timings, so a soak is cut into few.
 SOAK_SLICE_S, SOAK_SLICES = 0.1, 4
+# The soak's calls whose inputs the child compares bitwise with copies taken before the call, besides the verified
+# ones: the copy and the comparison are three passes over the inputs, more GPU work than a memory-bound call's own,
+# and every other call of a check (smoke, correctness, robustness, the sampled timed calls) compares its inputs.
+SOAK_INPUT_CHECKS = 8
 
 
 def compile_candidate(harness: Harness, run: _Run) -> tuple[Reference, dict[str, Any]]:
@@ -126,11 +130,13 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
     """Many calls back to back at the model's current shape (the cheapest tried), on fresh inputs: a number
     drawn log-uniformly up to what SOAK_BUDGET_S allows at this call's time, so a kernel that turns to a stored
     output after its first N calls cannot know N's safe value. The last call and one other drawn at random are
-    verified here; the child checks every call as any other (trace, state). The calls go in slices of about
+    verified here; the child checks every call as any other (trace, state), and compares the inputs of those two and
+    of SOAK_INPUT_CHECKS others drawn at random with their copies from before the call. The calls go in slices of about
     SOAK_SLICE_S each, at most SOAK_SLICES (the child keeps the base sets between them), each slice its own turn at
     the GPU's gate."""
     n = soak_length(run.rng, seconds, run.device.split(":")[0])
     checked = sorted({n - 1} | set(run.rng.sample(range(n - 1), 1)))  # each costs a reference and a compare
+    inputs_checked = set(checked) | set(run.rng.sample(range(n), min(n, SOAK_INPUT_CHECKS)))
     dists = task.meta.distributions
     with run.lap("inputs"), harness._gpu(run, work="inputs"):
         base = [task.make_inputs(run.rng.randrange(1 << 31), dist, run.device)
@@ -147,7 +153,8 @@ def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds:
         mine = [j for j, k in enumerate(checked) if start <= k < stop]
         used: set[int] = set()
         msg: dict[str, Any] = {"op": "soak", "n": n, "start": start, "stop": stop,
-                               "checked": [checked[j] for j in mine], "fixed": list(task.meta.fixed_inputs)}
+                               "checked": [checked[j] for j in mine], "fixed": list(task.meta.fixed_inputs),
+                               "inputs_checked": sorted(k for k in inputs_checked if start <= k < stop)}
         buffers: list[torch.Tensor | None] = []
         with run.lap("ship"):
             if start == 0:  # the child keeps its copies of the base sets until the last slice

@@ -261,7 +261,9 @@ def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     """Calls `start` to `stop` of the soak's `n`, back to back, on inputs derived from the base sets
     (timing_child.derive, which the parent repeats; sent with the first slice, kept until the last); the outputs of
     the calls in `checked` come back (into the parent's GPU buffers, in order, where it lent them), every call is
-    checked here as `_call` checks one. Nothing in a call says whether its output will be verified."""
+    checked here as `_call` checks one, its inputs compared with their copies only on the calls in `inputs_checked`
+    (the copy and the comparison are three passes over the inputs). Nothing in a call says whether its output will
+    be verified."""
     device = state["device"]
     if "base" in msg:
         state["soak"] = ([[_fresh(x, device) for x in s] for s in msg["base"]], None)
@@ -269,6 +271,7 @@ def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "reason": "harness_error", "message": "a soak slice came before the soak's base sets"}
     base, keep = state["soak"]
     checked, fixed = set(msg["checked"]), tuple(msg["fixed"])
+    inputs_checked = set(msg["inputs_checked"])
     buffers = msg.get("out_buffers") or []
     outputs: list[torch.Tensor] = []
     strides: list[list[int]] = []
@@ -277,7 +280,7 @@ def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     stop = int(msg.get("stop", n))
     for k in range(int(msg.get("start", 0)), stop):
         inputs = timing_child.derive(base, k, fixed)
-        reply, out = _run_call(state, inputs)
+        reply, out = _run_call(state, inputs, check_inputs=k in inputs_checked)
         seconds += reply.get("seconds", 0.0)
         if not reply["ok"]:
             reply["message"] = f"soak call {k + 1} of {msg['n']}: {reply['message']}"
@@ -297,14 +300,15 @@ def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
             "calls": n}
 
 
-def _run_call(state: dict[str, Any], inputs: list[Any]) -> tuple[dict[str, Any], Any]:
-    """One traced call and every check the child can make on it; (reply, the forward's return value)."""
+def _run_call(state: dict[str, Any], inputs: list[Any], check_inputs: bool = True) -> tuple[dict[str, Any], Any]:
+    """One traced call and every check the child can make on it (check_inputs: its inputs compared bitwise with
+    copies taken before it); (reply, the forward's return value)."""
     device, model, tracer = state["device"], state["model"], state["tracer"]
     hooked = carry.installed_hooks(model)
     if hooked:
         return _failure(Reason.SANDBOX_VIOLATION, f"the model has a hook installed ({hooked}); hooks run Python "
                         "outside the harness's checks"), None
-    pristine = [_int_view(x).clone() if isinstance(x, torch.Tensor) else None for x in inputs]
+    pristine = [_int_view(x).clone() if check_inputs and isinstance(x, torch.Tensor) else None for x in inputs]
     tasks_before = _native_threads()
     watch = state["watch"] or _watch(state)
     call = tracer.tracing(poison=True)

@@ -114,6 +114,35 @@ def test_a_counter_in_a_tensor_buffer_reads_scrambled_bytes(harness, tmp_path):
     assert result.reason in (Reason.OUTPUT_MISMATCH, Reason.NONFINITE_MISMATCH), result.message
 
 
+def test_inputs_written_inside_the_soak_are_caught_on_the_calls_it_compares(harness, monkeypatch):
+    """The soak compares the inputs of its verified calls and of SOAK_INPUT_CHECKS others drawn at random (the copy
+    and comparison cost more GPU work than a memory-bound call), not of every call: a kernel that starts writing its
+    input inside the soak (after the 8 calls before it) is caught there all the same."""
+    from sandbox.stage_runners import SOAK_INPUT_CHECKS
+
+    asked = []
+    request = Harness._request
+
+    def seen(self, run, stage, msg, *a, **kw):
+        if msg.get("op") == "soak":
+            asked.append((msg["start"], msg["stop"], list(msg["checked"]), list(msg["inputs_checked"])))
+        return request(self, run, stage, msg, *a, **kw)
+    monkeypatch.setattr(Harness, "_request", seen)
+    result = _check(harness, ATTACKS / "runtime_late_input_write.py")
+    assert (result.stage, result.reason) == (Stage.ROBUSTNESS, Reason.INPUT_MUTATED), result.message
+    assert "of the soak" in result.message or "soak call" in result.message, result.message
+    for seed in (1, 2, 3):
+        asked.clear()
+        result = _check(harness, HERE / "candidates" / "rmsnorm_honest.py", seed=seed)
+        assert result.accepted, result.message
+        n = next(s for s in result.stages if s.stage is Stage.ROBUSTNESS).details["soak"]["calls"]
+        compared = [k for start, stop, _, ks in asked for k in ks if start <= k < stop]
+        verified = [k for _, _, ks, _ in asked for k in ks]
+        assert set(verified) <= set(compared) and n - 1 in compared
+        assert len(compared) == len(set(compared)) <= len(verified) + SOAK_INPUT_CHECKS
+        assert len(compared) == n or len(compared) >= SOAK_INPUT_CHECKS
+
+
 def test_honest_candidate_is_accepted_with_a_soak(harness):
     result = _check(harness, HERE / "candidates" / "rmsnorm_honest.py")
     assert result.accepted, result.message
