@@ -8,8 +8,8 @@ import copy
 import logging
 import threading
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager, nullcontext as _nothing
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
@@ -26,6 +26,8 @@ _PEAKS: dict[tuple[str, tuple, str], int] = {}
 PEAK_MARGIN = 1.25
 
 REFERENCES_HOOK = "crucible_references"
+TRUTH_MISSING = ("compared with the reference's own outputs (and the task's other implementations of the op): the "
+                 "float64 truth did not fit in the GPU's memory beside what else ran there, even alone")
 
 
 class SharedExclusive:
@@ -100,6 +102,7 @@ class Expected:
     truth: list[torch.Tensor] | None
     structure: str  # "tensor" or "tuple"
     alternates: list[list[torch.Tensor]] = field(default_factory=list)  # per alternate, its outputs
+    note: str = ""  # why there is no truth where the model has one (said beside a mismatch)
 
     @property
     def nbytes(self) -> int:
@@ -148,6 +151,8 @@ class Reference:
         t0 = time.monotonic()
         try:
             out = self.model(*dev_inputs)
+        except torch.OutOfMemoryError:
+            raise  # a full GPU, not the task's fault (`run` tries again alone)
         except Exception as exc:
             raise TaskError(f"{self.task.path.name}: the reference Model failed on its own inputs: "
                             f"{type(exc).__name__}: {exc}") from None
@@ -170,9 +175,31 @@ class Reference:
 
     def run(self, inputs: list[Any]) -> Expected:
         """The outputs in the model's dtype, the float64 truth and the alternates' outputs on these inputs. On a
-        shared GPU the run's passing memory is taken from the gate's budget first (`_memory_turn`)."""
-        with self._memory_turn():
-            return self._run(inputs)
+        shared GPU the run's passing memory is taken from the gate's budget first (`_memory_turn`). A run that finds
+        the GPU full is made once more alone, after the parent's cached blocks go back to the driver, and where the
+        float64 truth does not fit even then, this run goes without it (`note` says so; the alternates still
+        count, measured against the reference). A full GPU never drops the truth for the rest of the check: it was
+        a moment's want of memory, not a model that cannot run in float64."""
+        try:
+            with self._memory_turn():
+                return self._run(inputs)
+        except torch.OutOfMemoryError:
+            log.info("%s: the reference run found the GPU full; once more, alone", self.task.name)
+        with self._alone():
+            try:
+                return self._run(inputs)
+            except torch.OutOfMemoryError:
+                log.info("%s: the float64 truth does not fit alone; this run goes without it", self.task.name)
+        with self._alone():  # an OutOfMemoryError now is the caller's: the harness's, no fault of the candidate's
+            return replace(self._run(inputs, truth=False), note=TRUTH_MISSING)
+
+    @contextmanager
+    def _alone(self) -> Iterator[None]:
+        """The gate's whole memory budget, with the parent's cached blocks handed back to the driver first."""
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.empty_cache()
+        with self.gate.memory(None) if self.gate is not None else _nothing():
+            yield
 
     @contextmanager
     def _memory_turn(self) -> Iterator[None]:
@@ -194,36 +221,43 @@ class Reference:
             _PEAKS[key] = max(0, torch.cuda.max_memory_allocated(dev) - before)
             torch.cuda.empty_cache()
 
-    def _run(self, inputs: list[Any]) -> Expected:
+    def _run(self, inputs: list[Any], truth: bool = True) -> Expected:
         dev_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
         with RUNS.shared():  # released before the alternates take it alone
-            out, ref, truth = self._run_with_truth(dev_inputs)
-        return Expected(ref=[t.detach() for t in ref], truth=truth,
+            out, ref, true = self._run_with_truth(dev_inputs, truth)
+        return Expected(ref=[t.detach() for t in ref], truth=true,
                         structure="tuple" if isinstance(out, (tuple, list)) else "tensor",
-                        alternates=self._run_alternates(dev_inputs, ref) if truth is not None else [])
+                        alternates=self._run_alternates(dev_inputs, ref))
 
-    def _run_with_truth(self, dev_inputs: list[Any]) -> tuple[Any, list[torch.Tensor], list[torch.Tensor] | None]:
+    def _run_with_truth(self, dev_inputs: list[Any], with_truth: bool = True
+                        ) -> tuple[Any, list[torch.Tensor], list[torch.Tensor] | None]:
         out, ref = self._run_model(dev_inputs)
         truth = None
-        if self.model64 is not None and any(t.is_floating_point() for t in ref):
+        if with_truth and self.model64 is not None and any(t.is_floating_point() for t in ref):
             try:
                 up = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in dev_inputs]
                 truth = [t.detach() for t in _as_list(self.model64(*up))]
                 if len(truth) != len(ref) or any(a.shape != b.shape for a, b in zip(truth, ref)):
                     truth = None
-            except Exception as exc:
+            except torch.OutOfMemoryError:
+                raise  # the GPU was full at this moment: `run` tries again alone
+            except Exception as exc:  # noqa: BLE001 - the model does not run in float64 (an op has no float64
+                # kernel): it never will, so no later run tries
                 log.info("float64 reference failed for %s: %s", self.task.name, exc)
                 self.model64, truth = None, None
         return out, ref, truth
 
     def _run_alternates(self, inputs: list[Any], ref: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         """Each alternate's outputs; one that cannot run here (a backend this device lacks) or returns another
-        structure is left out (logged): it can only loosen the bound, never tighten it."""
+        structure is left out (logged): it can only loosen the bound, so leaving it out is never unsafe, only
+        stricter."""
         outs = []
         for name, fn in self.alternates.items():
             try:
                 with RUNS.exclusive(), _switches_kept():  # alone in the process: it may switch backends (RUNS)
                     got = _as_list(fn(*inputs))
+            except torch.OutOfMemoryError:
+                raise  # the GPU was full at this moment (`run`): left out, the alternate would tighten the bound
             except Exception as exc:  # noqa: BLE001 - e.g. SDPA's flash backend on a CPU
                 log.info("%s: alternate reference %s unavailable here: %s: %s", self.task.name, name,
                          type(exc).__name__, exc)

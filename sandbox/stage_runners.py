@@ -282,8 +282,9 @@ def compare(harness: Harness, run: _Run, stage: Stage, outs: list[torch.Tensor],
             # unwritten or uninitialised output.
             reason = Reason.NONFINITE_MISMATCH if mismatch.first_nonfinite_diff is not None \
                 else Reason.OUTPUT_MISMATCH
-            raise Rejected(stage, reason, f"wrong result on {label}:\n{mismatch.describe()}", mismatch=mismatch,
-                          details={"inputs": label})
+            note = f"\n({expected.note})" if expected.note else ""
+            raise Rejected(stage, reason, f"wrong result on {label}:\n{mismatch.describe()}{note}",
+                          mismatch=mismatch, details={"inputs": label})
 
 
 def soak_length(rng: random.Random, seconds: float, device: str) -> int:
