@@ -271,6 +271,7 @@ def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs
 def compare(harness: Harness, run: _Run, stage: Stage, outs: list[torch.Tensor], expected: Expected,
             label: str) -> None:
     meta = run.task.meta
+    run.untrue += len(outs) if expected.note else 0  # the verdict's costs count them, accepted or not
     for i, got in enumerate(outs):
         truth = expected.truth[i] if expected.truth is not None else None
         with run.lap("compare"), harness._gpu(run, work="compare"):

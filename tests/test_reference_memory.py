@@ -118,8 +118,10 @@ def test_the_harness_says_beside_a_mismatch_that_the_truth_was_missing(monkeypat
         if with_truth:
             raise torch.OutOfMemoryError("CUDA out of memory (played)")
         return run_with_truth(self, dev_inputs, with_truth)
-    monkeypatch.setattr(reference_mod.Reference, "_run_with_truth", never_fits)
     with Harness("cpu") as h:
+        plain = h.check(here.parent / "tasks" / "rmsnorm_fwd.py", here / "candidates" / "rmsnorm_honest.py",
+                        CheckOptions(timeout_s=120, seed=3))
+        monkeypatch.setattr(reference_mod.Reference, "_run_with_truth", never_fits)
         bad = h.check(here.parent / "tasks" / "rmsnorm_fwd.py", here / "candidates" / "cheats" / "partial_write.py",
                       CheckOptions(timeout_s=120, seed=3))
         good = h.check(here.parent / "tasks" / "rmsnorm_fwd.py", here / "candidates" / "rmsnorm_honest.py",
@@ -127,3 +129,16 @@ def test_the_harness_says_beside_a_mismatch_that_the_truth_was_missing(monkeypat
     assert bad.reason in (Reason.OUTPUT_MISMATCH, Reason.NONFINITE_MISMATCH), bad.message
     assert TRUTH_MISSING in bad.message, bad.message
     assert good.accepted, good.message
+    assert good.costs["compared_without_truth"] >= 4  # the smoke call's output and at least three more
+    assert plain.accepted and plain.costs["compared_without_truth"] == 0
+    # `crucible check` says it beside an acceptance too
+    import io
+
+    from rich.console import Console
+
+    from agent.commands import check as check_cmd
+    for result, said in ((good, True), (plain, False)):
+        out = io.StringIO()
+        monkeypatch.setattr(check_cmd, "console", Console(file=out, width=200))
+        check_cmd.render(result)
+        assert ("compared without their float64 truth" in out.getvalue()) is said
