@@ -131,8 +131,11 @@ class Reference:
         self.call_s = 0.0  # the fastest call of the model in its own dtype so far (sandbox.deadlines); 0: none yet
         self.gate = gate  # the GPU's gate (sandbox/gate.py) where several checks share it: runs take its memory
         self.model64: torch.nn.Module | None = None
+        self._upcast_later = False  # the float64 copy found the GPU full: made at the first run that needs it
         try:
             self.model64 = copy.deepcopy(self.model).double()
+        except torch.OutOfMemoryError:
+            self._upcast_later = True
         except Exception as exc:  # a module that cannot be upcast: compare against its own dtype only
             log.info("no float64 reference for %s: %s", task.name, exc)
 
@@ -233,6 +236,9 @@ class Reference:
                         ) -> tuple[Any, list[torch.Tensor], list[torch.Tensor] | None]:
         out, ref = self._run_model(dev_inputs)
         truth = None
+        if with_truth and self._upcast_later and any(t.is_floating_point() for t in ref):
+            self.model64 = copy.deepcopy(self.model).double()  # a full GPU again raises, and `run` tries alone
+            self._upcast_later = False
         if with_truth and self.model64 is not None and any(t.is_floating_point() for t in ref):
             try:
                 up = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in dev_inputs]

@@ -142,3 +142,19 @@ def test_the_harness_says_beside_a_mismatch_that_the_truth_was_missing(monkeypat
         monkeypatch.setattr(check_cmd, "console", Console(file=out, width=200))
         check_cmd.render(result)
         assert ("compared without their float64 truth" in out.getvalue()) is said
+
+
+def test_a_float64_copy_of_the_model_that_finds_the_gpu_full_is_made_when_a_run_needs_it(task, monkeypatch):
+    deepcopy = reference_mod.copy.deepcopy
+    full = {"left": 1}
+
+    def copies(obj, *a):
+        if full["left"]:
+            full["left"] -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory (played)")
+        return deepcopy(obj, *a)
+    monkeypatch.setattr(reference_mod.copy, "deepcopy", copies)
+    ref = Reference(task, "cpu", 0)
+    assert ref.model64 is None
+    expected = ref.run(task.make_inputs(1, "normal"))
+    assert expected.truth is not None and expected.note == "" and ref.model64 is not None
