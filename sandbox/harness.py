@@ -92,7 +92,6 @@ class _Run:
     # child runs
     source_key: str = ""  # what its verified kernels are kept under (sandbox.compiled)
     kept_files: int = 0  # the files of its Triton cache kept for its later checks (verified only)
-    untrue: int = 0  # outputs compared without their float64 truth, which did not fit in the GPU's memory
     # id(reference) -> (the parent's wall time of the fastest call at its shape, the reference's time there)
     walls: dict[int, tuple[float, float]] = field(default_factory=dict)
 

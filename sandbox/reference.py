@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager, nullcontext as _nothing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
@@ -26,8 +26,13 @@ _PEAKS: dict[tuple[str, tuple, str], int] = {}
 PEAK_MARGIN = 1.25
 
 REFERENCES_HOOK = "crucible_references"
-TRUTH_MISSING = ("compared with the reference's own outputs (and the task's other implementations of the op): the "
-                 "float64 truth did not fit in the GPU's memory beside what else ran there, even alone")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether an error says the GPU was full: torch's own, or a library's allocation failure raised as a plain
+    RuntimeError (cuBLAS's CUBLAS_STATUS_ALLOC_FAILED)."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("out of memory", "ALLOC_FAILED")))
 
 
 class SharedExclusive:
@@ -102,7 +107,6 @@ class Expected:
     truth: list[torch.Tensor] | None
     structure: str  # "tensor" or "tuple"
     alternates: list[list[torch.Tensor]] = field(default_factory=list)  # per alternate, its outputs
-    note: str = ""  # why there is no truth where the model has one (said beside a mismatch)
 
     @property
     def nbytes(self) -> int:
@@ -134,10 +138,11 @@ class Reference:
         self._upcast_later = False  # the float64 copy found the GPU full: made at the first run that needs it
         try:
             self.model64 = copy.deepcopy(self.model).double()
-        except torch.OutOfMemoryError:
-            self._upcast_later = True
         except Exception as exc:  # a module that cannot be upcast: compare against its own dtype only
-            log.info("no float64 reference for %s: %s", task.name, exc)
+            if out_of_memory(exc):
+                self._upcast_later = True
+            else:
+                log.info("no float64 reference for %s: %s", task.name, exc)
 
     def init_inputs(self) -> list[Any]:
         return self.task.init_inputs()
@@ -154,9 +159,9 @@ class Reference:
         t0 = time.monotonic()
         try:
             out = self.model(*dev_inputs)
-        except torch.OutOfMemoryError:
-            raise  # a full GPU, not the task's fault (`run` tries again alone)
         except Exception as exc:
+            if out_of_memory(exc):  # a full GPU, not the task's fault (`run` tries again alone)
+                raise torch.OutOfMemoryError(str(exc)) from exc
             raise TaskError(f"{self.task.path.name}: the reference Model failed on its own inputs: "
                             f"{type(exc).__name__}: {exc}") from None
         if cuda:
@@ -179,22 +184,17 @@ class Reference:
     def run(self, inputs: list[Any]) -> Expected:
         """The outputs in the model's dtype, the float64 truth and the alternates' outputs on these inputs. On a
         shared GPU the run's passing memory is taken from the gate's budget first (`_memory_turn`). A run that finds
-        the GPU full is made once more alone, after the parent's cached blocks go back to the driver, and where the
-        float64 truth does not fit even then, this run goes without it (`note` says so; the alternates still
-        count, measured against the reference). A full GPU never drops the truth for the rest of the check: it was
-        a moment's want of memory, not a model that cannot run in float64."""
+        the GPU full is made once more alone, after the parent's cached blocks go back to the driver; full again,
+        the OutOfMemoryError is the caller's: the harness ends the check as its own failure, which says nothing of
+        the candidate. A full GPU never drops the truth or an alternate: compared without them, a candidate would be
+        held to the reference's outputs as if they had no error."""
         try:
             with self._memory_turn():
                 return self._run(inputs)
         except torch.OutOfMemoryError:
             log.info("%s: the reference run found the GPU full; once more, alone", self.task.name)
         with self._alone():
-            try:
-                return self._run(inputs)
-            except torch.OutOfMemoryError:
-                log.info("%s: the float64 truth does not fit alone; this run goes without it", self.task.name)
-        with self._alone():  # an OutOfMemoryError now is the caller's: the harness's, no fault of the candidate's
-            return replace(self._run(inputs, truth=False), note=TRUTH_MISSING)
+            return self._run(inputs)
 
     @contextmanager
     def _alone(self) -> Iterator[None]:
@@ -224,47 +224,45 @@ class Reference:
             _PEAKS[key] = max(0, torch.cuda.max_memory_allocated(dev) - before)
             torch.cuda.empty_cache()
 
-    def _run(self, inputs: list[Any], truth: bool = True) -> Expected:
+    def _run(self, inputs: list[Any]) -> Expected:
         dev_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
         with RUNS.shared():  # released before the alternates take it alone
-            out, ref, true = self._run_with_truth(dev_inputs, truth)
-        return Expected(ref=[t.detach() for t in ref], truth=true,
+            out, ref, truth = self._run_with_truth(dev_inputs)
+        return Expected(ref=[t.detach() for t in ref], truth=truth,
                         structure="tuple" if isinstance(out, (tuple, list)) else "tensor",
-                        alternates=self._run_alternates(dev_inputs, ref))
+                        alternates=self._run_alternates(dev_inputs, ref) if truth is not None else [])
 
-    def _run_with_truth(self, dev_inputs: list[Any], with_truth: bool = True
-                        ) -> tuple[Any, list[torch.Tensor], list[torch.Tensor] | None]:
+    def _run_with_truth(self, dev_inputs: list[Any]) -> tuple[Any, list[torch.Tensor], list[torch.Tensor] | None]:
         out, ref = self._run_model(dev_inputs)
         truth = None
-        if with_truth and self._upcast_later and any(t.is_floating_point() for t in ref):
-            self.model64 = copy.deepcopy(self.model).double()  # a full GPU again raises, and `run` tries alone
+        if self._upcast_later and any(t.is_floating_point() for t in ref):
+            self.model64 = _full_as_oom(lambda: copy.deepcopy(self.model).double())  # full again: `run` retries
             self._upcast_later = False
-        if with_truth and self.model64 is not None and any(t.is_floating_point() for t in ref):
+        if self.model64 is not None and any(t.is_floating_point() for t in ref):
             try:
                 up = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in dev_inputs]
                 truth = [t.detach() for t in _as_list(self.model64(*up))]
                 if len(truth) != len(ref) or any(a.shape != b.shape for a, b in zip(truth, ref)):
                     truth = None
-            except torch.OutOfMemoryError:
-                raise  # the GPU was full at this moment: `run` tries again alone
             except Exception as exc:  # noqa: BLE001 - the model does not run in float64 (an op has no float64
-                # kernel): it never will, so no later run tries
+                # kernel): it never will, so no later run tries; a full GPU is a moment's, and `run` tries again
+                if out_of_memory(exc):
+                    raise torch.OutOfMemoryError(str(exc)) from exc
                 log.info("float64 reference failed for %s: %s", self.task.name, exc)
                 self.model64, truth = None, None
         return out, ref, truth
 
     def _run_alternates(self, inputs: list[Any], ref: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         """Each alternate's outputs; one that cannot run here (a backend this device lacks) or returns another
-        structure is left out (logged): it can only loosen the bound, so leaving it out is never unsafe, only
-        stricter."""
+        structure is left out (logged): it can only loosen the bound, never tighten it."""
         outs = []
         for name, fn in self.alternates.items():
             try:
                 with RUNS.exclusive(), _switches_kept():  # alone in the process: it may switch backends (RUNS)
                     got = _as_list(fn(*inputs))
-            except torch.OutOfMemoryError:
-                raise  # the GPU was full at this moment (`run`): left out, the alternate would tighten the bound
             except Exception as exc:  # noqa: BLE001 - e.g. SDPA's flash backend on a CPU
+                if out_of_memory(exc):  # a moment's (`run` tries again): left out, it would tighten the bound
+                    raise torch.OutOfMemoryError(str(exc)) from exc
                 log.info("%s: alternate reference %s unavailable here: %s: %s", self.task.name, name,
                          type(exc).__name__, exc)
                 continue
@@ -274,6 +272,16 @@ class Reference:
                 continue
             outs.append([g.detach() for g in got])
         return outs
+
+
+def _full_as_oom(make: Any) -> Any:
+    """make(), with an allocation failure raised as torch.OutOfMemoryError (out_of_memory)."""
+    try:
+        return make()
+    except Exception as exc:
+        if out_of_memory(exc):
+            raise torch.OutOfMemoryError(str(exc)) from exc
+        raise
 
 
 def _alternates(task: Task, model: torch.nn.Module) -> dict[str, Any]:
@@ -297,7 +305,7 @@ def check_task(task: Task, device: str, seed: int = 0, *, float64: bool = True) 
     `float64=False` skips the float64 truth (the rescaling's probes: whether the task runs, not how exactly)."""
     ref = Reference(task, device, seed)
     if not float64:
-        ref.model64 = None
+        ref.model64, ref._upcast_later = None, False
     a = ref.run(task.make_inputs(seed + 1, "normal", device))
     b = ref.run(task.make_inputs(seed + 2, "normal", device))
     if all(torch.equal(x, y) for x, y in zip(a.ref, b.ref)):

@@ -271,7 +271,6 @@ def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs
 def compare(harness: Harness, run: _Run, stage: Stage, outs: list[torch.Tensor], expected: Expected,
             label: str) -> None:
     meta = run.task.meta
-    run.untrue += len(outs) if expected.note else 0  # the verdict's costs count them, accepted or not
     for i, got in enumerate(outs):
         truth = expected.truth[i] if expected.truth is not None else None
         with run.lap("compare"), harness._gpu(run, work="compare"):
@@ -283,9 +282,8 @@ def compare(harness: Harness, run: _Run, stage: Stage, outs: list[torch.Tensor],
             # unwritten or uninitialised output.
             reason = Reason.NONFINITE_MISMATCH if mismatch.first_nonfinite_diff is not None \
                 else Reason.OUTPUT_MISMATCH
-            note = f"\n({expected.note})" if expected.note else ""
-            raise Rejected(stage, reason, f"wrong result on {label}:\n{mismatch.describe()}{note}",
-                          mismatch=mismatch, details={"inputs": label})
+            raise Rejected(stage, reason, f"wrong result on {label}:\n{mismatch.describe()}", mismatch=mismatch,
+                          details={"inputs": label})
 
 
 def soak_length(rng: random.Random, seconds: float, device: str) -> int:

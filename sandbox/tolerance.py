@@ -27,8 +27,6 @@ largest of them, and MAX(|r - t|) the largest element's error of any of them. So
 accurate of PyTorch's own kernels for the op, not to the luck of the one the reference happened to run (on the H200
 8 of 15 attention variants were rejected for 1 to 5 of o's 67M elements off where cuDNN and FlashAttention-2 both
 happened to be close, while each reference's tail lies elsewhere). NaN/Inf positions still follow r.
-Without a truth (a model that cannot run in float64, or a truth that did not fit in the GPU's memory) r stands in for
-t: PyTorch's own error is then how far the alternates lie from r, and with none every such term is zero.
 Integer and boolean outputs must be equal exactly.
 The comparison walks the output CHUNK elements at a time on its own device, in float32 for 16-bit outputs and
 float64 otherwise, with the sums kept on the device: one synchronisation a pass (a full-size check compares a dozen
@@ -81,8 +79,8 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
             allow_tf32: bool = False, scale: float = 1.0, alternates: tuple[torch.Tensor, ...] = (),
             fused: bool | None = None) -> Mismatch | None:
     """None when `got` passes against the reference `ref` (and float64 `truth`, if any); else a report.
-    `alternates`: the same output from other honest PyTorch implementations (module docstring); measured against
-    `ref` where there is no truth; ignored where a shape differs. `fused`: the passes' sums by
+    `alternates`: the same output from other honest PyTorch implementations (module docstring); ignored without
+    a truth or where a shape differs. `fused`: the passes' sums by
     sandbox/tolerance_fused.py's kernels where the tensors allow them on a GPU (None), also on the CPU through
     Triton's interpreter (True: the tests), or never (False)."""
     if got.shape != ref.shape:
@@ -91,7 +89,7 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
         return _compare_exact(name, got, ref)
 
     tol = tolerance_for(ref.dtype, allow_tf32=allow_tf32, scale=scale)
-    alternates = tuple(a for a in alternates if a.shape == ref.shape)
+    alternates = tuple(a for a in alternates if truth is not None and a.shape == ref.shape)
     chunks = _Chunks(got, ref, truth, alternates)
     if fused is not False and got.numel():
         from . import tolerance_fused

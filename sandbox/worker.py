@@ -308,7 +308,11 @@ def _run_call(state: dict[str, Any], inputs: list[Any], check_inputs: bool = Tru
     if hooked:
         return _failure(Reason.SANDBOX_VIOLATION, f"the model has a hook installed ({hooked}); hooks run Python "
                         "outside the harness's checks"), None
-    pristine = [_int_view(x).clone() if check_inputs and isinstance(x, torch.Tensor) else None for x in inputs]
+    # Unchecked, each input still gets a buffer of its copy's size (allocated, not written): what the allocator
+    # holds, and so the addresses and torch.cuda.memory_allocated() the call sees, do not say which calls are checked.
+    copies = [(_int_view(x).clone() if check_inputs else torch.empty_like(_int_view(x)))
+              if isinstance(x, torch.Tensor) else None for x in inputs]
+    pristine = copies if check_inputs else [None] * len(inputs)
     tasks_before = _native_threads()
     watch = state["watch"] or _watch(state)
     call = tracer.tracing(poison=True)

@@ -57,3 +57,47 @@ def test_a_strided_input_is_derived_from_its_values():
     got = rolled(x, 4, 1.03)
     assert got.is_contiguous()
     assert torch.equal(got, torch.roll(x, 4, dims=-1).mul_(1.03))
+
+
+def _odd_bases(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(11)
+    big = torch.finfo(dtype).max
+    special = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), big, -big,
+                            torch.finfo(dtype).tiny, torch.finfo(dtype).tiny / 4, 1.0, -3.5], dtype=torch.float64)
+    return {
+        "transposed": (torch.randn(13, 6, generator=gen) * 40).to(dtype).t(),
+        "stepped": (torch.randn(4, 30, generator=gen) * 40).to(dtype)[:, ::3],
+        "expanded": (torch.randn(1, 9, generator=gen) * 40).to(dtype).expand(5, 9),
+        "channels_last": (torch.randn(2, 3, 4, 5, generator=gen) * 40).to(dtype)
+        .contiguous(memory_format=torch.channels_last),
+        "offset_view": (torch.randn(50, generator=gen) * 40).to(dtype)[3:3 + 35].view(5, 7),
+        "specials": special.to(dtype).repeat(3, 1),  # NaN, Inf, -0, max (overflows when scaled), subnormals
+        "last_dim_1": (torch.randn(7, 1, generator=gen)).to(dtype),
+        "long_row": (torch.randn(2, 4099, generator=gen)).to(dtype),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_derive_is_roll_then_scale_on_strided_special_and_edge_inputs(dtype):
+    """Strided, expanded and offset bases, NaN, Inf, -0, the dtype's largest (overflowing when scaled) and
+    subnormals, a last dim of 1, long rows, every k % 17: the same values as roll then mul_ (a NaN's payload
+    aside: the halves take ATen's scalar loop where a whole tensor took its vectorised one)."""
+    for name, x in _odd_bases(dtype).items():
+        base = [[x], [x.clone()]]
+        for k in range(2, 70):  # every k % 17 (17, 34, 51: unscaled), shifts of 0 included
+            got = derive(base, k, ())[0]
+            want = _definition(base[k % 2][0], k)
+            assert got.shape == want.shape and got.dtype == dtype, (name, k)
+            nan = torch.isnan(want)
+            assert torch.equal(torch.isnan(got), nan), (name, dtype, k)
+            assert torch.equal(_bits(got)[~nan], _bits(want)[~nan]), (name, dtype, k)
+
+
+def test_derive_leaves_empty_complex_integer_and_scalar_inputs_as_copies():
+    """A 0-size last dim or other dim, complex, integer and 0-d inputs: copied, never rolled or scaled."""
+    xs = [torch.empty(4, 0), torch.empty(0, 5), torch.randn(3, 5, dtype=torch.complex64), torch.arange(10),
+          torch.tensor(2.5)]
+    for k in (2, 3, 17):
+        got = derive([xs, [x.clone() for x in xs]], k, ())
+        for g, x in zip(got, xs):
+            assert g.shape == x.shape and g.dtype == x.dtype and torch.equal(g, x)

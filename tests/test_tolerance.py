@@ -150,7 +150,7 @@ def test_an_alternate_honest_implementation_widens_the_bound_where_it_errs_too()
     assert compare("dq", tail, ref, truth, alternates=(alt,)) is None
 
 
-def test_an_alternates_overflow_loosens_nothing_with_a_truth_or_without():
+def test_an_alternates_overflow_loosens_nothing_and_needs_a_truth():
     truth = torch.randn(1024, dtype=torch.float64)
     ref = truth.to(torch.bfloat16)
     alt = ref.clone()
@@ -159,15 +159,10 @@ def test_an_alternates_overflow_loosens_nothing_with_a_truth_or_without():
     got = ref.clone()
     got[:8] = (truth[:8] * 1.2).to(torch.bfloat16)
     assert compare("o", got, ref, truth, alternates=(alt,)) is not None
-    # without a float64 truth the reference stands in for it: an alternate's distance from the reference is
-    # PyTorch's own error there, and its NaN/Inf still loosen nothing
+    # without a float64 truth there is no error to take from an alternate: it is ignored
     far = ref.clone()
     far[:8] += 1.0
-    assert compare("o", far, ref, None, alternates=(alt,)) is not None
-    spread = ref.clone()
-    spread[:8] += 1.0
-    assert compare("o", far, ref, None) is not None
-    assert compare("o", far, ref, None, alternates=(spread,)) is None
+    assert compare("o", far, ref, None, alternates=(far,)) is not None
 
 
 def _rules(got, ref, truth, alternates=()):
