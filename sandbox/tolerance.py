@@ -80,9 +80,9 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor
             fused: bool | None = None) -> Mismatch | None:
     """None when `got` passes against the reference `ref` (and float64 `truth`, if any); else a report.
     `alternates`: the same output from other honest PyTorch implementations (module docstring); ignored without
-    a truth or where a shape differs. `fused`: the passes' sums by
-    sandbox/tolerance_fused.py's kernels where the tensors allow them on a GPU (None), also on the CPU through
-    Triton's interpreter (True: the tests), or never (False)."""
+    a truth or where a shape differs. `fused`: the passes' sums by sandbox/tolerance_fused.py's kernels where the
+    tensors allow them on a GPU (None), also on the CPU through Triton's interpreter (True: the tests), or never
+    (False)."""
     if got.shape != ref.shape:
         raise ValueError(f"{name}: shape {tuple(got.shape)} vs {tuple(ref.shape)} (check shapes before compare)")
     if not (ref.is_floating_point() or ref.is_complex()):
