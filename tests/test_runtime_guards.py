@@ -131,16 +131,15 @@ def test_inputs_written_inside_the_soak_are_caught_on_the_calls_it_compares(harn
     result = _check(harness, ATTACKS / "runtime_late_input_write.py")
     assert (result.stage, result.reason) == (Stage.ROBUSTNESS, Reason.INPUT_MUTATED), result.message
     assert "of the soak" in result.message or "soak call" in result.message, result.message
-    for seed in (1, 2, 3):
-        asked.clear()
-        result = _check(harness, HERE / "candidates" / "rmsnorm_honest.py", seed=seed)
-        assert result.accepted, result.message
-        n = next(s for s in result.stages if s.stage is Stage.ROBUSTNESS).details["soak"]["calls"]
-        compared = [k for start, stop, _, ks in asked for k in ks if start <= k < stop]
-        verified = [k for _, _, ks, _ in asked for k in ks]
-        assert set(verified) <= set(compared) and n - 1 in compared
-        assert len(compared) == len(set(compared)) <= len(verified) + SOAK_INPUT_CHECKS
-        assert len(compared) == n or len(compared) >= SOAK_INPUT_CHECKS
+    asked.clear()
+    result = _check(harness, HERE / "candidates" / "rmsnorm_honest.py", seed=2)
+    assert result.accepted, result.message
+    n = next(s for s in result.stages if s.stage is Stage.ROBUSTNESS).details["soak"]["calls"]
+    compared = [k for start, stop, _, ks in asked for k in ks if start <= k < stop]
+    verified = [k for _, _, ks, _ in asked for k in ks]
+    assert set(verified) <= set(compared) and n - 1 in compared
+    assert len(compared) == len(set(compared)) <= len(verified) + SOAK_INPUT_CHECKS
+    assert len(compared) == n or len(compared) >= SOAK_INPUT_CHECKS
 
 
 def test_honest_candidate_is_accepted_with_a_soak(harness):
