@@ -192,7 +192,7 @@ class Reference:
             with self._memory_turn():
                 return self._run(inputs)
         except torch.OutOfMemoryError:
-            log.info("%s: the reference run found the GPU full; once more, alone", self.task.name)
+            log.warning("%s: a reference run found the GPU full; once more, alone", self.task.name)
         with self._alone():
             return self._run(inputs)
 
