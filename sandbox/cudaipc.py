@@ -221,6 +221,23 @@ def parent_share(device: str) -> str | None:
     return f"{reserved / 2**30:.1f} GiB of the GPU's {total / 2**30:.1f} GiB"
 
 
+def full_gpu_message(stage: str, device: str) -> str:
+    """The verdict's message where the parent ran out of GPU memory during a check, with the GPU's memory as it
+    stands: free, this process's, and the rest (other processes, the candidates' among them)."""
+    held = ""
+    if device.startswith("cuda"):
+        try:
+            free, total = torch.cuda.mem_get_info(device)
+            mine = torch.cuda.memory_reserved(device)
+            held = (f": {free / 2**30:.1f} GiB of {total / 2**30:.1f} free, the harness holding {mine / 2**30:.1f}, "
+                    f"other processes (the candidates' among them) {max(0, total - free - mine) / 2**30:.1f}")
+        except Exception:  # noqa: BLE001 - the message goes without the numbers
+            held = ""
+    return (f"the harness ran out of GPU memory at the {stage} stage (the task's inputs, outputs and their float64 "
+            f"references did not fit beside what else runs on the GPU{held}); this says nothing about the candidate: "
+            "free the GPU or check the task at a smaller shape")
+
+
 def lending_cap(device: str) -> int:
     """Bytes of GPU memory one child may be lent (staging copies of its inputs and output buffers, reused call after
     call): a quarter of the device, at least 8 GiB. Past it, tensors travel by value through host memory."""

@@ -241,13 +241,10 @@ class Harness:
                 if rej.result.stage is Stage.TIMING:
                     timing = rej.result.details.get("timing")
             except torch.OutOfMemoryError:
+                message = cudaipc.full_gpu_message(run.stage.value, run.device)
                 torch.cuda.empty_cache()
-                stages.append(StageResult(
-                    run.stage, False, Reason.HARNESS_ERROR,
-                    f"the harness ran out of GPU memory at the {run.stage.value} stage (the task's inputs, outputs and "
-                    "their float64 references did not fit beside what else runs on the GPU); this says nothing about "
-                    "the candidate: free the GPU or check the task at a smaller shape",
-                    seconds=time.monotonic() - run.stage_start))
+                stages.append(StageResult(run.stage, False, Reason.HARNESS_ERROR, message,
+                                          seconds=time.monotonic() - run.stage_start))
             except Exception as exc:  # noqa: BLE001 - a verdict, never a traceback: the harness's own failure, named
                 log.error("the harness failed at the %s stage of %s: %s: %s", run.stage.value, candidate.name,
                           type(exc).__name__, exc, exc_info=exc)

@@ -160,3 +160,15 @@ def test_check_task_without_float64_makes_no_truth_after_a_full_gpu_at_the_start
     monkeypatch.setattr(reference_mod.copy, "deepcopy", copies)
     check_task(task, "cpu", float64=False)
     assert len(made) == 1  # the float64 copy that found the GPU full is not made later either
+
+
+def test_the_full_gpu_message_gives_the_gpu_s_memory_as_it_stands(monkeypatch):
+    from sandbox import cudaipc
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 << 30, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 30 << 30)
+    said = cudaipc.full_gpu_message("correctness", "cuda:0")
+    assert said.startswith("the harness ran out of GPU memory at the correctness stage")
+    assert "2.0 GiB of 80.0 free, the harness holding 30.0, other processes (the candidates' among them) 48.0" in said
+    assert "says nothing about the candidate" in said
+    assert "GiB" not in cudaipc.full_gpu_message("smoke", "cpu")
