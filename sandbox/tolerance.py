@@ -7,7 +7,8 @@ It passes when all of these hold:
   1. NaN/Inf positions equal r's (a candidate may be finite where r overflowed only if t is finite there too
      and c is close to t); where t lies past twice the output dtype's largest value (a mask filled with float64's
      smallest in the truth and float16's in the reference), c must saturate with t's sign (the dtype's largest
-     magnitude or Inf), and the element takes no part in rules 2 and 3, whose sums it would swamp;
+     magnitude or Inf), and the element takes no part in rules 2 and 3, whose sums it would swamp (without a
+     float64 truth, r stands in for t, and so do r's own elements at the dtype's largest magnitude);
   2. elementwise |c - t| <= atol * scale + rtol * |t| + max(K * max(|r - t|, RMS(r - t)), T * MAX(|r - t|)),
      where scale is the RMS of t: the absolute slack is relative to the output's magnitude, so returning zeros for
      a small-valued output fails; and no element need be closer to the truth than T times PyTorch's worst one
@@ -271,7 +272,10 @@ class _Chunks:
         self.device = self.got.device
         self.dtype = torch.float32 if ref.dtype in (torch.float16, torch.bfloat16) else torch.float64
         self.limit = torch.finfo(ref.dtype).max if ref.is_floating_point() else math.inf  # the output's largest
-        self.beyond = 2.0 * self.limit  # a truth past this is judged by position (rule 1)
+        # A truth past this is judged by position (rule 1). Without a float64 truth, r stands in for it, and r's own
+        # extremes (a mask filled with the dtype's smallest) are judged by position: counted as values they would
+        # swell the output's RMS and norm, and with them the slack everywhere else.
+        self.beyond = 2.0 * self.limit if truth is not None else self.limit * (1.0 - 2.0 ** -20)
         self.fused = False  # the passes' sums by sandbox/tolerance_fused.py's kernels (compare decides)
 
     def fused_rows(self, which: int, *, max_column: int, params: tuple[float, ...] = ()) -> torch.Tensor | None:
@@ -322,7 +326,7 @@ class _Chunks:
         """(start, got, ref, truth, alternates, beyond): the last where the truth lies past twice the output dtype's
         largest value (read from the truth as computed, before the working precision clamps it)."""
         start, end = k * CHUNK, (k + 1) * CHUNK
-        beyond = self.truth[start:end].to(self.device).abs() > self.beyond
+        beyond = self.truth[start:end].to(self.device, torch.float64).abs() > self.beyond
         return (start, self._work(self.got[start:end]), self._work(self.ref[start:end]),
                 self._work_truth(self.truth[start:end]), [self._work(a[start:end]) for a in self.alternates], beyond)
 

@@ -241,3 +241,24 @@ def test_bf16_outputs_past_float32s_range_are_still_compared():
     assert compare("y", got, ref, huge) is not None
     ref[0] = torch.finfo(torch.bfloat16).max  # a reference that stayed finite: the truth must stay finite too
     assert compare("y", got, ref, huge) is not None
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_without_a_truth_a_mask_fill_is_judged_by_position_and_swells_no_slack(fused):
+    """A model without a float64 truth is compared with its own outputs: a mask fill there (the dtype's smallest) is
+    no value to scale the slack by, or noise of 10 elsewhere would pass."""
+    gen = torch.Generator().manual_seed(3)
+    ref = torch.randn(4096, generator=gen).to(torch.bfloat16)
+    ref[::8] = torch.finfo(torch.bfloat16).min
+    honest = ref.clone()
+    honest[1::8] = (honest[1::8].float() * (1 + 2 ** -8)).to(torch.bfloat16)  # a rounding's worth, not at the fills
+    noisy = ref.clone()
+    keep = torch.ones(4096, dtype=torch.bool)
+    keep[::8] = False
+    noisy[keep] += (10 * torch.randn(int(keep.sum()), generator=gen)).to(torch.bfloat16)
+    unfilled = ref.clone()
+    unfilled[::8] = 0
+    assert compare("o", honest, ref, None, fused=fused) is None
+    assert compare("o", noisy, ref, None, fused=fused) is not None
+    report = compare("o", unfilled, ref, None, fused=fused)
+    assert report is not None and report.first_nonfinite_diff is not None
