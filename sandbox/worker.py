@@ -310,7 +310,8 @@ def _run_call(state: dict[str, Any], inputs: list[Any], check_inputs: bool = Tru
                         "outside the harness's checks"), None
     # Unchecked, each input still gets a buffer of its copy's size (allocated, not written): what the allocator
     # holds, and so the addresses and torch.cuda.memory_allocated() the call sees, do not say which calls are checked.
-    copies = [(_int_view(x).clone() if check_inputs else torch.empty_like(_int_view(x)))
+    copies = [(_int_view(x).clone() if check_inputs else
+               torch.empty(x.numel() * x.element_size(), dtype=torch.uint8, device=x.device))
               if isinstance(x, torch.Tensor) else None for x in inputs]
     pristine = copies if check_inputs else [None] * len(inputs)
     tasks_before = _native_threads()
