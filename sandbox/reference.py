@@ -28,11 +28,17 @@ PEAK_MARGIN = 1.25
 REFERENCES_HOOK = "crucible_references"
 
 
-def out_of_memory(exc: BaseException) -> bool:
+def _full(exc: BaseException) -> bool:
     """Whether an error says the GPU was full: torch's own, or a library's allocation failure raised as a plain
     RuntimeError (cuBLAS's CUBLAS_STATUS_ALLOC_FAILED)."""
     return isinstance(exc, torch.OutOfMemoryError) or (
         isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("out of memory", "ALLOC_FAILED")))
+
+
+def _raise_if_full(exc: BaseException) -> None:
+    """torch.OutOfMemoryError, raised from `exc`, where `exc` says the GPU was full: `Reference.run` tries again."""
+    if _full(exc):
+        raise torch.OutOfMemoryError(str(exc)) from exc
 
 
 class SharedExclusive:
@@ -136,13 +142,16 @@ class Reference:
         self.gate = gate  # the GPU's gate (sandbox/gate.py) where several checks share it: runs take its memory
         self.model64: torch.nn.Module | None = None
         self._upcast_later = False  # the float64 copy found the GPU full: made at the first run that needs it
+        self._upcast()
+
+    def _upcast(self) -> None:
+        """model64, the model's float64 copy; where the GPU is full, `_upcast_later` says to try at the next run."""
         try:
-            self.model64 = copy.deepcopy(self.model).double()
+            self.model64, self._upcast_later = copy.deepcopy(self.model).double(), False
         except Exception as exc:  # a module that cannot be upcast: compare against its own dtype only
-            if out_of_memory(exc):
-                self._upcast_later = True
-            else:
-                log.info("no float64 reference for %s: %s", task.name, exc)
+            self._upcast_later = _full(exc)
+            if not self._upcast_later:
+                log.info("no float64 reference for %s: %s", self.task.name, exc)
 
     def init_inputs(self) -> list[Any]:
         return self.task.init_inputs()
@@ -160,8 +169,7 @@ class Reference:
         try:
             out = self.model(*dev_inputs)
         except Exception as exc:
-            if out_of_memory(exc):  # a full GPU, not the task's fault (`run` tries again alone)
-                raise torch.OutOfMemoryError(str(exc)) from exc
+            _raise_if_full(exc)  # a full GPU is not the task's fault
             raise TaskError(f"{self.task.path.name}: the reference Model failed on its own inputs: "
                             f"{type(exc).__name__}: {exc}") from None
         if cuda:
@@ -236,8 +244,9 @@ class Reference:
         out, ref = self._run_model(dev_inputs)
         truth = None
         if self._upcast_later and any(t.is_floating_point() for t in ref):
-            self.model64 = _full_as_oom(lambda: copy.deepcopy(self.model).double())  # full again: `run` retries
-            self._upcast_later = False
+            self._upcast()
+            if self._upcast_later:
+                raise torch.OutOfMemoryError(f"{self.task.name}: the float64 copy of the model did not fit")
         if self.model64 is not None and any(t.is_floating_point() for t in ref):
             try:
                 up = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in dev_inputs]
@@ -246,8 +255,7 @@ class Reference:
                     truth = None
             except Exception as exc:  # noqa: BLE001 - the model does not run in float64 (an op has no float64
                 # kernel): it never will, so no later run tries; a full GPU is a moment's, and `run` tries again
-                if out_of_memory(exc):
-                    raise torch.OutOfMemoryError(str(exc)) from exc
+                _raise_if_full(exc)
                 log.info("float64 reference failed for %s: %s", self.task.name, exc)
                 self.model64, truth = None, None
         return out, ref, truth
@@ -261,8 +269,7 @@ class Reference:
                 with RUNS.exclusive(), _switches_kept():  # alone in the process: it may switch backends (RUNS)
                     got = _as_list(fn(*inputs))
             except Exception as exc:  # noqa: BLE001 - e.g. SDPA's flash backend on a CPU
-                if out_of_memory(exc):  # a moment's (`run` tries again): left out, it would tighten the bound
-                    raise torch.OutOfMemoryError(str(exc)) from exc
+                _raise_if_full(exc)  # a moment's: left out, the alternate would tighten the bound
                 log.info("%s: alternate reference %s unavailable here: %s: %s", self.task.name, name,
                          type(exc).__name__, exc)
                 continue
@@ -272,16 +279,6 @@ class Reference:
                 continue
             outs.append([g.detach() for g in got])
         return outs
-
-
-def _full_as_oom(make: Any) -> Any:
-    """make(), with an allocation failure raised as torch.OutOfMemoryError (out_of_memory)."""
-    try:
-        return make()
-    except Exception as exc:
-        if out_of_memory(exc):
-            raise torch.OutOfMemoryError(str(exc)) from exc
-        raise
 
 
 def _alternates(task: Task, model: torch.nn.Module) -> dict[str, Any]:

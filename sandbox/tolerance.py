@@ -323,8 +323,8 @@ class _Chunks:
             yield self.chunk(k)
 
     def chunk(self, k: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
-        """(start, got, ref, truth, alternates, beyond): the last where the truth lies past twice the output dtype's
-        largest value (read from the truth as computed, before the working precision clamps it)."""
+        """(start, got, ref, truth, alternates, beyond): the last where the truth lies past `self.beyond` (read from
+        the truth as computed, before the working precision clamps it)."""
         start, end = k * CHUNK, (k + 1) * CHUNK
         beyond = self.truth[start:end].to(self.device, torch.float64).abs() > self.beyond
         return (start, self._work(self.got[start:end]), self._work(self.ref[start:end]),
