@@ -16,8 +16,9 @@ against eager on the GPU. What is reported, per task:
   gate (sandbox/gate.py: checks share the GPU, a timing holds it alone);
 - the GPU's idle fraction: the share of the window in which no gated GPU work (a check's call, reference or
   comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
-  machine has pynvml; the parent process's CPU seconds over the run's wall time (near one core: its threads, which
-  prepare inputs, references and comparisons for every slot, queue on its interpreter lock);
+  machine has pynvml, with the most GPU memory in use seen (all processes); the parent process's CPU seconds over
+  the run's wall time (near one core: its threads, which prepare inputs, references and comparisons for every slot,
+  queue on its interpreter lock);
 - how long the gate was held a candidate for each kind of work (`gate_held`, printed and in the CSV): exclusive:time is the
   measurement, shared:call / soak / rebuild / samples / prepare_timing the candidate's requests, shared:inputs /
   reference / compare / timing_inputs / timing_validate the parent's own steps. Shared holds overlap, so their sum
@@ -57,7 +58,7 @@ FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton
           "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
           "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "start_speedup",
-          "best_speedup", "rejections", "gate_held"]
+          "best_speedup", "rejections", "gate_held", "gpu_mem_peak_gib"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -96,10 +97,13 @@ def rejection_kind(stage: str | None, reason: str | None, message: str) -> str:
 
 
 class NvmlSampler:
-    """GPU utilisation (%) every `every_s` on a thread; `mean` is None where NVML cannot be read."""
+    """GPU utilisation (%) and the GPU's memory in use (all processes: the harness's and the candidates') every
+    `every_s` on a thread; `stop` gives the mean utilisation, None where NVML cannot be read, and `peak_gib` the most
+    memory in use seen (how close the checks at once came to the GPU's size)."""
 
     def __init__(self, gpu: int, every_s: float = 0.2):
         self.samples: list[float] = []
+        self.peak_gib: float | None = None
         self._stop = threading.Event()
         self._handle = None
         try:
@@ -115,6 +119,8 @@ class NvmlSampler:
     def _run(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
             self.samples.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+            used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**30
+            self.peak_gib = max(self.peak_gib or 0.0, used)
 
     def stop(self) -> float | None:
         if self._handle is None:
@@ -179,7 +185,8 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         "proposals_per_min": len(mine) * 60.0 / window if mine else 0.0,
         "gpu_idle_frac": 1.0 - busy_seconds(holds, start, end) / window if mine else None,
         "gpu_timing_frac": busy_seconds([h for h in holds if h.mode == EXCLUSIVE], start, end) / window if mine
-        else None, "nvml_util_pct": nvml, "parent_cpu_frac": parent_cpu, "stop_reason": summary.stop_reason,
+        else None, "nvml_util_pct": nvml, "gpu_mem_peak_gib": sampler.peak_gib if sampler is not None else None,
+        "parent_cpu_frac": parent_cpu, "stop_reason": summary.stop_reason,
         "start_speedup": summary.start.timings.speedup_eager if summary.start is not None else None,
         "best_speedup": (summary.final.timings.speedup_eager if summary.final is not None
                          else summary.best.timings.speedup_eager if summary.best is not None else None),
@@ -231,6 +238,7 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
             f"{f(row.get('best_speedup'), '.3f')}x\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
             f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "
             f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%, "
+            f"GPU memory in use at most {f(row.get('gpu_mem_peak_gib'), '.1f')} GiB, "
             f"the parent's CPU {f(row['parent_cpu_frac'], '.0%')} of a core"
             f"  (stopped: {row['stop_reason']})\n  the GPU's gate held a candidate (s): " +
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("gate_held", {}).items(), key=lambda kv: -kv[1])) +
