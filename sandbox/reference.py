@@ -141,11 +141,11 @@ class Reference:
         self.call_s = 0.0  # the fastest call of the model in its own dtype so far (sandbox.deadlines); 0: none yet
         self.gate = gate  # the GPU's gate (sandbox/gate.py) where several checks share it: runs take its memory
         self.model64: torch.nn.Module | None = None
-        self._upcast_later = False  # the float64 copy found the GPU full: made at the first run that needs it
         self._upcast()
 
     def _upcast(self) -> None:
-        """model64, the model's float64 copy; where the GPU is full, `_upcast_later` says to try at the next run."""
+        """model64, the model's float64 copy; where the GPU is full, `_upcast_later` says to make it at the first run
+        that needs it."""
         try:
             self.model64, self._upcast_later = copy.deepcopy(self.model).double(), False
         except Exception as exc:  # a module that cannot be upcast: compare against its own dtype only
