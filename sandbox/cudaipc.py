@@ -13,6 +13,7 @@ A lent tensor travels as a `Lent` record (plain values: the request is pickled, 
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -207,18 +208,31 @@ class Lending:
         self.held = 0
 
 
-# A child's out-of-memory error is put down to the harness when the parent holds at least this share of the GPU.
-PARENT_SHARE_BLAMED = 0.25
+# A child's out-of-memory error is put down to the GPU's other users when the harness and the other processes on
+# the GPU (the other checks' candidates, a timing's input sets) hold at least this share of it.
+SHARED_BLAMED = 0.25
+# PyTorch's out-of-memory message: "... this process has 20.57 GiB memory in use ..."
+_OWN_USE = re.compile(r"this process has ([0-9.]+) (GiB|MiB|KiB|B) memory in use")
+_UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
 
 
-def parent_share(device: str) -> str | None:
-    """'X GiB of the GPU's Y GiB' where the parent's reserved memory is at least PARENT_SHARE_BLAMED of the GPU, else
-    None (the candidate's own allocations are the likelier cause)."""
-    reserved = torch.cuda.memory_reserved(device)
-    total = torch.cuda.get_device_properties(device).total_memory
-    if total <= 0 or reserved < PARENT_SHARE_BLAMED * total:
+def others_share(device: str, child_message: str) -> str | None:
+    """Where a candidate's process ran out of GPU memory: 'X GiB held by the harness and Y GiB by other processes,
+    of the GPU's Z GiB' when those two hold at least SHARED_BLAMED of it (the candidate may well have fitted on the
+    GPU alone), else None (the candidate's own allocations are the likelier cause). The child's own use is read from
+    PyTorch's message, which the candidate could forge: a forged one only turns its rejection into the harness's
+    failure, checked once more and never accepted. Without that figure everything not the harness's counts as the
+    child's."""
+    free, total = torch.cuda.mem_get_info(device)
+    harness = torch.cuda.memory_reserved(device)
+    used = max(0, total - free - harness)
+    match = _OWN_USE.search(child_message)
+    own = min(used, int(float(match.group(1)) * _UNITS[match.group(2)])) if match else used
+    others = used - own
+    if total <= 0 or harness + others < SHARED_BLAMED * total:
         return None
-    return f"{reserved / 2**30:.1f} GiB of the GPU's {total / 2**30:.1f} GiB"
+    return (f"{harness / 2**30:.1f} GiB held by the harness and {others / 2**30:.1f} GiB by other processes (the "
+            f"other checks' candidates among them), of the GPU's {total / 2**30:.1f} GiB")
 
 
 def full_gpu_message(stage: str, device: str) -> str:

@@ -420,11 +420,11 @@ class Harness:
         if error is not None and error.type in COMPILE_ERRORS:
             stage, reason = Stage.COMPILE, Reason.COMPILE_ERROR
         elif error is not None and error.type == "OutOfMemoryError" and run.device != "cpu":
-            held = cudaipc.parent_share(run.device)
-            if held is not None:  # the parent's own tensors filled the GPU the child allocates from
+            held = cudaipc.others_share(run.device, message)
+            if held is not None:  # the harness and the other checks filled the GPU the child allocates from
                 reason = Reason.HARNESS_ERROR
-                message = (f"the candidate's process ran out of GPU memory while the harness itself held {held}; at "
-                           f"this task's size that says nothing certain about the candidate. {message}")[:4000]
+                message = (f"the candidate's process ran out of GPU memory with {held}; at this task's size that says "
+                           f"nothing certain about the candidate. {message}")[:4000]
         details = {"trace": reply["trace"]} if isinstance(reply.get("trace"), dict) else {}
         tail = run.child.output_tail(2000)
         if tail:

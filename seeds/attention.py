@@ -1028,8 +1028,8 @@ def _fwd(q, k, v, causal, sm_scale, config, varlen, store_lse=True, do=None, tma
         raise ValueError("attention: pairs is a persistent schedule: pass persistent=True")
     bm, bn, warps, stages = config or fwd_config(d, q.device, precise, bool(warp_specialize))
     if warp_specialize and q.is_cuda and bn != 128:
-        raise ValueError(f"attention: warp_specialize computed wrong results with {bn}-row key blocks on the H200 "
-                         "(triton 3.6); give it BLOCK_N 128")
+        raise ValueError(f"attention: warp_specialize with {bn}-row key blocks computes wrong results (seen on the "
+                         "H200, triton 3.6); give it BLOCK_N 128")
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if varlen is None:
         batch, s_q, s_k = q.shape[0], q.shape[2], k.shape[2]

@@ -1,6 +1,6 @@
-"""Who a candidate process's GPU out-of-memory error is put down to: the harness where the parent's own tensors hold
-a large share of the GPU (a full-size KernelBench task: inputs, float64 truths and lent copies), else the candidate.
-The CUDA memory queries are replaced; the real ones run in the GPU tests."""
+"""Who a candidate process's GPU out-of-memory error is put down to: the GPU's other users where the harness and the
+other processes on the GPU (a search's other checks, their candidates' processes) hold a large share of it, else the
+candidate. The CUDA memory queries are replaced; the real ones run in the GPU tests."""
 from types import SimpleNamespace
 
 import pytest
@@ -10,29 +10,50 @@ from sandbox import harness as harness_mod
 from sandbox.records import Reason, Stage
 
 GIB = 2**30
+TOTAL = 140
 
 
-def _verdict(monkeypatch, reserved_gib: float, device: str = "cuda:0", error_type: str = "OutOfMemoryError"):
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: int(reserved_gib * GIB))
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=140 * GIB))
+def _verdict(monkeypatch, harness_gib: float, free_gib: float = 0.1, own: str = "", device: str = "cuda:0",
+             error_type: str = "OutOfMemoryError"):
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: int(harness_gib * GIB))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (int(free_gib * GIB), TOTAL * GIB))
     run = SimpleNamespace(device=device, child=SimpleNamespace(output_tail=lambda n=0: ""))
-    reply = {"ok": False, "reason": Reason.RUNTIME_ERROR.value, "message": "CUDA out of memory. Tried to allocate 6 GiB",
+    message = f"CUDA out of memory. Tried to allocate 6 GiB.{own}"
+    reply = {"ok": False, "reason": Reason.RUNTIME_ERROR.value, "message": message,
              "error": {"type": error_type, "message": "CUDA out of memory", "traceback": ""}}
-    return harness_mod.Harness._reject_from_reply(None, Stage.ROBUSTNESS, reply, run).result
+    return harness_mod.Harness._reject_from_reply(None, Stage.TIMING, reply, run).result
 
 
-def test_a_parent_holding_much_of_the_gpu_takes_the_blame(monkeypatch):
-    result = _verdict(monkeypatch, reserved_gib=60)
+def test_a_harness_holding_much_of_the_gpu_takes_the_blame(monkeypatch):
+    result = _verdict(monkeypatch, harness_gib=60)
     assert result.reason is Reason.HARNESS_ERROR
-    assert "harness itself held 60.0 GiB of the GPU's 140.0 GiB" in result.message
+    assert "60.0 GiB held by the harness and 0.0 GiB by other processes" in result.message
+    assert "of the GPU's 140.0 GiB" in result.message
     assert "Tried to allocate 6 GiB" in result.message  # the child's own words are kept
 
 
-@pytest.mark.parametrize("reserved_gib, device, error_type", [
-    (5, "cuda:0", "OutOfMemoryError"),  # the parent holds little: the candidate's allocations are the likelier cause
-    (60, "cpu", "OutOfMemoryError"),  # no GPU involved
-    (60, "cuda:0", "RuntimeError"),  # not a memory error
+def test_other_checks_filling_the_gpu_take_the_blame(monkeypatch):
+    # As on the H100 at three attention checks: the harness held little, the candidate's process 20.57 GiB (its
+    # timing's input sets), the other checks' processes the rest.
+    own = " Including non-PyTorch memory, this process has 20.57 GiB memory in use."
+    result = _verdict(monkeypatch, harness_gib=5, own=own)
+    assert result.reason is Reason.HARNESS_ERROR
+    assert "5.0 GiB held by the harness and 114.3 GiB by other processes" in result.message
+
+
+@pytest.mark.parametrize("harness_gib, own, device, error_type", [
+    # the candidate's process holds most of the GPU itself: its allocations are the likelier cause
+    (5, " Including non-PyTorch memory, this process has 120.00 GiB memory in use.", "cuda:0", "OutOfMemoryError"),
+    # its own use unknown: all that is not the harness's counts as the candidate's
+    (5, "", "cuda:0", "OutOfMemoryError"),
+    (60, "", "cpu", "OutOfMemoryError"),  # no GPU involved
+    (60, "", "cuda:0", "RuntimeError"),  # not a memory error
 ])
-def test_otherwise_the_candidate_is_rejected_for_its_error(monkeypatch, reserved_gib, device, error_type):
-    result = _verdict(monkeypatch, reserved_gib, device, error_type)
+def test_otherwise_the_candidate_is_rejected_for_its_error(monkeypatch, harness_gib, own, device, error_type):
+    result = _verdict(monkeypatch, harness_gib, own=own, device=device, error_type=error_type)
     assert result.reason is Reason.RUNTIME_ERROR and result.message.startswith("CUDA out of memory")
+
+
+def test_a_claimed_use_larger_than_the_gpu_s_counts_as_all_that_is_not_the_harness_s(monkeypatch):
+    own = " Including non-PyTorch memory, this process has 900.00 GiB memory in use."
+    assert _verdict(monkeypatch, harness_gib=5, own=own).reason is Reason.RUNTIME_ERROR
