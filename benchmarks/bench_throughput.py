@@ -260,15 +260,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, default=CSV, help=f"append here (default {CSV.relative_to(ROOT)})")
     ap.add_argument("--no-csv", action="store_true", help="print only")
     ap.add_argument("--messages", action="store_true", help="print every rejected candidate's message in full")
+    ap.add_argument("--check-footprint", type=int, default=None, metavar="N",
+                    help="a trial: budget a check at N times its task's inputs on the GPU instead of "
+                         "agent.search.executors.CHECK_FOOTPRINT (more or fewer checks fit); the label defaults "
+                         "to footprintN")
     args = ap.parse_args(argv)
     tasks = [ROOT / "tasks" / (t if t.endswith(".py") else f"{t}.py") for t in args.tasks.split(",") if t.strip()]
     missing = [str(t.relative_to(ROOT)) for t in tasks if not t.exists()]
     if missing or not tasks:
         print(f"no such task: {', '.join(missing) or '(none given)'}; name files in tasks/", file=sys.stderr)
         return 2
-    if args.checks_per_gpu < 1 or args.seconds <= 0:
-        print("--checks-per-gpu must be at least 1 and --seconds above 0", file=sys.stderr)
+    if args.checks_per_gpu < 1 or args.seconds <= 0 or (args.check_footprint is not None and args.check_footprint < 1):
+        print("--checks-per-gpu and --check-footprint must be at least 1 and --seconds above 0", file=sys.stderr)
         return 2
+    if args.check_footprint is not None:
+        from agent.search import executors
+        executors.CHECK_FOOTPRINT = args.check_footprint
+        args.label = args.label or f"footprint{args.check_footprint}"
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
