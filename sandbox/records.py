@@ -23,6 +23,9 @@ class Stage(str, enum.Enum):
 
 
 STAGE_ORDER = list(Stage)
+# A harness_error stage's detail, True where the check ended because the GPU's memory was full (the harness's own
+# tensors, or the other checks' beside a candidate's process): the search then runs fewer checks at once.
+GPU_FULL = "gpu_full"
 
 
 class Reason(str, enum.Enum):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sandbox import harness as harness_mod
-from sandbox.records import Reason, Stage
+from sandbox.records import GPU_FULL, Reason, Stage
 
 GIB = 2**30
 TOTAL = 140
@@ -26,7 +26,7 @@ def _verdict(monkeypatch, harness_gib: float, free_gib: float = 0.1, own: str = 
 
 def test_a_harness_holding_much_of_the_gpu_takes_the_blame(monkeypatch):
     result = _verdict(monkeypatch, harness_gib=60)
-    assert result.reason is Reason.HARNESS_ERROR
+    assert result.reason is Reason.HARNESS_ERROR and result.details[GPU_FULL]  # the search runs fewer at once
     assert "60.0 GiB held by the harness and 0.0 GiB by other processes" in result.message
     assert "of the GPU's 140.0 GiB" in result.message
     assert "Tried to allocate 6 GiB" in result.message  # the child's own words are kept
@@ -52,6 +52,7 @@ def test_other_checks_filling_the_gpu_take_the_blame(monkeypatch):
 def test_otherwise_the_candidate_is_rejected_for_its_error(monkeypatch, harness_gib, own, device, error_type):
     result = _verdict(monkeypatch, harness_gib, own=own, device=device, error_type=error_type)
     assert result.reason is Reason.RUNTIME_ERROR and result.message.startswith("CUDA out of memory")
+    assert GPU_FULL not in result.details
 
 
 def test_a_claimed_use_larger_than_the_gpu_s_counts_as_all_that_is_not_the_harness_s(monkeypatch):

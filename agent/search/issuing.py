@@ -20,6 +20,7 @@ from agent.search.executors import spawn as _spawn
 from agent.search.flatten import flatten
 from agent.search.proposing import Pending, llm_messages, messages_text, system_for, tuner_proposal
 from agent.search.runs import EventKind
+from sandbox.records import GPU_FULL
 
 TRUNCATED = ("length", "max_tokens")  # finish reasons of a reply cut off at the output limit (OpenAI, Anthropic)
 
@@ -51,8 +52,17 @@ class Issuing:
 
     def _check_again(self, pending: Pending, cand: Candidate) -> bool:
         """A candidate whose check the harness itself failed (out of GPU memory beside the other checks: a verdict
-        of harness_error, which says nothing about the kernel) waits for the next slot, once; True when it does."""
-        if cand.reason != "harness_error" or pending.retried or self.stop_reason is not None:
+        of harness_error, which says nothing about the kernel) waits for the next slot, once; True when it does.
+        Where the GPU's memory was full, the run keeps one check fewer at once (at least one): the memory estimate
+        that set the count (executors.checks_that_fit) fell short at this task."""
+        if cand.reason != "harness_error":
+            return False
+        if _gpu_was_full(cand) and self.slots > 1 and pending.slot in self.free_slots:
+            self.free_slots.remove(pending.slot)  # one check fewer at once from now on, a retry's included
+            self.slots -= 1
+            self._emit(EventKind.NOTE, f"the GPU's memory was full with {self.slots + 1} checks at once: "
+                                       f"{self.slots} at a time from now on")
+        if pending.retried or self.stop_reason is not None:
             return False
         pending.retried = True
         self.in_flight.add(pending.sha)
@@ -200,3 +210,9 @@ def _cached_ceilings(env: dict) -> dict | None:
         return None
     hit = data.get(device_key(env)) if isinstance(data, dict) else None
     return hit if isinstance(hit, dict) and hit.get("copy_gbps") else None
+
+
+def _gpu_was_full(cand: Candidate) -> bool:
+    """The check ended because the GPU's memory was full (sandbox.records.GPU_FULL on its last stage)."""
+    stages = (cand.diagnostics or {}).get("stages") or [{}]
+    return bool((stages[-1].get("details") or {}).get(GPU_FULL))
