@@ -24,7 +24,7 @@ from typing import Iterator
 SHARED, EXCLUSIVE = "shared", "exclusive"
 MAX_LOGGED = 200_000  # holds kept for holds(); a long run forgets its oldest
 # Timing stages in progress on one GPU at once: the one measuring and the next, which builds its input sets (up to
-# sandbox/timing_child.SET_BUDGET_BYTES) while it waits for its exclusive turn; the rest wait before building theirs.
+# sandbox/timing_child.set_budget) while it waits for its exclusive turn; the rest wait before building theirs.
 TIMING_TURNS = 2
 
 

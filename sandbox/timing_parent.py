@@ -36,7 +36,7 @@ from . import tolerance
 from .handback import claim, poisoned
 from .records import Reason, Rejected, Stage
 from .reference import RUNS, spec_bytes
-from .timing_child import derive
+from .timing_child import derive, set_budget
 
 if TYPE_CHECKING:
     from .harness import Harness, _Run
@@ -117,6 +117,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
            "sample_every": max(1, REPS // 4, math.ceil(REPS * out_bytes / SAMPLE_BYTES))}
     rule = race_rule(opts.incumbent_ms) if candidate else None
     keep = defer_bytes(run.device)
+    msg["set_bytes"] = set_budget(gpu_bytes(run.device))
     extra = extra_reps(out_bytes, keep) if rule is not None else 0
     if rule is not None:
         msg["race"] = {k: v for k, v in rule.to_dict().items() if k != "rule"}
@@ -158,12 +159,17 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     return report
 
 
+def gpu_bytes(device: str) -> int:
+    """The memory of the GPU `device` names; 0 off the GPU."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return 0
+    return torch.cuda.get_device_properties(torch.device(device)).total_memory
+
+
 def defer_bytes(device: str) -> int:
     """The timed outputs a child may keep for sampling after its measurement: DEFER_BYTES, or an eighth of the GPU's
     memory where that is more (an H200's 17.6 GB: 60 calls of a 256 MiB output, a raced softmax's)."""
-    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
-        return DEFER_BYTES
-    return max(DEFER_BYTES, torch.cuda.get_device_properties(torch.device(device)).total_memory // 8)
+    return max(DEFER_BYTES, gpu_bytes(device) // 8)
 
 
 @contextmanager

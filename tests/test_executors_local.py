@@ -111,6 +111,10 @@ def test_a_task_of_gigabytes_is_checked_fewer_at_a_time():
     assert checks_that_fit(relu, h200) == 1
     assert checks_that_fit(relu, 40 * gib) == 1
     assert checks_that_fit(swiglu, h200, 8) == 4
+    # an 80 GB H100: two timings' input sets and kept outputs take an eighth of it each (timing_child.set_budget)
+    attention = SimpleNamespace(input_bytes=lambda: 4 * 4 * 32 * 4096 * 128 * 2)  # q, k, v, do of attention_fwd_bwd
+    assert checks_that_fit(swiglu, int(79.2 * gib), 8) == 2
+    assert checks_that_fit(attention, int(79.2 * gib), 8) == 4
     assert checks_that_fit(small, h200) == CHECKS_PER_GPU
     assert checks_that_fit(small, h200, 16) == 16
     assert checks_that_fit(SimpleNamespace(input_bytes=broken), h200) == CHECKS_PER_GPU

@@ -217,6 +217,23 @@ def test_the_kept_outputs_budget_grows_with_the_gpu(monkeypatch):
     assert timing_parent.defer_bytes("cuda:0") == timing_parent.DEFER_BYTES
 
 
+def test_the_input_sets_take_an_eighth_of_the_gpu_at_most():
+    """A timing's input sets take what the parent allows for its GPU: an eighth of it, at most SET_BUDGET_BYTES;
+    the child makes as many sets as fit (never fewer than two), so a gigabyte task gets fewer sets on a smaller GPU
+    rather than running the other checks out of memory."""
+    from sandbox import timing_child
+    gib = 1 << 30
+    assert timing_child.set_budget(int(139.8 * gib)) == int(139.8 * gib) // 8
+    assert timing_child.set_budget(1 << 40) == timing_child.SET_BUDGET_BYTES
+    assert timing_child.set_budget(0) == timing_child.SET_BUDGET_BYTES  # not on a GPU: the old budget
+    swiglu = [torch.empty(16384 * 14336 * 2, dtype=torch.uint8, device="meta")] * 2  # two bf16 inputs, 0.875 GiB
+    assert timing_child.set_count(swiglu, 66, timing_child.set_budget(int(139.8 * gib))) == 19
+    assert timing_child.set_count(swiglu, 66, timing_child.set_budget(int(79.2 * gib))) == 11
+    assert timing_child.set_count(swiglu, 66) == 27
+    assert timing_child.set_count(swiglu, 66, 1) == 2
+    assert timing_parent.gpu_bytes("cpu") == 0  # the parent sends its GPU's budget; off the GPU, the old one
+
+
 def test_inputs_drawn_from_a_seed_do_not_depend_on_other_threads():
     """The parent rebuilds a timing's input sets from the seeds it sent the candidate's process; with several checks
     on threads, one check's seed must not be drawn from by another (every honest candidate rejected at random)."""
