@@ -216,13 +216,13 @@ _OWN_USE = re.compile(r"this process has ([0-9.]+) (GiB|MiB|KiB|B) memory in use
 _UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
 
 
-def others_share(device: str, child_message: str) -> str | None:
-    """Where a candidate's process ran out of GPU memory: 'X GiB held by the harness and Y GiB by other processes,
-    of the GPU's Z GiB' when those two hold at least SHARED_BLAMED of it (the candidate may well have fitted on the
-    GPU alone), else None (the candidate's own allocations are the likelier cause). The child's own use is read from
-    PyTorch's message, which the candidate could forge: a forged one only turns its rejection into the harness's
-    failure, checked once more and never accepted. Without that figure everything not the harness's counts as the
-    child's."""
+def others_share(device: str, child_message: str) -> tuple[str, bool] | None:
+    """Where a candidate's process ran out of GPU memory: ('X GiB held by the harness and Y GiB by other processes,
+    of the GPU's Z GiB', whether the harness's share alone reaches SHARED_BLAMED) when those two hold at least
+    SHARED_BLAMED of it (the candidate may well have fitted on the GPU alone), else None (the candidate's own
+    allocations are the likelier cause). The child's own use is read from PyTorch's message, which the candidate
+    could forge: a forged one only turns its rejection into the harness's failure, checked once more and never
+    accepted. Without that figure everything not the harness's counts as the child's."""
     free, total = torch.cuda.mem_get_info(device)
     harness = torch.cuda.memory_reserved(device)
     used = max(0, total - free - harness)
@@ -232,7 +232,8 @@ def others_share(device: str, child_message: str) -> str | None:
     if total <= 0 or harness + others < SHARED_BLAMED * total:
         return None
     return (f"{harness / 2**30:.1f} GiB held by the harness and {others / 2**30:.1f} GiB by other processes (the "
-            f"other checks' candidates among them), of the GPU's {total / 2**30:.1f} GiB")
+            f"other checks' candidates among them), of the GPU's {total / 2**30:.1f} GiB",
+            harness >= SHARED_BLAMED * total)
 
 
 def full_gpu_message(stage: str, device: str) -> str:

@@ -28,7 +28,8 @@ from . import channel, compiled, cudaipc, pyparse, stage_runners, static, verdic
 from .deadlines import BUDGETS, CompileSigns, Deadline
 from .gate import GpuGate
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost, child_view
-from .records import GPU_FULL, CheckResult, ErrorInfo, Reason, Rejected, Stage, StageResult
+from .records import (GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED, CheckResult, ErrorInfo, Reason, Rejected, Stage,
+                      StageResult)
 from .reference import Reference
 from .task import Task, load_task
 
@@ -244,7 +245,8 @@ class Harness:
                 message = cudaipc.full_gpu_message(run.stage.value, run.device)
                 torch.cuda.empty_cache()
                 stages.append(StageResult(run.stage, False, Reason.HARNESS_ERROR, message,
-                                          seconds=time.monotonic() - run.stage_start, details={GPU_FULL: True}))
+                                          seconds=time.monotonic() - run.stage_start,
+                                          details={GPU_FULL: GPU_FULL_HARNESS}))
             except Exception as exc:  # noqa: BLE001 - a verdict, never a traceback: the harness's own failure, named
                 log.error("the harness failed at the %s stage of %s: %s: %s", run.stage.value, candidate.name,
                           type(exc).__name__, exc, exc_info=exc)
@@ -421,9 +423,10 @@ class Harness:
         if error is not None and error.type in COMPILE_ERRORS:
             stage, reason = Stage.COMPILE, Reason.COMPILE_ERROR
         elif error is not None and error.type == "OutOfMemoryError" and run.device != "cpu":
-            held = cudaipc.others_share(run.device, message)
-            if held is not None:  # the harness and the other checks filled the GPU the child allocates from
-                reason, details[GPU_FULL] = Reason.HARNESS_ERROR, True
+            shared = cudaipc.others_share(run.device, message)
+            if shared is not None:  # the harness and the other checks filled the GPU the child allocates from
+                held, by_harness = shared
+                reason, details[GPU_FULL] = Reason.HARNESS_ERROR, GPU_FULL_HARNESS if by_harness else GPU_FULL_SHARED
                 message = (f"the candidate's process ran out of GPU memory with {held}; at this task's size that says "
                            f"nothing certain about the candidate. {message}")[:4000]
         tail = run.child.output_tail(2000)

@@ -23,9 +23,11 @@ class Stage(str, enum.Enum):
 
 
 STAGE_ORDER = list(Stage)
-# A harness_error stage's detail, True where the check ended because the GPU's memory was full (the harness's own
-# tensors, or the other checks' beside a candidate's process): the search then runs fewer checks at once.
-GPU_FULL = "gpu_full"
+# A harness_error stage's detail where the check ended because the GPU's memory was full: GPU_FULL_HARNESS where
+# the parent's own figures show it (its allocation failed, or it held a quarter of the GPU itself), GPU_FULL_SHARED
+# where the other processes' share rests on the candidate's own account of its use (sandbox/cudaipc.others_share).
+# The search then runs fewer checks at once: at once for the first, if the retry fails so too for the second.
+GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED = "gpu_full", "harness", "shared"
 
 
 class Reason(str, enum.Enum):

@@ -15,7 +15,7 @@ from agent.archive.store import Archive
 from agent.llm.fake import FakeProvider
 from agent.llm.chat import ProviderError, Usage
 from agent.search.loop import EventKind, LoopError, RunConfig, run_search
-from sandbox.records import GPU_FULL, CheckResult, Reason, Stage, StageResult, Verdict
+from sandbox.records import GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED, CheckResult, Reason, Stage, StageResult, Verdict
 
 TASK = '''"""y = 2 * x + 1 on a vector (a task small enough for the interpreter)."""
 import torch
@@ -494,27 +494,34 @@ def test_a_check_the_harness_failed_is_run_once_more(tmp_path, task, kernel):
     assert failing and len(rows) == 12 and len(seen) == 1 + 12 + 1 + len(failing)
 
 
-def test_a_full_gpu_leaves_the_run_one_check_fewer_at_once(tmp_path, task, kernel):
+@pytest.mark.parametrize("how, failures, fewer", [
+    (GPU_FULL_HARNESS, 1, True),  # the parent's own figures: one check fewer at once
+    (GPU_FULL_SHARED, 1, False),  # the candidate's account of its memory: the retry passes, nothing changes
+    (GPU_FULL_SHARED, 2, True),  # ... and its retry ends so too: one check fewer
+])
+def test_a_full_gpu_leaves_the_run_one_check_fewer_at_once(tmp_path, task, kernel, how, failures, fewer):
     """A check that ended because the GPU's memory was full (GPU_FULL on its stage) means the checks at once do not
     fit at this task: the run goes on with one fewer, down to one, and the candidate is checked again."""
     ScriptedEvaluator.calls, ScriptedEvaluator.raced, ScriptedEvaluator.asked = 0, [], []
     lock, seen = threading.Lock(), []
-    state = {"in_flight": 0, "full_at": None, "most_before": 0, "most_after": 0}
+    state = {"in_flight": 0, "target": None, "left": failures, "most_before": 0, "most_after": 0}
 
-    class FullOnce(ScriptedEvaluator):
+    class FullGpu(ScriptedEvaluator):
         def check(self, path: Path, baselines=None, incumbent_ms=None) -> CheckResult:
+            source = Path(path).read_text()
             with lock:
                 state["in_flight"] += 1
-                key = "most_before" if state["full_at"] is None else "most_after"
+                key = "most_after" if state["left"] == 0 else "most_before"  # after its last failure
                 state[key] = max(state[key], state["in_flight"])
-                seen.append(Path(path).read_text())
-                full = len(seen) == 4 and state["full_at"] is None
+                seen.append(source)
+                if len(seen) == 4:
+                    state["target"] = source
+                full = source == state["target"] and state["left"] > 0
             try:
                 time.sleep(0.15)  # long enough for the loop to fill every slot
                 if full:
-                    state["full_at"] = len(seen)
                     stage = StageResult(Stage.TIMING, False, Reason.HARNESS_ERROR, "the GPU was full",
-                                        details={GPU_FULL: True})
+                                        details={GPU_FULL: how})
                     return CheckResult(task="t", candidate=str(path), device="cpu", verdict=Verdict.REJECTED,
                                        stage=Stage.TIMING, reason=Reason.HARNESS_ERROR, message="the GPU was full",
                                        stages=(stage,), seconds=0.01, timed=False)
@@ -522,14 +529,14 @@ def test_a_full_gpu_leaves_the_run_one_check_fewer_at_once(tmp_path, task, kerne
             finally:
                 with lock:
                     state["in_flight"] -= 1
+                    state["left"] -= full
 
     events = []
     with Archive(tmp_path / "a.db") as archive:
         run_search(RunConfig(task_path=task, budget=10, device="cpu", start_from=kernel, concurrency=1, seed=1,
-                             checks_per_gpu=3), archive, evaluator_factory=FullOnce, on_event=events.append)
+                             checks_per_gpu=3), archive, evaluator_factory=FullGpu, on_event=events.append)
         rows = [c for c in archive.candidates() if c.origin == "tuner"]
     notes = [e.message for e in events if e.kind is EventKind.NOTE and "memory was full" in e.message]
-    assert notes == ["the GPU's memory was full with 3 checks at once: 2 at a time from now on"]
-    assert state["most_before"] == 3 and state["most_after"] <= 2
-    failed = seen[state["full_at"] - 1]
-    assert seen.count(failed) == 2 and len(rows) == 10  # checked again, and recorded once with its second verdict
+    assert notes == (["the GPU's memory was full with 3 checks at once: 2 at a time from now on"] if fewer else [])
+    assert state["most_before"] == 3 and state["most_after"] <= (2 if fewer else 3)
+    assert seen.count(state["target"]) == 2 and len(rows) == 10  # checked again, recorded once with its last verdict

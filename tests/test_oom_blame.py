@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sandbox import harness as harness_mod
-from sandbox.records import GPU_FULL, Reason, Stage
+from sandbox.records import GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED, Reason, Stage
 
 GIB = 2**30
 TOTAL = 140
@@ -26,7 +26,8 @@ def _verdict(monkeypatch, harness_gib: float, free_gib: float = 0.1, own: str = 
 
 def test_a_harness_holding_much_of_the_gpu_takes_the_blame(monkeypatch):
     result = _verdict(monkeypatch, harness_gib=60)
-    assert result.reason is Reason.HARNESS_ERROR and result.details[GPU_FULL]  # the search runs fewer at once
+    assert result.reason is Reason.HARNESS_ERROR
+    assert result.details[GPU_FULL] == GPU_FULL_HARNESS  # the parent's own figures: the search runs fewer at once
     assert "60.0 GiB held by the harness and 0.0 GiB by other processes" in result.message
     assert "of the GPU's 140.0 GiB" in result.message
     assert "Tried to allocate 6 GiB" in result.message  # the child's own words are kept
@@ -39,6 +40,7 @@ def test_other_checks_filling_the_gpu_take_the_blame(monkeypatch):
     result = _verdict(monkeypatch, harness_gib=5, own=own)
     assert result.reason is Reason.HARNESS_ERROR
     assert "5.0 GiB held by the harness and 114.3 GiB by other processes" in result.message
+    assert result.details[GPU_FULL] == GPU_FULL_SHARED  # resting on the candidate's account of its own use
 
 
 @pytest.mark.parametrize("harness_gib, own, device, error_type", [

@@ -110,7 +110,7 @@ def test_the_harness_ends_a_check_whose_truth_never_fits_as_its_own_failure(monk
     from pathlib import Path
 
     from sandbox.harness import CheckOptions, Harness
-    from sandbox.records import GPU_FULL, Reason, Verdict
+    from sandbox.records import GPU_FULL, GPU_FULL_HARNESS, Reason, Verdict
 
     here = Path(__file__).parent
     run_with_truth = Reference._run_with_truth
@@ -129,7 +129,7 @@ def test_the_harness_ends_a_check_whose_truth_never_fits_as_its_own_failure(monk
                       CheckOptions(timeout_s=120, seed=3))
     assert bad.verdict is not Verdict.ACCEPTED and bad.reason is Reason.HARNESS_ERROR, bad.message
     assert "ran out of GPU memory" in bad.message and "says nothing about the candidate" in bad.message
-    assert bad.stages[-1].details[GPU_FULL]  # a search goes on with fewer checks at once
+    assert bad.stages[-1].details[GPU_FULL] == GPU_FULL_HARNESS  # a search goes on with fewer checks at once
     assert good.accepted, good.message
 
 

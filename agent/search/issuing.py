@@ -20,7 +20,7 @@ from agent.search.executors import spawn as _spawn
 from agent.search.flatten import flatten
 from agent.search.proposing import Pending, llm_messages, messages_text, system_for, tuner_proposal
 from agent.search.runs import EventKind
-from sandbox.records import GPU_FULL
+from sandbox.records import GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED
 
 TRUNCATED = ("length", "max_tokens")  # finish reasons of a reply cut off at the output limit (OpenAI, Anthropic)
 
@@ -54,10 +54,14 @@ class Issuing:
         """A candidate whose check the harness itself failed (out of GPU memory beside the other checks: a verdict
         of harness_error, which says nothing about the kernel) waits for the next slot, once; True when it does.
         Where the GPU's memory was full, the run keeps one check fewer at once (at least one): the memory estimate
-        that set the count (executors.checks_that_fit) fell short at this task."""
+        that set the count (executors.checks_that_fit) fell short at this task. Where that rests on the candidate's
+        own account of its memory (GPU_FULL_SHARED), only once its retry ends so too: a forged account then costs a
+        slot per candidate that forges it twice, never one per forgery."""
         if cand.reason != "harness_error":
             return False
-        if _gpu_was_full(cand) and self.slots > 1 and pending.slot in self.free_slots:
+        full = _gpu_full(cand)
+        trusted = full == GPU_FULL_HARNESS or (full == GPU_FULL_SHARED and pending.retried)
+        if trusted and self.slots > 1 and pending.slot in self.free_slots:
             self.free_slots.remove(pending.slot)  # one check fewer at once from now on, a retry's included
             self.slots -= 1
             self._emit(EventKind.NOTE, f"the GPU's memory was full with {self.slots + 1} checks at once: "
@@ -212,7 +216,8 @@ def _cached_ceilings(env: dict) -> dict | None:
     return hit if isinstance(hit, dict) and hit.get("copy_gbps") else None
 
 
-def _gpu_was_full(cand: Candidate) -> bool:
-    """The check ended because the GPU's memory was full (sandbox.records.GPU_FULL on its last stage)."""
+def _gpu_full(cand: Candidate) -> str | None:
+    """How the check's end for a full GPU was established (sandbox.records.GPU_FULL on its last stage); None where
+    it did not end so."""
     stages = (cand.diagnostics or {}).get("stages") or [{}]
-    return bool((stages[-1].get("details") or {}).get(GPU_FULL))
+    return (stages[-1].get("details") or {}).get(GPU_FULL)
