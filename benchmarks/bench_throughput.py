@@ -58,7 +58,7 @@ FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton
           "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
           "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "start_speedup",
-          "best_speedup", "rejections", "gate_held", "gpu_mem_peak_gib"]
+          "best_speedup", "rejections", "gate_held", "gpu_mem_peak_gib", "checks_at_end"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -134,15 +134,19 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     """One tuner run on `task`; the numbers of one CSV line."""
     from agent.archive.store import Archive
     from agent.search.executors import LocalExecutor
+    from agent.search.issuing import FEWER_CHECKS
     from agent.search.loop import EventKind, RunConfig, run_search
     from agent.search.tuner import compiled_signature
     from sandbox.gate import EXCLUSIVE, busy_seconds, held_by_work
 
     verdicts: list[tuple[float, Any]] = []  # (when, candidate) of every verdict, in order
+    fewer: list[str] = []  # the run's notes that the GPU's memory was full: one check fewer at once each
 
     def on_event(event: Any) -> None:
         if event.kind is EventKind.EVALUATED and event.candidate is not None:
             verdicts.append((time.monotonic(), event.candidate))
+        elif event.kind is EventKind.NOTE and event.message.startswith(FEWER_CHECKS):
+            fewer.append(event.message)
 
     executor = LocalExecutor()
     if device == "cuda":  # the slots the run gets: fewer than asked where the task's checks do not fit at once
@@ -179,7 +183,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
             first.setdefault(rejection_kind(c.stage, c.reason, c.message), c.message[:200])
     row: dict[str, Any] = {
         "task": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task), "device": device,
-        "checks_per_gpu": checks_per_gpu, "seconds": seconds, "wall_s": wall, "window_s": window,
+        "checks_per_gpu": checks_per_gpu, "checks_at_end": checks_per_gpu - len(fewer), "seconds": seconds, "wall_s": wall, "window_s": window,
         "proposals": len(mine), "verified": verified, "rejected": len(mine) - verified, "distinct_verified": distinct,
         "verified_per_min": verified * 60.0 / window if mine else 0.0,
         "proposals_per_min": len(mine) * 60.0 / window if mine else 0.0,
@@ -224,6 +228,14 @@ def environment(device: str) -> dict[str, str]:
     return out
 
 
+def _fewer(row: dict[str, Any]) -> str:
+    """', K from N at the end (the GPU's memory was full)' where the run gave up checks at once, else ''."""
+    end = row.get("checks_at_end")
+    if end is None or end == row["checks_per_gpu"]:
+        return ""
+    return f", {end} at the end: the GPU's memory was full"
+
+
 def show(row: dict[str, Any], messages: bool = False) -> str:
     def f(v: Any, fmt: str = ".2f") -> str:
         return "-" if v is None else format(v, fmt)
@@ -232,7 +244,7 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
     return (f"{row['task']}: {f(row['verified_per_min'], '.1f')} verified/min ({row['verified']} of "
             f"{row['proposals']} in {row['window_s']:.0f} s{distinct}, "
             f"{f(row['proposals_per_min'], '.1f')} proposals/min; "
-            f"K={row['checks_per_gpu']})\n  seconds a candidate: {parts}; waiting for the GPU {f(row['gpu_wait_s'])}"
+            f"K={row['checks_per_gpu']}{_fewer(row)})\n  seconds a candidate: {parts}; waiting for the GPU {f(row['gpu_wait_s'])}"
             f" + for the timing slot {f(row['timing_wait_s'])}\n  "
             f"vs eager: the starting kernel {f(row.get('start_speedup'), '.3f')}x, the best at the end "
             f"{f(row.get('best_speedup'), '.3f')}x\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "

@@ -22,6 +22,7 @@ from agent.search.proposing import Pending, llm_messages, messages_text, system_
 from agent.search.runs import EventKind
 from sandbox.records import GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED
 
+FEWER_CHECKS = "the GPU's memory was full with"  # the note that a run goes on with one check fewer at once
 TRUNCATED = ("length", "max_tokens")  # finish reasons of a reply cut off at the output limit (OpenAI, Anthropic)
 
 
@@ -64,8 +65,8 @@ class Issuing:
         if trusted and self.slots > 1 and pending.slot in self.free_slots:
             self.free_slots.remove(pending.slot)  # one check fewer at once from now on, a retry's included
             self.slots -= 1
-            self._emit(EventKind.NOTE, f"the GPU's memory was full with {self.slots + 1} checks at once: "
-                                       f"{self.slots} at a time from now on")
+            self._emit(EventKind.NOTE, f"{FEWER_CHECKS} {self.slots + 1} checks at once: {self.slots} at a time "
+                                       "from now on")
         if pending.retried or self.stop_reason is not None:
             return False
         pending.retried = True
