@@ -183,7 +183,8 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
             first.setdefault(rejection_kind(c.stage, c.reason, c.message), c.message[:200])
     row: dict[str, Any] = {
         "task": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task), "device": device,
-        "checks_per_gpu": checks_per_gpu, "checks_at_end": checks_per_gpu - len(fewer), "seconds": seconds, "wall_s": wall, "window_s": window,
+        "checks_per_gpu": checks_per_gpu, "checks_at_end": checks_per_gpu - len(fewer), "seconds": seconds,
+        "wall_s": wall, "window_s": window,
         "proposals": len(mine), "verified": verified, "rejected": len(mine) - verified, "distinct_verified": distinct,
         "verified_per_min": verified * 60.0 / window if mine else 0.0,
         "proposals_per_min": len(mine) * 60.0 / window if mine else 0.0,
@@ -229,7 +230,7 @@ def environment(device: str) -> dict[str, str]:
 
 
 def _fewer(row: dict[str, Any]) -> str:
-    """', K from N at the end (the GPU's memory was full)' where the run gave up checks at once, else ''."""
+    """', N at the end: the GPU's memory was full' where the run gave up checks at once, else ''."""
     end = row.get("checks_at_end")
     if end is None or end == row["checks_per_gpu"]:
         return ""
@@ -244,8 +245,8 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
     return (f"{row['task']}: {f(row['verified_per_min'], '.1f')} verified/min ({row['verified']} of "
             f"{row['proposals']} in {row['window_s']:.0f} s{distinct}, "
             f"{f(row['proposals_per_min'], '.1f')} proposals/min; "
-            f"K={row['checks_per_gpu']}{_fewer(row)})\n  seconds a candidate: {parts}; waiting for the GPU {f(row['gpu_wait_s'])}"
-            f" + for the timing slot {f(row['timing_wait_s'])}\n  "
+            f"K={row['checks_per_gpu']}{_fewer(row)})\n  seconds a candidate: {parts}; "
+            f"waiting for the GPU {f(row['gpu_wait_s'])} + for the timing slot {f(row['timing_wait_s'])}\n  "
             f"vs eager: the starting kernel {f(row.get('start_speedup'), '.3f')}x, the best at the end "
             f"{f(row.get('best_speedup'), '.3f')}x\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
             f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "

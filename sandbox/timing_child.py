@@ -60,8 +60,8 @@ def set_budget(gpu_bytes: int) -> int:
     """The device memory a timing's input sets may take on a GPU of `gpu_bytes` (0: unknown): an eighth of it, as
     the timed outputs kept for sampling may (timing_parent.defer_bytes), and at most SET_BUDGET_BYTES. Two timings
     hold theirs at once beside the other checks (sandbox/gate.py), so a task of gigabytes gets fewer sets, each call
-    still at another address than the last, instead of fewer checks at once (SwiGLU at Llama-3 8B's width: 20 sets
-    of its 66 calls on the H200, 11 on an H100)."""
+    still at another address than the last, instead of fewer checks at once (SwiGLU at Llama-3 8B's width: 19 sets
+    for its 66 calls on the H200, 11 on an H100, 27 before)."""
     return min(SET_BUDGET_BYTES, gpu_bytes // 8) if gpu_bytes > 0 else SET_BUDGET_BYTES
 
 
