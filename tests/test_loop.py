@@ -14,6 +14,7 @@ from agent.archive.records import Candidate, sha256
 from agent.archive.store import Archive
 from agent.llm.fake import FakeProvider
 from agent.llm.chat import ProviderError, Usage
+from agent.search.issuing import FEWER_CHECKS
 from agent.search.loop import EventKind, LoopError, RunConfig, run_search
 from sandbox.records import GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED, CheckResult, Reason, Stage, StageResult, Verdict
 
@@ -536,7 +537,7 @@ def test_a_full_gpu_leaves_the_run_one_check_fewer_at_once(tmp_path, task, kerne
         run_search(RunConfig(task_path=task, budget=10, device="cpu", start_from=kernel, concurrency=1, seed=1,
                              checks_per_gpu=3), archive, evaluator_factory=FullGpu, on_event=events.append)
         rows = [c for c in archive.candidates() if c.origin == "tuner"]
-    notes = [e.message for e in events if e.kind is EventKind.NOTE and "memory was full" in e.message]
+    notes = [e.message for e in events if e.kind is EventKind.NOTE and e.message.startswith(FEWER_CHECKS)]
     assert notes == (["the GPU's memory was full with 3 checks at once: 2 at a time from now on"] if fewer else [])
     assert state["most_before"] == 3 and state["most_after"] <= (2 if fewer else 3)
     assert seen.count(state["target"]) == 2 and len(rows) == 10  # checked again, recorded once with its last verdict
