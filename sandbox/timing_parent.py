@@ -52,6 +52,9 @@ SETTLE_MS = 100.0  # untimed calls ahead of each burst, in device ms: the clock 
 BURST_BYTES = 4 << 30  # outputs one burst may hold alive
 RACE_MARGIN, RACE_MIN_ROUNDS = 0.05, 10  # profiler.stats.RaceRule against an incumbent's time
 EXTRA_REPS = REPS  # more calls a contest still open after REPS may take
+# A candidate's timed calls whose outputs would not all fit in what its child may keep (`defer_bytes`) are cut to
+# as many as fit, down to this, so that they are still sampled after the exclusive turn (`timed_reps`).
+MIN_DEFERRED_REPS = 20
 # Timed outputs the child may keep on the device for the parent to sample after the measurement (at least; see
 # defer_bytes: the child holds them all, none released early), and how many timed calls the parent then picks.
 DEFER_BYTES, PICKED_SAMPLES = 8 << 30, 3
@@ -113,17 +116,18 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     if torch.device(run.device).type == "cuda":  # run.device is "cuda:N": what the parent ran stays cached
         torch.cuda.empty_cache()  # else held while the child times (H200: 102 GiB held, the child out of memory)
     msg = {"op": "time", "task": str(task.path), "overrides": dict(task.overrides), "base_seeds": seeds,
-           "reps": REPS, "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed,
-           "sample_every": max(1, REPS // 4, math.ceil(REPS * out_bytes / SAMPLE_BYTES))}
+           "warmup": WARMUP, "baselines": list(opts.baselines), "model_seed": reference.model_seed}
     rule = race_rule(opts.incumbent_ms) if candidate else None
     keep = defer_bytes(run.device)
+    msg["reps"] = reps = timed_reps(out_bytes, keep) if candidate else REPS
+    msg["sample_every"] = max(1, reps // 4, math.ceil(reps * out_bytes / SAMPLE_BYTES))
     msg["set_bytes"] = set_budget(gpu_bytes(run.device))
-    extra = extra_reps(out_bytes, keep) if rule is not None else 0
+    extra = extra_reps(out_bytes, keep, reps) if rule is not None else 0
     if rule is not None:
         msg["race"] = {k: v for k, v in rule.to_dict().items() if k != "rule"}
         msg["extra_reps"] = extra
     msg["burst"], msg["settle_ms"] = pacing(opts.timing_mode, roof.bound, out_bytes)
-    calls = REPS + extra
+    calls = reps + extra
     msg["defer_samples"] = defer = candidate and 0 < out_bytes and calls * out_bytes <= keep
     if defer:
         msg["hold_bytes"] = keep
@@ -148,7 +152,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
                           roof=roof, kernels=reply["kernels"], environment=reply["environment"],
                           output_problems=problems, seed=random.Random(seeds[0]).randrange(1 << 30))
     if rule is not None:
-        report["race"], problem = race_report(measured, rule, extra)
+        report["race"], problem = race_report(measured, rule, extra, reps)
         if problem:
             report["problems"].append({"reason": Reason.TIMING_INCONSISTENT.value, "message": problem})
     child_laps = {**(prepared.get("laps") or {}), **(reply.get("laps") or {})}
@@ -190,19 +194,31 @@ def race_rule(incumbent_ms: float | None) -> stats.RaceRule | None:
     return None if incumbent_ms is None else stats.RaceRule(incumbent_ms, RACE_MARGIN, RACE_MIN_ROUNDS)
 
 
-def extra_reps(out_bytes: int, keep: int) -> int:
-    """The calls a contest still open after REPS may take: EXTRA_REPS, fewer where the outputs of them all would not
-    fit in the `keep` bytes a child may hold for sampling after its exclusive turn (past that the samples are copied
-    to the host inside the turn: a raced SwiGLU timing, 65 calls of 470 MB sampled so, measured 3.5 s in a search on
-    the H200, against 0.47 s for the 35 kept calls of a check alone). A close contest of a task with huge outputs
-    then ends sooner, as "no significant difference"."""
-    if out_bytes <= 0 or REPS * out_bytes > keep:
+def timed_reps(out_bytes: int, keep: int) -> int:
+    """A candidate's timed calls: REPS, or as many as the `keep` bytes its child may hold for sampling after the
+    exclusive turn take where REPS calls' outputs would not (SwiGLU's 470 MB output on an 80 GB GPU: 22), so their
+    samples are still picked after the turn, not copied to the host inside it (3.4 s of SwiGLU's measurement on an
+    H100, where the same measurement with its outputs kept took 0.44 s on the H200). Below MIN_DEFERRED_REPS the
+    outputs are sampled inside the turn instead, at REPS calls."""
+    if out_bytes <= 0 or REPS * out_bytes <= keep:
+        return REPS
+    fit = keep // out_bytes
+    return fit if fit >= MIN_DEFERRED_REPS else REPS
+
+
+def extra_reps(out_bytes: int, keep: int, reps: int = REPS) -> int:
+    """The calls a contest still open after `reps` may take: EXTRA_REPS, fewer where the outputs of them all would
+    not fit in the `keep` bytes a child may hold for sampling after its exclusive turn (past that the samples are
+    copied to the host inside the turn: a raced SwiGLU timing, 65 calls of 470 MB sampled so, measured 3.5 s in a
+    search on the H200, against 0.47 s for the 35 kept calls of a check alone). A close contest of a task with huge
+    outputs then ends sooner, as "no significant difference"."""
+    if out_bytes <= 0 or reps * out_bytes > keep:
         return EXTRA_REPS  # sampled inside the turn whatever the count: the extra calls cost only their own time
-    return max(0, min(EXTRA_REPS, keep // out_bytes - REPS))
+    return max(0, min(EXTRA_REPS, keep // out_bytes - reps))
 
 
-def race_report(measured: dict[str, Any], rule: stats.RaceRule,
-                extra: int = EXTRA_REPS) -> tuple[dict[str, Any], str | None]:
+def race_report(measured: dict[str, Any], rule: stats.RaceRule, extra: int = EXTRA_REPS,
+                reps: int = REPS) -> tuple[dict[str, Any], str | None]:
     """The race's record from the parent's own reading of the candidate's stream times (the child's stopping
     decision used those, a lower bound on its counted times), and a problem where the child stopped without the
     rule holding."""
@@ -210,14 +226,14 @@ def race_report(measured: dict[str, Any], rule: stats.RaceRule,
     claimed = measured.get("race") if isinstance(measured.get("race"), dict) else {}
     decision = stats.race(stream, rule) if stream else stats.OPEN
     stopped = bool(claimed.get("stopped_early"))
-    record = {**rule.to_dict(), "rounds": len(stream), "planned_reps": REPS, "extra_reps": extra,
-              "stopped_early": stopped, "extended": len(stream) > REPS, "decision": decision,
+    record = {**rule.to_dict(), "rounds": len(stream), "planned_reps": reps, "extra_reps": extra,
+              "stopped_early": stopped, "extended": len(stream) > reps, "decision": decision,
               "verdict": RACE_VERDICTS[decision] + (" (stopped early)" if stopped else "")}
     if stream:
         record["interval_ms"] = list(stats.median_interval(stream, rule.confidence))
     problem = None
     if stopped and decision != stats.LOST:
-        problem = (f"timing stopped after {len(stream)} of {REPS} calls although the candidate's interval did not lie "
+        problem = (f"timing stopped after {len(stream)} of {reps} calls although the candidate's interval did not lie "
                    f"above the incumbent's {rule.incumbent_ms:.4g} ms x {1 + rule.margin:g}")
     return record, problem
 

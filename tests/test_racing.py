@@ -149,3 +149,17 @@ def test_extra_calls_only_as_far_as_their_outputs_can_be_kept_for_sampling():
     assert timing_parent.extra_reps(keep // reps, keep) == 0
     assert timing_parent.extra_reps(keep // reps + 1, keep) == extra
     assert timing_parent.extra_reps(0, keep) == extra
+    assert timing_parent.extra_reps(keep // 25, keep, reps=22) == 3
+
+
+def test_timed_calls_cut_to_what_can_be_kept_for_sampling_after_the_turn():
+    """A candidate whose REPS outputs would not fit in what its child may keep gets as many timed calls as do fit
+    (SwiGLU's 470 MB output beside an 80 GB GPU's eighth: 22), so its samples are still picked after the exclusive
+    turn; below MIN_DEFERRED_REPS it keeps REPS and is sampled inside the turn."""
+    reps, least = timing_parent.REPS, timing_parent.MIN_DEFERRED_REPS
+    keep = (81559 << 20) // 8
+    assert timing_parent.timed_reps(16384 * 14336 * 2, keep) == 22
+    assert timing_parent.timed_reps(keep // reps, keep) == reps
+    assert timing_parent.timed_reps(keep // least, keep) == least
+    assert timing_parent.timed_reps(keep // least + 1, keep) == reps
+    assert timing_parent.timed_reps(0, keep) == reps

@@ -169,9 +169,20 @@ def test_a_sample_that_is_not_what_was_asked_for_is_a_problem(monkeypatch, child
 
 def test_outputs_too_big_to_keep_are_sampled_during_the_measurement(monkeypatch):
     child = _Child()
-    problems = _measure(child, out_bytes=timing_parent.DEFER_BYTES // timing_parent.REPS + 1, monkeypatch=monkeypatch)
+    big = timing_parent.DEFER_BYTES // (timing_parent.MIN_DEFERRED_REPS - 1)
+    problems = _measure(child, out_bytes=big, monkeypatch=monkeypatch)
     assert child.time_msg["defer_samples"] is False and problems == []
+    assert child.time_msg["reps"] == timing_parent.REPS
     assert "child: samples" not in child.events
+
+
+def test_outputs_a_little_too_big_for_every_call_get_fewer_calls_still_sampled_after_the_turn(monkeypatch):
+    """Where REPS outputs would not fit in what the child keeps but MIN_DEFERRED_REPS or more do, the candidate gets
+    as many timed calls as fit, and the parent still picks its samples after the exclusive turn."""
+    child = _Child(kept=list(range(25)))
+    problems = _measure(child, out_bytes=timing_parent.DEFER_BYTES // 25, monkeypatch=monkeypatch)
+    assert child.time_msg["reps"] == 25 and child.time_msg["defer_samples"] is True and problems == []
+    assert child.events.index("child: samples") > child.events.index("child: time (the GPU alone)")
 
 
 def test_a_print_match_tolerates_summation_order_only():
