@@ -19,6 +19,8 @@ from functools import lru_cache
 
 import torch
 
+from .records import GPU_FULL_HARNESS, GPU_FULL_SHARED
+
 HANDLE_BYTES = 64
 LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
 
@@ -234,6 +236,18 @@ def others_share(device: str, child_message: str) -> tuple[str, bool] | None:
     return (f"{harness / 2**30:.1f} GiB held by the harness and {others / 2**30:.1f} GiB by other processes (the "
             f"other checks' candidates among them), of the GPU's {total / 2**30:.1f} GiB",
             harness >= SHARED_BLAMED * total)
+
+
+def blame_full_gpu(device: str, child_message: str) -> tuple[str, str] | None:
+    """A candidate's out-of-memory error where the harness and the GPU's other processes hold SHARED_BLAMED of it
+    (`others_share`): (the verdict's message, records.GPU_FULL_HARNESS where the harness's share alone reaches it,
+    else GPU_FULL_SHARED), for a harness_error; None where the candidate's own allocations are the likelier cause."""
+    shared = others_share(device, child_message)
+    if shared is None:
+        return None
+    held, by_harness = shared
+    return ((f"the candidate's process ran out of GPU memory with {held}; at this task's size that says nothing "
+             f"certain about the candidate. {child_message}")[:4000], GPU_FULL_HARNESS if by_harness else GPU_FULL_SHARED)
 
 
 def full_gpu_message(stage: str, device: str) -> str:

@@ -28,7 +28,7 @@ from . import channel, compiled, cudaipc, pyparse, stage_runners, static, verdic
 from .deadlines import BUDGETS, CompileSigns, Deadline
 from .gate import GpuGate
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost, child_view
-from .records import (GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED, CheckResult, ErrorInfo, Reason, Rejected, Stage,
+from .records import (GPU_FULL, GPU_FULL_HARNESS, CheckResult, ErrorInfo, Reason, Rejected, Stage,
                       StageResult)
 from .reference import Reference
 from .task import Task, load_task
@@ -423,12 +423,9 @@ class Harness:
         if error is not None and error.type in COMPILE_ERRORS:
             stage, reason = Stage.COMPILE, Reason.COMPILE_ERROR
         elif error is not None and error.type == "OutOfMemoryError" and run.device != "cpu":
-            shared = cudaipc.others_share(run.device, message)
-            if shared is not None:  # the harness and the other checks filled the GPU the child allocates from
-                held, by_harness = shared
-                reason, details[GPU_FULL] = Reason.HARNESS_ERROR, GPU_FULL_HARNESS if by_harness else GPU_FULL_SHARED
-                message = (f"the candidate's process ran out of GPU memory with {held}; at this task's size that says "
-                           f"nothing certain about the candidate. {message}")[:4000]
+            blamed = cudaipc.blame_full_gpu(run.device, message)
+            if blamed is not None:  # the harness and the other checks filled the GPU the child allocates from
+                reason, (message, details[GPU_FULL]) = Reason.HARNESS_ERROR, blamed
         tail = run.child.output_tail(2000)
         if tail:
             details["output_tail"] = tail

@@ -32,9 +32,9 @@ import torch
 
 from profiler import stats
 
-from . import tolerance
+from . import cudaipc, tolerance
 from .handback import claim, poisoned
-from .records import Reason, Rejected, Stage
+from .records import GPU_FULL, Reason, Rejected, Stage
 from .reference import RUNS, spec_bytes
 from .timing_child import derive, set_budget
 
@@ -84,7 +84,13 @@ def run(harness: "Harness", run: "_Run", reference: "Reference") -> tuple[dict[s
             reason = Reason(first["reason"])
         except ValueError:
             reason = Reason.TIMING_INCONSISTENT
-        raise Rejected(Stage.TIMING, reason, first["message"], details={"timing": report})
+        details: dict[str, Any] = {"timing": report}
+        message = first["message"]
+        blamed = (cudaipc.blame_full_gpu(run.device, message) if reason is Reason.RUNTIME_ERROR
+                  and report.get("candidate_error") == "OutOfMemoryError" and run.device != "cpu" else None)
+        if blamed is not None:  # the other checks' and the harness's memory, not the candidate's (as at any stage)
+            reason, (message, details[GPU_FULL]) = Reason.HARNESS_ERROR, blamed
+        raise Rejected(Stage.TIMING, reason, message, details=details)
     b = report["baselines"].get("eager") or {}
     details = {"candidate_ms": report["candidate_ms"], "speedup_vs_eager": b.get("speedup"),
                "constants": task.current_constants()}
@@ -151,6 +157,9 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     report = build_timing(measured, candidate="candidate" if candidate else None, baselines=reply["baselines"],
                           roof=roof, kernels=reply["kernels"], environment=reply["environment"],
                           output_problems=problems, seed=random.Random(seeds[0]).randrange(1 << 30))
+    error = (measured.get("fns", {}).get("candidate") or {}).get("error") if candidate else None
+    if isinstance(error, dict):  # its type, for the stage's verdict (an out-of-memory error may be the harness's)
+        report["candidate_error"] = str(error.get("type"))
     if rule is not None:
         report["race"], problem = race_report(measured, rule, extra, reps)
         if problem:

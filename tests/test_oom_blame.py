@@ -60,3 +60,35 @@ def test_otherwise_the_candidate_is_rejected_for_its_error(monkeypatch, harness_
 def test_a_claimed_use_larger_than_the_gpu_s_counts_as_all_that_is_not_the_harness_s(monkeypatch):
     own = " Including non-PyTorch memory, this process has 900.00 GiB memory in use."
     assert _verdict(monkeypatch, harness_gib=5, own=own).reason is Reason.RUNTIME_ERROR
+
+
+def _timing_verdict(monkeypatch, error_type: str, harness_gib: float = 5):
+    """The timing stage's verdict where the candidate raised `error_type` during its measurement."""
+    from sandbox import timing_parent
+    from sandbox.records import Rejected
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: int(harness_gib * GIB))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (int(0.1 * GIB), TOTAL * GIB))
+    message = ("candidate raised during timing: OutOfMemoryError: CUDA out of memory. Including non-PyTorch memory, "
+               "this process has 25.85 GiB memory in use.")
+    report = {"problems": [{"reason": Reason.RUNTIME_ERROR.value, "message": message}],
+              "candidate_error": error_type}
+    monkeypatch.setattr(timing_parent, "measure", lambda *a, **k: report)
+    harness = SimpleNamespace(_request=lambda *a, **k: {"ok": True})
+    reference = SimpleNamespace(init_inputs=lambda: [], state_dict=lambda: {}, model_seed=0)
+    run = SimpleNamespace(device="cuda:0", task=None)
+    with pytest.raises(Rejected) as caught:
+        timing_parent.run(harness, run, reference)
+    return caught.value.result
+
+
+def test_a_timing_out_of_memory_beside_other_checks_is_the_harness_s_as_at_any_stage(monkeypatch):
+    # As on the H100 at four attention checks: the candidate's timing process held 25.85 GiB, the GPU was full.
+    result = _timing_verdict(monkeypatch, "OutOfMemoryError")
+    assert result.stage is Stage.TIMING and result.reason is Reason.HARNESS_ERROR
+    assert result.details[GPU_FULL] == GPU_FULL_SHARED
+    assert "5.0 GiB held by the harness and 109.1 GiB by other processes" in result.message
+
+
+def test_another_timing_error_stays_the_candidate_s(monkeypatch):
+    result = _timing_verdict(monkeypatch, "RuntimeError")
+    assert result.reason is Reason.RUNTIME_ERROR and GPU_FULL not in result.details

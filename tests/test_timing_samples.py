@@ -73,12 +73,15 @@ class _Child:
         self.events.append("timing turn given back")
 
 
-def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: int = 0, run_on=None) -> list[str]:
-    """Runs timing_parent.measure up to the validation against the reference; returns the problems found before."""
+def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: int = 0, run_on=None,
+             complete: bool = False):
+    """Runs timing_parent.measure up to the validation against the reference; returns the problems found before
+    (`complete`: to the end, with the caller's stand-ins; returns the report)."""
     def validate(run, reference, base, measured, n_sets):
         child.events.append("validate against the reference")
         raise _Stop(measured)
-    monkeypatch.setattr(timing_parent, "_validate", validate)
+    if not complete:
+        monkeypatch.setattr(timing_parent, "_validate", validate)
     monkeypatch.setattr("profiler.roofline.task_roofline", lambda *a: types.SimpleNamespace(bound="memory"))
     monkeypatch.setattr("profiler.ceilings.get_ceilings", lambda gpu: {})
     task = types.SimpleNamespace(make_inputs=lambda seed, distribution, device: [torch.zeros(4)], path="t.py",
@@ -105,6 +108,8 @@ def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: 
         problems.extend(probs)
         return got, probs
     monkeypatch.setattr(timing_parent, "_fetch_samples", fetch)
+    if complete:
+        return timing_parent.measure(child, run, reference, candidate=True)
     with pytest.raises(_Stop):
         timing_parent.measure(child, run, reference, candidate=True)
     return problems
@@ -282,3 +287,23 @@ def test_a_raced_timing_takes_no_more_extra_calls_than_can_be_kept(monkeypatch):
              run_on=raced)
     assert child.time_msg["extra_reps"] == 10 and child.time_msg["defer_samples"] is True
     assert "child: samples" in child.events
+
+
+def test_the_candidate_s_error_type_reaches_the_stage_s_verdict(monkeypatch):
+    """An error the candidate raised while timed goes into the report by type, so the stage can tell an
+    out-of-memory error (which may be the other checks') from its own faults (tests/test_oom_blame.py)."""
+    class _Raised(_Child):
+        def _request(self, run, stage, msg, max_bytes=1 << 30, exclusive=False):
+            reply = super()._request(run, stage, msg, max_bytes, exclusive)
+            if msg["op"] == "time":
+                reply["measured"]["fns"]["candidate"]["error"] = {"type": "OutOfMemoryError", "message": "full"}
+            return reply
+    got = {}
+
+    def build(measured, **kw):
+        got.update(measured)
+        return {"problems": [], "baselines": {}}
+    monkeypatch.setattr("profiler.report.build_timing", build)
+    monkeypatch.setattr(timing_parent, "_validate", lambda *a: [])
+    report = _measure(_Raised(), monkeypatch=monkeypatch, complete=True)
+    assert report["candidate_error"] == "OutOfMemoryError"
