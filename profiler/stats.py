@@ -153,7 +153,9 @@ class RaceRule:
     """When timing a candidate may stop: after at least `min_rounds` rounds, once the `confidence` interval of its
     median time (median_interval) lies entirely above `incumbent_ms` x (1 + margin). The incumbent was timed in another
     run, so the comparison is not paired: the margin absorbs the drift between runs. A candidate whose interval still
-    straddles that band after the planned rounds is timed on, up to the extra rounds allowed (a close contest)."""
+    straddles an edge of the band incumbent x (1 -/+ margin) after the planned rounds is timed on, up to the extra
+    rounds allowed (a close contest); one whose interval lies inside the band is as fast as the incumbent within the
+    margin, which more rounds would only confirm (`within_margin`), and stops there."""
 
     incumbent_ms: float
     margin: float = 0.05
@@ -173,7 +175,8 @@ class RaceRule:
     def describe(self) -> str:
         return (f"stop once, after at least {self.min_rounds} rounds, the {self.confidence:.0%} interval of the "
                 f"candidate's median time lies entirely above the incumbent's {self.incumbent_ms:.4g} ms x "
-                f"{1 + self.margin:g}")
+                f"{1 + self.margin:g}; past the planned rounds, time on only while it spans x {1 - self.margin:g} "
+                f"or x {1 + self.margin:g}")
 
     def to_dict(self) -> dict[str, float | int | str]:
         return {**asdict(self), "rule": self.describe()}
@@ -191,13 +194,23 @@ def race(subject_ms: Sequence[float], rule: RaceRule) -> str:
     return OPEN
 
 
+def within_margin(subject_ms: Sequence[float], rule: RaceRule) -> bool:
+    """Whether, after at least the rule's rounds, the subject's interval lies inside incumbent x (1 -/+ margin): no
+    significant difference either way, and more rounds would narrow the interval without moving it out."""
+    if len(subject_ms) < rule.min_rounds:
+        return False
+    low, high = median_interval(subject_ms, rule.confidence)
+    return rule.incumbent_ms * (1 - rule.margin) <= low and high <= rule.incumbent_ms * (1 + rule.margin)
+
+
 def keep_racing(done_ms: Sequence[float], rule: RaceRule, planned: int, most: int) -> tuple[bool, str]:
     """(whether to time another round, the decision so far) after len(done_ms) calls: stop as soon as the subject
-    LOST; past `planned` calls, go on only while the contest is OPEN, and never past `most`."""
+    LOST; past `planned` calls, go on only while the contest is OPEN with its interval across an edge of the band
+    (not `within_margin`), and never past `most`."""
     decision = race(done_ms, rule) if done_ms else OPEN
     n = len(done_ms)
     if n >= most or decision == LOST:
         return False, decision
     if n >= planned:
-        return decision == OPEN, decision
+        return decision == OPEN and not within_margin(done_ms, rule), decision
     return True, decision

@@ -54,8 +54,9 @@ captured references; their identity is checked after the run, and a change is re
 
 Racing (`race`, a profiler.stats.RaceRule): after each timed round the watched function's stream times so far (a lower
 bound on its counted times) go through profiler.stats.race; once its interval lies above the incumbent's band the
-rounds stop (`race.stopped_early`), and a contest still open after the planned rounds gets up to `extra_reps` more
-calls. The trusted parent repeats the rule on the returned times (sandbox.timing_parent).
+rounds stop (`race.stopped_early`), and a contest still open after the planned rounds, its interval across an edge
+of the band (profiler.stats.within_margin: not inside it), gets up to `extra_reps` more calls. The trusted parent
+repeats the rule on the returned times (sandbox.timing_parent).
 
 The counting arithmetic is profiler.counting; the outputs and the allocator around them, profiler.device_memory;
 the plan and the state of the rounds, profiler.timing_plan. Imports: torch, the standard library, profiler.stats

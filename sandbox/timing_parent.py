@@ -14,10 +14,11 @@ outputs that changed after their call returned, event time that missed work, a t
 
 With an incumbent's time to beat (CheckOptions.incumbent_ms) the rounds race it (profiler.stats.RaceRule): the child
 stops timing a candidate whose interval lies above the incumbent's band, and times a contest still open after REPS
-calls for up to EXTRA_REPS more (fewer where their outputs could not all be kept for sampling: `extra_reps`). The
-parent repeats the rule on the returned times; the report's `race` says the rule,
-the rounds used, whether timing stopped early, and the verdict, which for a candidate stopped early is "not faster
-than the incumbent" (its median over the rounds it ran stays in `candidate_ms`, never a speedup it did not earn).
+calls, its interval across an edge of the band, for up to EXTRA_REPS more (fewer where their outputs could not all
+be kept for sampling: `extra_reps`). The parent repeats the rule on the returned times; the report's `race` says
+the rule, the rounds used, whether timing stopped early, and the verdict, which for a candidate stopped early is "not
+faster than the incumbent" (its median over the rounds it ran stays in `candidate_ms`, never a speedup it did not
+earn).
 A child that stopped without the rule holding is a timing problem.
 """
 from __future__ import annotations

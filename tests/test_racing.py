@@ -63,7 +63,8 @@ def test_a_rule_is_validated(kwargs):
 def test_the_rule_states_itself():
     text = RaceRule(incumbent_ms=0.25, margin=0.05, min_rounds=10).describe()
     assert text == ("stop once, after at least 10 rounds, the 95% interval of the candidate's median time lies "
-                    "entirely above the incumbent's 0.25 ms x 1.05")
+                    "entirely above the incumbent's 0.25 ms x 1.05; past the planned rounds, time on only while it "
+                    "spans x 0.95 or x 1.05")
 
 
 # ---- racing round by round ----------------------------------------------------------------------------------------
@@ -91,9 +92,22 @@ def test_a_winner_is_timed_for_its_planned_rounds_and_no_more():
 
 
 def test_a_close_contest_takes_the_extra_rounds():
-    rule = RaceRule(incumbent_ms=1.0)
-    used, decision = _race_out(_times(random.Random(7), 1.0, 60), rule, planned=30, most=60)
+    rule = RaceRule(incumbent_ms=1.0, margin=0.05)
+    samples = [1.04, 1.06] * 30  # the median's interval [1.04, 1.06] across the band's upper edge, 1.05
+    used, decision = _race_out(samples, rule, planned=30, most=60)
     assert (used, decision) == (60, OPEN)
+
+
+def test_a_tie_inside_the_margin_stops_at_its_planned_rounds():
+    """As fast as the incumbent within the margin both ways: more calls would narrow the interval inside the band,
+    never out of it, so the contest ends at the planned calls as no significant difference."""
+    rule = RaceRule(incumbent_ms=1.0, margin=0.05)
+    samples = _times(random.Random(7), 1.0, 60)
+    assert stats.within_margin(samples[:30], rule) and not stats.within_margin(samples[:9], rule)
+    used, decision = _race_out(samples, rule, planned=30, most=60)
+    assert (used, decision) == (30, OPEN)
+    assert not stats.within_margin([1.04, 1.06] * 15, rule)  # across an edge
+    assert not stats.within_margin([0.5] * 30, rule)  # faster past the band: a win, not a tie
 
 
 def test_a_contest_decided_in_the_extra_rounds_stops_there():
