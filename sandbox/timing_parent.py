@@ -207,9 +207,9 @@ def race_rule(incumbent_ms: float | None) -> stats.RaceRule | None:
 def timed_reps(out_bytes: int, keep: int) -> int:
     """A candidate's timed calls: REPS, or as many as the `keep` bytes its child may hold for sampling after the
     exclusive turn take where REPS calls' outputs would not (SwiGLU's 470 MB output on an 80 GB GPU: 22), so their
-    samples are still picked after the turn, not copied to the host inside it (3.4 s of SwiGLU's measurement on an
-    H100, where the same measurement with its outputs kept took 0.44 s on the H200). Below MIN_DEFERRED_REPS the
-    outputs are sampled inside the turn instead, at REPS calls."""
+    samples are still picked after the turn, not copied to the host inside it (SwiGLU's measurement in a search on an
+    H100: 3.43 s a candidate with its samples copied inside the turn, 0.21 s with 22 calls kept). Below
+    MIN_DEFERRED_REPS the outputs are sampled inside the turn instead, at REPS calls."""
     if out_bytes <= 0 or REPS * out_bytes <= keep:
         return REPS
     fit = keep // out_bytes
