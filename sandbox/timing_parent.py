@@ -181,9 +181,14 @@ def gpu_bytes(device: str) -> int:
 
 
 def defer_bytes(device: str) -> int:
-    """The timed outputs a child may keep for sampling after its measurement: DEFER_BYTES, or an eighth of the GPU's
-    memory where that is more (an H200's 17.6 GB: 60 calls of a 256 MiB output, a raced softmax's)."""
-    return max(DEFER_BYTES, gpu_bytes(device) // 8)
+    """The timed outputs a child may keep for sampling after its measurement on `device` (kept_bytes)."""
+    return kept_bytes(gpu_bytes(device))
+
+
+def kept_bytes(gpu: int) -> int:
+    """The timed outputs a child may keep on a GPU of `gpu` bytes: DEFER_BYTES, or an eighth of its memory where
+    that is more (an H200's 17.6 GB: 60 calls of a 256 MiB output, a raced softmax's)."""
+    return max(DEFER_BYTES, gpu // 8)
 
 
 @contextmanager

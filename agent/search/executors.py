@@ -28,7 +28,7 @@ from sandbox.gate import TIMING_TURNS, GpuGate
 from sandbox.records import CheckResult
 from sandbox.task import Task
 from sandbox.timing_child import set_budget
-from sandbox.timing_parent import EXTRA_REPS, REPS, WARMUP
+from sandbox.timing_parent import EXTRA_REPS, REPS, WARMUP, kept_bytes
 
 if TYPE_CHECKING:
     from agent.search.runs import RunConfig
@@ -166,9 +166,9 @@ def _left(input_bytes: int, gpu_bytes: int, checks: int) -> int:
 def timing_bytes(input_bytes: int, gpu_bytes: int) -> int:
     """What one timing stage may hold on the GPU beyond a check's own: its input sets (one per timed call, within
     the child's budget, an eighth of the GPU at most: timing_child.set_budget) and the timed outputs it keeps for
-    sampling (taken as large as the inputs; within the parent's deferral budget, an eighth of the GPU)."""
+    sampling (taken as large as the inputs; within the parent's deferral budget: timing_parent.kept_bytes)."""
     calls = WARMUP + REPS + EXTRA_REPS + 1
-    return min(set_budget(gpu_bytes), calls * input_bytes) + min(gpu_bytes // 8, calls * input_bytes)
+    return min(set_budget(gpu_bytes), calls * input_bytes) + min(kept_bytes(gpu_bytes), calls * input_bytes)
 
 
 class LocalExecutor:
