@@ -34,6 +34,7 @@ Every task's line is printed and appended to benchmarks/data/throughput.csv with
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import statistics
@@ -206,7 +207,30 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     laps = [laps_of(c.diagnostics) for _, c in mine if c.diagnostics]
     row["laps"] = {k: statistics.fmean(lap.get(k, 0.0) for lap in laps) for k in sorted({k for lap in laps for k in lap})}
     row["gate_held"] = {k: v / len(mine) for k, v in held_by_work(holds, start, end).items()} if mine else {}
+    row["duels"] = len(summary.duels)
+    row["timeline"] = timeline(verdicts, holds, summary.duels, t0)
     return row
+
+
+def timeline(verdicts: list[tuple[float, Any]], holds: list[Any], duels: Any, t0: float) -> dict[str, Any]:
+    """The run as events on one clock (seconds from its start): each verdict with its stages, laps and timing race,
+    each hold of the GPU's gate, each duel; what `--timeline` writes, to find what a candidate waited for."""
+    def rel(t: float) -> float:
+        return round(t - t0, 3)
+    cands = []
+    for t, c in verdicts:
+        d = c.diagnostics or {}
+        timing = d.get("timing") or {}
+        cands.append({"id": c.id, "at": rel(t), "origin": c.origin, "proposal": _proposed(c), "accepted": c.accepted,
+                      "stage": c.stage, "reason": c.reason, "message": (c.message or "")[:300],
+                      "stages": {s["stage"]: s.get("seconds") for s in d.get("stages", [])},
+                      "costs": d.get("costs"), "timing_laps": timing.get("laps"), "race": timing.get("race"),
+                      "candidate_ms": timing.get("candidate_ms")})
+    return {"candidates": cands,
+            "holds": [{"mode": h.mode, "holder": h.holder, "work": h.work, "start": rel(h.start), "end": rel(h.end),
+                       "waited_s": round(h.waited_s, 3)} for h in sorted(holds, key=lambda h: h.start)],
+            "duels": [{"challenger": d.challenger_id, "incumbent": d.incumbent_id, "outcome": d.outcome.value,
+                       "legs": len(d.legs), "seconds": round(d.seconds, 2), "note": d.note} for d in duels]}
 
 
 def _proposed(c: Any) -> str:
@@ -251,7 +275,7 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
             f"{f(row.get('best_speedup'), '.3f')}x\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
             f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "
             f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%, "
-            f"GPU memory in use at most {f(row.get('gpu_mem_peak_gib'), '.1f')} GiB, "
+            f"GPU memory in use at most {f(row.get('gpu_mem_peak_gib'), '.1f')} GiB, {row.get('duels', 0)} duel(s), "
             f"the parent's CPU {f(row['parent_cpu_frac'], '.0%')} of a core"
             f"  (stopped: {row['stop_reason']})\n  the GPU's gate held a candidate (s): " +
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("gate_held", {}).items(), key=lambda kv: -kv[1])) +
@@ -277,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a trial: budget a check at N times its task's inputs on the GPU instead of "
                          "agent.search.executors.CHECK_FOOTPRINT (more or fewer checks fit); the label defaults "
                          "to footprintN")
+    ap.add_argument("--timeline", type=Path, default=None, metavar="DIR",
+                    help="write each task's run as events (verdicts, gate holds, duels) to DIR/<task>.json")
     args = ap.parse_args(argv)
     tasks = [ROOT / "tasks" / (t if t.endswith(".py") else f"{t}.py") for t in args.tasks.split(",") if t.strip()]
     missing = [str(t.relative_to(ROOT)) for t in tasks if not t.exists()]
@@ -303,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
             row = measure(task, device=args.device, seconds=args.seconds, checks_per_gpu=args.checks_per_gpu,
                           workdir=Path(tmp))
             print(show(row, args.messages), flush=True)
+            events = row.pop("timeline")
+            if args.timeline is not None:
+                args.timeline.mkdir(parents=True, exist_ok=True)
+                (args.timeline / f"{task.stem}.json").write_text(json.dumps(events, indent=1, default=str))
             if not args.no_csv:
                 held = ";".join(f"{k}={v:.3g}" for k, v in sorted(row["gate_held"].items(), key=lambda kv: -kv[1]))
                 append_csv(args.csv, FIELDS, [{k: ("" if v is None else f"{v:.4g}" if isinstance(v, float) else v)
