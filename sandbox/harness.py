@@ -52,6 +52,9 @@ class CheckOptions:
     # alone. Seconds spent waiting for it do not count against timeout_s.
     gate: GpuGate | None = None
     incumbent_ms: float | None = None  # the time to beat: timing races it (sandbox.timing_parent); None: no race
+    # A re-time of a source an earlier check verified in full (a duel's leg): its first call is compared and it is
+    # timed, whose sampled calls are validated as ever; the other distributions, shapes and the soak are not re-run.
+    retime: bool = False
 
     def __post_init__(self) -> None:
         if self.incumbent_ms is not None and not (math.isfinite(self.incumbent_ms) and self.incumbent_ms > 0):
@@ -233,7 +236,8 @@ class Harness:
                 reference = self._stage(run, Stage.COMPILE, stage_runners.compile_candidate)
                 first = self._stage(run, Stage.SMOKE, stage_runners.smoke, reference)
                 self._stage(run, Stage.CORRECTNESS, stage_runners.correctness, reference, first)
-                self._stage(run, Stage.ROBUSTNESS, stage_runners.robustness, reference, first)
+                if not options.retime:
+                    self._stage(run, Stage.ROBUSTNESS, stage_runners.robustness, reference, first)
                 first = None  # its float64 truth would pin cached blocks the timing child needs (seen on the H200)
                 if self.device == "cuda" and options.timing:  # takes the gate alone only while the child times
                     timing = self._stage(run, Stage.TIMING, stage_runners.timing, reference)

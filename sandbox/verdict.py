@@ -20,7 +20,9 @@ def assemble(device: str, task: Task, candidate: Path, stages: list[StageResult]
     last = stages[-1]
     accepted = all(s.passed for s in stages)
     if accepted:
-        message = "accepted: correct on every input distribution and shape tried"
+        message = ("accepted: re-timed, its first call correct (its earlier check tried every input distribution and "
+                   "shape)" if run is not None and run.options.retime else
+                   "accepted: correct on every input distribution and shape tried")
         eager = ((timing or {}).get("baselines") or {}).get("eager") or {}
         if eager.get("speedup") is not None:
             message += (f"; {eager['speedup']:.2f}x eager [{eager['ci_low']:.2f}, {eager['ci_high']:.2f}] "

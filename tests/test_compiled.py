@@ -209,3 +209,20 @@ def test_a_verified_source_s_kernels_reach_its_later_checks_only(harness, tmp_pa
     assert result.costs["kept_files"] == 0  # the interpreter compiles nothing: an empty cache is not kept
     assert store.files(key(other.read_bytes())) == () and store.files(mine) == files
     assert key(HONEST.read_bytes()) != compiled.check_key(HONEST.read_bytes(), str(task.path), {"N": 64}, "cpu")
+
+
+def test_a_retime_compares_the_first_call_and_skips_the_stages_its_earlier_check_passed(harness):
+    """A duel's leg re-times a source the run verified in full: its first call is still compared (a source that is
+    wrong there is rejected as ever), the other distributions, the shapes and the soak are not run again."""
+    from sandbox.records import Reason, Stage
+
+    opts = CheckOptions(device="cpu", timeout_s=120, retime=True)
+    result = harness.check(RMSNORM, HONEST, opts)
+    assert result.accepted, result.message
+    assert [s.stage for s in result.stages] == [Stage.STATIC, Stage.COMPILE, Stage.SMOKE, Stage.CORRECTNESS]
+    assert result.stages[-1].details == {"distributions": ["normal"], "retime": True}
+    assert result.message.startswith("accepted: re-timed")
+    full = harness.check(RMSNORM, HONEST, CheckOptions(device="cpu", timeout_s=120))
+    assert full.stages[-1].stage is Stage.ROBUSTNESS and full.costs["calls"] > result.costs["calls"]
+    wrong = harness.check(HERE / "tasks" / "row_mean.py", HERE / "candidates" / "row_mean_zeros.py", opts)
+    assert not wrong.accepted and wrong.stage is Stage.CORRECTNESS and wrong.reason is Reason.OUTPUT_MISMATCH

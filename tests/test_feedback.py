@@ -28,7 +28,7 @@ class Judge:
     def __init__(self, *args):
         pass
 
-    def check(self, path: Path, baselines=None, incumbent_ms=None) -> CheckResult:
+    def check(self, path: Path, baselines=None, incumbent_ms=None, retime=False) -> CheckResult:
         source = path.read_text()
         Judge.checked.append(source)
         time.sleep(Judge.delay_s)
@@ -517,7 +517,7 @@ def test_a_timed_run_states_the_gpu_and_the_time_to_beat_from_its_checks(tmp_pat
                                                                               "matmul_tflops": {"bf16": 300.0}}}))
 
     class OnTestcard(ScriptedEvaluator):
-        def check(self, path, baselines=None, incumbent_ms=None):
+        def check(self, path, baselines=None, incumbent_ms=None, retime=False):
             from dataclasses import replace
             return replace(super().check(path, baselines), device="cuda", environment=env)
 

@@ -175,7 +175,7 @@ class ScriptedEvaluator:
     def __init__(self, *args):
         self.closed = False
 
-    def check(self, path: Path, baselines=None, incumbent_ms=None) -> CheckResult:
+    def check(self, path: Path, baselines=None, incumbent_ms=None, retime=False) -> CheckResult:
         ScriptedEvaluator.asked.append(baselines)
         ScriptedEvaluator.raced.append(incumbent_ms)
         ScriptedEvaluator.calls += 1
@@ -226,7 +226,7 @@ def test_stop_records_in_flight_as_interrupted(tmp_path, task, kernel):
     stop = threading.Event()
 
     class Slow(ScriptedEvaluator):
-        def check(self, path, baselines=None, incumbent_ms=None):
+        def check(self, path, baselines=None, incumbent_ms=None, retime=False):
             if ScriptedEvaluator.calls >= 1:  # the starting kernel passes; the next check hangs
                 stop.set()
                 release.wait(30)
@@ -337,7 +337,7 @@ def test_one_evaluation_worker_per_gpu(tmp_path, task, kernel, monkeypatch):
             made.append((device, gpu))
             self.gpu = gpu
 
-        def check(self, path, baselines=None, incumbent_ms=None):
+        def check(self, path, baselines=None, incumbent_ms=None, retime=False):
             with lock:
                 busy.add(self.gpu)
                 peak.append(len(busy))
@@ -380,7 +380,7 @@ def test_the_best_is_checked_again_against_the_final_baselines(tmp_path, task, k
         assert not s.notes
 
     class RejectsLast(ScriptedEvaluator):
-        def check(self, path, baselines=None, incumbent_ms=None):
+        def check(self, path, baselines=None, incumbent_ms=None, retime=False):
             result = super().check(path, baselines)
             if baselines is None:
                 return result
@@ -457,7 +457,7 @@ def test_the_tuner_does_not_propose_again_a_value_whose_variant_was_rejected(tmp
     seen: list[str] = []
 
     class RejectsBlock2048(ScriptedEvaluator):
-        def check(self, path: Path, baselines=None, incumbent_ms=None) -> CheckResult:
+        def check(self, path: Path, baselines=None, incumbent_ms=None, retime=False) -> CheckResult:
             source = Path(path).read_text()
             seen.append(source)
             if "BLOCK_SIZE = 2048" in source:
@@ -476,7 +476,7 @@ def test_a_check_the_harness_failed_is_run_once_more(tmp_path, task, kernel):
     seen: list[str] = []
 
     class FailsFirstTwice(ScriptedEvaluator):
-        def check(self, path: Path, baselines=None, incumbent_ms=None) -> CheckResult:
+        def check(self, path: Path, baselines=None, incumbent_ms=None, retime=False) -> CheckResult:
             source = Path(path).read_text()
             seen.append(source)
             first, always = len(seen) == 2, "BLOCK_SIZE = 2048" in source
@@ -508,7 +508,7 @@ def test_a_full_gpu_leaves_the_run_one_check_fewer_at_once(tmp_path, task, kerne
     state = {"in_flight": 0, "target": None, "left": failures, "most_before": 0, "most_after": 0}
 
     class FullGpu(ScriptedEvaluator):
-        def check(self, path: Path, baselines=None, incumbent_ms=None) -> CheckResult:
+        def check(self, path: Path, baselines=None, incumbent_ms=None, retime=False) -> CheckResult:
             source = Path(path).read_text()
             with lock:
                 state["in_flight"] += 1

@@ -51,14 +51,16 @@ def clocked(ms: dict[str, float], drift=lambda kind, baselines: 1.0, on_check=No
     tuner's); `drift(kind, baselines)` scales the kernel's rounds in one check (eager's stay put); every check is
     logged as (kind, baselines) in `log`."""
     log: list[tuple[str, tuple | None]] = []
+    retimed: list[bool] = []  # each check's retime flag, in `log`'s order
 
     class Clocked:
         def __init__(self, *args):
             pass
 
-        def check(self, path, baselines=None, incumbent_ms=None):
+        def check(self, path, baselines=None, incumbent_ms=None, retime=False):
             kind = "seed" if path.read_text() == GOOD else "variant"
             log.append((kind, baselines))
+            retimed.append(retime)
             if on_check is not None:
                 on_check(kind, baselines, len(log))
             rng = random.Random(len(log))
@@ -77,7 +79,7 @@ def clocked(ms: dict[str, float], drift=lambda kind, baselines: 1.0, on_check=No
         def close(self):
             pass
 
-    Clocked.log = log
+    Clocked.log, Clocked.retimed = log, retimed
     return Clocked
 
 
@@ -148,6 +150,9 @@ def test_live_progress_counts_the_duels_running_check(tmp_path, task, kernel, gp
     (decided,) = [e for e in events if e.kind is EventKind.DUEL]
     assert started.progress.in_flight == 1 and decided.progress.in_flight == 0
     assert ev.log[2:6] == [(kind, ("eager",)) for kind in ("variant", "seed", "variant", "seed")]
+    # The legs re-time two verified sources: only they skip the stages their own checks passed; the final re-check
+    # of the winner runs every stage again.
+    assert ev.retimed == [False, False, True, True, True, True, False]
 
 
 def test_a_challenger_inside_the_incumbents_noise_is_not_retimed(tmp_path, task, kernel, gpu):

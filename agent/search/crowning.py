@@ -6,7 +6,7 @@ the best on its own check waits as a challenger; one duel at a time (agent/searc
 two back to back on one slot, and every duel is archived. At the end the best is checked from the start once more and
 timed against the final baselines (agent/archive/reverify.py records it). Past the run's time limit no duel starts
 and the one in flight ends with the legs it has: the challengers left are archived unfought (else every challenger
-queued by then is duelled, four full checks each, however far past the limit that goes). It reads and writes the
+queued by then is duelled, four re-timings each, however far past the limit that goes). It reads and writes the
 coordinator's state; it runs on the coordinating thread only.
 """
 from __future__ import annotations
@@ -65,7 +65,8 @@ class Crowning:
             self._end_duel()
             return
         bout.leg_started = time.monotonic()
-        bout.future = self.session.submit(bout.slot, bout.paths[bout.side], baselines=duel_mod.BASELINES)
+        bout.future = self.session.submit(bout.slot, bout.paths[bout.side], baselines=duel_mod.BASELINES,
+                                          retime=True)
 
     def _take_leg(self) -> None:
         """The finished check of the bout's current leg becomes a leg record."""

@@ -6,9 +6,11 @@ runs read 10.40x [10.32, 10.60] against the seed's 10.04x [9.90, 10.13], and 10.
 candidate that ranks above the best is a challenger, not a winner:
 
 - it is re-timed only when its lower bound clears the incumbent's point estimate (`contest`): a rank won inside the
-  incumbent's own noise is not worth four checks, and the incumbent stays best;
+  incumbent's own noise is not worth four re-timings, and the incumbent stays best;
 - otherwise both run on one evaluation slot in LEGS order (challenger, incumbent, challenger, incumbent), each leg
-  a full check timed against eager alone;
+  a re-time timed against eager alone: both sources passed every stage in their own checks, so a leg compares its
+  first call and validates its timing's sampled calls, and runs the other distributions, shapes and the soak no
+  more (sandbox.harness CheckOptions.retime; the final re-check of the winner runs them all again);
 - `judge` pairs the legs ABAB-wise. Within a leg every timed round has the kernel's ms and eager's ms of that round
   (profiler.report's rounds_ms), so kernel/eager per round cancels the clock of that moment; round i of challenger
   leg k is paired with round i of incumbent leg k, and profiler.stats.compare takes the median ratio and its seeded

@@ -54,8 +54,9 @@ class Session(Protocol):
 
     # resolves to a CheckResult; `baselines` overrides the run's (the final re-check of a run's best)
     # incumbent_ms: the run's best time so far; timing stops once the candidate cannot beat it (profiler.stats)
+    # retime: a source this run verified in full, only timed again (a duel's leg; sandbox.harness.CheckOptions)
     def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
-               incumbent_ms: float | None = None) -> cf.Future: ...
+               incumbent_ms: float | None = None, retime: bool = False) -> cf.Future: ...
     def reset(self, slot: int) -> None: ...  # the slot's last evaluation raised: start it afresh
     def close(self) -> None: ...  # the run is over; evaluations not started are dropped
 
@@ -84,7 +85,7 @@ def spawn(fn: Callable[..., Any], *args: Any) -> cf.Future:
 
 class Evaluator(Protocol):
     def check(self, candidate: Path, baselines: tuple[str, ...] | None = None,
-              incumbent_ms: float | None = None) -> CheckResult: ...
+              incumbent_ms: float | None = None, retime: bool = False) -> CheckResult: ...
     def close(self) -> None: ...
 
 
@@ -102,13 +103,13 @@ class HarnessEvaluator:
         self._harness = None
 
     def check(self, candidate: Path, baselines: tuple[str, ...] | None = None,
-              incumbent_ms: float | None = None) -> CheckResult:
+              incumbent_ms: float | None = None, retime: bool = False) -> CheckResult:
         from sandbox.harness import CheckOptions, Harness
         if self._harness is None:
             self._harness = Harness(self.device, workdir=self.workdir)
         options = CheckOptions(device=self.device, timing=self.device == "cuda", timeout_s=self.timeout_s,
                                gpu=self.gpu, baselines=baselines or self.baselines, gate=self.gate,
-                               incumbent_ms=incumbent_ms)
+                               incumbent_ms=incumbent_ms, retime=retime)
         return self._harness.check(self.task, candidate, options)
 
     def close(self) -> None:
@@ -242,14 +243,16 @@ class LocalSession:
         self.evaluators: dict[int, Evaluator] = {}
 
     def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
-               incumbent_ms: float | None = None) -> cf.Future:
-        return spawn(self._evaluate, slot, candidate, baselines, incumbent_ms)
+               incumbent_ms: float | None = None, retime: bool = False) -> cf.Future:
+        return spawn(self._evaluate, slot, candidate, baselines, incumbent_ms, retime)
 
     def _evaluate(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None,
-                  incumbent_ms: float | None) -> CheckResult:
+                  incumbent_ms: float | None, retime: bool) -> CheckResult:
         evaluator = self.evaluators.get(slot)
         if evaluator is None:
             evaluator = self.evaluators[slot] = self.factory(self.task, self.device, self.gpu_ids[slot])
+        if retime:
+            return evaluator.check(candidate, baselines, retime=True)
         if incumbent_ms is not None:
             return evaluator.check(candidate, baselines, incumbent_ms=incumbent_ms)
         return evaluator.check(candidate, baselines) if baselines else evaluator.check(candidate)

@@ -72,7 +72,8 @@ class _EvaluationActor:
         candidate.parent.mkdir(parents=True, exist_ok=True)
         candidate.write_text(job["candidate_source"], encoding="utf-8")
         options = CheckOptions(device=self.device, timing=self.device == "cuda", timeout_s=job["timeout_s"],
-                               gpu=0, baselines=tuple(job["baselines"]), incumbent_ms=job.get("incumbent_ms"))
+                               gpu=0, baselines=tuple(job["baselines"]), incumbent_ms=job.get("incumbent_ms"),
+                               retime=bool(job.get("retime")))
         try:
             if self.harness is None:
                 self.harness = Harness(self.device, workdir=self.workdir)
@@ -346,7 +347,7 @@ class RaySession:
                             "rescale": bool(getattr(config, "rescale", True))}
 
     def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
-               incumbent_ms: float | None = None) -> cf.Future:
+               incumbent_ms: float | None = None, retime: bool = False) -> cf.Future:
         future: cf.Future = cf.Future()
         payload = {**self.task_fields, "candidate_name": candidate.name, "candidate_path": str(candidate),
                    "candidate_source": candidate.read_text(encoding="utf-8")}
@@ -354,6 +355,8 @@ class RaySession:
             payload["baselines"] = list(baselines)
         if incumbent_ms is not None:
             payload["incumbent_ms"] = incumbent_ms
+        if retime:
+            payload["retime"] = True
         self.pool.submit(_Job(payload, future, self))
         return future
 
