@@ -162,7 +162,7 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     if isinstance(error, dict):  # its type, for the stage's verdict (an out-of-memory error may be the harness's)
         report["candidate_error"] = str(error.get("type"))
     if rule is not None:
-        report["race"], problem = race_report(measured, rule, extra, reps)
+        report["race"], problem = race_report(measured, rule, extra, reps, msg["burst"])
         if problem:
             report["problems"].append({"reason": Reason.TIMING_INCONSISTENT.value, "message": problem})
     child_laps = {**(prepared.get("laps") or {}), **(reply.get("laps") or {})}
@@ -233,10 +233,12 @@ def extra_reps(out_bytes: int, keep: int, reps: int = REPS) -> int:
 
 
 def race_report(measured: dict[str, Any], rule: stats.RaceRule, extra: int = EXTRA_REPS,
-                reps: int = REPS) -> tuple[dict[str, Any], str | None]:
+                reps: int = REPS, burst: int = 1) -> tuple[dict[str, Any], str | None]:
     """The race's record from the parent's own reading of the candidate's stream times (the child's stopping
     decision used those, a lower bound on its counted times), and a problem where the child stopped without the
-    rule holding."""
+    rule holding. The planned calls are `reps` rounded up to whole bursts, as the child runs them: only calls past
+    those make the race `extended`."""
+    reps = -(-reps // max(1, burst)) * max(1, burst)
     stream = list((measured.get("fns", {}).get("candidate") or {}).get("stream_ms") or [])
     claimed = measured.get("race") if isinstance(measured.get("race"), dict) else {}
     decision = stats.race(stream, rule) if stream else stats.OPEN

@@ -143,6 +143,16 @@ def test_an_open_contest_stays_no_significant_difference():
     assert problem is None and record["extended"] and record["verdict"] == stats.NO_DIFFERENCE + " from the incumbent"
 
 
+def test_calls_that_round_the_plan_up_to_whole_bursts_are_not_an_extension():
+    """30 planned calls in bursts of 8 run as 32: the race took no extra call (attention on the H100 read
+    "extended" for every tie before); a fifth burst is one."""
+    rule = timing_parent.race_rule(1.0)
+    for calls, extended in ((32, False), (40, True)):
+        record, _ = timing_parent.race_report(_measured(_times(random.Random(11), 1.0, calls), False), rule,
+                                              reps=30, burst=8)
+        assert record["planned_reps"] == 32 and record["extended"] is extended
+
+
 def test_no_incumbent_means_no_race():
     assert timing_parent.race_rule(None) is None
 
