@@ -3,13 +3,17 @@
     python3 benchmarks/bench_throughput.py                                   # on the H200: four tasks, ~4 min
     python3 benchmarks/bench_throughput.py --checks-per-gpu 1 --label serial # the same, one check at a time
     python3 benchmarks/bench_throughput.py --device cpu --tasks rmsnorm_fwd --seconds 20 --checks-per-gpu 2
+    python3 benchmarks/bench_throughput.py --tasks attention_fwd_bwd --seconds 240 --timeline runs/timeline
 
 Each task is searched by the offline tuner (no LLM: the proposer costs nothing, so the harness is what is measured)
 from its registered seed, for `--seconds` of proposing (the loop's --time-limit), with the run's candidates timed
 against eager on the GPU. What is reported, per task:
 
 - verified a minute: accepted proposals whose verdict came between the starting kernel's verdict and the last
-  proposal's, over that window (the harness's start, the starting kernel and the final re-check are outside it);
+  proposal's, over that window (the harness's start, the starting kernel and the final re-check are outside it).
+  The slots fill at the starting kernel's verdict and drain after the time limit, so a window of under two rounds
+  of proposals measures the first round, not the steady rate, and says so: attention fwd+bwd, about 50 s a
+  candidate at four checks and its starting kernel's check 50-60 s of the time limit, needs --seconds 240;
 - where a candidate's seconds go (means over the window's proposals): load (forking its process, the CUDA context,
   importing and building ModelNew), compile (the first call, in which Triton compiles every kernel), correctness,
   robustness (other shapes, their compiles, the soak), timing, and of those the seconds spent waiting for the GPU's
@@ -253,6 +257,16 @@ def environment(device: str) -> dict[str, str]:
     return out
 
 
+def first_rounds(row: dict[str, Any]) -> str:
+    """A warning where the window holds under two rounds of the slots' proposals: the slots filled once after the
+    starting kernel's verdict and drained, so the rate is the pipeline's first round, not its steady rate."""
+    k, n = row["checks_per_gpu"], row["proposals"]
+    if n >= 2 * k:
+        return ""
+    return (f"\n  only {n} proposals at {k} checks at once: the rate is the first round's, not the steady rate; "
+            "give the search more --seconds")
+
+
 def _fewer(row: dict[str, Any]) -> str:
     """', N at the end: the GPU's memory was full' where the run gave up checks at once, else ''."""
     end = row.get("checks_at_end")
@@ -269,7 +283,7 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
     return (f"{row['task']}: {f(row['verified_per_min'], '.1f')} verified/min ({row['verified']} of "
             f"{row['proposals']} in {row['window_s']:.0f} s{distinct}, "
             f"{f(row['proposals_per_min'], '.1f')} proposals/min; "
-            f"K={row['checks_per_gpu']}{_fewer(row)})\n  seconds a candidate: {parts}; "
+            f"K={row['checks_per_gpu']}{_fewer(row)}){first_rounds(row)}\n  seconds a candidate: {parts}; "
             f"waiting for the GPU {f(row['gpu_wait_s'])} + for the timing slot {f(row['timing_wait_s'])}\n  "
             f"vs eager: the starting kernel {f(row.get('start_speedup'), '.3f')}x, the best at the end "
             f"{f(row.get('best_speedup'), '.3f')}x\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
