@@ -145,3 +145,61 @@ def test_input_bytes_are_probed_without_allocating():
     task = load_task(Path(__file__).parent.parent / "tasks" / "rmsnorm_fwd.py", rescale=False)
     consts = task.current_constants()
     assert task.input_bytes() == consts["M"] * consts["N"] * 2  # one bf16 (M, N) input
+
+
+def test_every_slot_is_warmed_as_the_session_opens_and_a_first_check_waits_for_its_warm_up(task, tmp_path):
+    """The starting kernel's check takes one slot; the others start their workers meanwhile, not when their first
+    candidates come. A check that comes during its slot's warm-up runs after it, on the same evaluator."""
+    release, log, lock = threading.Event(), [], threading.Lock()
+
+    class Warmed:
+        def __init__(self, task, device, gpu):
+            self.gpu, self.made = gpu, threading.Lock()
+
+        def warm(self):
+            with self.made:
+                with lock:
+                    log.append(("warm", self.gpu))
+                release.wait(10)
+
+        def check(self, candidate, baselines=None, incumbent_ms=None, retime=False):
+            with self.made:
+                with lock:
+                    log.append(("check", self.gpu))
+            return self.gpu
+
+        def close(self):
+            pass
+
+    session = LocalSession(task, "cpu", 3, Warmed, gpu_ids=(0, 1, 2))
+    for _ in range(200):
+        if len(log) == 3:
+            break
+        threading.Event().wait(0.01)
+    assert sorted(log) == [("warm", 0), ("warm", 1), ("warm", 2)]  # before any candidate was submitted
+    first = session.submit(1, tmp_path / "c.py")
+    assert not first.done()  # its slot is still warming
+    release.set()
+    assert first.result(timeout=10) == 1 and log[-1] == ("check", 1)
+    assert len(session.evaluators) == 3  # the warm-up's evaluator is the one the check used
+    session.close()
+
+
+def test_a_harness_evaluator_warmed_then_checked_and_closed(tmp_path):
+    """The real evaluator on the CPU: `warm` starts the worker and works out the task's shapes; the first check
+    then runs on that harness, and a closed evaluator makes no worker again."""
+    from pathlib import Path
+
+    from agent.search.executors import HarnessEvaluator
+
+    root = Path(__file__).resolve().parent.parent
+    ev = HarnessEvaluator(load_task(root / "tasks" / "rmsnorm_fwd.py"), "cpu", 0, timeout_s=120,
+                          baselines=("eager",), workdir=tmp_path)
+    ev.warm()
+    harness = ev._harness
+    assert harness is not None and harness.zygote.health() is None and harness._variants
+    assert ev.check(root / "tests" / "candidates" / "rmsnorm_honest.py").accepted
+    assert ev._harness is harness
+    ev.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        ev.warm()

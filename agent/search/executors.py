@@ -93,28 +93,48 @@ EvaluatorFactory = Callable[[Task, str, int], Evaluator]
 
 
 class HarnessEvaluator:
-    """One warm harness on one device (one GPU index), created on first use in the evaluating thread. `gate` is the
-    GPU's, shared with the other slots on it."""
+    """One warm harness on one device (one GPU index), made by `warm` (the session starts every slot's at once) or
+    by the first check, whichever comes first. `gate` is the GPU's, shared with the other slots on it."""
 
     def __init__(self, task: Task, device: str, gpu: int, *, timeout_s: float, baselines: tuple[str, ...],
                  workdir: Path, gate: GpuGate | None = None):
         self.task, self.device, self.gpu = task, device, gpu
         self.timeout_s, self.baselines, self.workdir, self.gate = timeout_s, baselines, workdir, gate
         self._harness = None
+        self._made = threading.Lock()  # held while the harness is made or warmed, and while it is closed
+        self._closed = False
+
+    def warm(self) -> None:
+        """The harness made, its sandbox worker started and the task's robustness shapes worked out: what the
+        slot's first check would otherwise do first (seconds: the worker imports torch and Triton)."""
+        with self._made:
+            harness = self._make()
+            harness._ensure_zygote()
+            harness._variant_tasks(harness.load(self.task))
+
+    def _make(self) -> Any:
+        from sandbox.harness import Harness
+        if self._closed:
+            raise RuntimeError("this evaluator was closed")
+        if self._harness is None:
+            self._harness = Harness(self.device, workdir=self.workdir)
+        return self._harness
 
     def check(self, candidate: Path, baselines: tuple[str, ...] | None = None,
               incumbent_ms: float | None = None, retime: bool = False) -> CheckResult:
-        from sandbox.harness import CheckOptions, Harness
-        if self._harness is None:
-            self._harness = Harness(self.device, workdir=self.workdir)
+        from sandbox.harness import CheckOptions
+        with self._made:  # a warm-up under way finishes first: it does what this check would
+            harness = self._make()
         options = CheckOptions(device=self.device, timing=self.device == "cuda", timeout_s=self.timeout_s,
                                gpu=self.gpu, baselines=baselines or self.baselines, gate=self.gate,
                                incumbent_ms=incumbent_ms, retime=retime)
-        return self._harness.check(self.task, candidate, options)
+        return harness.check(self.task, candidate, options)
 
     def close(self) -> None:
-        if self._harness is not None:
-            self._harness.close()
+        with self._made:  # after a warm-up under way, so that no worker it starts outlives the session
+            self._closed = True
+            if self._harness is not None:
+                self._harness.close()
 
 
 def sized(task: Task, config: "RunConfig") -> Task:
@@ -222,8 +242,11 @@ class LocalExecutor:
 
 
 class LocalSession:
-    """Slot i evaluates on GPU gpu_ids[i] (default: GPU i) through its own evaluator, made on first use. Several
-    slots may name one GPU; they share its gate in `gates` (GPU index -> GpuGate, filled here)."""
+    """Slot i evaluates on GPU gpu_ids[i] (default: GPU i) through its own evaluator. Several slots may name one
+    GPU; they share its gate in `gates` (GPU index -> GpuGate, filled here). Every slot's evaluator is made and
+    warmed (`warm`, where it has one) on a thread of its own as the session opens: the run's first check (its
+    starting kernel) takes one slot, and the others would otherwise start their sandbox workers only when their
+    first candidates come, after that check (about 11 s on the H100 before a second SwiGLU slot's first check)."""
 
     def __init__(self, task: Task, device: str, slots: int, factory: EvaluatorFactory, *,
                  gpu_ids: tuple[int, ...] | None = None, gates: dict[int, GpuGate] | None = None):
@@ -241,6 +264,28 @@ class LocalSession:
                 self.gates[gpu].memory_bytes = parent_memory_budget(
                     task, torch.cuda.get_device_properties(gpu).total_memory, self.gpu_ids.count(gpu))
         self.evaluators: dict[int, Evaluator] = {}
+        self._lock = threading.Lock()  # making a slot's evaluator: its warm-up and its first check may race
+        self._closed = False
+        for slot in range(slots):
+            threading.Thread(target=self._warm, args=(slot,), daemon=True, name=f"warm-slot-{slot}").start()
+
+    def _evaluator(self, slot: int) -> Evaluator:
+        with self._lock:
+            evaluator = self.evaluators.get(slot)
+            if evaluator is None:
+                if self._closed:
+                    raise RuntimeError("the session is closed")
+                evaluator = self.evaluators[slot] = self.factory(self.task, self.device, self.gpu_ids[slot])
+            return evaluator
+
+    def _warm(self, slot: int) -> None:
+        try:
+            warm = getattr(self._evaluator(slot), "warm", None)
+            if warm is not None:
+                warm()
+        except Exception as exc:  # noqa: BLE001 - the slot's first check makes it again and reports what fails
+            if not self._closed:  # a session closed before its slots were warm: nothing to say
+                log.warning("warming evaluation slot %d failed: %s: %s", slot, type(exc).__name__, exc)
 
     def submit(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None = None,
                incumbent_ms: float | None = None, retime: bool = False) -> cf.Future:
@@ -248,9 +293,7 @@ class LocalSession:
 
     def _evaluate(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None,
                   incumbent_ms: float | None, retime: bool) -> CheckResult:
-        evaluator = self.evaluators.get(slot)
-        if evaluator is None:
-            evaluator = self.evaluators[slot] = self.factory(self.task, self.device, self.gpu_ids[slot])
+        evaluator = self._evaluator(slot)
         if retime:
             return evaluator.check(candidate, baselines, retime=True)
         if incumbent_ms is not None:
@@ -258,11 +301,14 @@ class LocalSession:
         return evaluator.check(candidate, baselines) if baselines else evaluator.check(candidate)
 
     def reset(self, slot: int) -> None:
-        evaluator = self.evaluators.pop(slot, None)
+        with self._lock:
+            evaluator = self.evaluators.pop(slot, None)
         if evaluator is not None:
             threading.Thread(target=evaluator.close, daemon=True).start()
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         closers = [threading.Thread(target=e.close, daemon=True) for e in self.evaluators.values()]
         for t in closers:
             t.start()
