@@ -144,6 +144,7 @@ class Harness:
         self.zygote = Zygote(self._zygote_env)
         self._tasks: dict[tuple[str, float], Task] = {}
         self._variants: dict[int, tuple[Task, list[tuple[dict[str, int], Task]]]] = {}
+        self._scaled: dict[int, tuple[Task, Task]] = {}  # id(task) -> (task, the task rescaled for the CPU)
         self._reapers: list[threading.Thread] = []
         self._streams: dict[int, torch.cuda.Stream] = {}
 
@@ -162,7 +163,12 @@ class Harness:
     def load(self, task: str | Path | Task) -> Task:
         """The task at the size this device runs it: full size on the GPU, rescaled for the CPU interpreter."""
         if isinstance(task, Task):
-            return task.scaled_for_cpu() if self.device == "cpu" else task
+            if self.device != "cpu":
+                return task
+            hit = self._scaled.get(id(task))  # one rescaled task per task: its robustness shapes are worked out once
+            if hit is None or hit[0] is not task:
+                hit = self._scaled[id(task)] = (task, task.scaled_for_cpu())
+            return hit[1]
         path = Path(task).resolve()
         key = (str(path), path.stat().st_mtime if path.exists() else 0.0)
         if key not in self._tasks:
