@@ -221,8 +221,6 @@ def test_a_retime_compares_the_first_call_and_skips_the_stages_its_earlier_check
     assert result.accepted, result.message
     assert [s.stage for s in result.stages] == [Stage.STATIC, Stage.COMPILE, Stage.SMOKE, Stage.CORRECTNESS]
     assert result.stages[-1].details == {"distributions": ["normal"], "retime": True}
-    assert result.message.startswith("accepted: re-timed")
-    full = harness.check(RMSNORM, HONEST, CheckOptions(device="cpu", timeout_s=120))
-    assert full.stages[-1].stage is Stage.ROBUSTNESS and full.costs["calls"] > result.costs["calls"]
+    assert result.message.startswith("accepted: re-timed") and result.costs["calls"] == 1
     wrong = harness.check(HERE / "tasks" / "row_mean.py", HERE / "candidates" / "row_mean_zeros.py", opts)
     assert not wrong.accepted and wrong.stage is Stage.CORRECTNESS and wrong.reason is Reason.OUTPUT_MISMATCH

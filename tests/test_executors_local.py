@@ -199,9 +199,47 @@ def test_a_harness_evaluator_warmed_then_checked_and_closed(tmp_path):
     ev.warm()
     harness = ev._harness
     assert harness is not None and harness.zygote.health() is None and harness._variants
-    for _ in range(2):
-        assert ev.check(root / "tests" / "candidates" / "rmsnorm_honest.py").accepted
-    assert ev._harness is harness and len(harness._variants) == 1
+    assert ev.check(root / "tests" / "candidates" / "rmsnorm_honest.py").accepted
+    assert ev._harness is harness and len(harness._variants) == 1  # the check's task is the warm-up's
     ev.close()
     with pytest.raises(RuntimeError, match="closed"):
         ev.warm()
+
+
+def test_closing_during_a_warm_up_does_not_wait_for_it_and_leaves_no_worker(tmp_path, monkeypatch):
+    """A run that ends while its slots still start their workers returns at once; the warm-up closes the harness
+    it made as it ends, and a check that comes after the close makes none."""
+    import sandbox.harness as harness_mod
+    from agent.search.executors import HarnessEvaluator
+
+    started, go, closed = threading.Event(), threading.Event(), []
+
+    class SlowHarness:
+        def __init__(self, device, workdir=None):
+            started.set()
+            go.wait(10)
+
+        def _ensure_zygote(self):
+            pass
+
+        def load(self, task):
+            return task
+
+        def _variant_tasks(self, task):
+            return []
+
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(harness_mod, "Harness", SlowHarness)
+    ev = HarnessEvaluator(None, "cpu", 0, timeout_s=1, baselines=("eager",), workdir=tmp_path)
+    warming = threading.Thread(target=ev.warm)
+    warming.start()
+    assert started.wait(10)
+    ev.close()  # returns although the warm-up holds the evaluator
+    assert closed == [] and warming.is_alive()
+    go.set()
+    warming.join(10)
+    assert len(closed) == 1 and ev._harness is None
+    with pytest.raises(RuntimeError, match="closed"):
+        ev.check(tmp_path / "c.py")

@@ -111,10 +111,14 @@ class HarnessEvaluator:
             harness = self._make()
             harness._ensure_zygote()
             harness._variant_tasks(harness.load(self.task))
+            if self._closed:  # closed meanwhile: the closing did not wait for this warm-up, so it ends it here
+                self._shut()
 
     def _make(self) -> Any:
+        """The harness, made if need be; called holding `_made`."""
         from sandbox.harness import Harness
         if self._closed:
+            self._shut()  # a close that found `_made` held left the harness to its holder
             raise RuntimeError("this evaluator was closed")
         if self._harness is None:
             self._harness = Harness(self.device, workdir=self.workdir)
@@ -131,10 +135,19 @@ class HarnessEvaluator:
         return harness.check(self.task, candidate, options)
 
     def close(self) -> None:
-        with self._made:  # after a warm-up under way, so that no worker it starts outlives the session
-            self._closed = True
-            if self._harness is not None:
-                self._harness.close()
+        """The harness and its worker closed now, or by the warm-up under way as it ends (a run that ends before
+        its slots are warm does not wait for their workers to start)."""
+        self._closed = True
+        if self._made.acquire(blocking=False):
+            try:
+                self._shut()
+            finally:
+                self._made.release()
+
+    def _shut(self) -> None:
+        if self._harness is not None:
+            self._harness.close()
+            self._harness = None
 
 
 def sized(task: Task, config: "RunConfig") -> Task:
