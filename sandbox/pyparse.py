@@ -14,12 +14,19 @@ code already refuses these. Real kernels nest about 20 deep (the seeds, tests an
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import threading
+from collections import OrderedDict
 
 _LOCK = threading.Lock()
 MAX_SOURCE_CHARS = 1_000_000  # the largest file in the repository is under 100 kB
 MAX_AST_DEPTH = 100
+# The depths of the sources parsed last: a search parses one candidate several times (its extraction, flattening,
+# normal form, niche, knobs; 2,600 lines for the attention seed), and the depth walk costs about what ast.parse does.
+# Kept by the source's sha256: its digest, not the source, so 64 sources of up to a megabyte cost nothing to keep.
+_DEPTHS: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
+DEPTHS_KEPT = 64
 
 
 def source_lines(source: str) -> list[str]:
@@ -48,7 +55,17 @@ def parse(source: str, filename: str = "<unknown>") -> ast.Module:
             raise _unanalysable("the source nests expressions too deeply to analyse", filename) from None
         except ValueError as exc:  # e.g. null bytes, on Pythons that raise ValueError for them
             raise _unanalysable(f"the source cannot be parsed: {exc}", filename) from None
-    depth, line = _depth(tree)
+    key = hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest()
+    with _LOCK:
+        known = _DEPTHS.get(key)
+        if known is not None:
+            _DEPTHS.move_to_end(key)
+    depth, line = known or _depth(tree)
+    if known is None:
+        with _LOCK:
+            _DEPTHS[key] = (depth, line)
+            while len(_DEPTHS) > DEPTHS_KEPT:
+                _DEPTHS.popitem(last=False)
     if depth > MAX_AST_DEPTH:
         raise _unanalysable(f"the source nests {depth} levels deep (near line {line}), more than the "
                             f"{MAX_AST_DEPTH} that are analysed", filename, line)

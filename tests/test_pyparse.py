@@ -75,3 +75,18 @@ def test_sources_past_the_bounds_raise_a_syntax_error(name):
 def test_deep_but_real_code_parses():
     src = "x = " + "1+" * (pyparse.MAX_AST_DEPTH - 10) + "1\n"
     assert pyparse.parse(src).body
+
+
+def test_a_source_parsed_again_is_still_bounded_and_gets_a_tree_of_its_own():
+    """The depth of a source parsed lately is remembered (a search parses each candidate several times): a source
+    past the bound is refused every time, and each parse returns a fresh tree a caller may change (normal forms
+    drop docstrings from theirs)."""
+    deep = "x = " + "1+" * 300 + "1\n"  # parses, and nests past the bound
+    for _ in range(2):
+        with pytest.raises(pyparse.Unanalysable, match="levels deep"):
+            pyparse.parse(deep)
+    source = 'def f():\n    "doc"\n    return 1\n'
+    first = pyparse.parse(source)
+    first.body[0].body = first.body[0].body[1:]
+    again = pyparse.parse(source)
+    assert again is not first and len(again.body[0].body) == 2

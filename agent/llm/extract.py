@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import re
 import textwrap
 from dataclasses import dataclass
@@ -236,6 +237,7 @@ def _looks_like_python(code: str) -> bool:
     return has_python_lines or _parses(code) and bool(re.search(r"\w+\s*\(", code))
 
 
+@functools.lru_cache(maxsize=64)
 def _parses(code: str) -> bool:
     try:
         pyparse.parse(code)
@@ -244,6 +246,7 @@ def _parses(code: str) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=64)  # each candidate's is asked for as it is proposed, admitted and recorded
 def normal_form(source: str) -> str | None:
     """The code with comments, docstrings and formatting removed (its AST, dumped); None when it does not parse.
     Two files with one normal form run the same code: the second is not checked again."""

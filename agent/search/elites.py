@@ -14,6 +14,7 @@ The search holds no database: the loop hands it the elites (harness-verified onl
 from __future__ import annotations
 
 import ast
+import functools
 import random
 from collections import defaultdict
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ STAGE_RANK = {name: i for i, name in enumerate(
 MAX_FIXES = 2  # attempts to repair one failed candidate before moving on
 
 
+@functools.lru_cache(maxsize=64)
 def niche(source: str) -> str:
     """e.g. "reduce-grid-loop:k2-w8-b1024-s3": the algorithm, then the launch settings.
 

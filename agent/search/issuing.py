@@ -150,11 +150,13 @@ class Issuing:
                                                           "was checked; answer with SEARCH/REPLACE edits or a "
                                                           "shorter file"))
             return
-        source = self._proposed_source(pending, reply.text)
-        if source is None:
-            return
-        flat = flatten(source)
-        source = flat.source
+        if pending.origin == "tuner" and pending.source is not None:
+            source = pending.source  # nothing to extract, and a flattened file's literals changed flatten to it
+        else:
+            source = self._proposed_source(pending, reply.text)
+            if source is None:
+                return
+            source = flatten(source).source
         sha = sha256(source)
         if sha in self.known or sha in self.in_flight:
             self._record(self._base(pending, "duplicate", "the same file was already evaluated for this task",

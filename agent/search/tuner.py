@@ -97,10 +97,15 @@ class Proposal:
 
 def find_knobs(source: str) -> list[Knob]:
     """Every knob in the source, in source order; [] when it does not parse or has none."""
+    return list(_knobs(source))
+
+
+@functools.lru_cache(maxsize=64)  # a search asks again of the same sources (each proposal's parent, its niche)
+def _knobs(source: str) -> tuple[Knob, ...]:
     try:
         tree = pyparse.parse(source)
     except SyntaxError:
-        return []
+        return ()
     offsets = _line_offsets(source)
     knobs: dict[tuple, Knob] = {}
 
@@ -159,7 +164,7 @@ def find_knobs(source: str) -> list[Knob]:
         base = k.key or k.name
         seen[base] = seen.get(base, 0) + 1
         ordered.append(dataclasses.replace(k, key=f"{base}#{seen[base]}"))
-    return ordered
+    return tuple(ordered)
 
 
 def skeleton(source: str) -> str | None:
