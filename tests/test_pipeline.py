@@ -401,3 +401,17 @@ def test_the_benchmark_says_when_a_run_ended_with_fewer_checks_at_once():
     assert _fewer({"checks_per_gpu": 4, "checks_at_end": 4}) == ""
     assert _fewer({"checks_per_gpu": 4, "checks_at_end": 3}) == ", 3 at the end: the GPU's memory was full"
     assert _fewer({"checks_per_gpu": 4}) == ""  # rows from before the column
+
+
+def test_the_benchmark_says_when_a_window_holds_one_round():
+    from benchmarks.bench_throughput import first_rounds
+    assert "the rate is the first round's" in first_rounds({"checks_per_gpu": 4, "proposals": 5})
+    assert first_rounds({"checks_per_gpu": 4, "proposals": 8}) == ""
+
+
+def test_the_loop_overhead_benchmark_times_the_coordinator_alone(tmp_path):
+    """Its evaluator answers at once, so what it reports is the loop's own seconds between a verdict and the next
+    check, for every proposal the budget allows."""
+    from benchmarks.bench_loop_overhead import ROOT, measure
+    row = measure(ROOT / "tasks" / "swiglu_fwd.py", slots=2, budget=4, check_s=0.05)
+    assert row["proposals"] == 4 and 0 <= row["first_submit_s"] < 5 and 0 <= row["verdict_to_submit_s"] < 5
