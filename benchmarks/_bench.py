@@ -115,6 +115,16 @@ def commit(root: Path) -> str:
         return ""
 
 
+def task_files(names: str, root: Path) -> tuple[list[Path], str | None]:
+    """The task files `names` (comma-separated, in tasks/, ".py" optional) name, and the sentence to print where one
+    is missing or none is named (None when all are there)."""
+    tasks = [root / "tasks" / (t if t.endswith(".py") else f"{t}.py") for t in names.split(",") if t.strip()]
+    missing = [str(t.relative_to(root)) for t in tasks if not t.exists()]
+    if missing or not tasks:
+        return tasks, f"no such task: {', '.join(missing) or '(none given)'}; name files in tasks/"
+    return tasks, None
+
+
 def append_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
     """Append rows (only `fields`, in that order) to a CSV, writing the header when the file is new."""
     new = not path.exists()

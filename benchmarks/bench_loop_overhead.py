@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from benchmarks._bench import append_csv  # noqa: E402
+from benchmarks._bench import append_csv, task_files  # noqa: E402
 from benchmarks._bench import commit as repo_commit  # noqa: E402
 CSV = ROOT / "benchmarks" / "data" / "loop_overhead.csv"
 FIELDS = ["date", "commit", "cpu", "python", "task", "slots", "proposals", "first_submit_s", "verdict_to_submit_s",
@@ -101,10 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, default=CSV, help=f"append here (default {CSV.relative_to(ROOT)})")
     ap.add_argument("--no-csv", action="store_true", help="print only")
     args = ap.parse_args(argv)
-    tasks = [ROOT / "tasks" / (t if t.endswith(".py") else f"{t}.py") for t in args.tasks.split(",") if t.strip()]
-    missing = [str(t.relative_to(ROOT)) for t in tasks if not t.exists()]
-    if missing or not tasks:
-        print(f"no such task: {', '.join(missing) or '(none given)'}; name files in tasks/", file=sys.stderr)
+    tasks, problem = task_files(args.tasks, ROOT)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     if args.slots < 1 or args.budget < 1 or args.check_s < 0:
         print("--slots and --budget must be at least 1 and --check-s not negative", file=sys.stderr)

@@ -54,7 +54,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from benchmarks._bench import append_csv  # noqa: E402
+from benchmarks._bench import append_csv, task_files  # noqa: E402
 from benchmarks._bench import commit as repo_commit  # noqa: E402
 CSV = ROOT / "benchmarks" / "data" / "throughput.csv"
 TASKS = ("rmsnorm_fwd", "softmax_fwd", "swiglu_fwd", "attention_fwd_bwd")  # three memory-bound, one compute-bound
@@ -318,10 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeline", type=Path, default=None, metavar="DIR",
                     help="write each task's run as events (verdicts, gate holds, duels) to DIR/<task>.json")
     args = ap.parse_args(argv)
-    tasks = [ROOT / "tasks" / (t if t.endswith(".py") else f"{t}.py") for t in args.tasks.split(",") if t.strip()]
-    missing = [str(t.relative_to(ROOT)) for t in tasks if not t.exists()]
-    if missing or not tasks:
-        print(f"no such task: {', '.join(missing) or '(none given)'}; name files in tasks/", file=sys.stderr)
+    tasks, problem = task_files(args.tasks, ROOT)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     if args.checks_per_gpu < 1 or args.seconds <= 0 or (args.check_footprint is not None and args.check_footprint < 1):
         print("--checks-per-gpu and --check-footprint must be at least 1 and --seconds above 0", file=sys.stderr)
