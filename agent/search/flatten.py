@@ -42,7 +42,7 @@ class _Cant(Exception):
 
 def flatten(source: str, seeds_dir: Path = SEEDS_DIR) -> Flat:
     """`source` with its top-level imports of seed code replaced by the code they import."""
-    if "seeds" not in source:  # no import of seed code can be there: a tuner variant, most replies (no parse)
+    if "seeds" not in source:  # no import of seed code can be there (most replies): nothing to parse
         return Flat(source)
     try:
         tree = pyparse.parse(source)
