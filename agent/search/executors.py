@@ -306,12 +306,7 @@ class LocalSession:
 
     def _evaluate(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None,
                   incumbent_ms: float | None, retime: bool) -> CheckResult:
-        evaluator = self._evaluator(slot)
-        if retime:
-            return evaluator.check(candidate, baselines, retime=True)
-        if incumbent_ms is not None:
-            return evaluator.check(candidate, baselines, incumbent_ms=incumbent_ms)
-        return evaluator.check(candidate, baselines) if baselines else evaluator.check(candidate)
+        return self._evaluator(slot).check(candidate, baselines, incumbent_ms=incumbent_ms, retime=retime)
 
     def reset(self, slot: int) -> None:
         with self._lock:

@@ -56,9 +56,8 @@ def tuner_proposal(search: Search, tuner: tuner_mod.Tuner, elites: list[Candidat
         if prop is None:
             prop = tuner.mutate(sel.parents[0].source or "", known)
         if prop is not None:
-            # The file as the reply shows it: its parents' (flattened when they were admitted) with literals changed.
-            return (Pending("tuner", tuner_mod.NAME, sel, prompt=prop.description, source=prop.source.rstrip() + "\n"),
-                    prop.reply)
+            # Its parents' file (flattened when they were admitted) with literals changed: nothing to extract or flatten.
+            return Pending("tuner", tuner_mod.NAME, sel, prompt=prop.description, source=prop.source), prop.reply
         exhausted.add(sel.parents[0].id)
 
 

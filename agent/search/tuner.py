@@ -409,7 +409,8 @@ def _proposal(source: str, edits: list[tuple[Knob, int]], how: str, started: flo
     changes = "; ".join(
         f"{k.name} {k.text or '(unset)'} -> {v} (line {k.line})" for k, v in edits)
     description = f"tuner {how}: {changes}"
-    text = f"{description}\n\n```python\n{source.rstrip()}\n```\n"
+    source = source.rstrip() + "\n"  # the file as the reply shows it, and as the loop admits it
+    text = f"{description}\n\n```python\n{source}```\n"
     reply = Reply(text=text, model=NAME, provider=NAME, usage=Usage(), cost_usd=0.0,
                   latency_s=max(0.0, time.monotonic() - started), attempts=1)
     return Proposal(source=source, reply=reply, description=description)
