@@ -1,7 +1,8 @@
 """The baselines a candidate is timed against, built from the task's reference model.
 
 - `eager`: the reference `Model` as written.
-- `compile`: `torch.compile(model)` in the default mode (compiled during the timing warm-up, never in a timed call).
+- `compile`: `torch.compile(model)` in the default mode (compiled at its first call, which the timing makes before
+  its measurement, never in a timed call).
 - `liger`: Liger Kernel's kernel for the same op, when the task file defines `crucible_liger(model)` returning a
   callable that takes the same positional inputs as the model (the task knows which Liger op matches and how to carry
   over the weights) and liger-kernel is installed.

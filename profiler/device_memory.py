@@ -1,6 +1,6 @@
 """The timer's device memory: its outputs (fingerprints, copies to the CPU, storages) and the caching allocator
 around them (the held outputs' reserve, the baselines' private pools, NaN scrubbing before a free, private input
-copies, the flush buffer).
+copies, a function's first call made apart, the flush buffer).
 
 The allocator functions are captured when this module is imported, which profiler.timing does when it is imported
 itself: before any candidate code, like the timer functions (profiler.timing's docstring).
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -167,6 +167,28 @@ def scrub(out: Any) -> None:
 def private_copy(input_set: list) -> list:
     """A copy of an input set's tensors, for a function that may write over its inputs."""
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in input_set]
+
+
+def first_call(fn: Callable[[list], Any], input_set: list, device: int | None) -> str | None:
+    """Call `fn` once, untimed, on a private copy of `input_set`, as measure calls an isolated function: from an
+    allocator pool of its own (`device`, a CUDA index; None on the CPU: no pool), its results and its copy of the
+    inputs set to NaN bytes before they are freed. What a function pays once in a process (cuDNN's plans, torch.compile
+    compiling, autograd's threads) is then paid here, outside the measurement. Returns the error's line where `fn`
+    raised (the measurement meets it again and reports it), else None."""
+    pools = private_pools(["first"]) if device is not None else {}
+    error = None
+    with pool_context(pools.get("first"), device if device is not None else 0):
+        args, out = private_copy(input_set), None
+        try:
+            out = fn(args)
+            if device is not None:
+                torch.cuda.synchronize(device)
+        except Exception as exc:  # noqa: BLE001 - reported by the measurement that follows
+            error = f"{type(exc).__name__}: {exc}"
+        scrub(out)
+        scrub(args)
+        del out, args
+    return error
 
 
 def flush_buffer(nbytes: int, device: int) -> torch.Tensor:

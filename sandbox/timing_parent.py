@@ -2,7 +2,8 @@
 (sandbox.timing_child), then validates what came back and builds the report (profiler.report).
 
 Three requests, of which only the second holds the GPU alone: `prepare_timing` (the child builds its input sets and
-baselines), `time` (the measurement; the candidate's timed outputs stay on the device where they fit in
+baselines, and calls each baseline once, so what it pays once a process, cuDNN's plans or torch.compile compiling, is
+paid outside the exclusive turn), `time` (the measurement; the candidate's timed outputs stay on the device where they fit in
 `defer_bytes`),
 then `samples`: PICKED_SAMPLES timed calls, picked at random only now, are copied back, so the candidate cannot know
 which of its calls are checked and no copy happens inside the exclusive turn. Outputs too big to keep are sampled

@@ -219,3 +219,22 @@ def test_eager_baseline_of_a_forward_task_stays_without_grad():
     base.fn([torch.ones(3)])
     base.fn([torch.ones(3)])
     assert seen == [False, False]
+
+
+def test_a_first_call_made_apart_runs_once_on_a_copy_and_reports_its_error():
+    calls = []
+
+    def writes_over_its_input(args):
+        calls.append(args[0])
+        args[0].mul_(0)
+        return args[0] + 1
+
+    x = torch.arange(6.0)
+    assert device_memory.first_call(writes_over_its_input, [x, 3], None) is None
+    assert len(calls) == 1 and calls[0] is not x and torch.equal(x, torch.arange(6.0))
+
+    def fails(args):
+        raise RuntimeError("no plan for this shape")
+
+    assert device_memory.first_call(fails, [x], None) == "RuntimeError: no plan for this shape"
+

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from profiler import timing
+from profiler import device_memory, timing
 from tests.conftest import needs_gpu
 
 pytestmark = needs_gpu
@@ -68,3 +68,19 @@ def test_isolated_baselines_leave_nothing_to_find(op, reserve):
 def test_isolate_must_not_name_the_watched_function():
     with pytest.raises(ValueError, match="isolate names"):
         timing.measure({"a": lambda args: None}, [[torch.zeros(1, device="cuda")]], watch="a", isolate=["a"])
+
+
+@pytest.mark.parametrize("op", [_softmax, _softmax_grad], ids=["forward", "autograd"])
+def test_a_baselines_first_call_made_apart_leaves_nothing_to_find(op):
+    """The timing calls each baseline once before its measurement (device_memory.first_call): that call's results go
+    back to the allocator as NaN bytes too. Control: the same call made plainly leaves its result to be found."""
+    x = torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(1))
+    found: list[int] = []
+    plain = op(x)
+    del plain
+    _scavenger(op, found)([x])
+    assert found, "the plain call's freed result was not found: the assertion below proves nothing"
+    found.clear()
+    assert device_memory.first_call(lambda args: op(args[0]), [x], torch.cuda.current_device()) is None
+    _scavenger(op, found)([x])
+    assert not found
