@@ -74,11 +74,12 @@ def test_isolate_must_not_name_the_watched_function():
 def test_a_baselines_first_call_made_apart_leaves_nothing_to_find(op):
     """The timing calls each baseline once before its measurement (device_memory.first_call): that call's results go
     back to the allocator as NaN bytes too. Control: the same call made plainly leaves its result to be found."""
-    x = torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(1))
+    gen = torch.Generator("cuda").manual_seed(1)
+    control, x = (torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     found: list[int] = []
-    plain = op(x)
+    plain = op(control)  # on other values: its result, found and freed again, stays in the cache unscrubbed
     del plain
-    _scavenger(op, found)([x])
+    _scavenger(op, found)([control])
     assert found, "the plain call's freed result was not found: the assertion below proves nothing"
     found.clear()
     assert device_memory.first_call(lambda args: op(args[0]), [x], torch.cuda.current_device()) is None
