@@ -169,6 +169,25 @@ def test_a_challenger_inside_the_incumbents_noise_is_not_retimed(tmp_path, task,
         assert any(e.kind is EventKind.DUEL and f"#{seed.id} stays best" in e.message for e in events)
 
 
+def test_a_duel_s_re_times_of_the_incumbent_raise_the_bar_for_later_challengers(tmp_path, task, kernel, gpu):
+    """The seed's own check read it 3.5% slow; two honest variants as fast as the seed each clear that reading. The
+    first is duelled (no difference); its two re-times of the seed put the seed's standing at its true speed, which
+    the second variant's lower bound does not clear: it is not re-timed."""
+    slow_seed = lambda kind, baselines: 1.035 if kind == "seed" and baselines is None else 1.0  # noqa: E731
+    ev, events = clocked({"seed": 1.0, "variant": 1.0}, slow_seed), []
+    with Archive(tmp_path / "a.db") as archive:
+        s = run_search(RunConfig(task_path=task, budget=2, device="cuda", start_from=kernel), archive,
+                       evaluator_factory=ev, on_event=events.append)
+        seed, *variants = archive.candidates(run_id=s.run_id)
+        assert len(variants) == 2 and all(v.timings.eager_ci_low > seed.timings.speedup_eager for v in variants)
+        fought, spared = archive.duels(run_id=s.run_id)
+        assert fought.outcome is DuelOutcome.NO_DIFFERENCE and len(fought.legs) == 4
+        assert spared.outcome is DuelOutcome.WITHIN_NOISE and spared.legs == ()
+        assert "(the median of its own check and 2 re-times)" in spared.note
+        assert [b for k, b in ev.log].count(("eager",)) == 4  # one duel's legs, not two
+        assert s.best.id == seed.id
+
+
 def test_an_untimed_cpu_run_never_duels(tmp_path, task, kernel):
     """On the CPU nothing is timed, so nothing changes: even an evaluator that reports timings starts no duel."""
     ev, events = clocked({"seed": 1.0, "variant": 1.0}, own_check_drift), []

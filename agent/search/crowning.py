@@ -47,8 +47,8 @@ class Crowning:
             assert best is not None
             if rank(cand) <= rank(best):
                 continue  # a duel since crowned a kernel that ranks at least as high
-            if not duel_mod.contest(cand, best):
-                self._archive_duel(duel_mod.not_contested(cand, best, self.run_id))
+            if not duel_mod.contest(cand, best, self.duels):
+                self._archive_duel(duel_mod.not_contested(cand, best, self.run_id, self.duels))
                 continue
             paths = {duel_mod.CHALLENGER: self._source_file(cand, "duels"),
                      duel_mod.INCUMBENT: self._source_file(best, "duels")}

@@ -5,8 +5,10 @@ the drift between them as well as by the kernels (BENCHMARKS.md, on the H200: a 
 runs read 10.40x [10.32, 10.60] against the seed's 10.04x [9.90, 10.13], and 10.07x at the final re-check). So a timed
 candidate that ranks above the best is a challenger, not a winner:
 
-- it is re-timed only when its lower bound clears the incumbent's point estimate (`contest`): a rank won inside the
-  incumbent's own noise is not worth four re-timings, and the incumbent stays best;
+- it is re-timed only when its lower bound clears the incumbent's standing (`contest`): a rank won inside the
+  incumbent's own noise is not worth four re-timings, and the incumbent stays best. The standing is the median of
+  the incumbent's speedups over eager, its own check's and every re-time of it in the run's duels so far
+  (`standing`), so one check that read it low does not send every later challenger to a duel;
 - otherwise both run on one evaluation slot in LEGS order (challenger, incumbent, challenger, incumbent), each leg
   a re-time timed against eager alone: both sources passed every stage in their own checks, so a leg compares its
   first call and validates its timing's sampled calls, and runs the other distributions, shapes and the soak no
@@ -27,6 +29,7 @@ import concurrent.futures as cf
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 from agent.archive.records import Candidate, Duel, DuelLeg, DuelOutcome
 from profiler import stats
@@ -37,9 +40,22 @@ LEGS = (CHALLENGER, INCUMBENT, CHALLENGER, INCUMBENT)
 BASELINES = ("eager",)  # what each leg is timed against: the per-round normaliser
 
 
-def contest(challenger: Candidate, incumbent: Candidate) -> bool:
-    """Worth a duel: the challenger's lower bound beats the incumbent's point estimate."""
-    low, point = challenger.timings.eager_ci_low, incumbent.timings.speedup_eager
+def retimes(cand_id: int, duels: Iterable[Duel]) -> list[float]:
+    """The speedups over eager that the accepted legs of `duels` measured for candidate `cand_id`, on either side."""
+    return [leg.speedup_eager for d in duels for leg in d.legs if usable(leg)
+            and (d.challenger_id if leg.side == CHALLENGER else d.incumbent_id) == cand_id]
+
+
+def standing(incumbent: Candidate, duels: Iterable[Duel] = ()) -> float | None:
+    """What a challenger's lower bound must clear: the median of the incumbent's own check's speedup over eager and
+    of its re-times in `duels` (None: never timed)."""
+    seen = [x for x in (incumbent.timings.speedup_eager, *retimes(incumbent.id, duels)) if x is not None]
+    return stats.median(seen) if seen else None
+
+
+def contest(challenger: Candidate, incumbent: Candidate, duels: Iterable[Duel] = ()) -> bool:
+    """Worth a duel: the challenger's lower bound beats the incumbent's standing."""
+    low, point = challenger.timings.eager_ci_low, standing(incumbent, duels)
     return low is not None and point is not None and low > point
 
 
@@ -128,11 +144,13 @@ class Bout:
                     n_pairs=cmp.n_pairs, **common)
 
 
-def not_contested(challenger: Candidate, incumbent: Candidate, run_id: str | None) -> Duel:
-    low, point = challenger.timings.eager_ci_low, incumbent.timings.speedup_eager
+def not_contested(challenger: Candidate, incumbent: Candidate, run_id: str | None,
+                  duels: Iterable[Duel] = ()) -> Duel:
+    low, point, n = challenger.timings.eager_ci_low, standing(incumbent, duels), len(retimes(incumbent.id, duels))
+    over = f" (the median of its own check and {n} re-time{'s' * (n > 1)})" if n else ""
     note = (f"ranked above #{incumbent.id} on its own check, but its lower bound "
             f"{'?' if low is None else f'{low:.2f}x'} does not clear #{incumbent.id}'s "
-            f"{'?' if point is None else f'{point:.2f}x'}: within the incumbent's noise, not re-timed")
+            f"{'?' if point is None else f'{point:.2f}x'}{over}: within the incumbent's noise, not re-timed")
     return Duel(task_hash=challenger.task_hash, challenger_id=challenger.id, incumbent_id=incumbent.id,
                 outcome=DuelOutcome.WITHIN_NOISE, note=note, run_id=run_id)
 
