@@ -134,6 +134,7 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     from profiler import compile_stats, timing
     from profiler.env import environment
 
+    t_run = time.monotonic()
     laps: dict[str, float] = {}
     fields, prepared = state.pop("prepared", (None, None))
     if fields != _fields(msg):  # not prepared for this timing: built here, inside the measurement's turn
@@ -174,6 +175,7 @@ def run(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
              "baselines": {name: b.to_dict() for name, b in built.items()}, "laps": laps}
     if kept is not None:
         reply["kept_calls"] = sorted(kept)
+    laps["child_run_s"] = time.monotonic() - t_run  # the request's own seconds here; the rest is its journey
     return reply
 
 
