@@ -80,7 +80,7 @@ def _trusted(fn: Callable[[list], Any]) -> Callable[[list], Any]:
 
 def prepare(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     """The input sets, the reference and the baselines of the timing `msg` asks for, built ahead of its `time`
-    request (the same fields), so the GPU's exclusive turn covers the measurement alone."""
+    request (the same fields), each baseline called once, so the GPU's exclusive turn covers the measurement alone."""
     state.pop("prepared", None)
     laps: dict[str, float] = {}
     state["prepared"] = (_fields(msg), _prepare(msg, laps))

@@ -2,7 +2,7 @@
 asks for. It holds no expected output at any time; it only reports what the candidate returned and what it did.
 
 Requests (from the parent, pickled): setup, call, rebuild, soak (many calls on inputs derived here), prepare_timing
-(a timing's input sets and baselines), time, samples (timed outputs kept by `time`), exit.
+(a timing's input sets and baselines, each baseline called once), time, samples (timed outputs kept by `time`), exit.
 Replies (to the parent, sandbox.wire): dicts with `ok`, and on failure `reason` (a records.Reason value), `message`,
 `error`.
 
