@@ -54,8 +54,11 @@ BURST_BYTES = 4 << 30  # outputs one burst may hold alive
 RACE_MARGIN, RACE_MIN_ROUNDS = 0.05, 10  # profiler.stats.RaceRule against an incumbent's time
 EXTRA_REPS = REPS  # more calls a contest still open after REPS may take
 # A candidate's timed calls whose outputs would not all fit in what its child may keep (`defer_bytes`) are cut to
-# as many as fit, down to this, so that they are still sampled after the exclusive turn (`timed_reps`).
-MIN_DEFERRED_REPS = 20
+# as many as fit, down to this, so that they are still sampled after the exclusive turn (`timed_reps`): attention
+# fwd+bwd's 537 MB of outputs a call keep 19 on an 80 GB GPU. Below it the samples are copied inside the turn, every
+# sample_every-th call: gigabytes to the host and back by value while the GPU waits, and calls the candidate can
+# tell in advance.
+MIN_DEFERRED_REPS = 16
 # Timed outputs the child may keep on the device for the parent to sample after the measurement (at least; see
 # defer_bytes: the child holds them all, none released early), and how many timed calls the parent then picks.
 DEFER_BYTES, PICKED_SAMPLES = 8 << 30, 3

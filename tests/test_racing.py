@@ -183,6 +183,7 @@ def test_timed_calls_cut_to_what_can_be_kept_for_sampling_after_the_turn():
     reps, least = timing_parent.REPS, timing_parent.MIN_DEFERRED_REPS
     keep = (81559 << 20) // 8
     assert timing_parent.timed_reps(16384 * 14336 * 2, keep) == 22
+    assert timing_parent.timed_reps(4 * 4 * 32 * 4096 * 128 * 2, keep) == 19  # attention fwd+bwd: o, dq, dk, dv
     assert timing_parent.timed_reps(keep // reps, keep) == reps
     assert timing_parent.timed_reps(keep // least, keep) == least
     assert timing_parent.timed_reps(keep // least + 1, keep) == reps
