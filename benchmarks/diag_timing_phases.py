@@ -1,6 +1,7 @@
 """Where a timing's exclusive seconds go: `profiler.timing.measure` called as the timing stage's child calls it
-(the task's seed against eager, its input sets derived the same way, sustained pacing, a race against an incumbent
-time, the timed outputs kept for sampling), in a plain process, with parts switched off one at a time. Prints the
+(the task's seed against eager, its input sets derived the same way, and the parent's own choices of timed and extra
+calls, pacing, and keeping the outputs for sampling after the turn or sampling them during it), in a plain process,
+with parts switched off one at a time. Prints the
 measurement's phases (setup, warm-up round, timed rounds, fingerprints, re-check) for each variant, and the
 functions that took the host's time under cProfile for one of them. A diagnostic: the numbers are not results.
 
@@ -15,6 +16,7 @@ import argparse
 import cProfile
 import importlib.util
 import io
+import math
 import pstats
 import statistics
 import sys
@@ -24,12 +26,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from profiler import baselines, stats, timing  # noqa: E402
+from profiler import baselines, timing  # noqa: E402
 from sandbox import timing_child, timing_parent  # noqa: E402
 from sandbox.task import load_task  # noqa: E402
 from seeds.registry import seed_for_task  # noqa: E402
-
-BURST, EXTRA = 8, 30
 
 
 def _seed_model(task, task_path: str, reference: torch.nn.Module) -> torch.nn.Module:
@@ -46,9 +46,17 @@ def _seed_model(task, task_path: str, reference: torch.nn.Module) -> torch.nn.Mo
 
 def _measure(task, model, reference, base, incumbent_ms: float | None, *, settle_ms: float, isolate: bool,
              profile: bool) -> tuple[float, dict, str]:
-    rule = stats.RaceRule(incumbent_ms=incumbent_ms, margin=0.05, min_rounds=10, confidence=0.95) \
-        if incumbent_ms else None
-    calls = (-(-timing_parent.WARMUP // BURST) - (-timing_parent.REPS // BURST) - (-EXTRA // BURST)) * BURST
+    out = reference(*[x.clone() if isinstance(x, torch.Tensor) else x for x in base[0]])
+    out_bytes = sum(t.numel() * t.element_size() for t in (out if isinstance(out, (list, tuple)) else [out]))
+    del out
+    keep = timing_parent.defer_bytes("cuda")  # as timing_parent.measure chooses for a candidate
+    reps = timing_parent.timed_reps(out_bytes, keep)
+    rule = timing_parent.race_rule(incumbent_ms)
+    extra = timing_parent.extra_reps(out_bytes, keep, reps) if rule is not None else 0
+    burst, _ = timing_parent.pacing("sustained", "compute", out_bytes)
+    defer = 0 < out_bytes and (reps + extra) * out_bytes <= keep
+    sample_every = max(1, reps // 4, math.ceil(reps * out_bytes / timing_parent.SAMPLE_BYTES))
+    calls = (-(-timing_parent.WARMUP // burst) - (-reps // burst) - (-extra // burst)) * burst
     budget = timing_child.set_budget(torch.cuda.mem_get_info()[1])
     sets = [timing_child.derive(base, k, task.meta.fixed_inputs)
             for k in range(timing_child.set_count(base[0], calls + 1, budget))]
@@ -60,18 +68,20 @@ def _measure(task, model, reference, base, incumbent_ms: float | None, *, settle
     t0 = time.monotonic()
     if profiler:
         profiler.enable()
-    measured = timing.measure(fns, sets, reps=timing_parent.REPS, warmup=timing_parent.WARMUP, burst=BURST,
-                              settle_ms=settle_ms, watch="candidate", fresh_inputs=others, isolate=others,
-                              race=rule, extra_reps=EXTRA if rule else 0, keep_outputs={},
-                              hold_bytes=timing_parent.defer_bytes("cuda"))
+    measured = timing.measure(fns, sets, reps=reps, warmup=timing_parent.WARMUP, burst=burst, settle_ms=settle_ms,
+                              watch="candidate", sample_every=sample_every, fresh_inputs=others, isolate=others,
+                              race=rule, extra_reps=extra, keep_outputs={} if defer else None,
+                              **({"hold_bytes": keep} if defer else {}))
     if profiler:
         profiler.disable()
     seconds = time.monotonic() - t0
     text = ""
     if profiler:
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(15)
-        text = out.getvalue()
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(15)
+        text = buf.getvalue()
+    print(f"  {out_bytes / 1e6:.0f} MB of outputs a call: {reps} timed calls, up to {extra} more, bursts of {burst}, "
+          f"outputs {'kept for sampling after the turn' if defer else f'sampled every {sample_every} calls during it'}")
     del sets
     torch.cuda.empty_cache()
     return seconds, measured, text
@@ -98,6 +108,7 @@ def main() -> int:
                 ("no race", dict(settle_ms=settle, isolate=True, profile=False), False)]
     incumbent = args.incumbent_ms
     for label, kw, race in variants:
+        print(f"{label}:")
         seconds, m, prof = _measure(task, model, reference, base, incumbent if race else None, **kw)
         cfg = m.get("config") or {}
         fns = m.get("fns") or {}
@@ -105,7 +116,7 @@ def main() -> int:
         if incumbent is None:
             incumbent = ms.get("candidate")
         phases = {k: round(v, 2) for k, v in (cfg.get("phase_s") or {}).items()}
-        print(f"{label}: {seconds:.2f} s; phases {phases}; timed calls {cfg.get('reps')}; heating calls "
+        print(f"  {seconds:.2f} s; phases {phases}; timed calls {cfg.get('reps')}; heating calls "
               f"{cfg.get('heat_calls')}; median ms {ms}; race {(m.get('race') or {}).get('decision')}")
         if prof:
             print(prof)
