@@ -139,19 +139,19 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     """One tuner run on `task`; the numbers of one CSV line."""
     from agent.archive.store import Archive
     from agent.search.executors import LocalExecutor
-    from agent.search.issuing import FEWER_CHECKS
+    from agent.search.issuing import FEWER_CHECKS, MORE_CHECKS
     from agent.search.loop import EventKind, RunConfig, run_search
     from agent.search.tuner import compiled_signature
     from sandbox.gate import EXCLUSIVE, busy_seconds, held_by_work
 
     verdicts: list[tuple[float, Any]] = []  # (when, candidate) of every verdict, in order
-    fewer: list[str] = []  # the run's notes that the GPU's memory was full: one check fewer at once each
+    changes: list[int] = []  # the run's notes on its checks at once: -1 where the GPU's memory was full, +1 back
 
     def on_event(event: Any) -> None:
         if event.kind is EventKind.EVALUATED and event.candidate is not None:
             verdicts.append((time.monotonic(), event.candidate))
-        elif event.kind is EventKind.NOTE and event.message.startswith(FEWER_CHECKS):
-            fewer.append(event.message)
+        elif event.kind is EventKind.NOTE and event.message.startswith((FEWER_CHECKS, MORE_CHECKS)):
+            changes.append(-1 if event.message.startswith(FEWER_CHECKS) else 1)
 
     executor = LocalExecutor()
     if device == "cuda":  # the slots the run gets: fewer than asked where the task's checks do not fit at once
@@ -188,7 +188,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
             first.setdefault(rejection_kind(c.stage, c.reason, c.message), c.message[:200])
     row: dict[str, Any] = {
         "task": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task), "device": device,
-        "checks_per_gpu": checks_per_gpu, "checks_at_end": checks_per_gpu - len(fewer), "seconds": seconds,
+        "checks_per_gpu": checks_per_gpu, "checks_at_end": checks_per_gpu + sum(changes), "seconds": seconds,
         "wall_s": wall, "window_s": window,
         "proposals": len(mine), "verified": verified, "rejected": len(mine) - verified, "distinct_verified": distinct,
         "verified_per_min": verified * 60.0 / window if mine else 0.0,

@@ -14,7 +14,7 @@ from agent.archive.records import Candidate, DuelOutcome, sha256
 from agent.archive.store import Archive
 from agent.llm.fake import FakeProvider
 from agent.llm.chat import ProviderError, Usage
-from agent.search.issuing import FEWER_CHECKS
+from agent.search.issuing import FEWER_CHECKS, MORE_CHECKS, REGAIN_AFTER
 from agent.search.loop import EventKind, LoopError, RunConfig, run_search
 from sandbox.records import GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED, CheckResult, Reason, Stage, StageResult, Verdict
 
@@ -497,29 +497,29 @@ def test_a_check_the_harness_failed_is_run_once_more(tmp_path, task, kernel):
     assert failing and len(rows) == 12 and len(seen) == 1 + 12 + 1 + len(failing)
 
 
-@pytest.mark.parametrize("how, failures, fewer", [
-    (GPU_FULL_HARNESS, 1, True),  # the parent's own figures: one check fewer at once
-    (GPU_FULL_SHARED, 1, False),  # the candidate's account of its memory: the retry passes, nothing changes
-    (GPU_FULL_SHARED, 2, True),  # ... and its retry ends so too: one check fewer
-])
-def test_a_full_gpu_leaves_the_run_one_check_fewer_at_once(tmp_path, task, kernel, how, failures, fewer):
-    """A check that ended because the GPU's memory was full (GPU_FULL on its stage) means the checks at once do not
-    fit at this task: the run goes on with one fewer, down to one, and the candidate is checked again."""
+def _full_gpu_run(tmp_path: Path, task: Path, kernel: Path, budget: int, fills: dict[tuple[int, int], int],
+                  how: str = GPU_FULL_HARNESS) -> tuple[list[str], dict[int, int], list[str], list[Candidate]]:
+    """A tuner run at three checks at once in which the check starting `k`-th in phase `p` ends because the GPU was
+    full, `fills[(p, k)]` times in a row (its retry included). The phase is how many notes about the checks at once
+    the run has emitted so far. Returns those notes, the most checks in flight in each phase, every source checked
+    in order and the tuner's records."""
     ScriptedEvaluator.calls, ScriptedEvaluator.raced, ScriptedEvaluator.asked = 0, [], []
-    lock, seen = threading.Lock(), []
-    state = {"in_flight": 0, "target": None, "left": failures, "most_before": 0, "most_after": 0}
+    lock, seen, notes = threading.Lock(), [], []
+    state = {"in_flight": 0, "most": {}, "started": {}, "targets": {}}
 
     class FullGpu(ScriptedEvaluator):
         def check(self, path: Path, baselines=None, incumbent_ms=None, retime=False) -> CheckResult:
             source = Path(path).read_text()
             with lock:
+                phase = len(notes)
                 state["in_flight"] += 1
-                key = "most_after" if state["left"] == 0 else "most_before"  # after its last failure
-                state[key] = max(state[key], state["in_flight"])
+                state["most"][phase] = max(state["most"].get(phase, 0), state["in_flight"])
                 seen.append(source)
-                if len(seen) == 4:
-                    state["target"] = source
-                full = source == state["target"] and state["left"] > 0
+                k = state["started"][phase] = state["started"].get(phase, 0) + 1
+                if (phase, k) in fills:
+                    state["targets"][source] = fills[(phase, k)]
+                full = state["targets"].get(source, 0) > 0
+                state["targets"][source] = state["targets"].get(source, 0) - full
             try:
                 time.sleep(0.15)  # long enough for the loop to fill every slot
                 if full:
@@ -532,14 +532,44 @@ def test_a_full_gpu_leaves_the_run_one_check_fewer_at_once(tmp_path, task, kerne
             finally:
                 with lock:
                     state["in_flight"] -= 1
-                    state["left"] -= full
 
-    events = []
+    def on_event(event) -> None:
+        if event.kind is EventKind.NOTE and event.message.startswith((FEWER_CHECKS, MORE_CHECKS)):
+            with lock:
+                notes.append(event.message)
+
     with Archive(tmp_path / "a.db") as archive:
-        run_search(RunConfig(task_path=task, budget=10, device="cpu", start_from=kernel, concurrency=1, seed=1,
-                             checks_per_gpu=3), archive, evaluator_factory=FullGpu, on_event=events.append)
+        run_search(RunConfig(task_path=task, budget=budget, device="cpu", start_from=kernel, concurrency=1, seed=1,
+                             checks_per_gpu=3), archive, evaluator_factory=FullGpu, on_event=on_event)
         rows = [c for c in archive.candidates() if c.origin == "tuner"]
-    notes = [e.message for e in events if e.kind is EventKind.NOTE and e.message.startswith(FEWER_CHECKS)]
-    assert notes == (["the GPU's memory was full with 3 checks at once: 2 at a time from now on"] if fewer else [])
-    assert state["most_before"] == 3 and state["most_after"] <= (2 if fewer else 3)
-    assert seen.count(state["target"]) == 2 and len(rows) == 10  # checked again, recorded once with its last verdict
+    return notes, state["most"], seen, rows
+
+
+@pytest.mark.parametrize("how, failures, fewer", [
+    (GPU_FULL_HARNESS, 1, True),  # the parent's own figures: one check fewer at once
+    (GPU_FULL_SHARED, 1, False),  # the candidate's account of its memory: the retry passes, nothing changes
+    (GPU_FULL_SHARED, 2, True),  # ... and its retry ends so too: one check fewer
+])
+def test_a_full_gpu_leaves_the_run_one_check_fewer_at_once(tmp_path, task, kernel, how, failures, fewer):
+    """A check that ended because the GPU's memory was full (GPU_FULL on its stage) means the checks at once do not
+    fit at this task: the run goes on with one fewer, down to one, and the candidate is checked again."""
+    notes, most, seen, rows = _full_gpu_run(tmp_path, task, kernel, 10, {(0, 4): failures}, how)
+    target = seen[3]
+    assert notes[:1] == (["the GPU's memory was full with 3 checks at once: 2 at a time from now on, 3 again after "
+                          "4 verdicts without a full GPU"] if fewer else [])
+    assert most[0] == 3 and (most.get(1, 0) <= 2 if fewer else len(most) == 1)
+    assert seen.count(target) == 2 and len(rows) == 10  # checked again, recorded once with its last verdict
+    assert [c.reason for c in rows if c.source_sha == sha256(target)] == ["harness_error" if failures == 2 else "ok"]
+
+
+def test_a_check_given_up_for_a_full_gpu_comes_back_unless_the_gpu_fills_again_at_that_count(tmp_path, task, kernel):
+    """A full GPU may be a passing peak: after REGAIN_AFTER verdicts a check at once without one, the run takes the
+    check back and runs three at once again; full once more at three, it stays at two for the rest of the run."""
+    notes, most, seen, rows = _full_gpu_run(tmp_path, task, kernel, 24, {(0, 4): 1, (2, 2): 1})
+    assert notes == [
+        "the GPU's memory was full with 3 checks at once: 2 at a time from now on, 3 again after 4 verdicts "
+        "without a full GPU",
+        f"the GPU's memory was not full in {REGAIN_AFTER * 2} verdicts at 2 checks at once: 3 at a time again",
+        "the GPU's memory was full with 3 checks at once: 2 at a time from now on"]
+    assert most[0] == 3 and most[1] <= 2 and most[2] == 3 and most[3] <= 2
+    assert len(rows) == 24 and all(c.accepted for c in rows)  # both retried, passed

@@ -9,6 +9,8 @@ slot. It reads and writes the coordinator's state; it runs on the coordinating t
 from __future__ import annotations
 
 import json
+from collections import Counter
+from dataclasses import dataclass, field
 
 from agent.archive.records import Candidate, sha256
 from agent.llm import diffs
@@ -23,7 +25,17 @@ from agent.search.runs import EventKind
 from sandbox.records import GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED
 
 FEWER_CHECKS = "the GPU's memory was full with"  # the note that a run goes on with one check fewer at once
+MORE_CHECKS = "the GPU's memory was not full in"  # the note that a run takes a check it gave up back
+REGAIN_AFTER = 2  # verdicts a check at once, none of them for a full GPU, before a check given up is tried again
 TRUNCATED = ("length", "max_tokens")  # finish reasons of a reply cut off at the output limit (OpenAI, Anthropic)
+
+
+@dataclass
+class MemoryCuts:
+    """The checks at once a run gave up because the GPU's memory was full, and what decides taking one back."""
+    given_up: list[int] = field(default_factory=list)  # the slots given up, the latest last
+    full_at: Counter[int] = field(default_factory=Counter)  # checks at once -> how often the GPU was full at it
+    clear: int = 0  # verdicts since the last change that did not end for a full GPU
 
 
 class Issuing:
@@ -55,24 +67,47 @@ class Issuing:
         """A candidate whose check the harness itself failed (out of GPU memory beside the other checks: a verdict
         of harness_error, which says nothing about the kernel) waits for the next slot, once; True when it does.
         Where the GPU's memory was full, the run keeps one check fewer at once (at least one): the memory estimate
-        that set the count (executors.checks_that_fit) fell short at this task. Where that rests on the candidate's
-        own account of its memory (GPU_FULL_SHARED), only once its retry ends so too: a forged account then costs a
-        slot per candidate that forges it twice, never one per forgery."""
+        that set the count (executors.checks_that_fit) fell short at this task, or a passing peak met the others.
+        Where that rests on the candidate's own account of its memory (GPU_FULL_SHARED), only once its retry ends
+        so too: a forged account then costs a slot per candidate that forges it twice, never one per forgery. The
+        slot comes back (`_take_back`) once the checks left have passed REGAIN_AFTER verdicts each without it."""
+        full = _gpu_full(cand) if cand.reason == "harness_error" else None
         if cand.reason != "harness_error":
+            self._take_back()
             return False
-        full = _gpu_full(cand)
         trusted = full == GPU_FULL_HARNESS or (full == GPU_FULL_SHARED and pending.retried)
         if trusted and self.slots > 1 and pending.slot in self.free_slots:
             self.free_slots.remove(pending.slot)  # one check fewer at once from now on, a retry's included
+            self.memory.given_up.append(pending.slot)
+            self.memory.full_at[self.slots] += 1
+            self.memory.clear = 0
             self.slots -= 1
+            again = ("" if self.memory.full_at[self.slots + 1] > 1 else
+                     f", {self.slots + 1} again after {REGAIN_AFTER * self.slots} verdicts without a full GPU")
             self._emit(EventKind.NOTE, f"{FEWER_CHECKS} {self.slots + 1} checks at once: {self.slots} at a time "
-                                       "from now on")
+                                       f"from now on{again}")
         if pending.retried or self.stop_reason is not None:
             return False
         pending.retried = True
         self.in_flight.add(pending.sha)
         self.ready.appendleft(pending)
         return True
+
+    def _take_back(self) -> None:
+        """One more verdict that did not end for a full GPU; after REGAIN_AFTER of them for each check at once, the
+        check given up last comes back (its harness stayed warm), unless the GPU was full twice at that count: a
+        passing peak (one large candidate, a duel beside the checks) costs a slot for a while, a count that does
+        not fit costs it for the rest of the run."""
+        memory = self.memory
+        memory.clear += 1
+        if (not memory.given_up or memory.clear < REGAIN_AFTER * self.slots or memory.full_at[self.slots + 1] > 1
+                or self.stop_reason is not None):
+            return
+        self.free_slots.append(memory.given_up.pop())
+        self.slots += 1
+        self._emit(EventKind.NOTE, f"{MORE_CHECKS} {memory.clear} verdicts at {self.slots - 1} checks at once: "
+                                   f"{self.slots} at a time again")
+        memory.clear = 0
 
     def _outstanding(self) -> list[Pending]:
         """The LLM's proposals whose outcome is not known yet: requests in flight and candidates still waiting for

@@ -11,11 +11,11 @@ Every finished candidate is committed as soon as its verdict is known. A stop (C
 continues a run under the same id, counting what it already spent against the budgets.
 
 On a GPU a candidate that ranks above the best on its own check is only a challenger: before it is crowned, it and
-the incumbent are re-timed back to back on one slot (challenger, incumbent, challenger, incumbent; agent/search/duel.py),
-and
-it becomes the best only if that paired comparison says faster with its interval above 1.0. At most one duel runs at
-a time, only for a challenger whose lower bound clears the incumbent's point estimate; its checks are not proposals
-(they spend time, not budget), every duel is archived, and the final re-check is of the paired winner.
+the incumbent are re-timed back to back on one slot (challenger, incumbent, challenger, incumbent;
+agent/search/duel.py), and it becomes the best only if that paired comparison says faster with its interval above
+1.0. At most one duel runs at a time, only for a challenger whose lower bound clears the incumbent's point estimate;
+its checks are not proposals (they spend time, not budget), every duel is archived, and the final re-check is of the
+paired winner.
 
 Library code: progress goes to the `on_event` callback, never to the terminal.
 
@@ -49,7 +49,7 @@ from agent.search.elites import Search, Selection, best_of, niche
 from agent.search.executors import (Evaluator, EvaluatorFactory, Executor, ExecutorError,  # noqa: F401 - the loop's API
                                     HarnessEvaluator, LocalExecutor)
 from agent.search.flatten import flatten
-from agent.search.issuing import Issuing
+from agent.search.issuing import Issuing, MemoryCuts
 from agent.search.prepare import new_run_id, open_task, prepare, resolve_start
 from agent.search.proposing import Pending, rank, speed, tuner_feedback
 from agent.search.runs import (DEFAULT_BUDGET, Event, EventKind, LoopError, Progress,  # noqa: F401 - the loop's API
@@ -123,7 +123,7 @@ class _Coordinator(Issuing, Crowning):
         self.requests: dict[cf.Future, Pending] = {}
         self.ready: deque[Pending] = deque()
         self.evals: dict[cf.Future, Pending] = {}
-        self.free_slots = list(range(self.slots))[::-1]
+        self.free_slots, self.memory = list(range(self.slots))[::-1], MemoryCuts()  # memory: slots given up
         self.in_flight: set[str] = set()
         self.exhausted: set[int] = set()
         self.stop_reason: str | None = None
