@@ -130,6 +130,7 @@ class Deadline:
     own_s: float | None = None  # the candidate's own earlier call, as the parent measured it (None: none yet)
     signs: Callable[[], float | None] | None = None
     extended: bool = field(default=False, init=False)
+    missed: float | None = field(default=None, init=False)  # the end a wait ran past (`miss`): no sign moves it now
 
     def __post_init__(self) -> None:
         if self.calls < 0 or self.reference_s < 0 or (self.own_s or 0.0) < 0:
@@ -147,7 +148,14 @@ class Deadline:
     def granted_s(self) -> float:
         return self.base_s + self.calls * self.per_call_s
 
+    def miss(self) -> None:
+        """The wait ran past this deadline: it stays where it was (the message and the verdict's `deadline_s` say
+        what was granted; a sign seen while the process is killed, a cache file it left, would move it on)."""
+        self.missed = self()
+
     def __call__(self) -> float:
+        if self.missed is not None:
+            return self.missed
         end = self.start + self.granted_s
         last = self.signs() if self.signs is not None else None
         if last is not None and last + self.base_s > end:

@@ -397,6 +397,8 @@ class Harness:
             raise Rejected(stage, Reason.SANDBOX_VIOLATION, "the candidate's process stopped itself (SIGSTOP) and "
                           "would never answer; it was killed") from None
         except channel.ChannelTimeout:
+            if within is not None:
+                within.miss()
             run.child.close(graceful=False)
             if within is not None and not within.by_ceiling:
                 raise Rejected(stage, Reason.TIMEOUT, f"{within.describe()}; its process group was killed",

@@ -5,8 +5,8 @@ Three requests, of which only the second holds the GPU alone: `prepare_timing` (
 baselines, and calls each baseline once, so what it pays once a process, cuDNN's plans or torch.compile compiling, is
 paid outside the exclusive turn), `time` (the measurement; the candidate's timed outputs stay on the device where
 they fit in `defer_bytes`), then `samples`: PICKED_SAMPLES timed calls, picked at random only now, are copied back,
-so the candidate cannot know which of its calls are checked and no copy happens inside the exclusive turn. Outputs too big to keep are sampled
-during the measurement instead (every `sample_every`-th call and the last).
+so the candidate cannot know which of its calls are checked and no copy happens inside the exclusive turn. Outputs
+too big to keep are sampled during the measurement instead (every `sample_every`-th call and the last).
 
 What the parent checks: the sampled outputs of timed calls against the reference on the same derived input set
 (a cache or a warm-up-only fast path returns the wrong values there); the report's own problems (timer tampering,

@@ -68,6 +68,17 @@ def test_signs_of_compilation_move_the_deadline_but_not_past_the_ceiling():
     assert d() == 10.0 and d.by_ceiling
 
 
+def test_a_missed_deadline_stays_where_the_wait_ended():
+    """Killing a candidate's process can leave a sign of compilation (its cache files change as it dies): the
+    deadline it ran past is the one its verdict reports, not one that sign moved later."""
+    seen = [1.0]
+    d = Deadline("the smoke call", _budget(compile_s=2.0), start=0.0, ceiling=100.0, signs=lambda: seen[0])
+    assert d() == 3.0
+    d.miss()
+    seen[0] = 50.0
+    assert d() == 3.0 and not d.by_ceiling and "within 3.0 s" in d.describe()
+
+
 @pytest.mark.parametrize("field", ["compile_s", "margin_s", "per_call", "pace"])
 def test_a_budget_must_be_positive(field):
     with pytest.raises(ValueError):

@@ -237,4 +237,3 @@ def test_a_first_call_made_apart_runs_once_on_a_copy_and_reports_its_error():
         raise RuntimeError("no plan for this shape")
 
     assert device_memory.first_call(fails, [x], None) == "RuntimeError: no plan for this shape"
-
