@@ -4,6 +4,7 @@
     python3 benchmarks/bench_throughput.py --checks-per-gpu 1 --label serial # the same, one check at a time
     python3 benchmarks/bench_throughput.py --device cpu --tasks rmsnorm_fwd --seconds 20 --checks-per-gpu 2
     python3 benchmarks/bench_throughput.py --tasks attention_fwd_bwd --seconds 240 --timeline runs/timeline
+    python3 benchmarks/bench_throughput.py --gpus 2 --label two-gpus          # K checks at once on each of two GPUs
 
 Each task is searched by the offline tuner (no LLM: the proposer costs nothing, so the harness is what is measured)
 from its registered seed, for `--seconds` of proposing (the loop's --time-limit), with the run's candidates timed
@@ -20,7 +21,9 @@ against eager on the GPU. What is reported, per task:
   gate (sandbox/gate.py: checks share the GPU, a timing holds it alone);
 - the GPU's idle fraction: the share of the window in which no gated GPU work (a check's call, reference or
   comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
-  machine has pynvml, with the most GPU memory in use seen (all processes); the parent process's CPU seconds over
+  machine has pynvml, with the most GPU memory in use seen (all processes); with `--gpus N`, each of these is the
+  mean over the N GPUs (the memory the most on any one), and the rate is the run's over all of them; the parent
+  process's CPU seconds over
   the run's wall time (near one core: its threads, which prepare inputs, references and comparisons for every slot,
   queue on its interpreter lock);
 - how long the gate was held a candidate for each kind of work (`gate_held`, printed and in the CSV): exclusive:time is the
@@ -63,7 +66,7 @@ FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton
           "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
           "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "start_speedup",
-          "best_speedup", "rejections", "gate_held", "gpu_mem_peak_gib", "checks_at_end"]
+          "best_speedup", "rejections", "gate_held", "gpu_mem_peak_gib", "checks_at_end", "gpus"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -135,14 +138,16 @@ class NvmlSampler:
         return statistics.fmean(self.samples) if self.samples else None
 
 
-def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, workdir: Path) -> dict[str, Any]:
-    """One tuner run on `task`; the numbers of one CSV line."""
+def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, workdir: Path,
+            gpus: int = 1) -> dict[str, Any]:
+    """One tuner run on `task` (on `gpus` GPUs, `checks_per_gpu` checks at once on each); the numbers of one CSV
+    line."""
     from agent.archive.store import Archive
     from agent.search.executors import LocalExecutor
     from agent.search.issuing import FEWER_CHECKS, MORE_CHECKS
     from agent.search.loop import EventKind, RunConfig, run_search
     from agent.search.tuner import compiled_signature
-    from sandbox.gate import EXCLUSIVE, busy_seconds, held_by_work
+    from sandbox.gate import EXCLUSIVE, held_by_work
 
     verdicts: list[tuple[float, Any]] = []  # (when, candidate) of every verdict, in order
     changes: list[int] = []  # the run's notes on its checks at once: -1 where the GPU's memory was full, +1 back
@@ -162,21 +167,24 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         checks_per_gpu = checks_that_fit(load_task(task), torch.cuda.get_device_properties(0).total_memory,
                                          checks_per_gpu)
     config = RunConfig(task_path=task, device=device, budget=100_000, time_limit_s=seconds, polish=0,
-                       checks_per_gpu=checks_per_gpu, final_baselines=("eager",))
-    sampler = NvmlSampler(0) if device == "cuda" else None
+                       checks_per_gpu=checks_per_gpu, final_baselines=("eager",), gpus=gpus)
+    samplers = [NvmlSampler(gpu) for gpu in range(gpus)] if device == "cuda" else []
     cpu0 = time.process_time()
     t0 = time.monotonic()
     with Archive(workdir / f"{task.stem}.db") as archive:
         summary = run_search(config, archive, on_event=on_event, executor=executor)
     wall = time.monotonic() - t0
     parent_cpu = (time.process_time() - cpu0) / max(wall, 1e-9)  # near 1: the parent's threads queue on its GIL
-    nvml = sampler.stop() if sampler is not None else None
+    utilisations = [sampler.stop() for sampler in samplers]
+    nvml = statistics.fmean(utilisations) if utilisations and None not in utilisations else None
+    peaks = [sampler.peak_gib for sampler in samplers if sampler.peak_gib is not None]
     start = next((t for t, c in verdicts if c.origin == "seed"), t0)
     mine = [(t, c) for t, c in verdicts if c.origin != "seed" and c.verdict != "interrupted" and t > start]
     end = mine[-1][0] if mine else start
     window = max(end - start, 1e-9)
     parts = [parts_of(c.diagnostics or {}) for _, c in mine if c.diagnostics]
-    holds = [h for gate in executor.gates.values() for h in gate.holds()]
+    per_gpu = [gate.holds() for gate in executor.gates.values()] or [[]]
+    holds = [h for gate_holds in per_gpu for h in gate_holds]
     verified = sum(c.accepted for _, c in mine)
     signatures = [compiled_signature(c.diagnostics or {}) for _, c in mine if c.accepted]
     seeded = {compiled_signature(c.diagnostics or {}) for _, c in verdicts if c.origin == "seed"}
@@ -188,14 +196,14 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
             first.setdefault(rejection_kind(c.stage, c.reason, c.message), c.message[:200])
     row: dict[str, Any] = {
         "task": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task), "device": device,
-        "checks_per_gpu": checks_per_gpu, "checks_at_end": checks_per_gpu + sum(changes), "seconds": seconds,
+        "checks_per_gpu": checks_per_gpu, "checks_at_end": gpus * checks_per_gpu + sum(changes), "seconds": seconds,
         "wall_s": wall, "window_s": window,
         "proposals": len(mine), "verified": verified, "rejected": len(mine) - verified, "distinct_verified": distinct,
         "verified_per_min": verified * 60.0 / window if mine else 0.0,
         "proposals_per_min": len(mine) * 60.0 / window if mine else 0.0,
-        "gpu_idle_frac": 1.0 - busy_seconds(holds, start, end) / window if mine else None,
-        "gpu_timing_frac": busy_seconds([h for h in holds if h.mode == EXCLUSIVE], start, end) / window if mine
-        else None, "nvml_util_pct": nvml, "gpu_mem_peak_gib": sampler.peak_gib if sampler is not None else None,
+        "gpu_idle_frac": 1.0 - mean_busy(per_gpu, start, end) if mine else None,
+        "gpu_timing_frac": mean_busy([[h for h in g if h.mode == EXCLUSIVE] for g in per_gpu], start, end) if mine
+        else None, "nvml_util_pct": nvml, "gpu_mem_peak_gib": max(peaks) if peaks else None, "gpus": gpus,
         "parent_cpu_frac": parent_cpu, "stop_reason": summary.stop_reason,
         "start_speedup": summary.start.timings.speedup_eager if summary.start is not None else None,
         "best_speedup": (summary.final.timings.speedup_eager if summary.final is not None
@@ -214,6 +222,13 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     row["duels"] = len(summary.duels)
     row["timeline"] = timeline(verdicts, holds, summary.duels, t0)
     return row
+
+
+def mean_busy(per_gpu: list[list[Any]], start: float, end: float) -> float:
+    """The share of [start, end] in which a GPU's gate was held (any hold, the union of their spans), the mean over
+    the GPUs, one list of holds each."""
+    from sandbox.gate import busy_seconds
+    return statistics.fmean(busy_seconds(holds, start, end) for holds in per_gpu) / max(end - start, 1e-9)
 
 
 def timeline(verdicts: list[tuple[float, Any]], holds: list[Any], duels: Any, t0: float) -> dict[str, Any]:
@@ -260,19 +275,30 @@ def environment(device: str) -> dict[str, str]:
 def first_rounds(row: dict[str, Any]) -> str:
     """A warning where the window holds under two rounds of the slots' proposals: the slots filled once after the
     starting kernel's verdict and drained, so the rate is the pipeline's first round, not its steady rate."""
-    k, n = row["checks_per_gpu"], row["proposals"]
+    k, n = slots(row), row["proposals"]
     if n >= 2 * k:
         return ""
     return (f"\n  only {n} proposals at {k} checks at once: the rate is the first round's, not the steady rate; "
             "give the search more --seconds")
 
 
+def slots(row: dict[str, Any]) -> int:
+    """The checks at once a row's run started with, over all its GPUs (rows from before the `gpus` column: one)."""
+    return int(row["checks_per_gpu"]) * int(row.get("gpus") or 1)
+
+
 def _fewer(row: dict[str, Any]) -> str:
     """', N at the end: the GPU's memory was full' where the run gave up checks at once, else ''."""
     end = row.get("checks_at_end")
-    if end is None or end == row["checks_per_gpu"]:
+    if end is None or end == slots(row):
         return ""
     return f", {end} at the end: the GPU's memory was full"
+
+
+def _gpus(row: dict[str, Any]) -> str:
+    """' on each of N GPUs' where the run had more than one, else ''."""
+    n = int(row.get("gpus") or 1)
+    return f" on each of {n} GPUs" if n > 1 else ""
 
 
 def show(row: dict[str, Any], messages: bool = False) -> str:
@@ -283,7 +309,7 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
     return (f"{row['task']}: {f(row['verified_per_min'], '.1f')} verified/min ({row['verified']} of "
             f"{row['proposals']} in {row['window_s']:.0f} s{distinct}, "
             f"{f(row['proposals_per_min'], '.1f')} proposals/min; "
-            f"K={row['checks_per_gpu']}{_fewer(row)}){first_rounds(row)}\n  seconds a candidate: {parts}; "
+            f"K={row['checks_per_gpu']}{_gpus(row)}{_fewer(row)}){first_rounds(row)}\n  seconds a candidate: {parts}; "
             f"waiting for the GPU {f(row['gpu_wait_s'])} + for the timing slot {f(row['timing_wait_s'])}\n  "
             f"vs eager: the starting kernel {f(row.get('start_speedup'), '.3f')}x, the best at the end "
             f"{f(row.get('best_speedup'), '.3f')}x\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
@@ -306,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--tasks", default=",".join(TASKS), help="task names in tasks/ (comma-separated)")
     ap.add_argument("--seconds", type=float, default=40.0, help="proposing time per task (default 40)")
-    ap.add_argument("--checks-per-gpu", type=int, default=4, help="candidates checked at once (default 4)")
+    ap.add_argument("--checks-per-gpu", type=int, default=4, help="candidates checked at once on each GPU (default 4)")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs the run checks on, 0 .. N-1 (default 1)")
     ap.add_argument("--label", default="", help="a word for the CSV line (e.g. serial / pipelined)")
     ap.add_argument("--csv", type=Path, default=CSV, help=f"append here (default {CSV.relative_to(ROOT)})")
     ap.add_argument("--no-csv", action="store_true", help="print only")
@@ -322,8 +349,13 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    if args.checks_per_gpu < 1 or args.seconds <= 0 or (args.check_footprint is not None and args.check_footprint < 1):
-        print("--checks-per-gpu and --check-footprint must be at least 1 and --seconds above 0", file=sys.stderr)
+    if min(args.checks_per_gpu, args.gpus, args.check_footprint or 1) < 1 or args.seconds <= 0:
+        print("--checks-per-gpu, --gpus and --check-footprint must be at least 1 and --seconds above 0",
+              file=sys.stderr)
+        return 2
+    if args.gpus > 1 and args.device != "cuda":
+        print(f"--gpus {args.gpus} needs --device cuda: on the CPU the run has its interpreter workers, no GPUs",
+              file=sys.stderr)
         return 2
     if args.check_footprint is not None:
         from agent.search import executors
@@ -334,13 +366,17 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("no CUDA GPU is visible; pass --device cpu to measure through Triton's interpreter", file=sys.stderr)
             return 2
+        if torch.cuda.device_count() < args.gpus:
+            print(f"--gpus {args.gpus}: only {torch.cuda.device_count()} GPU(s) are visible; ask for as many",
+                  file=sys.stderr)
+            return 2
     logging.basicConfig(level=logging.WARNING)
     common = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": repo_commit(ROOT),
               "label": args.label, **environment(args.device)}
     with tempfile.TemporaryDirectory(prefix="crucible-throughput-") as tmp:
         for task in tasks:
             row = measure(task, device=args.device, seconds=args.seconds, checks_per_gpu=args.checks_per_gpu,
-                          workdir=Path(tmp))
+                          workdir=Path(tmp), gpus=args.gpus)
             print(show(row, args.messages), flush=True)
             events = row.pop("timeline")
             if args.timeline is not None:

@@ -401,6 +401,30 @@ def test_the_benchmark_says_when_a_run_ended_with_fewer_checks_at_once():
     assert _fewer({"checks_per_gpu": 4, "checks_at_end": 4}) == ""
     assert _fewer({"checks_per_gpu": 4, "checks_at_end": 3}) == ", 3 at the end: the GPU's memory was full"
     assert _fewer({"checks_per_gpu": 4}) == ""  # rows from before the column
+    assert _fewer({"checks_per_gpu": 4, "checks_at_end": 8, "gpus": 2}) == ""  # over both GPUs
+    assert _fewer({"checks_per_gpu": 4, "checks_at_end": 7, "gpus": 2}) == ", 7 at the end: the GPU's memory was full"
+
+
+def test_the_benchmark_s_gpu_shares_are_each_gpu_s_mean():
+    """Two GPUs, one busy the whole window and one idle: each was busy half the time on average, not the whole
+    window as the union of their holds would say."""
+    from benchmarks.bench_throughput import first_rounds, mean_busy
+    from sandbox.gate import Hold
+
+    busy = [Hold("shared", "a.py", 0.0, 6.0, 0.0), Hold("exclusive", "b.py", 4.0, 10.0, 0.0)]
+    assert mean_busy([busy, []], 0.0, 10.0) == pytest.approx(0.5)
+    assert mean_busy([busy], 2.0, 10.0) == pytest.approx(1.0)
+    assert "first round" in first_rounds({"checks_per_gpu": 4, "gpus": 2, "proposals": 12})
+
+
+def test_the_benchmark_asks_for_gpus_it_can_have(capsys):
+    from benchmarks.bench_throughput import main
+
+    assert main(["--device", "cpu", "--gpus", "2", "--no-csv"]) == 2
+    assert main(["--device", "cpu", "--gpus", "0", "--no-csv"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["--gpus 2 needs --device cuda: on the CPU the run has its interpreter workers, no GPUs",
+                   "--checks-per-gpu, --gpus and --check-footprint must be at least 1 and --seconds above 0"]
 
 
 def test_the_benchmark_says_when_a_window_holds_one_round():
