@@ -71,10 +71,10 @@ class Issuing:
         Where that rests on the candidate's own account of its memory (GPU_FULL_SHARED), only once its retry ends
         so too: a forged account then costs a slot per candidate that forges it twice, never one per forgery. The
         slot comes back (`_take_back`) once the checks left have passed REGAIN_AFTER verdicts each without it."""
-        full = _gpu_full(cand) if cand.reason == "harness_error" else None
         if cand.reason != "harness_error":
             self._take_back()
             return False
+        full = _gpu_full(cand)
         trusted = full == GPU_FULL_HARNESS or (full == GPU_FULL_SHARED and pending.retried)
         if trusted and self.slots > 1 and pending.slot in self.free_slots:
             self.free_slots.remove(pending.slot)  # one check fewer at once from now on, a retry's included

@@ -13,9 +13,9 @@ continues a run under the same id, counting what it already spent against the bu
 On a GPU a candidate that ranks above the best on its own check is only a challenger: before it is crowned, it and
 the incumbent are re-timed back to back on one slot (challenger, incumbent, challenger, incumbent;
 agent/search/duel.py), and it becomes the best only if that paired comparison says faster with its interval above
-1.0. At most one duel runs at a time, only for a challenger whose lower bound clears the incumbent's point estimate;
-its checks are not proposals (they spend time, not budget), every duel is archived, and the final re-check is of the
-paired winner.
+1.0. At most one duel runs at a time, only for a challenger whose lower bound clears the incumbent's standing (its
+speedup, re-timed in earlier duels too); its checks are not proposals (they spend time, not budget), every duel is
+archived, and the final re-check is of the paired winner.
 
 Library code: progress goes to the `on_event` callback, never to the terminal.
 
