@@ -498,11 +498,13 @@ def test_a_check_the_harness_failed_is_run_once_more(tmp_path, task, kernel):
 
 
 def _full_gpu_run(tmp_path: Path, task: Path, kernel: Path, budget: int, fills: dict[tuple[int, int], int],
-                  how: str = GPU_FULL_HARNESS) -> tuple[list[str], dict[int, int], list[str], list[Candidate]]:
+                  how: str = GPU_FULL_HARNESS, crowd: dict[tuple[int, int], int] | None = None
+                  ) -> tuple[list[str], dict[int, int], list[str], list[Candidate]]:
     """A tuner run at three checks at once in which the check starting `k`-th in phase `p` ends because the GPU was
-    full, `fills[(p, k)]` times in a row (its retry included). The phase is how many notes about the checks at once
-    the run has emitted so far. Returns those notes, the most checks in flight in each phase, every source checked
-    in order and the tuner's records."""
+    full, `fills[(p, k)]` times in a row (its retry included), and waits before it answers until `crowd[(p, k)]`
+    checks are in flight (5 s at most: as many as the run's slots allow then). The phase is how many notes about the
+    checks at once the run has emitted so far. Returns those notes, the most checks in flight in each phase, every
+    source checked in order and the tuner's records."""
     ScriptedEvaluator.calls, ScriptedEvaluator.raced, ScriptedEvaluator.asked = 0, [], []
     lock, seen, notes = threading.Lock(), [], []
     state = {"in_flight": 0, "most": {}, "started": {}, "targets": {}}
@@ -520,8 +522,16 @@ def _full_gpu_run(tmp_path: Path, task: Path, kernel: Path, budget: int, fills: 
                     state["targets"][source] = fills[(phase, k)]
                 full = state["targets"].get(source, 0) > 0
                 state["targets"][source] = state["targets"].get(source, 0) - full
+                wanted = (crowd or {}).get((phase, k), 0)
             try:
                 time.sleep(0.15)  # long enough for the loop to fill every slot
+                until = time.monotonic() + 5.0
+                while wanted:
+                    with lock:
+                        state["most"][phase] = max(state["most"][phase], state["in_flight"])
+                        if state["most"][phase] >= wanted or time.monotonic() > until:
+                            break
+                    time.sleep(0.01)
                 if full:
                     stage = StageResult(Stage.TIMING, False, Reason.HARNESS_ERROR, "the GPU was full",
                                         details={GPU_FULL: how})
@@ -558,14 +568,17 @@ def test_a_full_gpu_leaves_the_run_one_check_fewer_at_once(tmp_path, task, kerne
     assert notes[:1] == (["the GPU's memory was full with 3 checks at once: 2 at a time from now on, 3 again after "
                           "4 verdicts without a full GPU"] if fewer else [])
     assert most[0] == 3 and (most.get(1, 0) <= 2 if fewer else len(most) == 1)
-    assert seen.count(target) == 2 and len(rows) == 10  # checked again, recorded once with its last verdict
-    assert [c.reason for c in rows if c.source_sha == sha256(target)] == ["harness_error" if failures == 2 else "ok"]
+    # checked again, once, and recorded with its last verdict; a source the harness failed twice is not known to be
+    # wrong, so the tuner may propose it again later (a third check)
+    mine = [c.reason for c in rows if c.source_sha == sha256(target)]
+    assert len(rows) == 10 and mine[0] == ("harness_error" if failures == 2 else "ok")
+    assert seen.count(target) == 1 + len(mine) and len(mine) <= (2 if failures == 2 else 1)
 
 
 def test_a_check_given_up_for_a_full_gpu_comes_back_unless_the_gpu_fills_again_at_that_count(tmp_path, task, kernel):
     """A full GPU may be a passing peak: after REGAIN_AFTER verdicts a check at once without one, the run takes the
     check back and runs three at once again; full once more at three, it stays at two for the rest of the run."""
-    notes, most, seen, rows = _full_gpu_run(tmp_path, task, kernel, 24, {(0, 4): 1, (2, 2): 1})
+    notes, most, seen, rows = _full_gpu_run(tmp_path, task, kernel, 24, {(0, 4): 1, (2, 2): 1}, crowd={(2, 2): 3})
     assert notes == [
         "the GPU's memory was full with 3 checks at once: 2 at a time from now on, 3 again after 4 verdicts "
         "without a full GPU",
