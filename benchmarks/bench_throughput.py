@@ -23,11 +23,11 @@ against eager on the GPU. What is reported, per task:
   comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
   machine has pynvml, with the most GPU memory in use seen (all processes); with `--gpus N`, each of these is the
   mean over the N GPUs (the memory the most on any one), and the rate is the run's over all of them; the parent
-  process's CPU seconds over
-  the run's wall time (near one core: its threads, which prepare inputs, references and comparisons for every slot,
-  queue on its interpreter lock);
-- how long the gate was held a candidate for each kind of work (`gate_held`, printed and in the CSV): exclusive:time is the
-  measurement, shared:call / soak / rebuild / samples / prepare_timing the candidate's requests, shared:inputs /
+  process's CPU seconds over the run's wall time (near one core: its threads, which prepare inputs, references and
+  comparisons for every slot, queue on its interpreter lock; `--parent-cpu N` prints where that CPU went,
+  benchmarks/thread_cpu.py);
+- how long the gate was held a candidate for each kind of work (`gate_held`, printed and in the CSV): exclusive:time
+  is the measurement, shared:call / soak / rebuild / samples / prepare_timing the candidate's requests, shared:inputs /
   reference / compare / timing_inputs / timing_validate the parent's own steps. Shared holds overlap, so their sum
   may pass the window; a long one is what a waiting timing, and every check behind it, waits for.
 - the starting kernel's speedup over eager and the best kernel's at the end (its final re-check): whether the search
@@ -59,6 +59,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from benchmarks._bench import append_csv, task_files  # noqa: E402
 from benchmarks._bench import commit as repo_commit  # noqa: E402
+from benchmarks import thread_cpu  # noqa: E402
+from benchmarks.thread_cpu import ThreadCpu  # noqa: E402
 CSV = ROOT / "benchmarks" / "data" / "throughput.csv"
 TASKS = ("rmsnorm_fwd", "softmax_fwd", "swiglu_fwd", "attention_fwd_bwd")  # three memory-bound, one compute-bound
 PARTS = ("static", "load", "compile", "correctness", "robustness", "timing")
@@ -139,9 +141,9 @@ class NvmlSampler:
 
 
 def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, workdir: Path,
-            gpus: int = 1) -> dict[str, Any]:
+            gpus: int = 1, parent_top: int = 0) -> dict[str, Any]:
     """One tuner run on `task` (on `gpus` GPUs, `checks_per_gpu` checks at once on each); the numbers of one CSV
-    line."""
+    line. `parent_top`: also the parent's `parent_top` busiest places (benchmarks/thread_cpu.py), in `parent_top`."""
     from agent.archive.store import Archive
     from agent.search.executors import LocalExecutor
     from agent.search.issuing import FEWER_CHECKS, MORE_CHECKS
@@ -171,9 +173,12 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     samplers = [NvmlSampler(gpu) for gpu in range(gpus)] if device == "cuda" else []
     cpu0 = time.process_time()
     t0 = time.monotonic()
+    threads = ThreadCpu().start() if parent_top else None
     with Archive(workdir / f"{task.stem}.db") as archive:
         summary = run_search(config, archive, on_event=on_event, executor=executor)
     wall = time.monotonic() - t0
+    if threads is not None:
+        threads.stop()
     parent_cpu = (time.process_time() - cpu0) / max(wall, 1e-9)  # near 1: the parent's threads queue on its GIL
     utilisations = [sampler.stop() for sampler in samplers]
     nvml = statistics.fmean(utilisations) if utilisations and None not in utilisations else None
@@ -220,6 +225,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     row["laps"] = {k: statistics.fmean(lap.get(k, 0.0) for lap in laps) for k in sorted({k for lap in laps for k in lap})}
     row["gate_held"] = {k: v / len(mine) for k, v in held_by_work(holds, start, end).items()} if mine else {}
     row["duels"] = len(summary.duels)
+    row["parent_top"] = threads.top(parent_top) if threads is not None else []
     row["timeline"] = timeline(verdicts, holds, summary.duels, t0)
     return row
 
@@ -324,6 +330,8 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
                       if k not in ("total_s", "calls") and v >= 0.05) +
             "".join(f"\n  rejected {k}: {m}" for k, m in row.get("rejection_examples", {}).items()) +
             "".join(f"\n  the starting kernel: {v}" for v in row.get("seed_verdicts", [])) +
+            (f"\n  the parent's CPU, where it went:{thread_cpu.show(row['parent_top'], row['wall_s'])}"
+             if row.get("parent_top") else "") +
             ("".join(f"\n  rejection: {m}" for m in row.get("rejection_messages", [])) if messages else ""))
 
 
@@ -342,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a trial: budget a check at N times its task's inputs on the GPU instead of "
                          "agent.search.executors.CHECK_FOOTPRINT (more or fewer checks fit); the label defaults "
                          "to footprintN")
+    ap.add_argument("--parent-cpu", type=int, default=0, metavar="N",
+                    help="print the N places in the parent's code that took the most of its CPU (sampled per thread)")
     ap.add_argument("--timeline", type=Path, default=None, metavar="DIR",
                     help="write each task's run as events (verdicts, gate holds, duels) to DIR/<task>.json")
     args = ap.parse_args(argv)
@@ -376,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="crucible-throughput-") as tmp:
         for task in tasks:
             row = measure(task, device=args.device, seconds=args.seconds, checks_per_gpu=args.checks_per_gpu,
-                          workdir=Path(tmp), gpus=args.gpus)
+                          workdir=Path(tmp), gpus=args.gpus, parent_top=max(0, args.parent_cpu))
             print(show(row, args.messages), flush=True)
             events = row.pop("timeline")
             if args.timeline is not None:

@@ -439,3 +439,27 @@ def test_the_loop_overhead_benchmark_times_the_coordinator_alone(tmp_path):
     from benchmarks.bench_loop_overhead import ROOT, measure
     row = measure(ROOT / "tasks" / "swiglu_fwd.py", slots=2, budget=4, check_s=0.05)
     assert row["proposals"] == 4 and 0 <= row["first_submit_s"] < 5 and 0 <= row["verdict_to_submit_s"] < 5
+
+
+def test_the_parent_s_cpu_is_put_down_to_the_code_that_spent_it():
+    """A thread that spins in one function for 0.3 s of CPU: the sampler puts most of that CPU down to it, by
+    name, and next to nothing to a thread that sleeps."""
+    from benchmarks.thread_cpu import ThreadCpu, thread_cpu_s
+
+    def spin_here() -> None:
+        end = time.monotonic() + 10.0  # however busy the machine, its own CPU seconds end it
+        while time.thread_time() < 0.3 and time.monotonic() < end:
+            pass
+
+    sampler = ThreadCpu(every_s=0.02).start()
+    threads = [threading.Thread(target=spin_here), threading.Thread(target=time.sleep, args=(0.5,))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sampler.stop()
+    spent = dict(sampler.spent)
+    mine = sum(cpu for at, cpu in spent.items() if at.startswith("test_pipeline.py:spin_here"))
+    assert mine >= 0.2, spent
+    assert sum(cpu for at, cpu in spent.items() if "sleep" in at) < 0.05
+    assert thread_cpu_s(threading.get_native_id()) > 0 and thread_cpu_s(2**31 - 1) is None
