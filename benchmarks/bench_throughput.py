@@ -143,7 +143,8 @@ class NvmlSampler:
 def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, workdir: Path,
             gpus: int = 1, parent_top: int = 0) -> dict[str, Any]:
     """One tuner run on `task` (on `gpus` GPUs, `checks_per_gpu` checks at once on each); the numbers of one CSV
-    line. `parent_top`: also the parent's `parent_top` busiest places (benchmarks/thread_cpu.py), in `parent_top`."""
+    line. `parent_top`: how many of the places in the parent's code that took the most of its CPU to list in the
+    row's `parent_top` (benchmarks/thread_cpu.py; 0: none, and no sampling)."""
     from agent.archive.store import Archive
     from agent.search.executors import LocalExecutor
     from agent.search.issuing import FEWER_CHECKS, MORE_CHECKS
