@@ -77,7 +77,7 @@ from .counting import calibrate, count, median
 from .device_memory import (
     fingerprint, held_at_once, nbytes, pool_context, private_copy, reserve_outputs, scrub, segments, to_cpu,
 )
-from .timing_plan import NULL_FN, Bench, Plan, State, make_plan
+from .timing_plan import NULL_FN, Bench, Plan, State, make_plan, round_sets
 
 SCHEMA = 1
 
@@ -268,7 +268,7 @@ def _round(plan: Plan, state: State, bench: Bench, events: _Events, rnd: int) ->
         state.race["extended"] = len(done) >= plan.reps
     timed = rnd >= plan.warm_rounds
     # the same input sets for every function in a round: ratios are paired
-    ks = [(rnd * plan.burst + j) % len(plan.input_sets) for j in range(plan.burst)]
+    ks = round_sets(rnd, plan.burst, len(plan.input_sets))
     alive = [n for n in plan.order_base if state.errors[n] is None]
     shift = rnd % len(alive)
     alive = alive[shift:] + alive[:shift]

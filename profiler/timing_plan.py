@@ -16,6 +16,30 @@ from .device_memory import fingerprint, flush_buffer, private_pools, same_fp
 NULL_FN = "_null"  # the empty call that calibrates the honest tail and wall time
 
 
+def warm_rounds(warmup: int, burst: int, settle_ms: float) -> int:
+    """The untimed rounds before the first timed one: the warm-up in whole bursts, and at least one where timing
+    settles (it estimates how many heating calls fill `settle_ms`)."""
+    return max(-(-warmup // burst), 1 if settle_ms else 0)
+
+
+def cycled_sets(n_sets: int, settle_ms: float) -> int:
+    """How many of the `n_sets` input sets the calls cycle through: all but the last where heating calls keep that
+    one for themselves (a heating call's result is never a timed call's to reuse)."""
+    return n_sets - 1 if settle_ms and n_sets > 1 else n_sets
+
+
+def round_sets(rnd: int, burst: int, cycled: int) -> list[int]:
+    """The input sets of round `rnd`'s calls, the same for every function measured (the ratios are paired)."""
+    return [(rnd * burst + j) % cycled for j in range(burst)]
+
+
+def timed_call_set(call: int, *, warmup: int, burst: int, settle_ms: float, n_sets: int) -> int:
+    """The input set that timed call `call` (0 the first timed call) is given: what the parent checks a sample's
+    reported set against, from what it asked of the measurement alone."""
+    rnd, j = divmod(call, burst)
+    return round_sets(warm_rounds(warmup, burst, settle_ms) + rnd, burst, cycled_sets(n_sets, settle_ms))[j]
+
+
 class PersistingL2:
     """cuCtxResetPersistingL2Cache through the driver (ctypes), else cuda.bindings; records which, or why neither."""
 
@@ -177,7 +201,7 @@ def make_plan(fns: dict[str, Callable[[list], Any]], input_sets: list[list], *, 
     watch = names[0] if watch is None else watch
     if watch not in fns:
         raise ValueError(f"watch={watch!r} is not one of {names}")
-    warm_rounds, timed_rounds = max(-(-warmup // burst), 1 if settle_ms else 0), -(-reps // burst)
+    warm, timed_rounds = warm_rounds(warmup, burst, settle_ms), -(-reps // burst)
     extra_rounds = -(-extra_reps // burst) if race is not None else 0
     reps = timed_rounds * burst
     warnings = []
@@ -185,15 +209,14 @@ def make_plan(fns: dict[str, Callable[[list], Any]], input_sets: list[list], *, 
         warnings.append("this torch has no MemPool: the baselines share the allocator with the candidate (their "
                         "outputs are still scrubbed before they are freed)")
     heat_set = input_sets[-1]
-    if settle_ms and len(input_sets) > 1:
-        input_sets = input_sets[:-1]  # the heating calls' set is never a timed call's: no result to reuse
-    elif settle_ms:
+    if settle_ms and len(input_sets) == 1:
         warnings.append("one input set: the heating calls before each burst use the timed calls' inputs")
-    if (warm_rounds + timed_rounds) * burst > len(input_sets):
-        warnings.append(f"{len(input_sets)} input sets for {(warm_rounds + timed_rounds) * burst} calls per "
+    input_sets = input_sets[:cycled_sets(len(input_sets), settle_ms)]  # the heating calls' set is never timed
+    if (warm + timed_rounds) * burst > len(input_sets):
+        warnings.append(f"{len(input_sets)} input sets for {(warm + timed_rounds) * burst} calls per "
                         "function: inputs are reused, so a candidate that caches results by input address could go "
                         "unnoticed; pass more input sets")
     return Plan(names, {NULL_FN: lambda args: None, **fns}, watch, fresh, isolated, pools, input_sets, heat_set,
-                 burst, reps, warm_rounds, timed_rounds, extra_rounds,
+                 burst, reps, warm, timed_rounds, extra_rounds,
                  max(1, reps // 3) if sample_every is None else max(1, int(sample_every)), settle_ms, graph,
                  hold_bytes, tail_tolerance, cover_ms, reserve, race, tuple(warnings))

@@ -71,6 +71,15 @@ def set_count(base_set: list[Any], wanted: int, budget: int = SET_BUDGET_BYTES) 
     return max(2, min(wanted, budget // max(1, nbytes)))
 
 
+def set_count_for(base_set: list[Any], msg: dict[str, Any]) -> int:
+    """The input sets a timing `msg` gets: one for each of its calls (warm-up, timed and extra, in whole bursts) and
+    one for its heating calls, within its `set_bytes`. The parent counts them too, from its own base set."""
+    burst = int(msg.get("burst", 1))
+    extra = int(msg.get("extra_reps", 0)) if msg.get("race") else 0
+    calls = (-(-msg["warmup"] // burst) - (-msg["reps"] // burst) - (-extra // burst)) * burst  # whole bursts
+    return set_count(base_set, calls + (1 if msg.get("settle_ms") else 0), int(msg.get("set_bytes", SET_BUDGET_BYTES)))
+
+
 def _trusted(fn: Callable[[list], Any]) -> Callable[[list], Any]:
     def call(args: list) -> Any:
         with policy.trusted():
@@ -114,9 +123,7 @@ def _prepare(msg: dict[str, Any], laps: dict[str, float]) -> tuple[Any, ...]:
         burst, settle_ms = int(msg.get("burst", 1)), float(msg.get("settle_ms", 0.0))
         race = stats.RaceRule(**msg["race"]) if msg.get("race") else None
         extra = int(msg.get("extra_reps", 0)) if race is not None else 0
-        calls = (-(-msg["warmup"] // burst) - (-msg["reps"] // burst) - (-extra // burst)) * burst  # whole bursts
-        budget = int(msg.get("set_bytes", SET_BUDGET_BYTES))  # the parent's set_budget for this GPU
-        n_sets = set_count(base[0], calls + (1 if settle_ms else 0), budget)  # (+ the heating calls' own set)
+        n_sets = set_count_for(base[0], msg)
         sets = [derive(base, k, task.meta.fixed_inputs) for k in range(n_sets)]
         reference = task.make_reference(msg["model_seed"], device)
         laps["child_sets_s"] = time.monotonic() - t0

@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from profiler import stats
+from profiler.timing_plan import timed_call_set
 
 from . import cudaipc, tolerance
 from .handback import claim, poisoned
 from .records import GPU_FULL, Reason, Rejected, Stage
 from .reference import RUNS, spec_bytes
-from .timing_child import derive, set_budget
+from .timing_child import derive, set_budget, set_count_for
 
 if TYPE_CHECKING:
     from .harness import Harness, _Run
@@ -149,14 +150,17 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
                                  (calls // msg["sample_every"] + 2) * out_bytes * 2 + (64 << 20), exclusive=True)
         t1 = time.monotonic()
         measured = reply["measured"]
-        problems = []
+        n_sets = set_count_for(base[0], msg)  # counted here, not taken from the candidate's process
+        problems = [] if int(reply["n_sets"]) == n_sets else [
+            f"the candidate's process reported {reply['n_sets']} input sets where the timing asked for {n_sets}"]
         if defer:  # after the exclusive turn: the calls to check are picked now, and copied while other checks run
-            measured["samples"], problems = _fetch_samples(harness, run, reply, specs, msg["burst"])
+            measured["samples"], fetched = _fetch_samples(harness, run, reply, specs, msg, n_sets)
+            problems += fetched
         t_fetch = time.monotonic()
     with harness._gpu(run, work="timing_validate"):
         if defer:
             problems += _changed_after_return(measured["samples"], measured, run.device)
-        problems += _validate(run, reference, base, measured, reply["n_sets"]) if candidate else []
+        problems += _validate(run, reference, base, measured, n_sets, None if defer else msg) if candidate else []
     t2 = time.monotonic()
     report = build_timing(measured, candidate="candidate" if candidate else None, baselines=reply["baselines"],
                           roof=roof, kernels=reply["kernels"], environment=reply["environment"],
@@ -259,13 +263,13 @@ def race_report(measured: dict[str, Any], rule: stats.RaceRule, extra: int = EXT
 
 
 def _fetch_samples(harness: "Harness", run: "_Run", reply: dict[str, Any], specs: list[tuple[torch.Size, torch.dtype]],
-                   burst: int) -> tuple[list[dict[str, Any]], list[str]]:
+                   asked: dict[str, Any], n_sets: int) -> tuple[list[dict[str, Any]], list[str]]:
     """The outputs of PICKED_SAMPLES timed calls, chosen at random now among those the child kept, and what is wrong
     with them before they meet the reference: another call or input set than asked for. Whether they still match
     their fingerprints at return (work finished later, THREATS #16) is `_changed_after_return`'s, on the GPU.
     On a GPU they come back into buffers the parent lends, shaped as the reference's outputs and poisoned (as a
     call's do, sandbox/handback.py), not through host memory (3 SwiGLU outputs: 1.4 GB, 1.5 s by value)."""
-    measured, n_sets = reply["measured"], reply["n_sets"]
+    measured = reply["measured"]
     prints = {int(e["call"]): e for e in measured.get("fingerprints") or [] if isinstance(e, dict) and "call" in e}
     kept = sorted({int(c) for c in reply.get("kept_calls") or []} & set(prints))
     if not kept:
@@ -280,16 +284,16 @@ def _fetch_samples(harness: "Harness", run: "_Run", reply: dict[str, Any], specs
     got = harness._request(run, Stage.TIMING, msg, max_bytes=len(picked) * out_bytes * 2 + (64 << 20))["samples"]
     for j, sample in enumerate(got):  # each sample's outputs at its place among the buffers: call j's from j * per
         sample["outputs"] = claim(sample["outputs"], staged, start=j * len(specs)) if staged else sample["outputs"]
-    warm_calls = -(-WARMUP // burst) * burst
     problems = []
     if sorted(int(s["call"]) for s in got) != picked:
         problems.append(f"asked for the outputs of timed calls {picked}, the candidate's process sent "
                         f"{sorted(int(s['call']) for s in got)}")
     for sample in got:
         call = int(sample["call"])
-        if call in prints and int(sample["input_set"]) != (warm_calls + call) % n_sets:
-            problems.append(f"timed call {call} reported input set {sample['input_set']}, not the "
-                            f"{(warm_calls + call) % n_sets} it was given")
+        given = timed_call_set(call, warmup=asked["warmup"], burst=asked["burst"], settle_ms=asked["settle_ms"],
+                               n_sets=n_sets)
+        if call in prints and int(sample["input_set"]) != given:
+            problems.append(f"timed call {call} reported input set {sample['input_set']}, not the {given} it was given")
     return got, problems
 
 
@@ -323,13 +327,21 @@ def _matches_print(outputs: Any, at_return: Any, device: str) -> bool:
 
 
 def _validate(run: "_Run", reference: "Reference", base: list[list[Any]], measured: dict[str, Any],
-              n_sets: int) -> list[str]:
+              n_sets: int, asked: dict[str, Any] | None) -> list[str]:
+    """The samples' outputs against the reference on their input sets; with the timing's message `asked` (samples
+    taken during the measurement), each sample's input set must also be the one its call was given."""
     problems = []
     meta = run.task.meta
     for sample in measured.get("samples", []):
         k = int(sample["input_set"])
         if not 0 <= k < n_sets:
             problems.append(f"timed call {sample['call']} reported input set {k}, which does not exist")
+            continue
+        given = None if asked is None else timed_call_set(int(sample["call"]), warmup=asked["warmup"],
+                                                            burst=asked["burst"], settle_ms=asked["settle_ms"],
+                                                            n_sets=n_sets)
+        if given is not None and k != given:
+            problems.append(f"timed call {sample['call']} reported input set {k}, not the {given} it was given")
             continue
         expected = reference.run(derive(base, k, meta.fixed_inputs))
         outs = sample["outputs"] if isinstance(sample["outputs"], list) else [sample["outputs"]]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from profiler.device_memory import fingerprint
-from sandbox import timing_parent
+from sandbox import timing_child, timing_parent
 from sandbox.task import load_task
 
 N_SETS, WARM = 35, timing_parent.WARMUP
@@ -35,10 +35,11 @@ class _Child:
     """A fake harness: the candidate's process answers `time` and `samples`, and every request and gate turn is
     logged."""
 
-    def __init__(self, kept=None, send=None, changed=(), input_set=None):
+    def __init__(self, kept=None, send=None, changed=(), input_set=None, n_sets=None, set_of=None):
         self.events: list[str] = []
         self.kept = list(range(timing_parent.REPS)) if kept is None else kept
         self.send, self.changed, self.input_set = send, set(changed), input_set
+        self.n_sets, self.set_of = n_sets, set_of or (lambda call: (WARM + call) % self.n_sets)
         self.asked: list[int] = []
         self.time_msg: dict = {}
 
@@ -48,12 +49,14 @@ class _Child:
             return {"ok": True, "laps": {"child_sets_s": 0.1}}
         if msg["op"] == "time":
             self.time_msg = msg
-            return {"ok": True, "measured": _measured(), "n_sets": N_SETS, "kernels": [], "environment": {},
+            if self.n_sets is None:  # as many as the child counts for the message, as a real one does
+                self.n_sets = timing_child.set_count_for([torch.zeros(4)], msg)
+            return {"ok": True, "measured": _measured(), "n_sets": self.n_sets, "kernels": [], "environment": {},
                     "baselines": {}, "kept_calls": self.kept}
         self.asked = list(msg["calls"])
         calls = self.send if self.send is not None else self.asked
         self.buffers = msg.get("out_buffers")
-        samples = [{"call": c, "input_set": self.input_set if self.input_set is not None else (WARM + c) % N_SETS,
+        samples = [{"call": c, "input_set": self.input_set if self.input_set is not None else self.set_of(c),
                     "outputs": [_outputs(c) + (1.0 if c in self.changed else 0.0)]} for c in calls]
         if self.buffers:  # lent buffers (the fake lending hands the child the parent's own tensors): written in place
             for j, sample in enumerate(samples):
@@ -77,7 +80,7 @@ def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: 
              complete: bool = False):
     """Runs timing_parent.measure up to the validation against the reference; returns the problems found before
     (`complete`: to the end, with the caller's stand-ins; returns the report)."""
-    def validate(run, reference, base, measured, n_sets):
+    def validate(run, reference, base, measured, n_sets, asked):
         child.events.append("validate against the reference")
         raise _Stop(measured)
     if not complete:
@@ -170,6 +173,86 @@ def test_picks_differ_between_checks(monkeypatch):
 def test_a_sample_that_is_not_what_was_asked_for_is_a_problem(monkeypatch, child, why):
     problems = _measure(child, monkeypatch=monkeypatch)
     assert any(why in p for p in problems), problems
+
+
+def _sets_as_planned(monkeypatch, *, warmup: int, burst: int, settle_ms: float, n_sets: int, reps: int) -> list[int]:
+    """The input set of each timed call as the child's timing loop gives it: the plan `make_plan` builds (its warm
+    rounds; the sets it cycles through once heating calls keep one of their own), walked round by round."""
+    from profiler.timing_plan import make_plan
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: True)  # make_plan checks only that a GPU is there
+        plan = make_plan({"candidate": lambda args: None}, [[k] for k in range(n_sets)], reps=reps, warmup=warmup,
+                         burst=burst, settle_ms=settle_ms, watch=None, sample_every=None, graph=False, hold_bytes=0,
+                         fresh_inputs=(), tail_tolerance=(1.0, 1.0), cover_ms=0.0, reserve=False, isolate=(),
+                         race=None, extra_reps=0)
+    cycled = [args[0] for args in plan.input_sets]
+    return [cycled[(rnd * plan.burst + j) % len(cycled)]
+            for rnd in range(plan.warm_rounds, plan.warm_rounds + plan.timed_rounds) for j in range(plan.burst)]
+
+
+@pytest.mark.parametrize("warmup", [0, 5])
+@pytest.mark.parametrize("burst, settle_ms", [(1, 0.0), (8, 0.0), (10, 100.0), (1, 100.0)])
+@pytest.mark.parametrize("n_sets", [1, 2, 21, 35, 64])
+def test_the_parent_expects_each_timed_call_on_the_set_the_child_s_plan_gives_it(monkeypatch, warmup, burst,
+                                                                                 settle_ms, n_sets):
+    from profiler.timing_plan import timed_call_set
+    planned = _sets_as_planned(monkeypatch, warmup=warmup, burst=burst, settle_ms=settle_ms, n_sets=n_sets, reps=30)
+    assert [timed_call_set(c, warmup=warmup, burst=burst, settle_ms=settle_ms, n_sets=n_sets)
+            for c in range(len(planned))] == planned
+
+
+def test_a_sustained_timing_whose_calls_wrap_around_fewer_sets_is_not_called_inconsistent(monkeypatch):
+    """Attention fwd+bwd on an 80 GB GPU: 21 input sets fit, one kept for the heating calls, and 10-call bursts
+    after one warm round wrap around the other 20. The honest child's sets pass; the sets of a count that forgets
+    the heating calls' own set (timed call 14 on set 3, not 4) are a problem."""
+    monkeypatch.setattr(timing_parent, "pacing", lambda mode, bound, out_bytes: (10, 100.0))
+    monkeypatch.setattr(timing_parent, "set_budget", lambda gpu_bytes: 21 * 4 * 4)  # 21 of the fake's input sets
+    planned = _sets_as_planned(monkeypatch, warmup=WARM, burst=10, settle_ms=100.0, n_sets=21, reps=timing_parent.REPS)
+    assert planned[14] == 4 and planned[12] == 2
+    honest = _Child(n_sets=21, set_of=lambda call: planned[call])
+    assert _measure(honest, monkeypatch=monkeypatch) == []
+    miscounted = _Child(kept=list(range(10, 30)), n_sets=21, set_of=lambda call: (10 + call) % 21)
+    assert any("not the" in p for p in _measure(miscounted, monkeypatch=monkeypatch))
+
+
+def test_a_child_that_reports_another_count_of_input_sets_is_not_believed(monkeypatch):
+    """The parent counts the input sets itself: a count of the child's choosing would move the set each timed call
+    is expected on (a cached warm-up result passing for a timed call's)."""
+    reported = []
+
+    def build(measured, output_problems, **kw):
+        reported.extend(output_problems)
+        return {"problems": [], "baselines": {}}
+    monkeypatch.setattr("profiler.report.build_timing", build)
+    monkeypatch.setattr(timing_parent, "_validate", lambda *a: [])
+    _measure(_Child(n_sets=N_SETS + 1), monkeypatch=monkeypatch, complete=True)
+    assert reported[0] == f"the candidate's process reported {N_SETS + 1} input sets where the timing asked for {N_SETS}"
+    reported.clear()
+    _measure(_Child(), monkeypatch=monkeypatch, complete=True)
+    assert reported == []
+
+
+def test_a_sample_taken_during_the_measurement_must_be_on_the_set_its_call_was_given():
+    """Outputs too big to keep are sampled inside the turn, each with the input set the child says it used: the
+    parent checks that set against the one the call was given before it compares the outputs on it."""
+    compared = []
+
+    def run_reference(inputs):
+        compared.append(inputs)
+        raise _Stop
+
+    run = types.SimpleNamespace(task=types.SimpleNamespace(meta=types.SimpleNamespace(fixed_inputs=())))
+    reference = types.SimpleNamespace(run=run_reference)
+    asked = {"warmup": WARM, "burst": 10, "settle_ms": 100.0}
+    base = [[torch.zeros(4)], [torch.ones(4)]]
+    wrong = {"samples": [{"call": 14, "input_set": 3, "outputs": [torch.zeros(4)]}]}
+    assert timing_parent._validate(run, reference, base, wrong, 21, asked) == [
+        "timed call 14 reported input set 3, not the 4 it was given"]
+    assert compared == []
+    with pytest.raises(_Stop):  # the set it was given: on to the comparison
+        timing_parent._validate(run, reference, base, {"samples": [{**wrong["samples"][0], "input_set": 4}]}, 21,
+                                asked)
+    assert len(compared) == 1
 
 
 def test_outputs_too_big_to_keep_are_sampled_during_the_measurement(monkeypatch):
