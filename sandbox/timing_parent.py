@@ -153,7 +153,10 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         n_sets = set_count_for(base[0], msg)  # counted here, not taken from the candidate's process
         problems = [] if int(reply["n_sets"]) == n_sets else [
             f"the candidate's process reported {reply['n_sets']} input sets where the timing asked for {n_sets}"]
-        if defer:  # after the exclusive turn: the calls to check are picked now, and copied while other checks run
+        failed = candidate and bool((measured.get("fns", {}).get("candidate") or {}).get("error"))
+        if defer and failed:  # its error is the finding (an out-of-memory one may be the other checks'), not the
+            measured["samples"] = []  # outputs it could not keep
+        elif defer:  # after the exclusive turn: the calls to check are picked now, and copied while other checks run
             measured["samples"], fetched = _fetch_samples(harness, run, reply, specs, msg, n_sets)
             problems += fetched
         t_fetch = time.monotonic()

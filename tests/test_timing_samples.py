@@ -372,6 +372,31 @@ def test_a_raced_timing_takes_no_more_extra_calls_than_can_be_kept(monkeypatch):
     assert "child: samples" in child.events
 
 
+def test_a_candidate_that_raised_while_timed_is_judged_on_its_error_not_on_the_outputs_it_could_not_keep(monkeypatch):
+    """A timed call that raised (out of memory on a GPU the other checks filled, say) leaves no outputs kept: the
+    error is the finding, so the stage can put a full GPU down to the harness, not "kept none of its outputs"."""
+    class _Raised(_Child):
+        def _request(self, run, stage, msg, max_bytes=1 << 30, exclusive=False):
+            reply = super()._request(run, stage, msg, max_bytes, exclusive)
+            if msg["op"] == "time":
+                reply["measured"]["fns"]["candidate"]["error"] = {"type": "OutOfMemoryError", "message": "full"}
+            return reply
+    reported = []
+
+    def build(measured, output_problems, **kw):
+        reported.extend(output_problems)
+        return {"problems": [], "baselines": {}}
+    monkeypatch.setattr("profiler.report.build_timing", build)
+    monkeypatch.setattr(timing_parent, "_validate", lambda *a: [])
+    child = _Raised(kept=[])
+    report = _measure(child, monkeypatch=monkeypatch, complete=True)
+    assert reported == [] and "child: samples" not in child.events
+    assert report["candidate_error"] == "OutOfMemoryError"
+    honest_but_empty = _Child(kept=[])  # without an error, keeping nothing is still a problem
+    _measure(honest_but_empty, monkeypatch=monkeypatch, complete=True)
+    assert reported == ["the candidate's process kept none of its timed outputs for the parent to check"]
+
+
 def test_the_candidate_s_error_type_reaches_the_stage_s_verdict(monkeypatch):
     """An error the candidate raised while timed goes into the report by type, so the stage can tell an
     out-of-memory error (which may be the other checks') from its own faults (tests/test_oom_blame.py)."""
