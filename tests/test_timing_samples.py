@@ -118,6 +118,29 @@ def _measure(child: _Child, out_bytes: int = 4 * 8 * 4, monkeypatch=None, seed: 
     return problems
 
 
+class _RaisedOom(_Child):
+    """A candidate whose timed calls ran out of device memory."""
+
+    def _request(self, run, stage, msg, max_bytes=1 << 30, exclusive=False):
+        reply = super()._request(run, stage, msg, max_bytes, exclusive)
+        if msg["op"] == "time":
+            reply["measured"]["fns"]["candidate"]["error"] = {"type": "OutOfMemoryError", "message": "full"}
+        return reply
+
+
+def _reported(child: _Child, monkeypatch) -> tuple[dict, list[str]]:
+    """The whole measurement with `child` (no validation against a reference): its report, and the problems the
+    parent found with the samples and counts that go into it."""
+    found: list[str] = []
+
+    def build(measured, output_problems, **kw):
+        found.extend(output_problems)
+        return {"problems": [], "baselines": {}}
+    monkeypatch.setattr("profiler.report.build_timing", build)
+    monkeypatch.setattr(timing_parent, "_validate", lambda *a: [])
+    return _measure(child, monkeypatch=monkeypatch, complete=True), found
+
+
 def test_the_calls_to_check_are_picked_after_the_exclusive_turn(monkeypatch):
     child = _Child()
     assert _measure(child, monkeypatch=monkeypatch) == []
@@ -218,18 +241,9 @@ def test_a_sustained_timing_whose_calls_wrap_around_fewer_sets_is_not_called_inc
 def test_a_child_that_reports_another_count_of_input_sets_is_not_believed(monkeypatch):
     """The parent counts the input sets itself: a count of the child's choosing would move the set each timed call
     is expected on (a cached warm-up result passing for a timed call's)."""
-    reported = []
-
-    def build(measured, output_problems, **kw):
-        reported.extend(output_problems)
-        return {"problems": [], "baselines": {}}
-    monkeypatch.setattr("profiler.report.build_timing", build)
-    monkeypatch.setattr(timing_parent, "_validate", lambda *a: [])
-    _measure(_Child(n_sets=N_SETS + 1), monkeypatch=monkeypatch, complete=True)
-    assert reported[0] == f"the candidate's process reported {N_SETS + 1} input sets where the timing asked for {N_SETS}"
-    reported.clear()
-    _measure(_Child(), monkeypatch=monkeypatch, complete=True)
-    assert reported == []
+    _, problems = _reported(_Child(n_sets=N_SETS + 1), monkeypatch)
+    assert problems == [f"the candidate's process reported {N_SETS + 1} input sets where the timing asked for {N_SETS}"]
+    assert _reported(_Child(), monkeypatch)[1] == []
 
 
 def test_a_sample_taken_during_the_measurement_must_be_on_the_set_its_call_was_given():
@@ -374,44 +388,11 @@ def test_a_raced_timing_takes_no_more_extra_calls_than_can_be_kept(monkeypatch):
 
 def test_a_candidate_that_raised_while_timed_is_judged_on_its_error_not_on_the_outputs_it_could_not_keep(monkeypatch):
     """A timed call that raised (out of memory on a GPU the other checks filled, say) leaves no outputs kept: the
-    error is the finding, so the stage can put a full GPU down to the harness, not "kept none of its outputs"."""
-    class _Raised(_Child):
-        def _request(self, run, stage, msg, max_bytes=1 << 30, exclusive=False):
-            reply = super()._request(run, stage, msg, max_bytes, exclusive)
-            if msg["op"] == "time":
-                reply["measured"]["fns"]["candidate"]["error"] = {"type": "OutOfMemoryError", "message": "full"}
-            return reply
-    reported = []
-
-    def build(measured, output_problems, **kw):
-        reported.extend(output_problems)
-        return {"problems": [], "baselines": {}}
-    monkeypatch.setattr("profiler.report.build_timing", build)
-    monkeypatch.setattr(timing_parent, "_validate", lambda *a: [])
-    child = _Raised(kept=[])
-    report = _measure(child, monkeypatch=monkeypatch, complete=True)
-    assert reported == [] and "child: samples" not in child.events
+    error is the finding and goes into the report by type, so the stage can put a full GPU down to the harness
+    (tests/test_oom_blame.py), not "kept none of its outputs"."""
+    child = _RaisedOom(kept=[])
+    report, problems = _reported(child, monkeypatch)
+    assert problems == [] and "child: samples" not in child.events
     assert report["candidate_error"] == "OutOfMemoryError"
-    honest_but_empty = _Child(kept=[])  # without an error, keeping nothing is still a problem
-    _measure(honest_but_empty, monkeypatch=monkeypatch, complete=True)
-    assert reported == ["the candidate's process kept none of its timed outputs for the parent to check"]
-
-
-def test_the_candidate_s_error_type_reaches_the_stage_s_verdict(monkeypatch):
-    """An error the candidate raised while timed goes into the report by type, so the stage can tell an
-    out-of-memory error (which may be the other checks') from its own faults (tests/test_oom_blame.py)."""
-    class _Raised(_Child):
-        def _request(self, run, stage, msg, max_bytes=1 << 30, exclusive=False):
-            reply = super()._request(run, stage, msg, max_bytes, exclusive)
-            if msg["op"] == "time":
-                reply["measured"]["fns"]["candidate"]["error"] = {"type": "OutOfMemoryError", "message": "full"}
-            return reply
-    got = {}
-
-    def build(measured, **kw):
-        got.update(measured)
-        return {"problems": [], "baselines": {}}
-    monkeypatch.setattr("profiler.report.build_timing", build)
-    monkeypatch.setattr(timing_parent, "_validate", lambda *a: [])
-    report = _measure(_Raised(), monkeypatch=monkeypatch, complete=True)
-    assert report["candidate_error"] == "OutOfMemoryError"
+    _, problems = _reported(_Child(kept=[]), monkeypatch)  # without an error, keeping nothing is still a problem
+    assert problems == ["the candidate's process kept none of its timed outputs for the parent to check"]
