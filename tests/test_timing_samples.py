@@ -225,16 +225,16 @@ def test_the_parent_expects_each_timed_call_on_the_set_the_child_s_plan_gives_it
 
 
 def test_a_sustained_timing_whose_calls_wrap_around_fewer_sets_is_not_called_inconsistent(monkeypatch):
-    """Attention fwd+bwd on an 80 GB GPU: 21 input sets fit, one kept for the heating calls, and 10-call bursts
-    after one warm round wrap around the other 20. The honest child's sets pass; the sets of a count that forgets
+    """Attention fwd+bwd on an 80 GB GPU: 19 input sets fit, one kept for the heating calls, and 8-call bursts
+    after one warm round wrap around the other 18. The honest child's sets pass; the sets of a count that forgets
     the heating calls' own set (timed call 14 on set 3, not 4) are a problem."""
-    monkeypatch.setattr(timing_parent, "pacing", lambda mode, bound, out_bytes: (10, 100.0))
-    monkeypatch.setattr(timing_parent, "set_budget", lambda gpu_bytes: 21 * 4 * 4)  # 21 of the fake's input sets
-    planned = _sets_as_planned(monkeypatch, warmup=WARM, burst=10, settle_ms=100.0, n_sets=21, reps=timing_parent.REPS)
+    monkeypatch.setattr(timing_parent, "pacing", lambda mode, bound, out_bytes: (8, 100.0))
+    monkeypatch.setattr(timing_parent, "set_budget", lambda gpu_bytes: 19 * 4 * 4)  # 19 of the fake's input sets
+    planned = _sets_as_planned(monkeypatch, warmup=WARM, burst=8, settle_ms=100.0, n_sets=19, reps=timing_parent.REPS)
     assert planned[14] == 4 and planned[12] == 2
-    honest = _Child(n_sets=21, set_of=lambda call: planned[call])
+    honest = _Child(n_sets=19, set_of=lambda call: planned[call])
     assert _measure(honest, monkeypatch=monkeypatch) == []
-    miscounted = _Child(kept=list(range(10, 30)), n_sets=21, set_of=lambda call: (10 + call) % 21)
+    miscounted = _Child(kept=list(range(10, 30)), n_sets=19, set_of=lambda call: (8 + call) % 19)
     assert any("not the" in p for p in _measure(miscounted, monkeypatch=monkeypatch))
 
 
