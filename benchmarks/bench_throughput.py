@@ -26,6 +26,9 @@ against eager on the GPU. What is reported, per task:
   process's CPU seconds over the run's wall time (near one core: its threads, which prepare inputs, references and
   comparisons for every slot, queue on its interpreter lock; `--parent-cpu N` prints where that CPU went,
   benchmarks/thread_cpu.py);
+- the checks in flight: the share of the window at each count of checks running at once (printed; each slot's
+  checks as the executor saw them, a retried check in each try), which shows a run that gave checks up for a
+  full GPU and when (the timeline keeps the spans and the run's notes);
 - how long the gate was held a candidate for each kind of work (`gate_held`, printed and in the CSV): exclusive:time
   is the measurement, shared:call / soak / rebuild / samples / prepare_timing the candidate's requests, shared:inputs /
   reference / compare / timing_inputs / timing_validate the parent's own steps. Shared holds overlap, so their sum
@@ -153,13 +156,13 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     from sandbox.gate import EXCLUSIVE, held_by_work
 
     verdicts: list[tuple[float, Any]] = []  # (when, candidate) of every verdict, in order
-    changes: list[int] = []  # the run's notes on its checks at once: -1 where the GPU's memory was full, +1 back
+    changes: list[tuple[float, str]] = []  # (when, note) of the run's notes on its checks at once
 
     def on_event(event: Any) -> None:
         if event.kind is EventKind.EVALUATED and event.candidate is not None:
             verdicts.append((time.monotonic(), event.candidate))
         elif event.kind is EventKind.NOTE and event.message.startswith((FEWER_CHECKS, MORE_CHECKS)):
-            changes.append(-1 if event.message.startswith(FEWER_CHECKS) else 1)
+            changes.append((time.monotonic(), event.message))
 
     executor = LocalExecutor()
     if device == "cuda":  # the slots the run gets: fewer than asked where the task's checks do not fit at once
@@ -202,7 +205,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
             first.setdefault(rejection_kind(c.stage, c.reason, c.message), c.message[:200])
     row: dict[str, Any] = {
         "task": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task), "device": device,
-        "checks_per_gpu": checks_per_gpu, "checks_at_end": gpus * checks_per_gpu + sum(changes), "seconds": seconds,
+        "checks_per_gpu": checks_per_gpu, "checks_at_end": gpus * checks_per_gpu + sum(1 if m.startswith(MORE_CHECKS) else -1 for _, m in changes), "seconds": seconds,
         "wall_s": wall, "window_s": window,
         "proposals": len(mine), "verified": verified, "rejected": len(mine) - verified, "distinct_verified": distinct,
         "verified_per_min": verified * 60.0 / window if mine else 0.0,
@@ -227,8 +230,27 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     row["gate_held"] = {k: v / len(mine) for k, v in held_by_work(holds, start, end).items()} if mine else {}
     row["duels"] = len(summary.duels)
     row["parent_top"] = threads.top(parent_top) if threads is not None else []
+    row["in_flight"] = in_flight_shares(executor.checks, start, end) if mine else {}
     row["timeline"] = timeline(verdicts, holds, summary.duels, t0)
+    row["timeline"]["checks"] = [{"slot": c.slot, "gpu": c.gpu, "candidate": c.candidate,
+                                  "start": round(c.start - t0, 3), "end": round(c.end - t0, 3)} for c in executor.checks]
+    row["timeline"]["notes"] = [{"at": round(t - t0, 3), "message": m} for t, m in changes]
     return row
+
+
+def in_flight_shares(spans: list[Any], start: float, end: float) -> dict[int, float]:
+    """How many checks ran at once, as the share of [start, end] spent at each count (the slots' check spans, a
+    retried check counted in each of its tries); what shows a run that gave up checks for a full GPU."""
+    edges = sorted([(max(c.start, start), 1) for c in spans if c.end > start and c.start < end] +
+                   [(min(c.end, end), -1) for c in spans if c.end > start and c.start < end])
+    shares: Counter[int] = Counter()
+    running, at = 0, start
+    for t, step in edges:
+        shares[running] += t - at
+        running, at = running + step, t
+    shares[running] += end - at
+    span = max(end - start, 1e-9)
+    return {n: v / span for n, v in sorted(shares.items(), reverse=True) if v > 0}
 
 
 def mean_busy(per_gpu: list[list[Any]], start: float, end: float) -> float:
@@ -324,7 +346,9 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
             f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%, "
             f"GPU memory in use at most {f(row.get('gpu_mem_peak_gib'), '.1f')} GiB, {row.get('duels', 0)} duel(s), "
             f"the parent's CPU {f(row['parent_cpu_frac'], '.0%')} of a core"
-            f"  (stopped: {row['stop_reason']})\n  the GPU's gate held a candidate (s): " +
+            f"  (stopped: {row['stop_reason']})\n  checks in flight: " +
+            (", ".join(f"{n} for {v:.0%}" for n, v in row.get("in_flight", {}).items() if v >= 0.005) or "-") +
+            " of the window\n  the GPU's gate held a candidate (s): " +
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("gate_held", {}).items(), key=lambda kv: -kv[1])) +
             "\n  laps a candidate (s): " +
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.get("laps", {}).items(), key=lambda kv: -kv[1])
@@ -354,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parent-cpu", type=int, default=0, metavar="N",
                     help="print the N places in the parent's code that took the most of its CPU (sampled per thread)")
     ap.add_argument("--timeline", type=Path, default=None, metavar="DIR",
-                    help="write each task's run as events (verdicts, gate holds, duels) to DIR/<task>.json")
+                    help="write each task's run as events (verdicts, gate holds, duels, each slot's checks, the "
+                         "notes on checks at once) to DIR/<task>.json")
     args = ap.parse_args(argv)
     tasks, problem = task_files(args.tasks, ROOT)
     if problem:

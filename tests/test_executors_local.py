@@ -1,5 +1,6 @@
 """LocalExecutor / LocalSession: which GPU each evaluation slot uses (`gpu_ids`), with a fake evaluator factory."""
 import threading
+import time
 
 import pytest
 import torch
@@ -56,6 +57,28 @@ def test_slot_i_evaluates_on_gpu_ids_i(task, tmp_path, monkeypatch):
     assert session.submit(1, tmp_path / "f.py", ("eager", "compile")).result(timeout=10)[3] == ("eager", "compile")
     session.close()
     assert session.evaluators == {}
+
+
+def test_the_executor_lists_each_check_its_slots_ran_with_its_span(task, tmp_path, monkeypatch):
+    """A check that fails is listed too (a retried check is two spans): what `bench_throughput` counts the checks
+    in flight from."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+    class Failing(Recorder):
+        def __call__(self, task, device, gpu):
+            evaluator = super().__call__(task, device, gpu)
+            if gpu == 1:
+                evaluator.check = lambda *a, **k: 1 / 0
+            return evaluator
+    executor = LocalExecutor(Failing(), resolve_device=lambda d: "cuda")
+    session = executor.session(task, config(task, gpus=2), tmp_path)
+    before = time.monotonic()
+    assert session.submit(0, tmp_path / "a.py").result(timeout=10)[2] == "a.py"
+    with pytest.raises(ZeroDivisionError):
+        session.submit(1, tmp_path / "b.py").result(timeout=10)
+    session.close()
+    assert [(c.slot, c.gpu, c.candidate) for c in executor.checks] == [(0, 0, "a.py"), (1, 1, "b.py")]
+    assert all(before <= c.start <= c.end <= time.monotonic() for c in executor.checks)
 
 
 def test_without_gpu_ids_slot_i_is_gpu_i_for_gpus_slots(task, tmp_path, monkeypatch):

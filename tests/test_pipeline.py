@@ -417,6 +417,19 @@ def test_the_benchmark_s_gpu_shares_are_each_gpu_s_mean():
     assert "first round" in first_rounds({"checks_per_gpu": 4, "gpus": 2, "proposals": 12})
 
 
+def test_the_benchmark_counts_the_checks_in_flight_over_its_window():
+    """Four slots over a 10 s window: two checks throughout, a third from 2 s to 5 s, and one retried check whose
+    first try ended before the window (not counted) and whose second ran past its end (counted up to it)."""
+    from agent.search.executors import CheckSpan
+    from benchmarks.bench_throughput import in_flight_shares
+
+    spans = [CheckSpan(0, 0, "a.py", -5.0, 11.0), CheckSpan(1, 0, "b.py", 0.0, 5.0), CheckSpan(2, 0, "c.py", 2.0, 5.0),
+             CheckSpan(1, 0, "d.py", 5.0, 12.0), CheckSpan(3, 0, "e.py", -4.0, -1.0), CheckSpan(3, 0, "e.py", -1.0, 0.0)]
+    shares = in_flight_shares(spans, 0.0, 10.0)
+    assert shares == pytest.approx({3: 0.3, 2: 0.7}) and list(shares) == [3, 2]
+    assert in_flight_shares([], 0.0, 10.0) == {0: 1.0}
+
+
 def test_the_benchmark_asks_for_gpus_it_can_have(capsys):
     from benchmarks.bench_throughput import main
 

@@ -21,6 +21,8 @@ import concurrent.futures as cf
 import logging
 import os
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -40,6 +42,17 @@ CHECK_FOOTPRINT = 16  # GPU bytes a check keeps alive, in multiples of the task'
 # at least 4 (a compile ready before the GPU is free) and at most 8 (H200, RMSNorm: 35 verified a minute at 8,
 # 23 at 4; benchmarks/data/throughput.csv), and never more than the GPU's memory holds (checks_that_fit).
 CHECKS_PER_GPU = min(8, max(4, (os.cpu_count() or 1) // 2))
+
+
+@dataclass(frozen=True)
+class CheckSpan:
+    """One check a slot ran, from its evaluator taking it to its verdict (or failure), on the monotonic clock: what
+    says how many checks were in flight at a time (a retried check is two spans)."""
+    slot: int
+    gpu: int
+    candidate: str  # the candidate file's name
+    start: float
+    end: float
 
 
 class ExecutorError(Exception):
@@ -211,6 +224,7 @@ class LocalExecutor:
     `gpu_ids` pins the GPUs a session's slots evaluate on (slot i on GPU gpu_ids[i % len(gpu_ids)]); by default they
     are GPUs 0 .. --gpus - 1. `crucible batch --gpus N` gives each of its N lanes one GPU this way. `gates` holds one
     gate per GPU (sandbox/gate.py), shared by every session of this executor; its log says when the GPU had work.
+    `checks` lists every check its sessions' slots ran (CheckSpan), the order they ended in.
     """
 
     def __init__(self, evaluator_factory: EvaluatorFactory | None = None, *,
@@ -221,6 +235,7 @@ class LocalExecutor:
         self.resolve_device = resolve_device
         self.gpu_ids = None if gpu_ids is None else tuple(gpu_ids)
         self.gates: dict[int, GpuGate] = {}
+        self.checks: list[CheckSpan] = []
 
     def session(self, task: Task, config: "RunConfig", workdir: Path) -> "LocalSession":
         device = self.resolve_device(config.device)
@@ -233,7 +248,8 @@ class LocalExecutor:
             t, d, gpu, timeout_s=config.check_timeout_s, baselines=config.baselines, workdir=workdir,
             gate=gates[gpu]))
         if device != "cuda":
-            return LocalSession(task, device, per_gpu or 1, factory, gpu_ids=(0,) * (per_gpu or 1), gates=gates)
+            return LocalSession(task, device, per_gpu or 1, factory, gpu_ids=(0,) * (per_gpu or 1), gates=gates,
+                                checks=self.checks)
         gpu_ids = self.gpu_ids if self.gpu_ids is not None else tuple(range(config.gpus))
         import torch
         visible = torch.cuda.device_count()
@@ -248,7 +264,8 @@ class LocalExecutor:
                         "time (more would fail as out of memory, which says nothing about a candidate)",
                         per_gpu, fit, task.path.name, fit)
             per_gpu = fit
-        return LocalSession(task, device, len(gpu_ids) * per_gpu, factory, gpu_ids=gpu_ids * per_gpu, gates=gates)
+        return LocalSession(task, device, len(gpu_ids) * per_gpu, factory, gpu_ids=gpu_ids * per_gpu, gates=gates,
+                            checks=self.checks)
 
     def close(self) -> None:
         pass  # each session closes its own harnesses
@@ -262,12 +279,14 @@ class LocalSession:
     first candidates come, after that check (about 11 s on the H100 before a second SwiGLU slot's first check)."""
 
     def __init__(self, task: Task, device: str, slots: int, factory: EvaluatorFactory, *,
-                 gpu_ids: tuple[int, ...] | None = None, gates: dict[int, GpuGate] | None = None):
+                 gpu_ids: tuple[int, ...] | None = None, gates: dict[int, GpuGate] | None = None,
+                 checks: list[CheckSpan] | None = None):
         if gpu_ids is not None and len(gpu_ids) != slots:
             raise ValueError(f"{slots} slot(s) need as many GPU ids; got {gpu_ids!r}")
         self.task, self.device, self.slots, self.factory = task, device, slots, factory
         self.gpu_ids = tuple(gpu_ids) if gpu_ids is not None else tuple(range(slots))
         self.gates = gates if gates is not None else {}
+        self.checks = checks if checks is not None else []  # each check's span, appended as it ends
         for gpu in self.gpu_ids:
             self.gates.setdefault(gpu, GpuGate(f"{device}:{gpu}"))
         import torch
@@ -306,7 +325,11 @@ class LocalSession:
 
     def _evaluate(self, slot: int, candidate: Path, baselines: tuple[str, ...] | None,
                   incumbent_ms: float | None, retime: bool) -> CheckResult:
-        return self._evaluator(slot).check(candidate, baselines, incumbent_ms=incumbent_ms, retime=retime)
+        start = time.monotonic()
+        try:
+            return self._evaluator(slot).check(candidate, baselines, incumbent_ms=incumbent_ms, retime=retime)
+        finally:
+            self.checks.append(CheckSpan(slot, self.gpu_ids[slot], candidate.name, start, time.monotonic()))
 
     def reset(self, slot: int) -> None:
         with self._lock:
