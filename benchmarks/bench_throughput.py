@@ -21,7 +21,8 @@ against eager on the GPU. What is reported, per task:
   gate (sandbox/gate.py: checks share the GPU, a timing holds it alone);
 - the GPU's idle fraction: the share of the window in which no gated GPU work (a check's call, reference or
   comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
-  machine has pynvml, with the most GPU memory in use seen (all processes); with `--gpus N`, each of these is the
+  machine has pynvml, with the most GPU memory in use seen (all processes), and seen up to the starting kernel's
+  verdict (its check the only one: what one check of the task holds); with `--gpus N`, each of these is the
   mean over the N GPUs (the memory the most on any one), and the rate is the run's over all of them; the parent
   process's CPU seconds over the run's wall time (near one core: its threads, which prepare inputs, references and
   comparisons for every slot, queue on its interpreter lock; `--parent-cpu N` prints where that CPU went,
@@ -71,7 +72,8 @@ FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton
           "seconds", "wall_s", "window_s", "proposals", "verified", "rejected", "verified_per_min",
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
           "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "start_speedup",
-          "best_speedup", "rejections", "gate_held", "gpu_mem_peak_gib", "checks_at_end", "gpus"]
+          "best_speedup", "rejections", "gate_held", "gpu_mem_peak_gib", "checks_at_end", "gpus",
+          "start_mem_peak_gib"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -111,11 +113,13 @@ def rejection_kind(stage: str | None, reason: str | None, message: str) -> str:
 
 class NvmlSampler:
     """GPU utilisation (%) and the GPU's memory in use (all processes: the harness's and the candidates') every
-    `every_s` on a thread; `stop` gives the mean utilisation, None where NVML cannot be read, and `peak_gib` the most
-    memory in use seen (how close the checks at once came to the GPU's size)."""
+    `every_s` on a thread; `stop` gives the mean utilisation, None where NVML cannot be read, `peak_gib` the most
+    memory in use seen (how close the checks at once came to the GPU's size) and `memory` each reading, (monotonic
+    time, GiB in use)."""
 
     def __init__(self, gpu: int, every_s: float = 0.2):
         self.samples: list[float] = []
+        self.memory: list[tuple[float, float]] = []
         self.peak_gib: float | None = None
         self._stop = threading.Event()
         self._handle = None
@@ -133,7 +137,12 @@ class NvmlSampler:
         while not self._stop.wait(every_s):
             self.samples.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
             used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**30
+            self.memory.append((time.monotonic(), used))
             self.peak_gib = max(self.peak_gib or 0.0, used)
+
+    def peak_until(self, t: float) -> float | None:
+        """The most memory in use read up to monotonic time `t`; None where nothing was read by then."""
+        return max((used for at, used in self.memory if at <= t), default=None)
 
     def stop(self) -> float | None:
         if self._handle is None:
@@ -188,6 +197,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     nvml = statistics.fmean(utilisations) if utilisations and None not in utilisations else None
     peaks = [sampler.peak_gib for sampler in samplers if sampler.peak_gib is not None]
     start = next((t for t, c in verdicts if c.origin == "seed"), t0)
+    alone = [p for p in (sampler.peak_until(start) for sampler in samplers) if p is not None] if start > t0 else []
     mine = [(t, c) for t, c in verdicts if c.origin != "seed" and c.verdict != "interrupted" and t > start]
     end = mine[-1][0] if mine else start
     window = max(end - start, 1e-9)
@@ -213,6 +223,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         "gpu_idle_frac": 1.0 - mean_busy(per_gpu, start, end) if mine else None,
         "gpu_timing_frac": mean_busy([[h for h in g if h.mode == EXCLUSIVE] for g in per_gpu], start, end) if mine
         else None, "nvml_util_pct": nvml, "gpu_mem_peak_gib": max(peaks) if peaks else None, "gpus": gpus,
+        "start_mem_peak_gib": max(alone) if alone else None,
         "parent_cpu_frac": parent_cpu, "stop_reason": summary.stop_reason,
         "start_speedup": summary.start.timings.speedup_eager if summary.start is not None else None,
         "best_speedup": (summary.final.timings.speedup_eager if summary.final is not None
@@ -235,6 +246,8 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     row["timeline"]["checks"] = [{"slot": c.slot, "gpu": c.gpu, "candidate": c.candidate,
                                   "start": round(c.start - t0, 3), "end": round(c.end - t0, 3)} for c in executor.checks]
     row["timeline"]["notes"] = [{"at": round(t - t0, 3), "message": m} for t, m in changes]
+    row["timeline"]["memory_gib"] = [[[round(t - t0, 2), round(used, 2)] for t, used in sampler.memory]
+                                     for sampler in samplers]
     return row
 
 
@@ -344,7 +357,9 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
             f"{f(row.get('best_speedup'), '.3f')}x\n  {'GPU' if row['device'] == 'cuda' else 'CPU'} "
             f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "
             f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%, "
-            f"GPU memory in use at most {f(row.get('gpu_mem_peak_gib'), '.1f')} GiB, {row.get('duels', 0)} duel(s), "
+            f"GPU memory in use at most {f(row.get('gpu_mem_peak_gib'), '.1f')} GiB "
+            f"({f(row.get('start_mem_peak_gib'), '.1f')} up to the starting kernel's verdict, the only check then), "
+            f"{row.get('duels', 0)} duel(s), "
             f"the parent's CPU {f(row['parent_cpu_frac'], '.0%')} of a core"
             f"  (stopped: {row['stop_reason']})\n  checks in flight: " +
             (", ".join(f"{n} for {v:.0%}" for n, v in row.get("in_flight", {}).items() if v >= 0.005) or "-") +

@@ -430,6 +430,16 @@ def test_the_benchmark_counts_the_checks_in_flight_over_its_window():
     assert in_flight_shares([], 0.0, 10.0) == {0: 1.0}
 
 
+def test_the_benchmark_reads_the_gpu_s_memory_up_to_a_moment():
+    """The most memory in use read up to the starting kernel's verdict is that check's (the only one then)."""
+    from benchmarks.bench_throughput import NvmlSampler
+
+    sampler = NvmlSampler(0, every_s=60.0)
+    sampler.stop()
+    sampler.memory = [(1.0, 10.0), (2.0, 30.0), (3.0, 70.0), (4.0, 20.0)]
+    assert sampler.peak_until(2.5) == 30.0 and sampler.peak_until(9.0) == 70.0 and sampler.peak_until(0.5) is None
+
+
 def test_the_benchmark_asks_for_gpus_it_can_have(capsys):
     from benchmarks.bench_throughput import main
 
