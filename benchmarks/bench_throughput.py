@@ -215,7 +215,8 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
             first.setdefault(rejection_kind(c.stage, c.reason, c.message), c.message[:200])
     row: dict[str, Any] = {
         "task": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task), "device": device,
-        "checks_per_gpu": checks_per_gpu, "checks_at_end": gpus * checks_per_gpu + sum(1 if m.startswith(MORE_CHECKS) else -1 for _, m in changes), "seconds": seconds,
+        "checks_per_gpu": checks_per_gpu, "seconds": seconds,
+        "checks_at_end": gpus * checks_per_gpu + sum(1 if m.startswith(MORE_CHECKS) else -1 for _, m in changes),
         "wall_s": wall, "window_s": window,
         "proposals": len(mine), "verified": verified, "rejected": len(mine) - verified, "distinct_verified": distinct,
         "verified_per_min": verified * 60.0 / window if mine else 0.0,
@@ -242,20 +243,16 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     row["duels"] = len(summary.duels)
     row["parent_top"] = threads.top(parent_top) if threads is not None else []
     row["in_flight"] = in_flight_shares(executor.checks, start, end) if mine else {}
-    row["timeline"] = timeline(verdicts, holds, summary.duels, t0)
-    row["timeline"]["checks"] = [{"slot": c.slot, "gpu": c.gpu, "candidate": c.candidate,
-                                  "start": round(c.start - t0, 3), "end": round(c.end - t0, 3)} for c in executor.checks]
-    row["timeline"]["notes"] = [{"at": round(t - t0, 3), "message": m} for t, m in changes]
-    row["timeline"]["memory_gib"] = [[[round(t - t0, 2), round(used, 2)] for t, used in sampler.memory]
-                                     for sampler in samplers]
+    row["timeline"] = timeline(verdicts, holds, summary.duels, t0, checks=executor.checks, notes=changes,
+                               memory=[sampler.memory for sampler in samplers])
     return row
 
 
 def in_flight_shares(spans: list[Any], start: float, end: float) -> dict[int, float]:
     """How many checks ran at once, as the share of [start, end] spent at each count (the slots' check spans, a
     retried check counted in each of its tries); what shows a run that gave up checks for a full GPU."""
-    edges = sorted([(max(c.start, start), 1) for c in spans if c.end > start and c.start < end] +
-                   [(min(c.end, end), -1) for c in spans if c.end > start and c.start < end])
+    inside = [c for c in spans if c.end > start and c.start < end]
+    edges = sorted([(max(c.start, start), 1) for c in inside] + [(min(c.end, end), -1) for c in inside])
     shares: Counter[int] = Counter()
     running, at = 0, start
     for t, step in edges:
@@ -273,9 +270,11 @@ def mean_busy(per_gpu: list[list[Any]], start: float, end: float) -> float:
     return statistics.fmean(busy_seconds(holds, start, end) for holds in per_gpu) / max(end - start, 1e-9)
 
 
-def timeline(verdicts: list[tuple[float, Any]], holds: list[Any], duels: Any, t0: float) -> dict[str, Any]:
+def timeline(verdicts: list[tuple[float, Any]], holds: list[Any], duels: Any, t0: float, *, checks: list[Any],
+             notes: list[tuple[float, str]], memory: list[list[tuple[float, float]]]) -> dict[str, Any]:
     """The run as events on one clock (seconds from its start): each verdict with its stages, laps and timing race,
-    each hold of the GPU's gate, each duel; what `--timeline` writes, to find what a candidate waited for."""
+    each hold of the GPU's gate, each duel, each slot's check (CheckSpan), the run's notes on its checks at once and
+    each GPU's memory readings (GiB in use); what `--timeline` writes, to find what a candidate waited for."""
     def rel(t: float) -> float:
         return round(t - t0, 3)
     cands = []
@@ -291,7 +290,11 @@ def timeline(verdicts: list[tuple[float, Any]], holds: list[Any], duels: Any, t0
             "holds": [{"mode": h.mode, "holder": h.holder, "work": h.work, "start": rel(h.start), "end": rel(h.end),
                        "waited_s": round(h.waited_s, 3)} for h in sorted(holds, key=lambda h: h.start)],
             "duels": [{"challenger": d.challenger_id, "incumbent": d.incumbent_id, "outcome": d.outcome.value,
-                       "legs": len(d.legs), "seconds": round(d.seconds, 2), "note": d.note} for d in duels]}
+                       "legs": len(d.legs), "seconds": round(d.seconds, 2), "note": d.note} for d in duels],
+            "checks": [{"slot": c.slot, "gpu": c.gpu, "candidate": c.candidate, "start": rel(c.start),
+                        "end": rel(c.end)} for c in checks],
+            "notes": [{"at": rel(t), "message": m} for t, m in notes],
+            "memory_gib": [[[round(t - t0, 2), round(used, 2)] for t, used in readings] for readings in memory]}
 
 
 def _proposed(c: Any) -> str:
@@ -394,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the N places in the parent's code that took the most of its CPU (sampled per thread)")
     ap.add_argument("--timeline", type=Path, default=None, metavar="DIR",
                     help="write each task's run as events (verdicts, gate holds, duels, each slot's checks, the "
-                         "notes on checks at once) to DIR/<task>.json")
+                         "notes on checks at once, the GPU's memory in use) to DIR/<task>.json")
     args = ap.parse_args(argv)
     tasks, problem = task_files(args.tasks, ROOT)
     if problem:

@@ -153,8 +153,8 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
         n_sets = set_count_for(base[0], msg)  # counted here, not taken from the candidate's process
         problems = [] if int(reply["n_sets"]) == n_sets else [
             f"the candidate's process reported {reply['n_sets']} input sets where the timing asked for {n_sets}"]
-        failed = candidate and bool((measured.get("fns", {}).get("candidate") or {}).get("error"))
-        if defer and failed:  # its error is the finding (an out-of-memory one may be the other checks'), not the
+        error = (measured.get("fns", {}).get("candidate") or {}).get("error") if candidate else None
+        if defer and error:  # its error is the finding (an out-of-memory one may be the other checks'), not the
             measured["samples"] = []  # outputs it could not keep
         elif defer:  # after the exclusive turn: the calls to check are picked now, and copied while other checks run
             measured["samples"], fetched = _fetch_samples(harness, run, reply, specs, msg, n_sets)
@@ -168,7 +168,6 @@ def measure(harness: "Harness", run: "_Run", reference: "Reference", *, candidat
     report = build_timing(measured, candidate="candidate" if candidate else None, baselines=reply["baselines"],
                           roof=roof, kernels=reply["kernels"], environment=reply["environment"],
                           output_problems=problems, seed=random.Random(seeds[0]).randrange(1 << 30))
-    error = (measured.get("fns", {}).get("candidate") or {}).get("error") if candidate else None
     if isinstance(error, dict):  # its type, for the stage's verdict (an out-of-memory error may be the harness's)
         report["candidate_error"] = str(error.get("type"))
     if rule is not None:
@@ -291,13 +290,18 @@ def _fetch_samples(harness: "Harness", run: "_Run", reply: dict[str, Any], specs
     if sorted(int(s["call"]) for s in got) != picked:
         problems.append(f"asked for the outputs of timed calls {picked}, the candidate's process sent "
                         f"{sorted(int(s['call']) for s in got)}")
-    for sample in got:
-        call = int(sample["call"])
-        given = timed_call_set(call, warmup=asked["warmup"], burst=asked["burst"], settle_ms=asked["settle_ms"],
-                               n_sets=n_sets)
-        if call in prints and int(sample["input_set"]) != given:
-            problems.append(f"timed call {call} reported input set {sample['input_set']}, not the {given} it was given")
+    problems += [p for p in (_other_set(s, asked, n_sets) for s in got if int(s["call"]) in prints) if p]
     return got, problems
+
+
+def _other_set(sample: dict[str, Any], asked: dict[str, Any], n_sets: int) -> str | None:
+    """The problem where a sample reports another input set than its call was given (`asked`: the timing's message,
+    whose warm-up, bursts and heating decide it), else None."""
+    given = timed_call_set(int(sample["call"]), warmup=asked["warmup"], burst=asked["burst"],
+                           settle_ms=asked["settle_ms"], n_sets=n_sets)
+    if int(sample["input_set"]) == given:
+        return None
+    return f"timed call {sample['call']} reported input set {sample['input_set']}, not the {given} it was given"
 
 
 def _changed_after_return(samples: list[dict[str, Any]], measured: dict[str, Any], device: str) -> list[str]:
@@ -340,11 +344,9 @@ def _validate(run: "_Run", reference: "Reference", base: list[list[Any]], measur
         if not 0 <= k < n_sets:
             problems.append(f"timed call {sample['call']} reported input set {k}, which does not exist")
             continue
-        given = None if asked is None else timed_call_set(int(sample["call"]), warmup=asked["warmup"],
-                                                            burst=asked["burst"], settle_ms=asked["settle_ms"],
-                                                            n_sets=n_sets)
-        if given is not None and k != given:
-            problems.append(f"timed call {sample['call']} reported input set {k}, not the {given} it was given")
+        other = _other_set(sample, asked, n_sets) if asked is not None else None
+        if other:
+            problems.append(other)
             continue
         expected = reference.run(derive(base, k, meta.fixed_inputs))
         outs = sample["outputs"] if isinstance(sample["outputs"], list) else [sample["outputs"]]
