@@ -52,7 +52,7 @@ def main(sock_fd: int, out_fd: int, shared_fd: int) -> None:
         try:
             reply = _HANDLERS[op](state, msg)
         except Exception as exc:  # the candidate's failure, reported; the worker itself goes on
-            reply = _failure(Reason.RUNTIME_ERROR, f"{type(exc).__name__}: {exc}", exc)
+            reply = _raised(exc)
             if "Read-only file system" in str(exc) and "policy" in state:  # a write from C, stopped by the mount
                 state["policy"].violations.append("writing outside the scratch directory (read-only file system)")
         if reply.get("ok") is False and "No space left on device" in str(reply.get("message")) and "policy" in state:
@@ -75,6 +75,13 @@ def _exec_source(module: Any, text: str, path: str) -> None:
     as Python numbers them (pyparse.source_lines: a form feed in a comment does not move a kernel onto a string)."""
     linecache.cache[path] = (len(text), None, pyparse.source_lines(text), path)  # no mtime: never reloaded
     exec(compile(text, path, "exec", dont_inherit=True), module.__dict__)
+
+
+def _raised(exc: Exception) -> dict[str, Any]:
+    """The reply for an exception a request raised. SystemError says the interpreter's own state is broken (a kernel
+    wrote over the process's heap, which the CPU interpreter lets it do): the process crashed, whatever it raised."""
+    reason = Reason.CRASH if isinstance(exc, SystemError) else Reason.RUNTIME_ERROR
+    return _failure(reason, f"{type(exc).__name__}: {exc}", exc)
 
 
 def _failure(reason: Reason, message: str, exc: BaseException | None = None) -> dict[str, Any]:

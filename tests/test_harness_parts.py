@@ -3,6 +3,7 @@ claiming the child's markers (the GPU path itself runs in tests/test_harness_gpu
 import torch
 
 from sandbox.handback import claim, poisoned
+from sandbox.records import Reason
 
 
 def _poisoned(ref):
@@ -42,7 +43,7 @@ def test_running_out_of_gpu_memory_is_the_harness_s_error_not_the_candidate_s(mo
     from pathlib import Path
 
     from sandbox.harness import CheckOptions, Harness
-    from sandbox.records import Reason, Stage
+    from sandbox.records import Stage
     from sandbox.reference import Reference
     from sandbox.task import load_task
 
@@ -84,3 +85,16 @@ def test_each_child_gets_a_scratch_directory_of_its_own(tmp_path):
     assert b != a and list((b / "triton").iterdir()) == []
     harness._clean(first)
     assert not a.exists() and b.exists() and stale.exists()
+
+
+def test_a_broken_interpreter_is_reported_as_a_crash():
+    """A kernel that writes over its process's heap (the CPU interpreter lets it) can leave CPython raising
+    SystemError from then on; that process crashed, whatever it raised. A candidate cannot raise SystemError itself
+    (the static stage refuses the name), so the worker's reply is tested directly."""
+    from sandbox import worker
+
+    ordinary = worker._raised(TypeError("pop expected at most 1 argument, got 3"))
+    broken = worker._raised(SystemError("<method 'pop' of 'list' objects> returned NULL without setting an exception"))
+    assert ordinary["reason"] == Reason.RUNTIME_ERROR.value and ordinary["error"]["type"] == "TypeError"
+    assert broken["reason"] == Reason.CRASH.value and broken["error"]["type"] == "SystemError"
+    assert broken["message"].startswith("SystemError: <method 'pop'") and broken["ok"] is False
