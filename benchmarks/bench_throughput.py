@@ -22,7 +22,8 @@ against eager on the GPU. What is reported, per task:
 - the GPU's idle fraction: the share of the window in which no gated GPU work (a check's call, reference or
   comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
   machine has pynvml, with the most GPU memory in use seen (all processes), and seen up to the starting kernel's
-  verdict (its check the only one: what one check of the task holds); with `--gpus N`, each of these is the
+  verdict (its check the only one: what one check of the task holds), and of it the most this process's PyTorch
+  allocator held (the slots' parents, one allocator: the rest is the candidates' processes and CUDA contexts); with `--gpus N`, each of these is the
   mean over the N GPUs (the memory the most on any one), and the rate is the run's over all of them; the parent
   process's CPU seconds over the run's wall time (near one core: its threads, which prepare inputs, references and
   comparisons for every slot, queue on its interpreter lock; `--parent-cpu N` prints where that CPU went,
@@ -73,7 +74,7 @@ FIELDS = ["date", "commit", "label", "device", "gpu", "driver", "torch", "triton
           "proposals_per_min", *(f"{p}_s" for p in PARTS), "gpu_wait_s", "timing_wait_s", "gpu_idle_frac",
           "gpu_timing_frac", "nvml_util_pct", "parent_cpu_frac", "distinct_verified", "start_speedup",
           "best_speedup", "rejections", "gate_held", "gpu_mem_peak_gib", "checks_at_end", "gpus",
-          "start_mem_peak_gib"]
+          "start_mem_peak_gib", "parent_mem_peak_gib"]
 
 
 def parts_of(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -115,12 +116,15 @@ class NvmlSampler:
     """GPU utilisation (%) and the GPU's memory in use (all processes: the harness's and the candidates') every
     `every_s` on a thread; `stop` gives the mean utilisation, None where NVML cannot be read, `peak_gib` the most
     memory in use seen (how close the checks at once came to the GPU's size) and `memory` each reading, (monotonic
-    time, GiB in use)."""
+    time, GiB in use, GiB this process's PyTorch allocator holds there): the run's own process, whose slots' parents
+    share one allocator, against the candidates' processes and every process's CUDA context, the rest."""
 
     def __init__(self, gpu: int, every_s: float = 0.2):
         self.samples: list[float] = []
         self.memory: list[tuple[float, float]] = []
         self.peak_gib: float | None = None
+        self.parent_peak_gib: float | None = None
+        self._gpu = gpu
         self._stop = threading.Event()
         self._handle = None
         try:
@@ -134,15 +138,18 @@ class NvmlSampler:
         self._thread.start()
 
     def _run(self, every_s: float) -> None:
+        import torch
         while not self._stop.wait(every_s):
             self.samples.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
             used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**30
-            self.memory.append((time.monotonic(), used))
+            parent = torch.cuda.memory_reserved(self._gpu) / 2**30
+            self.memory.append((time.monotonic(), used, parent))
             self.peak_gib = max(self.peak_gib or 0.0, used)
+            self.parent_peak_gib = max(self.parent_peak_gib or 0.0, parent)
 
     def peak_until(self, t: float) -> float | None:
         """The most memory in use read up to monotonic time `t`; None where nothing was read by then."""
-        return max((used for at, used in self.memory if at <= t), default=None)
+        return max((used for at, used, _ in self.memory if at <= t), default=None)
 
     def stop(self) -> float | None:
         if self._handle is None:
@@ -196,6 +203,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     utilisations = [sampler.stop() for sampler in samplers]
     nvml = statistics.fmean(utilisations) if utilisations and None not in utilisations else None
     peaks = [sampler.peak_gib for sampler in samplers if sampler.peak_gib is not None]
+    parent_peaks = [sampler.parent_peak_gib for sampler in samplers if sampler.parent_peak_gib is not None]
     start = next((t for t, c in verdicts if c.origin == "seed"), t0)
     alone = [p for p in (sampler.peak_until(start) for sampler in samplers) if p is not None] if start > t0 else []
     mine = [(t, c) for t, c in verdicts if c.origin != "seed" and c.verdict != "interrupted" and t > start]
@@ -225,6 +233,7 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
         "gpu_timing_frac": mean_busy([[h for h in g if h.mode == EXCLUSIVE] for g in per_gpu], start, end) if mine
         else None, "nvml_util_pct": nvml, "gpu_mem_peak_gib": max(peaks) if peaks else None, "gpus": gpus,
         "start_mem_peak_gib": max(alone) if alone else None,
+        "parent_mem_peak_gib": max(parent_peaks) if parent_peaks else None,
         "parent_cpu_frac": parent_cpu, "stop_reason": summary.stop_reason,
         "start_speedup": summary.start.timings.speedup_eager if summary.start is not None else None,
         "best_speedup": (summary.final.timings.speedup_eager if summary.final is not None
@@ -271,10 +280,10 @@ def mean_busy(per_gpu: list[list[Any]], start: float, end: float) -> float:
 
 
 def timeline(verdicts: list[tuple[float, Any]], holds: list[Any], duels: Any, t0: float, *, checks: list[Any],
-             notes: list[tuple[float, str]], memory: list[list[tuple[float, float]]]) -> dict[str, Any]:
+             notes: list[tuple[float, str]], memory: list[list[tuple[float, float, float]]]) -> dict[str, Any]:
     """The run as events on one clock (seconds from its start): each verdict with its stages, laps and timing race,
     each hold of the GPU's gate, each duel, each slot's check (CheckSpan), the run's notes on its checks at once and
-    each GPU's memory readings (GiB in use); what `--timeline` writes, to find what a candidate waited for."""
+    each GPU's memory readings (GiB in use, GiB of it this process's allocator holds); what `--timeline` writes, to find what a candidate waited for."""
     def rel(t: float) -> float:
         return round(t - t0, 3)
     cands = []
@@ -294,7 +303,8 @@ def timeline(verdicts: list[tuple[float, Any]], holds: list[Any], duels: Any, t0
             "checks": [{"slot": c.slot, "gpu": c.gpu, "candidate": c.candidate, "start": rel(c.start),
                         "end": rel(c.end)} for c in checks],
             "notes": [{"at": rel(t), "message": m} for t, m in notes],
-            "memory_gib": [[[round(t - t0, 2), round(used, 2)] for t, used in readings] for readings in memory]}
+            "memory_gib": [[[round(t - t0, 2), round(used, 2), round(parent, 2)] for t, used, parent in readings]
+                           for readings in memory]}
 
 
 def _proposed(c: Any) -> str:
@@ -361,7 +371,8 @@ def show(row: dict[str, Any], messages: bool = False) -> str:
             f"idle (no gated work) {f(row['gpu_idle_frac'], '.0%')} of the "
             f"window, timing {f(row['gpu_timing_frac'], '.0%')}, NVML utilisation {f(row['nvml_util_pct'], '.0f')}%, "
             f"GPU memory in use at most {f(row.get('gpu_mem_peak_gib'), '.1f')} GiB "
-            f"({f(row.get('start_mem_peak_gib'), '.1f')} up to the starting kernel's verdict, the only check then), "
+            f"({f(row.get('start_mem_peak_gib'), '.1f')} up to the starting kernel's verdict, the only check then; "
+            f"this process's allocator at most {f(row.get('parent_mem_peak_gib'), '.1f')}), "
             f"{row.get('duels', 0)} duel(s), "
             f"the parent's CPU {f(row['parent_cpu_frac'], '.0%')} of a core"
             f"  (stopped: {row['stop_reason']})\n  checks in flight: " +
