@@ -269,7 +269,7 @@ class Harness:
                 if lost is None:
                     self._keep_compiled(run)
                 with run.lap("close"):
-                    self._retire(child, run.lending)
+                    self._retire(child, run.lending, run.device)
                 lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
         if lost is not None:
             self._blame_for_zygote(run, lost)
@@ -444,14 +444,15 @@ class Harness:
         return Rejected(stage, reason, message, error=error, details=details)
 
     # ---- the candidate's process ---------------------------------------------------------------------------
-    def _retire(self, child: Child, lending: cudaipc.Lending) -> None:
+    def _retire(self, child: Child, lending: cudaipc.Lending, device: str) -> None:
         """End the child and remove its scratch directory. On the CPU, at once; on a GPU, where a process takes a
         quarter of a second to give its context back, on a thread the next check does not wait for (the tensors the
-        child mapped stay alive until it is dead; `close` joins every such thread)."""
+        child mapped stay alive until it is dead, then the idle cache may go back; `close` joins every such thread)."""
         def reap() -> None:
             child.close(graceful=True)
             self._clean(child)
             lending.release()
+            stage_runners.return_idle(device)
 
         self._reapers = [r for r in self._reapers if r.is_alive()]
         if self.device != "cuda":

@@ -220,6 +220,23 @@ def return_cached(run: _Run, room: float = math.inf) -> None:
             torch.cuda.empty_cache()
 
 
+# The idle cache a finished check may leave in the parent, as a share of the GPU's memory (return_idle).
+IDLE_SHARE = 1 / 16
+
+
+def return_idle(device: str) -> None:
+    """At a check's end (its process dead, its lent blocks freed): the parent's cached but unused blocks go back to
+    the driver when they pass IDLE_SHARE of the GPU. A check's freed blocks stay in the pool of its slot's stream
+    (Harness._parent_stream), which no other slot's stream allocates from and no candidate's process can use, so
+    each slot's pool grows to that slot's own peak (H100, attention fwd+bwd at four checks: this process held up to
+    58 of the 79.6 GiB in use, and the checks' processes ran out of memory). A small task's cache stays."""
+    if device == "cpu":
+        return
+    idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if idle > max(CACHED_KEPT_BYTES, IDLE_SHARE * torch.cuda.get_device_properties(device).total_memory):
+        torch.cuda.empty_cache()
+
+
 def call_room(inputs: list[Any], expected: Expected) -> int:
     """The free GPU memory a call's process should find: CALL_ROOM times its inputs and outputs (its own copies,
     the outputs it returns and hands back, a kernel's workspace), and CACHED_KEPT_BYTES besides."""

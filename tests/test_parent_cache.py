@@ -48,6 +48,21 @@ def test_a_large_idle_cache_goes_back_only_where_the_call_needs_the_room(monkeyp
     assert emptied
 
 
+def test_a_finished_check_hands_back_an_idle_cache_past_a_share_of_the_gpu(monkeypatch):
+    """Each slot's stream keeps its own pool of freed blocks, which no other slot and no candidate's process can use:
+    past a sixteenth of the GPU (8.8 GiB of 141) the idle cache goes back at a check's end, whatever is free."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: type("P", (), {
+        "total_memory": 141 * GIB}))
+    emptied = _gpu(monkeypatch, reserved=58 * GIB, allocated=6 * GIB, free=60 * GIB)
+    stage_runners.return_idle("cuda:0")
+    assert emptied
+    emptied = _gpu(monkeypatch, reserved=12 * GIB, allocated=4 * GIB, free=1 * GIB)  # 8 GiB idle: a small task's
+    stage_runners.return_idle("cuda:0")
+    assert not emptied
+    stage_runners.return_idle("cpu")  # nothing to hand back, and no CUDA call
+    assert not emptied
+
+
 def test_a_calls_room_counts_its_inputs_and_outputs():
     inputs = [torch.zeros(256, dtype=torch.bfloat16), 3, torch.zeros(64, dtype=torch.float32)]
     expected = Expected(ref=[torch.zeros(128, dtype=torch.bfloat16)], truth=None, structure="tensor")
