@@ -116,8 +116,9 @@ class NvmlSampler:
     """GPU utilisation (%) and the GPU's memory in use (all processes: the harness's and the candidates') every
     `every_s` on a thread; `stop` gives the mean utilisation, None where NVML cannot be read, `peak_gib` the most
     memory in use seen (how close the checks at once came to the GPU's size) and `memory` each reading, (monotonic
-    time, GiB in use, GiB this process's PyTorch allocator holds there): the run's own process, whose slots' parents
-    share one allocator, against the candidates' processes and every process's CUDA context, the rest."""
+    time, GiB in use, GiB this process's PyTorch allocator holds there, GiB of that in live tensors): the run's own
+    process, whose slots' parents share one allocator, against the candidates' processes and every process's CUDA
+    context, the rest; and of the parent's, what it uses against what its allocator keeps cached."""
 
     def __init__(self, gpu: int, every_s: float = 0.2):
         self.samples: list[float] = []
@@ -143,13 +144,14 @@ class NvmlSampler:
             self.samples.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
             used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**30
             parent = torch.cuda.memory_reserved(self._gpu) / 2**30
-            self.memory.append((time.monotonic(), used, parent))
+            live = torch.cuda.memory_allocated(self._gpu) / 2**30
+            self.memory.append((time.monotonic(), used, parent, live))
             self.peak_gib = max(self.peak_gib or 0.0, used)
             self.parent_peak_gib = max(self.parent_peak_gib or 0.0, parent)
 
     def peak_until(self, t: float) -> float | None:
         """The most memory in use read up to monotonic time `t`; None where nothing was read by then."""
-        return max((used for at, used, _ in self.memory if at <= t), default=None)
+        return max((used for at, used, *_ in self.memory if at <= t), default=None)
 
     def stop(self) -> float | None:
         if self._handle is None:
@@ -280,10 +282,10 @@ def mean_busy(per_gpu: list[list[Any]], start: float, end: float) -> float:
 
 
 def timeline(verdicts: list[tuple[float, Any]], holds: list[Any], duels: Any, t0: float, *, checks: list[Any],
-             notes: list[tuple[float, str]], memory: list[list[tuple[float, float, float]]]) -> dict[str, Any]:
+             notes: list[tuple[float, str]], memory: list[list[tuple[float, float, float, float]]]) -> dict[str, Any]:
     """The run as events on one clock (seconds from its start): each verdict with its stages, laps and timing race,
     each hold of the GPU's gate, each duel, each slot's check (CheckSpan), the run's notes on its checks at once and
-    each GPU's memory readings (GiB in use, GiB of it this process's allocator holds); what `--timeline` writes, to find what a candidate waited for."""
+    each GPU's memory readings (GiB in use, GiB of it this process's allocator holds, GiB of that in use); what `--timeline` writes, to find what a candidate waited for."""
     def rel(t: float) -> float:
         return round(t - t0, 3)
     cands = []
@@ -303,7 +305,7 @@ def timeline(verdicts: list[tuple[float, Any]], holds: list[Any], duels: Any, t0
             "checks": [{"slot": c.slot, "gpu": c.gpu, "candidate": c.candidate, "start": rel(c.start),
                         "end": rel(c.end)} for c in checks],
             "notes": [{"at": rel(t), "message": m} for t, m in notes],
-            "memory_gib": [[[round(t - t0, 2), round(used, 2), round(parent, 2)] for t, used, parent in readings]
+            "memory_gib": [[[round(t - t0, 2), *(round(gib, 2) for gib in reading)] for t, *reading in readings]
                            for readings in memory]}
 
 
