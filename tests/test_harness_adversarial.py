@@ -117,3 +117,36 @@ def test_a_coding_declaration_cannot_hide_code_from_the_static_stage(harness, tm
     cand.write_bytes(b"# coding: unicode_escape\n" + (HERE / "candidates" / "rmsnorm_honest.py").read_bytes() + hidden)
     result = harness.check(RMSNORM, cand)
     assert result.verdict is Verdict.ACCEPTED, result.message
+
+
+
+def test_a_large_first_expected_is_computed_again_for_the_repeat(harness, monkeypatch):
+    """Past KEPT_EXPECTED_BYTES the first call's expected values are not held through the correctness calls: the
+    robustness stage's repeat of that call runs the reference on those inputs once more and compares with that
+    (a reference that answers the second time with doubled values gets the honest candidate rejected there)."""
+    from sandbox import stage_runners
+    from sandbox.reference import Expected, Reference
+
+    runs, real, tamper = [], Reference.run, []
+
+    def run(self, inputs):
+        again = any(x is inputs[0] for x in runs)
+        runs.append(inputs[0])  # the tensor itself, kept alive: no later inputs can take its place
+        expected = real(self, inputs)
+        if not (again and tamper):
+            return expected
+        return Expected(ref=[t * 2 for t in expected.ref], truth=[t * 2 for t in expected.truth or []],
+                        structure=expected.structure, alternates=[[t * 2 for t in alt] for alt in expected.alternates])
+    monkeypatch.setattr(Reference, "run", run)
+    honest = HERE / "candidates" / "rmsnorm_honest.py"
+    assert harness.check(RMSNORM, honest).verdict is Verdict.ACCEPTED
+    assert sum(x is runs[0] for x in runs) == 1  # the smoke call's inputs: their expected values were kept
+    runs.clear()
+    monkeypatch.setattr(stage_runners, "KEPT_EXPECTED_BYTES", 0)
+    assert harness.check(RMSNORM, honest).verdict is Verdict.ACCEPTED
+    runs.clear()
+    tamper.append(True)
+    result = harness.check(RMSNORM, honest)
+    assert sum(x is runs[0] for x in runs) == 2  # and computed again for the repeat, which is compared with them
+    assert result.stage is Stage.ROBUSTNESS and result.reason is Reason.OUTPUT_MISMATCH, result.message
+    assert "a repeat of the first inputs" in result.message
