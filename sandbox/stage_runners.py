@@ -94,6 +94,7 @@ def correctness(harness: Harness, run: _Run, reference: Reference,
         reply, expected = call(harness, run, Stage.CORRECTNESS, reference, inputs)
         compare(harness, run, Stage.CORRECTNESS, reply["outputs"], expected, f"{dist} inputs")
         checked.append(dist)
+        del reply, expected, inputs  # not alive beside the next distribution's reference run
     return None, {"distributions": checked}
 
 
