@@ -245,8 +245,8 @@ def return_idle(device: str) -> None:
     """At a check's end (its process dead, its lent blocks freed): the parent's cached but unused blocks go back to
     the driver when they pass IDLE_SHARE of the GPU. A check's freed blocks stay in the pool of its slot's stream
     (Harness._parent_stream), which no other slot's stream allocates from and no candidate's process can use, so
-    each slot's pool grows to that slot's own peak (H100, attention fwd+bwd at four checks: this process held up to
-    58 of the 79.6 GiB in use, and the checks' processes ran out of memory). A small task's cache stays."""
+    each slot's pool would keep that slot's own peak while it waits for its next candidate (at attention fwd+bwd,
+    several GB a slot). A small task's cache stays."""
     if device == "cpu":
         return
     idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
