@@ -23,11 +23,11 @@ against eager on the GPU. What is reported, per task:
   comparison, or a timing) was in progress; the timing share; and NVML's utilisation, sampled every 0.2 s where the
   machine has pynvml, with the most GPU memory in use seen (all processes), and seen up to the starting kernel's
   verdict (its check the only one: what one check of the task holds), and of it the most this process's PyTorch
-  allocator held (the slots' parents, one allocator: the rest is the candidates' processes and CUDA contexts); with `--gpus N`, each of these is the
-  mean over the N GPUs (the memory the most on any one), and the rate is the run's over all of them; the parent
-  process's CPU seconds over the run's wall time (near one core: its threads, which prepare inputs, references and
-  comparisons for every slot, queue on its interpreter lock; `--parent-cpu N` prints where that CPU went,
-  benchmarks/thread_cpu.py);
+  allocator held (the slots' parents, one allocator: the rest is the candidates' processes and CUDA contexts); with
+  `--gpus N`, each of these is the mean over the N GPUs (the memory the most on any one), and the rate is the
+  run's over all of them; the parent process's CPU seconds over the run's wall time (near one core: its threads,
+  which prepare inputs, references and comparisons for every slot, queue on its interpreter lock; `--parent-cpu N`
+  prints where that CPU went, benchmarks/thread_cpu.py);
 - the checks in flight: the share of the window at each count of checks running at once (printed; each slot's
   checks as the executor saw them, a retried check in each try), which shows a run that gave checks up for a
   full GPU and when (the timeline keeps the spans and the run's notes);
@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 import statistics
 import sys
@@ -114,17 +115,17 @@ def rejection_kind(stage: str | None, reason: str | None, message: str) -> str:
 
 class NvmlSampler:
     """GPU utilisation (%) and the GPU's memory in use (all processes: the harness's and the candidates') every
-    `every_s` on a thread; `stop` gives the mean utilisation, None where NVML cannot be read, `peak_gib` the most
-    memory in use seen (how close the checks at once came to the GPU's size) and `memory` each reading, (monotonic
-    time, GiB in use, GiB this process's PyTorch allocator holds there, GiB of that in live tensors): the run's own
-    process, whose slots' parents share one allocator, against the candidates' processes and every process's CUDA
-    context, the rest; and of the parent's, what it uses against what its allocator keeps cached."""
+    `every_s` on a thread; `stop` gives the mean utilisation, None where NVML cannot be read, and `memory` each
+    reading, (monotonic time, GiB in use, GiB this process's PyTorch allocator holds there, GiB of that in live
+    tensors): the run's own process, whose slots' parents share one allocator, against the candidates' processes and
+    every process's CUDA context, the rest; and of the parent's, what it uses against what its allocator keeps
+    cached. `peak` reads the most of them (how close the checks at once came to the GPU's size)."""
+
+    IN_USE, RESERVED = 1, 2  # `peak`'s columns of a reading
 
     def __init__(self, gpu: int, every_s: float = 0.2):
         self.samples: list[float] = []
-        self.memory: list[tuple[float, float]] = []
-        self.peak_gib: float | None = None
-        self.parent_peak_gib: float | None = None
+        self.memory: list[tuple[float, float, float, float]] = []
         self._gpu = gpu
         self._stop = threading.Event()
         self._handle = None
@@ -146,12 +147,11 @@ class NvmlSampler:
             parent = torch.cuda.memory_reserved(self._gpu) / 2**30
             live = torch.cuda.memory_allocated(self._gpu) / 2**30
             self.memory.append((time.monotonic(), used, parent, live))
-            self.peak_gib = max(self.peak_gib or 0.0, used)
-            self.parent_peak_gib = max(self.parent_peak_gib or 0.0, parent)
 
-    def peak_until(self, t: float) -> float | None:
-        """The most memory in use read up to monotonic time `t`; None where nothing was read by then."""
-        return max((used for at, used, *_ in self.memory if at <= t), default=None)
+    def peak(self, until: float = math.inf, column: int = IN_USE) -> float | None:
+        """The most read up to monotonic time `until` of the GPU's memory in use (IN_USE) or of this process's
+        allocator's reserve (RESERVED); None where nothing was read by then."""
+        return max((reading[column] for reading in self.memory if reading[0] <= until), default=None)
 
     def stop(self) -> float | None:
         if self._handle is None:
@@ -204,10 +204,10 @@ def measure(task: Path, *, device: str, seconds: float, checks_per_gpu: int, wor
     parent_cpu = (time.process_time() - cpu0) / max(wall, 1e-9)  # near 1: the parent's threads queue on its GIL
     utilisations = [sampler.stop() for sampler in samplers]
     nvml = statistics.fmean(utilisations) if utilisations and None not in utilisations else None
-    peaks = [sampler.peak_gib for sampler in samplers if sampler.peak_gib is not None]
-    parent_peaks = [sampler.parent_peak_gib for sampler in samplers if sampler.parent_peak_gib is not None]
+    peaks = [p for p in (sampler.peak() for sampler in samplers) if p is not None]
+    parent_peaks = [p for p in (sampler.peak(column=NvmlSampler.RESERVED) for sampler in samplers) if p is not None]
     start = next((t for t, c in verdicts if c.origin == "seed"), t0)
-    alone = [p for p in (sampler.peak_until(start) for sampler in samplers) if p is not None] if start > t0 else []
+    alone = [p for p in (sampler.peak(start) for sampler in samplers) if p is not None] if start > t0 else []
     mine = [(t, c) for t, c in verdicts if c.origin != "seed" and c.verdict != "interrupted" and t > start]
     end = mine[-1][0] if mine else start
     window = max(end - start, 1e-9)
@@ -285,7 +285,8 @@ def timeline(verdicts: list[tuple[float, Any]], holds: list[Any], duels: Any, t0
              notes: list[tuple[float, str]], memory: list[list[tuple[float, float, float, float]]]) -> dict[str, Any]:
     """The run as events on one clock (seconds from its start): each verdict with its stages, laps and timing race,
     each hold of the GPU's gate, each duel, each slot's check (CheckSpan), the run's notes on its checks at once and
-    each GPU's memory readings (GiB in use, GiB of it this process's allocator holds, GiB of that in use); what `--timeline` writes, to find what a candidate waited for."""
+    each GPU's memory readings (GiB in use, GiB of it this process's allocator holds, GiB of that in use); what
+    `--timeline` writes, to find what a candidate waited for."""
     def rel(t: float) -> float:
         return round(t - t0, 3)
     cands = []

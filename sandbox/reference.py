@@ -118,6 +118,12 @@ class Expected:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.ref)
 
+    @property
+    def held_bytes(self) -> int:
+        """All it holds: the reference's outputs, the truth and every alternate's outputs."""
+        return sum(t.numel() * t.element_size()
+                   for t in (*self.ref, *(self.truth or []), *(x for alt in self.alternates for x in alt)))
+
     def alternates_for(self, i: int) -> tuple[torch.Tensor, ...]:
         """Output i of each alternate implementation."""
         return tuple(alt[i] for alt in self.alternates)

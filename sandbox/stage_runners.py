@@ -62,12 +62,6 @@ def compile_candidate(harness: Harness, run: _Run) -> tuple[Reference, dict[str,
 KEPT_EXPECTED_BYTES = 1 << 30
 
 
-def held_bytes(expected: Expected) -> int:
-    """The device bytes an Expected holds: the reference's outputs, the truth and every alternate's outputs."""
-    tensors = [*expected.ref, *(expected.truth or []), *(t for alt in expected.alternates for t in alt)]
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def smoke(harness: Harness, run: _Run, reference: Reference) -> tuple[dict[str, Any], dict[str, Any]]:
     seed = run.rng.randrange(1 << 31)
     with run.lap("inputs"), harness._gpu(run, work="inputs"):
@@ -81,7 +75,7 @@ def smoke(harness: Harness, run: _Run, reference: Reference) -> tuple[dict[str, 
 def correctness(harness: Harness, run: _Run, reference: Reference,
                 first: dict[str, Any]) -> tuple[None, dict[str, Any]]:
     compare(harness, run, Stage.CORRECTNESS, first["outputs"], first["expected"], first["label"])
-    if held_bytes(first["expected"]) > KEPT_EXPECTED_BYTES:  # the robustness stage's repeat computes it again
+    if first["expected"].held_bytes > KEPT_EXPECTED_BYTES:  # the robustness stage's repeat computes it again
         first["expected"] = None
     checked = [run.task.meta.distributions[0]]
     if run.options.retime:  # verified in full by an earlier check: the first call only, then the timing
@@ -229,8 +223,7 @@ def return_cached(run: _Run, room: float = math.inf) -> None:
     they pass CACHED_KEPT_BYTES and the GPU has less than `room` bytes free: the child's process allocates from what
     is left of the same GPU, and a full-size task's next call needs the room; a small task keeps its cache (no
     allocation churn from check to check, and no device-wide wait inside the driver's free)."""
-    if run.device == "cpu" or \
-            torch.cuda.memory_reserved(run.device) - torch.cuda.memory_allocated(run.device) <= CACHED_KEPT_BYTES:
+    if run.device == "cpu" or _idle_bytes(run.device) <= CACHED_KEPT_BYTES:
         return
     if room == math.inf or torch.cuda.mem_get_info(run.device)[0] < room:
         with run.lap("empty_cache"):
@@ -249,9 +242,13 @@ def return_idle(device: str) -> None:
     several GB a slot). A small task's cache stays."""
     if device == "cpu":
         return
-    idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    if idle > max(CACHED_KEPT_BYTES, IDLE_SHARE * torch.cuda.get_device_properties(device).total_memory):
+    if _idle_bytes(device) > max(CACHED_KEPT_BYTES, IDLE_SHARE * torch.cuda.get_device_properties(device).total_memory):
         torch.cuda.empty_cache()
+
+
+def _idle_bytes(device: str) -> int:
+    """The parent's GPU bytes cached by PyTorch's allocator but held by no tensor."""
+    return torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 def call_room(inputs: list[Any], expected: Expected) -> int:

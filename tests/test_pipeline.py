@@ -437,7 +437,8 @@ def test_the_benchmark_reads_the_gpu_s_memory_up_to_a_moment():
     sampler = NvmlSampler(0, every_s=60.0)
     sampler.stop()
     sampler.memory = [(1.0, 10.0, 2.0, 1.0), (2.0, 30.0, 2.0, 1.0), (3.0, 70.0, 9.0, 5.0), (4.0, 20.0, 9.0, 1.0)]
-    assert sampler.peak_until(2.5) == 30.0 and sampler.peak_until(9.0) == 70.0 and sampler.peak_until(0.5) is None
+    assert sampler.peak(2.5) == 30.0 and sampler.peak(9.0) == 70.0 and sampler.peak(0.5) is None
+    assert sampler.peak() == 70.0 and sampler.peak(column=NvmlSampler.RESERVED) == 9.0
 
 
 def test_the_benchmark_asks_for_gpus_it_can_have(capsys):
