@@ -407,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a trial: budget a check at N times its task's inputs on the GPU instead of "
                          "agent.search.executors.CHECK_FOOTPRINT (more or fewer checks fit); the label defaults "
                          "to footprintN")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="a trial: no check compiles its robustness shapes ahead in a second process "
+                         "(sandbox.warmer); the label defaults to nowarm")
     ap.add_argument("--parent-cpu", type=int, default=0, metavar="N",
                     help="print the N places in the parent's code that took the most of its CPU (sampled per thread)")
     ap.add_argument("--timeline", type=Path, default=None, metavar="DIR",
@@ -429,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
         from agent.search import executors
         executors.CHECK_FOOTPRINT = args.check_footprint
         args.label = args.label or f"footprint{args.check_footprint}"
+    if args.no_warm:
+        from sandbox import warmer
+        warmer.WARM_AFTER_S = math.inf
+        args.label = args.label or "nowarm"
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():

@@ -55,6 +55,7 @@ class CheckOptions:
     # A re-time of a source an earlier check verified in full (a duel's leg): its first call is compared and it is
     # timed, whose sampled calls are validated as ever; the other distributions, shapes and the soak are not re-run.
     retime: bool = False
+    warm: bool | None = None  # the robustness shapes compiled ahead in a second process (sandbox.warmer); None: auto
 
     def __post_init__(self) -> None:
         if self.incumbent_ms is not None and not (math.isfinite(self.incumbent_ms) and self.incumbent_ms > 0):
@@ -96,6 +97,8 @@ class _Run:
     # child runs
     source_key: str = ""  # what its verified kernels are kept under (sandbox.compiled)
     kept_files: int = 0  # the files of its Triton cache kept for its later checks (verified only)
+    warmer: Any = None  # its second process compiling the robustness shapes ahead (sandbox.warmer), if any
+    planted: int = 0  # the files of the warmer's cache planted in this check's process
     # id(reference) -> (the parent's wall time of the fastest call at its shape, the reference's time there)
     walls: dict[int, tuple[float, float]] = field(default_factory=dict)
 
@@ -269,7 +272,7 @@ class Harness:
                 if lost is None:
                     self._keep_compiled(run)
                 with run.lap("close"):
-                    self._retire(child, run.lending, run.device)
+                    self._retire(run)
                 lost = lost or (child.zygote_lost.how if child.zygote_lost else None)
         if lost is not None:
             self._blame_for_zygote(run, lost)
@@ -297,10 +300,8 @@ class Harness:
         candidate is rejected whatever else it did (the next check starts a fresh zygote)."""
         message = (f"the sandbox's worker process {how} while the candidate's process ran; the candidate was "
                    "rejected (its process must not signal the process that started it)")
-        failed = replace(run.stages[-1], passed=False, reason=Reason.SANDBOX_VIOLATION, message=message) \
-            if run.stages and not run.stages[-1].passed else None
-        if failed is not None:
-            run.stages[-1] = failed
+        if run.stages and not run.stages[-1].passed:
+            run.stages[-1] = replace(run.stages[-1], passed=False, reason=Reason.SANDBOX_VIOLATION, message=message)
         else:
             run.stages.append(StageResult(run.stage, False, Reason.SANDBOX_VIOLATION, message))
 
@@ -375,9 +376,10 @@ class Harness:
         `exclusive`, the GPU's gate is held alone while the child works (the timing's measurement)."""
         # The first call after a build compiles the candidate's kernels (CPU work in its process) and runs each once:
         # it takes no turn at the gate, so compiling overlaps another candidate's timing. Setup (the CUDA context,
-        # the import) likewise; every other call, rebuild and soak runs the candidate's kernels and takes its turn.
+        # the import), a warmer's first calls and the planting of its files (sandbox.warmer) likewise; every other
+        # call, rebuild and soak runs the candidate's kernels and takes its turn.
         op = msg.get("op")
-        ungated = op == "setup" or (op == "call" and run.fresh_build)
+        ungated = op in ("setup", "plant") or (op in ("call", "warm") and run.fresh_build)
         run.fresh_build = op in ("setup", "rebuild")
         with nullcontext() if ungated else self._gpu(run, exclusive, str(op)):
             if within is not None:  # the deadline counts from the turn at the gate, under the moved ceiling
@@ -444,10 +446,14 @@ class Harness:
         return Rejected(stage, reason, message, error=error, details=details)
 
     # ---- the candidate's process ---------------------------------------------------------------------------
-    def _retire(self, child: Child, lending: cudaipc.Lending, device: str) -> None:
-        """End the child and remove its scratch directory. On the CPU, at once; on a GPU, where a process takes a
-        quarter of a second to give its context back, on a thread the next check does not wait for (the tensors the
-        child mapped stay alive until it is dead, then the idle cache may go back; `close` joins every such thread)."""
+    def _retire(self, run: _Run) -> None:
+        """End the child (its warmer first, where one still runs) and remove its scratch directory. On the CPU, at
+        once; on a GPU, where a process takes a quarter of a second to give its context back, on a thread the next
+        check does not wait for (the tensors the child mapped stay alive until it is dead, then the idle cache may go
+        back; `close` joins every such thread)."""
+        child, lending, device = run.child, run.lending, run.device
+        if run.warmer is not None:
+            run.warmer.close()
         def reap() -> None:
             child.close(graceful=True)
             self._clean(child)
@@ -490,11 +496,3 @@ class Harness:
             "compiled": compiled.STORE.files(run.source_key) if candidate is not None and run.options.seed is None
             else (),
         }
-
-
-def check(task: str | Path, candidate: str | Path, options: CheckOptions | None = None) -> CheckResult:
-    """One-shot: start a harness, check one candidate, stop it."""
-    options = options or CheckOptions()
-    with Harness(options.device) as harness:
-        return harness.check(task, candidate, options)
-

@@ -198,6 +198,8 @@ SCHEMAS: dict[str, dict[str, Check]] = {
              "baselines": _map(_map(_json)), "laps": LAPS, "kept_calls": _list(_int(), 1 << 16)},
     "samples": {"samples": FETCHED},
     "prepare_timing": {"laps": LAPS},
+    "warm": {"seconds": _float()},
+    "plant": {"planted": _int()},
 }
 # Fields a successful reply must carry (a failed one carries a reason instead).
 REQUIRED_WHEN_OK: dict[str, tuple[str, ...]] = {

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import tolerance
+from . import tolerance, warmer
 from .handback import claim, poisoned
 from .records import Reason, Rejected, Stage
 from .reference import Reference
@@ -46,6 +46,9 @@ def compile_candidate(harness: Harness, run: _Run) -> tuple[Reference, dict[str,
     reference_s = time.monotonic() - t0
     msg = harness._setup_msg(run, str(run.candidate), reference, harness._scratch(run.child))
     reply = harness._request(run, Stage.COMPILE, msg, within=run.within("the setup (import and ModelNew(...))"))
+    if warmer.wanted(run):  # the robustness shapes' first calls made beside the next stages (sandbox.warmer)
+        run.warmer = warmer.Warmer(harness, run, reference)
+        run.warmer.start()
     run.network_isolated = bool(reply.get("network_isolated"))
     laps = reply.get("laps") if isinstance(reply.get("laps"), dict) else {}
     return reference, {"network_isolated": run.network_isolated, "reference_s": reference_s,
@@ -67,6 +70,7 @@ def smoke(harness: Harness, run: _Run, reference: Reference) -> tuple[dict[str, 
     with run.lap("inputs"), harness._gpu(run, work="inputs"):
         inputs = run.task.make_inputs(seed, run.task.meta.distributions[0], run.device)
     reply, expected = call(harness, run, Stage.SMOKE, reference, inputs)
+    warmer.note_first_call(run, run.walls[id(reference)][0])  # the parent's wall time of it, compile included
     first = {"inputs": inputs, "outputs": reply["outputs"], "expected": expected,
              "label": f"{run.task.meta.distributions[0]} inputs"}
     return first, {"trace": reply.get("trace"), "seconds": reply.get("seconds")}
@@ -102,6 +106,9 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
             raise Rejected(Stage.ROBUSTNESS, Reason.NONDETERMINISTIC, f"output {i} differs between two runs on the "
                           f"same inputs in {diff} of {a.numel()} elements (a race or an uninitialised read?)")
     compare(harness, run, Stage.ROBUSTNESS, reply["outputs"], expected, "a repeat of the first inputs")
+    if run.warmer is not None:  # the shapes' kernels it compiled go into this process's cache; it is ended here
+        planted = harness._request(run, Stage.ROBUSTNESS, {"op": "plant", "files": run.warmer.finish()})
+        run.planted = int(planted.get("planted") or 0)
     first.clear()  # the smoke call's inputs, outputs and float64 truth are done with: the shapes below need the room
     del expected
     shapes = []
@@ -136,7 +143,8 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
                                                   "seed": reference.model_seed},
                           within=run.within("the rebuild at the soak's shape"))
     soaked = soak(harness, run, soak_task, soak_ref, seconds)
-    return None, {"shapes": shapes, "repeat_bitwise": run.task.meta.deterministic, "soak": soaked}
+    return None, {"shapes": shapes, "repeat_bitwise": run.task.meta.deterministic, "soak": soaked,
+                  **({"warmed": run.warmer.warmed, "planted": run.planted} if run.warmer is not None else {})}
 
 
 def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds: float) -> dict[str, Any]:
@@ -273,7 +281,7 @@ def call(harness: Harness, run: _Run, stage: Stage, reference: Reference, inputs
             msg["out_buffers"], buffers = run.lending.ship([poisoned(r.shape, r.dtype, r.device) for r in expected.ref],
                                                            used)
     within = run.within(f"the {stage.value} call", reference, calls=1)
-    with run.lap("request"):
+    with run.lap("first_call" if run.fresh_build else "request"):  # a first call after a build compiles
         reply = harness._request(run, stage, msg, max_bytes=4 * expected.nbytes + (1 << 24), within=within)
     run.timed_call(reference, time.monotonic() - within.start)
     run.calls += 1

@@ -126,7 +126,7 @@ def _setup(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
         compiled.plant(msg["triton_cache"], msg.get("compiled") or ())  # before any candidate code runs
     laps["plant_s"] = lap()
     walls = pol.walls()  # taken before any candidate code runs
-    state.update(device=device, allow_compute=msg["allow_compute"])
+    state.update(device=device, allow_compute=msg["allow_compute"], triton_cache=msg["triton_cache"])
     state["flags"] = _flags()
     if msg["candidate"] is None:  # timing the baselines alone
         return {"ok": True, "network_isolated": pol.network_isolated, "filesystem_read_only": pol.filesystem_read_only,
@@ -262,6 +262,29 @@ def _call(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
     reply["structure"] = "tuple" if isinstance(out, (tuple, list)) else "tensor"
     _scramble_written(state)
     return reply
+
+
+def _warm(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    """A first call made only so that its kernels compile (sandbox.warmer): its outputs are dropped, its reply says
+    only how it went."""
+    inputs = [_fresh(x, state["device"]) for x in msg["inputs"]]
+    reply, _ = _run_call(state, inputs, check_inputs=False)
+    return {k: v for k, v in reply.items() if k in ("ok", "reason", "message", "seconds")}
+
+
+def _plant(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    """Kernels the candidate's other process compiled (sandbox.warmer), written into this process's own cache: none
+    where they would take more than a quarter of its scratch's free space (the candidate's own compiles need it),
+    and an error leaves the rest unwritten, never a failure of the candidate's."""
+    files = msg.get("files") or ()
+    with policy.trusted():
+        try:
+            room = os.statvfs(state["triton_cache"])
+            if sum(len(data) for _, data in files) > room.f_bavail * room.f_frsize // 4:
+                return {"ok": True, "planted": 0}
+            return {"ok": True, "planted": compiled.plant(state["triton_cache"], files)}
+        except (OSError, ValueError, TypeError):
+            return {"ok": True, "planted": 0}
 
 
 def _soak(state: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
@@ -467,4 +490,4 @@ def _with_hidden(state: dict[str, Any], fn, msg: dict[str, Any]) -> dict[str, An
 
 
 _HANDLERS = {"setup": _setup, "call": _call, "rebuild": _rebuild, "prepare_timing": _prepare_timing, "time": _time,
-             "samples": _samples, "soak": _soak}
+             "samples": _samples, "soak": _soak, "warm": _warm, "plant": _plant}
