@@ -10,7 +10,7 @@ from sandbox import harness as harness_mod
 from sandbox import warmer
 from sandbox.harness import CheckOptions, Harness
 from sandbox.process import _alive
-from sandbox.records import Reason, Stage
+from sandbox.records import Reason, Stage, StageResult
 from tests.conftest import DEVICE, needs_gpu
 
 HERE = Path(__file__).parent
@@ -101,12 +101,16 @@ def test_a_warmer_that_never_returns_costs_the_check_nothing(harness, tmp_path):
 def test_a_warmer_is_started_where_the_task_s_first_calls_compile_for_long(harness, monkeypatch):
     task = harness.load(RMSNORM)
     run = type("Run", (), {})()
-    run.task, run.device = task, "cuda:0"
+    run.task, run.device, run.stages = task, "cuda:0", []
     run.options = CheckOptions()
     monkeypatch.setattr(warmer, "_COMPILE_S", {})
     assert not warmer.wanted(run)  # nothing known of the task yet
     warmer.note_first_call(run, warmer.WARM_AFTER_S + 0.5)
     assert warmer.wanted(run)
+    run.stages = [StageResult(Stage.COMPILE, True, Reason.OK, details={"planted_files": 3})]
+    warmer.note_first_call(run, warmer.WARM_AFTER_S / 4)
+    assert warmer.wanted(run)  # that call began with its source's kept kernels: it compiled nothing
+    run.stages = []
     warmer.note_first_call(run, warmer.WARM_AFTER_S / 4)
     assert not warmer.wanted(run)  # the last first call compiled fast
     run.options = CheckOptions(warm=True)
