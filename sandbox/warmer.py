@@ -129,8 +129,8 @@ class Warmer:
                     with harness._gpu(run, work="inputs"):
                         inputs = vtask.make_inputs(run.rng.randrange(1 << 31), "normal", run.device)
                         shipped = run.lending.ship(inputs, set())[0]
-                    if stream is not None:
-                        stream.synchronize()
+                        if stream is not None:  # done within the turn: no work of it left to run past the gate
+                            stream.synchronize()
                     del inputs
                     reply = harness._request(run, Stage.ROBUSTNESS, {"op": "warm", "inputs": shipped})
                     self.warmed += 1
