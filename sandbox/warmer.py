@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 WARM_AFTER_S = 2.0  # a task's last first call (the smoke stage's, where Triton compiles) at least this long
 ROOM = 1 / 8  # the share of the GPU's memory that must be free for a warmer to start
-JOIN_S = 5.0  # how long the parent waits for the warmer's process to die and its thread to end
+DEATH_S = 5.0  # how long the parent waits for the killed warmer's process to be gone
+JOIN_S = 0.5  # and then for its thread to end (past it, the thread cleans up after itself)
 _COMPILE_S: dict[tuple[str, str, str], float] = {}  # (task, its sizes, device) -> its last smoke call's seconds
 _LOCK = threading.Lock()
 
@@ -167,11 +168,11 @@ class Warmer:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        end = time.monotonic() + JOIN_S
+        end = time.monotonic() + DEATH_S
         while _alive(pid) and time.monotonic() < end:
             time.sleep(0.01)
         if self.thread is not None:
-            self.thread.join(max(0.0, end - time.monotonic()))
+            self.thread.join(JOIN_S)  # its request ends as the process dies; a wait at the gate may take longer
             if self.thread.is_alive():
                 return
         self._clean_up()
