@@ -131,28 +131,59 @@ def _read_regular(dir_fd: int, name: str, room: int) -> bytes | None:
 
 
 def plant(cache_dir: str, files: Files) -> int:
-    """Write kept files into a fresh process's own cache (the worker, before the candidate is imported); the files
-    written. Names are checked again; an existing file is left as it is. A kernel's group file names its other
+    """Write kept files into a process's own cache (the worker: before the candidate is imported, or a warmer's
+    files where the robustness stage begins); the files written. Names are checked again; an existing file is left as
+    it is; no link is followed (the candidate may have made its cache's directories links: each is opened relative
+    to the one above with O_NOFOLLOW); a file that cannot be written is skipped. A kernel's group file names its other
     files by absolute path, in the earlier process's cache (Triton compiles again where one is missing), so those
     are moved to this cache; a group file that is not Triton's is left out."""
+    try:
+        top = os.open(cache_dir, _FLAGS | os.O_DIRECTORY)
+    except OSError:
+        return 0
     written = 0
-    for rel, data in files:
-        if not valid_name(rel) or not isinstance(data, bytes):
-            continue
-        d, f = rel.split("/")
-        if f.startswith(GROUP_PREFIX):
-            data = _relocated(data, cache_dir, d)
-            if data is None:
+    try:
+        for rel, data in files:
+            if not valid_name(rel) or not isinstance(data, bytes):
                 continue
-        os.makedirs(os.path.join(cache_dir, d), exist_ok=True)
-        try:
-            fd = os.open(os.path.join(cache_dir, d, f), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, 0o600)
-        except FileExistsError:
-            continue
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        written += 1
+            d, f = rel.split("/")
+            if f.startswith(GROUP_PREFIX):
+                data = _relocated(data, cache_dir, d)
+                if data is None:
+                    continue
+            written += _write_new(top, d, f, data)
+    finally:
+        os.close(top)
     return written
+
+
+def _write_new(top: int, d: str, f: str, data: bytes) -> int:
+    """1 where `d`/`f` under the directory `top` was created and written; 0 where it exists or cannot be made (a
+    link in its place, a full disk)."""
+    try:
+        os.mkdir(d, 0o700, dir_fd=top)
+    except FileExistsError:
+        pass
+    except OSError:
+        return 0
+    try:
+        sub = os.open(d, _FLAGS | os.O_DIRECTORY, dir_fd=top)
+    except OSError:
+        return 0
+    try:
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600,
+                     dir_fd=sub)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+        except OSError:  # a part of a file would be read as a kernel: none is left
+            os.unlink(f, dir_fd=sub)
+            return 0
+        return 1
+    except OSError:
+        return 0
+    finally:
+        os.close(sub)
 
 
 def _relocated(group: bytes, cache_dir: str, d: str) -> bytes | None:

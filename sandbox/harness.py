@@ -287,13 +287,14 @@ class Harness:
                 run.kept_files = compiled.STORE.keep(run.source_key, compiled.read_cache(
                     child_view(run.child.pid, self._scratch(run.child) / "triton")))
 
-    def _spawn(self, deadline: float) -> Child:
-        """The candidate's process; one retry with a fresh zygote if the warm one turns out lost."""
+    def _spawn(self, deadline: float, beside: int | None = None) -> Child:
+        """The candidate's process (`beside`: another of its processes, sharing that one's bounds); one retry with a
+        fresh zygote if the warm one turns out lost."""
         try:
-            return self.zygote.spawn(deadline)
+            return self.zygote.spawn(deadline, beside)
         except ZygoteLost:
             self._ensure_zygote()
-            return self.zygote.spawn(deadline)
+            return self.zygote.spawn(deadline, beside)
 
     def _blame_for_zygote(self, run: _Run, how: str) -> None:
         """The zygote was lost while this candidate ran: nothing but the candidate's process could reach it, so the

@@ -99,13 +99,15 @@ class Zygote:
             return "was stopped (SIGSTOP)"
         return None
 
-    def spawn(self, deadline: float | None = None) -> "Child":
+    def spawn(self, deadline: float | None = None, beside: int | None = None) -> "Child":
+        """A fresh child; `beside`: in the control group of that child (its memory bound and process count shared)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         shared_fd = os.memfd_create("crucible-outputs")
         try:
             os.ftruncate(shared_fd, SHARED_BYTES)
-            reply = self._control({"op": "spawn"}, [theirs.fileno(), out_w, shared_fd], deadline)
+            reply = self._control({"op": "spawn", **({"beside": beside} if beside is not None else {})},
+                                  [theirs.fileno(), out_w, shared_fd], deadline)
             shared = mmap.mmap(shared_fd, 0, prot=mmap.PROT_READ)
         except BaseException:
             mine.close()

@@ -98,6 +98,9 @@ def correctness(harness: Harness, run: _Run, reference: Reference,
 
 def robustness(harness: Harness, run: _Run, reference: Reference,
                first: dict[str, Any]) -> tuple[None, dict[str, Any]]:
+    if run.warmer is not None:  # the shapes' kernels it compiled go into this process's cache; it is ended here
+        planted = harness._request(run, Stage.ROBUSTNESS, {"op": "plant", "files": run.warmer.finish()})
+        run.planted = int(planted.get("planted") or 0)
     # Repeat the first call on the same values at fresh addresses: a deterministic op must agree bitwise.
     reply, expected = call(harness, run, Stage.ROBUSTNESS, reference, first["inputs"], first["expected"])
     for i, (a, b) in enumerate(zip(first["outputs"], reply["outputs"])):
@@ -106,9 +109,6 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
             raise Rejected(Stage.ROBUSTNESS, Reason.NONDETERMINISTIC, f"output {i} differs between two runs on the "
                           f"same inputs in {diff} of {a.numel()} elements (a race or an uninitialised read?)")
     compare(harness, run, Stage.ROBUSTNESS, reply["outputs"], expected, "a repeat of the first inputs")
-    if run.warmer is not None:  # the shapes' kernels it compiled go into this process's cache; it is ended here
-        planted = harness._request(run, Stage.ROBUSTNESS, {"op": "plant", "files": run.warmer.finish()})
-        run.planted = int(planted.get("planted") or 0)
     first.clear()  # the smoke call's inputs, outputs and float64 truth are done with: the shapes below need the room
     del expected
     shapes = []

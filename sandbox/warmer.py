@@ -12,8 +12,10 @@ the process, and the check's own process writes the files into its cache (the wo
 calls at those shapes load the kernels instead of compiling them, or compile what the warmer had not reached.
 
 What the warmer met counts for nothing: its failures are not reported (the robustness stage meets them in the check's
-own process and names them), and it is ended, dead, before that stage's first call, so before the timing stage, whose
-measurement no other process of the candidate may share the GPU with. The files give the check's process nothing
+own process and names them), and its process is killed at its first failure, once its calls are made, and at the
+latest where the robustness stage begins, dead before that stage's first call and so before the timing stage, whose
+measurement no other process of the candidate may share the GPU with. It runs in the control group of the check's
+process (sandbox/zygote.py `beside`): the candidate's memory bound and process count cover the two together. The files give the check's process nothing
 its own source could not make: the same source at the same task's shapes, compiled by the same Triton; another
 candidate's cache is never read, and the two processes share no writable place (each has its own scratch).
 """
@@ -38,6 +40,7 @@ from .records import Stage
 
 if TYPE_CHECKING:
     from .harness import Harness, _Run
+    from .process import Child
     from .reference import Reference
 
 log = logging.getLogger(__name__)
@@ -76,7 +79,11 @@ def wanted(run: _Run) -> bool:
 
 class Warmer:
     """One check's warmer: `start` it once the check's process has imported the candidate, `finish` it where the
-    robustness stage begins (the files to plant), `close` it whatever happens (idempotent)."""
+    robustness stage begins (the files to plant), `close` it whatever happens (idempotent).
+
+    Its process is killed at its first failure, once its calls are made (its cache read first), or where the check
+    ends it, and found dead; it is reaped once (`_clean_up`), after which its pid is never used again (a killed,
+    unreaped process keeps its pid, so no other process can be signalled or read under it)."""
 
     def __init__(self, harness: Harness, run: _Run, reference: Reference) -> None:
         self.harness, self.main = harness, run
@@ -86,7 +93,10 @@ class Warmer:
         self.thread: threading.Thread | None = None
         self.warmed = 0  # shapes whose warm call returned
         self.seconds = 0.0  # the warmer's calls' own seconds (compiles and one run each)
-        self.closed = False
+        self.files: compiled.Files | None = None  # its cache, read just before its process was killed
+        self.closed = False  # the check has ended it
+        self._lock = threading.Lock()
+        self._killed = self._reaped = False
 
     def start(self) -> bool:
         """The process and its thread, where there are shapes to warm; False where none was started."""
@@ -96,13 +106,14 @@ class Warmer:
             free, total = torch.cuda.mem_get_info(self.main.device)
             if free < total * ROOM:  # its context, model, inputs and outputs would crowd the other checks
                 return False
-        try:
-            child = self.harness._spawn(self.main.deadline)
+        try:  # in the check's process's control group: the candidate's memory bound covers both
+            child = self.harness._spawn(self.main.deadline, beside=self.main.child.pid)
         except Exception as exc:  # noqa: BLE001 - no warmer: the robustness stage compiles as it would have
             log.info("no warmer for %s: %s", self.main.candidate.name, exc)
             return False
-        self.run = replace(self.main, child=child, warmer=None, stages=[], laps={}, walls={}, fresh_build=True, calls=0,
-                           call_seconds=0.0, rng=random.Random(self.main.rng.randrange(1 << 31)),
+        self.run = replace(self.main, child=_Held(child, self), warmer=None, stages=[], laps={}, walls={},
+                           fresh_build=True, calls=0, call_seconds=0.0,
+                           rng=random.Random(self.main.rng.randrange(1 << 31)),
                            lending=cudaipc.Lending(cudaipc.lending_cap(self.main.device.split(":")[0])),
                            signs=CompileSigns(self.harness._scratch(child) / "triton", child.pid))
         self.thread = threading.Thread(target=self._work, name=f"crucible-warm-{child.pid}", daemon=True)
@@ -116,7 +127,7 @@ class Warmer:
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 for i, (_, vtask) in enumerate(self.variants):
                     if self.closed:
-                        break
+                        return
                     model = vtask.make_reference(self.model_seed, "cpu")  # its parameters, as the reference's
                     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
                     del model
@@ -136,52 +147,84 @@ class Warmer:
                     reply = harness._request(run, Stage.ROBUSTNESS, {"op": "warm", "inputs": shipped})
                     self.warmed += 1
                     self.seconds += float(reply.get("seconds") or 0.0)
+            self._end(read=True)  # its work done: nothing of it runs on while the check goes on
         except Exception as exc:  # noqa: BLE001 - whatever it met, the robustness stage meets in the check's process
             log.debug("the warmer of %s stopped: %s", run.candidate.name, exc)
         finally:
-            if self.closed:  # ended while this thread waited: the cleanup close() left to it
-                self._clean_up()
+            self._end(read=False)  # at its first failure (a call that left a thread running, say): at once
+            self._clean_up()  # this thread uses its socket: it closes it
+
+    def _end(self, read: bool) -> None:
+        """Once: the process's cache read where `read` (it is there only while the process lives), then the process
+        killed and found dead, before it is reaped, while its pid is still its own."""
+        with self._lock:
+            if self._killed or self._reaped:
+                return
+            self._killed = True
+            pid = self.run.child.pid
+            if read:
+                self.files = compiled.read_cache(child_view(pid, self.harness._scratch(self.run.child) / "triton"))
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            end = time.monotonic() + DEATH_S
+            while _alive(pid) and time.monotonic() < end:
+                time.sleep(0.01)
 
     def finish(self) -> compiled.Files:
-        """The files the warmer's cache holds now (its process still alive: its cache exists only in its view), and
-        the warmer ended; () where it has none."""
-        if self.run is None or self.closed:
+        """The files of the warmer's cache (read as its calls were done, or now, its process still alive), and the
+        warmer ended; () where it has none."""
+        if self.run is None:
             return ()
-        child = self.run.child
         t0 = time.monotonic()
-        files = compiled.read_cache(child_view(child.pid, self.harness._scratch(child) / "triton")) or ()
+        self.closed = True
+        self._end(read=True)
         self.close()
         self.main.laps["warm_finish"] = time.monotonic() - t0
         self.main.laps["warmer_calls"] = self.seconds  # not the parent's: the compiles the check did not wait for
-        return files
+        return self.files or ()
 
     def close(self) -> None:
-        """End the process and give back what it was lent; safe to call again. The process is killed here and is dead
-        when this returns. Its socket is closed by the thread that uses it (a socket closed under a waiting thread
-        frees its descriptor's number for another check's channel): the thread's request ends as closed when the
-        process dies, or its next one does, after a wait at the GPU's gate; the cleanup is the thread's then."""
-        if self.run is None or self.closed:
+        """End the warmer: its process killed and dead when this returns; safe to call again. Its socket is closed
+        by the thread that uses it (a socket closed under a waiting thread frees its descriptor's number for another
+        check's channel): the thread's request ends as closed when the process dies, or its next one does, after a
+        wait at the GPU's gate; the cleanup is the thread's then."""
+        if self.run is None:
             return
         self.closed = True
-        pid = self.run.child.pid
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        end = time.monotonic() + DEATH_S
-        while _alive(pid) and time.monotonic() < end:
-            time.sleep(0.01)
+        self._end(read=False)
         if self.thread is not None:
-            self.thread.join(JOIN_S)  # its request ends as the process dies; a wait at the gate may take longer
+            self.thread.join(JOIN_S)
             if self.thread.is_alive():
                 return
         self._clean_up()
 
     def _clean_up(self) -> None:
-        """The process's exit collected, its scratch removed, its lent blocks let go (it maps them no more)."""
-        self.run.child.close(graceful=False)
-        self.harness._clean(self.run.child)
+        """Once, after the kill: the process reaped (the zygote's wait), its scratch removed, its lent blocks let go
+        (it maps them no more)."""
+        with self._lock:
+            if self._reaped or not self._killed:
+                return
+            self._reaped = True
+        self.run.child.held.close(graceful=False)
+        self.harness._clean(self.run.child.held)
         self.run.lending.release()
+
+
+class _Held:
+    """The warmer's process as the harness's requests see it: where a request fails, `close` kills the process at
+    once (Warmer._end) but does not reap it, so that its pid stays its own until the warmer's own cleanup."""
+
+    def __init__(self, child: Child, warmer: Warmer) -> None:
+        self.held, self._warmer = child, warmer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.held, name)
+
+    def close(self, graceful: bool = True) -> None:
+        self._warmer._end(read=False)
+
 
 class _Built:
     """What the setup message needs of a reference: the task's init inputs, the model's parameters and their seed."""

@@ -4,11 +4,14 @@ and every candidate still gets a process (and, on the GPU, a CUDA context) of it
 
 Protocol on a SOCK_SEQPACKET control socket (JSON messages; descriptors passed with SCM_RIGHTS):
   {"op": "spawn"} + [child's socket, child's stdout/stderr pipe, shared output buffer]  ->  {"pid": N}
+  {"op": "spawn", "beside": M} + the same: the child joins the control group of child M (a check's warmer, the
+      same candidate: sandbox.warmer), whose memory bound and process count the two then share
   {"op": "wait", "pid": N}             ->  {"pid": N, "status": raw wait status, "oom": bool, "memory_bound_bytes": B}
 Each child starts a new session (its own process group) so the parent can kill everything it starts at once, and
 gets its own PID namespace, control group and namespaces (sandbox.namespaces): killing the pid reported here ends
 everything the candidate started. `oom` is true when the kernel killed a process of the candidate for exceeding its
-memory bound of B bytes (sandbox.memory; B is 0 where the machine gives no bound). The group is removed on `wait`.
+memory bound of B bytes (sandbox.memory; B is 0 where the machine gives no bound). The group is removed on `wait`
+for the last of its children.
 """
 from __future__ import annotations
 
@@ -56,7 +59,8 @@ def serve(ctrl_fd: int) -> None:
                 return
             req = json.loads(msg)
             if req["op"] == "spawn":
-                group = groups.create()
+                beside = req.get("beside")
+                group = cgroups[beside] if beside in cgroups else groups.create()
                 pid = os.fork()
                 if pid == 0:
                     code = 0
@@ -85,14 +89,13 @@ def serve(ctrl_fd: int) -> None:
                     statuses[pid] = status
                 group = cgroups.pop(pid, None)
                 oom = group is not None and group.oom_killed()
-                if group is not None:
+                if group is not None and not any(g is group for g in cgroups.values()):  # its last child
                     group.remove()
                 ctrl.send(json.dumps({"pid": pid, "status": statuses.pop(pid), "oom": oom,
                                       "memory_bound_bytes": group.bound_bytes if group is not None else 0}).encode())
     finally:
-        for group in cgroups.values():  # children the parent never waited for: it went away
-            if group is not None:
-                group.remove()
+        for group in {id(g): g for g in cgroups.values() if g is not None}.values():  # children never waited for
+            group.remove()
 
 
 if __name__ == "__main__":
