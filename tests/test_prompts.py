@@ -213,7 +213,8 @@ def test_example_matches_its_reference(shape, dtype, distribution, device):
 @pytest.mark.slow
 def test_example_is_accepted_by_the_harness():
     harness = pytest.importorskip("sandbox.harness")
-    result = harness.check(TASK, EXAMPLE, harness.CheckOptions(device="cpu", timing=False, timeout_s=240))
+    with harness.Harness("cpu") as h:
+        result = h.check(TASK, EXAMPLE, harness.CheckOptions(device="cpu", timing=False, timeout_s=240))
     assert result.accepted, describe_result(result, EXAMPLE.read_text())
 
 
