@@ -46,7 +46,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WARM_AFTER_S = 2.0  # a task's last first call (the smoke stage's, where Triton compiles) at least this long
-MIN_WAIT_S = 1.0  # the least the robustness stage waits for a warmer still at work (see Warmer.finish)
+# How long the robustness stage waits for a warmer still at work. Measured (attention fwd+bwd, four checks on an
+# H100, docs/BENCHMARKS.md): waiting up to one compile (the check's own first call, about 3.3 s a check) saved 1.7 s
+# of the robustness stage's and verified fewer a minute (5.4 against 7.5 without waiting), so it does not wait.
+WAIT_S = 0.0
 ROOM = 1 / 8  # the share of the GPU's memory that must be free for a warmer to start
 DEATH_S = 5.0  # how long the parent waits for the killed warmer's process to be gone
 JOIN_S = 0.5  # and then for its thread to end (past it, the thread cleans up after itself)
@@ -59,13 +62,10 @@ def _key(run: _Run) -> tuple[str, str, str]:
 
 
 def note_first_call(run: _Run, seconds: float) -> None:
-    """The smoke stage's first call took `seconds` (its compile and one run): what later checks of the task go by,
-    and how long this check's robustness stage waits for its warmer. Not where the check began with its source's
-    kept kernels (sandbox.compiled): that call compiled nothing."""
+    """The smoke stage's first call took `seconds` (its compile and one run): what later checks of the task go by.
+    Not where the check began with its source's kept kernels (sandbox.compiled): that call compiled nothing."""
     if any(s.stage is Stage.COMPILE and (s.details or {}).get("planted_files") for s in run.stages):
         return
-    if run.warmer is not None:
-        run.warmer.wait_s = max(MIN_WAIT_S, seconds)
     with _LOCK:
         _COMPILE_S[_key(run)] = seconds
 
@@ -99,7 +99,6 @@ class Warmer:
         self.seconds = 0.0  # the warmer's calls' own seconds (compiles and one run each)
         self.files: compiled.Files | None = None  # its cache, read just before its process was killed
         self.closed = False  # the check has ended it
-        self.wait_s = MIN_WAIT_S  # how long `finish` waits for it: the check's own first call, compile included
         self._lock = threading.Lock()
         self._killed = self._reaped = False
 
@@ -179,15 +178,13 @@ class Warmer:
 
     def finish(self) -> compiled.Files:
         """The files of the warmer's cache (read as its calls were done, or now, its process still alive), and the
-        warmer ended; () where it has none. A warmer still at work is waited for up to `wait_s`, about what one
-        compile of the candidate takes (its check's own first call): the shapes it is compiling are the ones the
-        check's process would compile next, so the wait costs the check at most that much where the warmer never
-        ends (a candidate that hangs at those shapes hangs there in the check's process too)."""
+        warmer ended; () where it has none. A warmer still at work is waited for up to WAIT_S (a candidate that
+        hangs at those shapes costs the check no more than that here: it hangs there in the check's process too)."""
         if self.run is None:
             return ()
         t0 = time.monotonic()
-        if self.thread is not None:
-            self.thread.join(self.wait_s)
+        if self.thread is not None and WAIT_S > 0:
+            self.thread.join(WAIT_S)
         self.main.laps["warm_wait"] = time.monotonic() - t0
         self.closed = True
         self._end(read=True)
