@@ -98,7 +98,6 @@ class _Run:
     source_key: str = ""  # what its verified kernels are kept under (sandbox.compiled)
     kept_files: int = 0  # the files of its Triton cache kept for its later checks (verified only)
     warmer: Any = None  # its second process compiling the robustness shapes ahead (sandbox.warmer), if any
-    planted: int = 0  # the files of the warmer's cache planted in this check's process
     # id(reference) -> (the parent's wall time of the fastest call at its shape, the reference's time there)
     walls: dict[int, tuple[float, float]] = field(default_factory=dict)
 

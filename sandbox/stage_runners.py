@@ -100,7 +100,7 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
                first: dict[str, Any]) -> tuple[None, dict[str, Any]]:
     if run.warmer is not None:  # the shapes' kernels it compiled go into this process's cache; it is ended here
         planted = harness._request(run, Stage.ROBUSTNESS, {"op": "plant", "files": run.warmer.finish()})
-        run.planted = int(planted.get("planted") or 0)
+        run.warmer.planted = int(planted.get("planted") or 0)
     # Repeat the first call on the same values at fresh addresses: a deterministic op must agree bitwise.
     reply, expected = call(harness, run, Stage.ROBUSTNESS, reference, first["inputs"], first["expected"])
     for i, (a, b) in enumerate(zip(first["outputs"], reply["outputs"])):
@@ -144,7 +144,7 @@ def robustness(harness: Harness, run: _Run, reference: Reference,
                           within=run.within("the rebuild at the soak's shape"))
     soaked = soak(harness, run, soak_task, soak_ref, seconds)
     return None, {"shapes": shapes, "repeat_bitwise": run.task.meta.deterministic, "soak": soaked,
-                  **({"warmed": run.warmer.warmed, "planted": run.planted} if run.warmer is not None else {})}
+                  **({"warmed": run.warmer.warmed, "planted": run.warmer.planted} if run.warmer is not None else {})}
 
 
 def soak(harness: Harness, run: _Run, task: Task, reference: Reference, seconds: float) -> dict[str, Any]:

@@ -48,7 +48,8 @@ def costs(stages: list[StageResult], run: _Run | None, total: float) -> dict[str
     laps = {f"{k}_s": v for k, v in (run.laps if run else {}).items()}
     return {"total_s": total, "candidate_calls_s": calls_s, "calls": float(run.calls if run else 0),
             "kept_files": float(run.kept_files if run else 0),  # its Triton cache kept for its later checks
-            "planted_files": float(run.planted if run else 0),  # its warmer's kernels planted (sandbox.warmer)
+            # its warmer's kernels planted in its process (sandbox.warmer)
+            "warmer_files": float(run.warmer.planted if run and run.warmer is not None else 0),
             "timing_stage_s": timing_s, "harness_s": max(0.0, total - calls_s - timing_s), **laps}
 
 

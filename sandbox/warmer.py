@@ -96,6 +96,7 @@ class Warmer:
         self.run: _Run | None = None
         self.thread: threading.Thread | None = None
         self.warmed = 0  # shapes whose warm call returned
+        self.planted = 0  # the files of its cache planted in the check's process
         self.seconds = 0.0  # the warmer's calls' own seconds (compiles and one run each)
         self.files: compiled.Files | None = None  # its cache, read just before its process was killed
         self.closed = False  # the check has ended it

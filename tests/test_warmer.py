@@ -68,7 +68,7 @@ def test_the_warmer_s_kernels_reach_the_robustness_stage(harness, tmp_path, monk
     assert warmed.accepted, warmed.message
     details = warmed.stages[-1].details
     assert details["warmed"] == len(details["shapes"]) == 2
-    assert details["planted"] == warmed.costs["planted_files"] == 2 if DEVICE == "cpu" else details["planted"] > 2
+    assert details["planted"] == warmed.costs["warmer_files"] == 2 if DEVICE == "cpu" else details["planted"] > 2
 
 
 def test_the_warmer_is_dead_before_the_robustness_stage_s_first_call_and_leaves_nothing(harness, monkeypatch):
