@@ -305,6 +305,16 @@ _PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "o
                 "os.link", "os.symlink", "os.utime", "shutil.rmtree", "shutil.move", "os.replace"}
 
 
+def _event_paths(event: str, args: tuple) -> tuple:
+    """The paths a path event touches: a symbolic link's relative target counts from the link's own directory, not
+    the working directory (a link made deep in scratch with a target of enough `..` points outside it)."""
+    paths = tuple(args[:2])
+    if event == "os.symlink" and len(paths) == 2 and all(isinstance(a, (str, bytes)) for a in paths):
+        src, dst = (os.fsdecode(a) for a in paths)
+        paths = (os.path.join(os.path.dirname(os.path.join(os.getcwd(), dst)), src), dst)
+    return paths
+
+
 def _audit(event: str, args: tuple) -> None:
     p = _POLICY
     if p is None:
@@ -320,7 +330,7 @@ def _audit(event: str, args: tuple) -> None:
         if writing and not _writable(path):
             _deny(f"writing {path!r} outside the scratch directory")
     elif event in _PATH_EVENTS:
-        for a in args[:2]:
+        for a in _event_paths(event, args):
             if isinstance(a, (str, bytes)) and not _writable(a):
                 _deny(f"{event} on {a!r} outside the scratch directory")
     elif event in ("subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn", "os.system", "os.fork",

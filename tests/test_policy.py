@@ -37,6 +37,20 @@ PROBE = textwrap.dedent("""
     attempt("subprocess", lambda: subprocess.run(["true"]))
     attempt("gc_walk", lambda: gc.get_objects())
     attempt("dlopen", lambda: ctypes.CDLL("libm.so.6"))
+
+    def relative_link_out():
+        # A link in scratch whose relative target climbs out of it, made from a working directory deeper still
+        # (the target read from there would stay inside). A write through such a link is refused at its open
+        # (the path resolved); the link is refused as it is made.
+        here, deep = os.getcwd(), os.path.join(sys.argv[1], "a", "b", "c", "d")
+        os.makedirs(deep, exist_ok=True)
+        os.chdir(deep)
+        try:
+            link = os.path.join(sys.argv[1], "a", "out")
+            os.symlink(os.path.relpath(os.path.dirname(sys.argv[2]), os.path.dirname(link)), link)
+        finally:
+            os.chdir(here)
+    attempt("relative_link_out", relative_link_out)
     # Subvert the Python layer the way a candidate could through sys.modules, then try the OS layers directly.
     policy._POLICY.trusted_depth = 10
     libc = ctypes.CDLL(None, use_errno=True)
@@ -61,7 +75,8 @@ def test_scratch_is_writable(probe):
     assert probe[0]["write_scratch"] == "allowed"
 
 
-@pytest.mark.parametrize("what", ["write_outside_python", "socket", "subprocess", "gc_walk", "dlopen"])
+@pytest.mark.parametrize("what", ["write_outside_python", "relative_link_out", "socket", "subprocess", "gc_walk",
+                                  "dlopen"])
 def test_the_audit_hook_refuses(probe, what):
     assert probe[0][what] == "SandboxViolation"
 
