@@ -3,10 +3,13 @@
 The rule: after the first call of a model, its Python-visible state does not change between calls. That state is the
 model's attributes, recursively (submodules, lists, dicts, objects of the candidate's own classes), and the
 candidate module's globals (the candidate's own functions and classes included: their default arguments, closures and
-class attributes). A counter (`self.n += 1`), a dict of cached outputs, a tensor stored anew each call: all change.
-Triton's and torch's objects (compiled-kernel caches, autotuner caches, generators, streams) are compared by identity
-only, so a kernel compiled on first use is not state; a cache filled at the first call of each shape is fine too,
-since the first call after each (re)build is not compared.
+class attributes), and what the interpreter's own objects hold: a bound method's object (`{}.get` keeps its dict), an
+iterator's position and source. A counter (`self.n += 1`), a dict of cached outputs, a tensor stored anew each call:
+all change. Triton's kernels and autotuners keep compiled-kernel and timing caches that legitimately grow: they are
+compared by identity, their attribute names and their plain values (a counter set on a kernel shows), not by their
+caches; a kernel compiled on first use is not state, and a cache filled at the first call of each shape is fine too,
+since the first call after each (re)build is not compared. Other Triton and torch objects (a `triton.Config`'s
+kwargs) are walked like any object, and a torch generator is compared by its seed and state.
 
 Tensors held in that state are the other half: one that a call (after the first) writes — a workspace, or a cache —
 is overwritten with random bytes before the next call, so a result kept there cannot come back, and a counter kept
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import hashlib
 import itertools
 import types
 from typing import Any, Iterator
@@ -62,10 +66,39 @@ def _key(k: Any) -> str:
     return f"<{type(k).__name__}>"
 
 
-def _opaque(v: Any) -> bool:
-    """Triton's and torch's own objects: their internals change legitimately (caches), compared by identity."""
+# Triton's launchers (kernels, autotuners, heuristics) and its runtime's other objects (drivers, compiled kernels),
+# whose caches change legitimately, by their own modules.
+_LAUNCHER_MODULES = ("triton.runtime", "triton.backends", "triton.compiler", "triton.knobs",
+                     "triton.experimental.gluon._runtime")
+# What a launcher sets on itself as it compiles and tunes (lazily, at the first call of a kernel or of a tuning key):
+# left out of its comparison, so that a kernel first launched on a later call is not state.
+_LAUNCHER_OWN = frozenset({"hash", "used_global_vals", "compile", "kernel", "cache", "device_caches", "best_config",
+                           "bench_time", "configs_timings", "nargs"})
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not the interpreter's own C type
+
+
+def _launcher(v: Any) -> bool:
+    """A kernel, autotuner or heuristics object of Triton's own (a subclass the candidate made is walked as its)."""
     mod = _MODULE.__get__(type(v)) or ""
-    return mod.startswith(("triton", "torch")) and not _is(v, torch.nn.Module)
+    return mod.startswith(_LAUNCHER_MODULES) and _NAME.__get__(type(v)) != "Config"
+
+
+def _launcher_value(v: Any) -> tuple:
+    """A launcher as its identity, its attribute names and its plain values: caches (containers, compiled kernels,
+    the chosen config) are left out; a value the candidate set on it is not."""
+    attrs = {k: x for k, x in (_instance_dict(v) or {}).items() if k not in _LAUNCHER_OWN}
+    plain = tuple(sorted((k, repr(x) if type(x) is float else x) for k, x in attrs.items() if type(x) in _SCALARS))
+    return _name(v), id(v), tuple(sorted(attrs)), plain
+
+
+def _interpreter_object(v: Any) -> bool:
+    """An object of one of the interpreter's own C types (an iterator, a bound builtin method, a map)."""
+    return _MODULE.__get__(type(v)) == "builtins" and not type(v).__flags__ & _HEAP_TYPE
+
+
+def _generator_state(g: torch.Generator) -> tuple:
+    state = g.get_state()
+    return "generator", g.initial_seed(), hashlib.sha256(state.numpy().tobytes()).hexdigest()
 
 
 # Read past any metaclass of the candidate's (its __getattribute__ would run on `cls.__mro__`).
@@ -112,6 +145,33 @@ def _code_state(v: Any) -> Iterator[tuple[str, Any]]:
         yield ".<kwdefaults>", v.__kwdefaults__
         yield ".<closure>", tuple(c.cell_contents for c in v.__closure__ or () if _filled(c))
         yield ".<attributes>", dict(vars(v))
+
+
+def _object(path: str, v: Any) -> tuple[Any, list[tuple[str, Any]]]:
+    """An object that is no tensor, scalar, container, module, function or class: (its comparable value, the
+    (path, value) pairs to walk below it)."""
+    if _MODULE.__get__(type(v)) == "itertools":
+        return repr(v)[:200], []  # count(n) and the like show their position
+    if _is(v, (types.BuiltinMethodType, types.MethodWrapperType)):
+        owner = v.__self__  # neither type can be subclassed: this reads the interpreter's own slot
+        # not its id (a reduction below makes temporaries); `{...}.get`: the dict lives on as the method's object
+        return (_name(v),), [] if _is(owner, types.ModuleType) else [(f"{path}.__self__", owner)]
+    if _is(v, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+        raise StateRefused(f"`{path}` holds a generator, whose position carries from call to call unseen: "
+                           "keep no generator in a model's state")
+    if type(v) is torch.Generator:
+        return _generator_state(v), []
+    if _launcher(v):
+        return _launcher_value(v), []
+    if _interpreter_object(v):
+        try:  # the C type's own reduction: an iterator's source and position, a map's function and iterator
+            parts = type(v).__reduce__(v)
+        except Exception:  # noqa: BLE001 - a type that cannot be reduced shows as its name only
+            parts = None
+        return (_name(v),), [(f"{path}.<state>", tuple.__getitem__(parts, slice(1, None)))] if _is(parts, tuple) else []
+    if _is(v, functools._lru_cache_wrapper):  # by type: a getattr would run a candidate's property
+        return ("lru_cache", id(v), v.cache_info().currsize), []
+    return (_name(v), id(v)), [(f"{path}.{k}", x) for k, x in _attributes(v).items()]
 
 
 def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
@@ -172,16 +232,10 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
             if owner == candidate:
                 for suffix, x in _code_state(v):
                     walk(path + suffix, x, depth + 1)
-        elif _MODULE.__get__(type(v)) == "itertools":
-            values[path] = repr(v)[:200]  # count(n) and the like show their position
-        elif _opaque(v):
-            values[path] = (_name(v), id(v))
-        elif _is(v, functools._lru_cache_wrapper):  # by type: a getattr would run a candidate's property
-            values[path] = ("lru_cache", id(v), v.cache_info().currsize)
         else:
-            values[path] = (_name(v), id(v))
-            for k, x in _attributes(v).items():
-                walk(f"{path}.{k}", x, depth + 1)
+            values[path], parts = _object(path, v)
+            for sub, x in parts:
+                walk(sub, x, depth + 1)
 
     walk("model", model, 0)
     if module is not None:

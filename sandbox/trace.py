@@ -27,8 +27,8 @@ never pass as a result.
 Glue policy (write it down, since the LLM is told the same): allocation (empty/zeros/ones/full and *_like, new_*,
 arange), fills (fill_, zero_), copies and dtype/device conversion (copy_, clone, contiguous, .to), views and shape
 changes (view, reshape, transpose, permute, expand, squeeze/unsqueeze, slicing, select, split/chunk/unbind, as_strided),
-concatenation (cat, stack) and reading a few scalars (.item(), at most SCALAR_READS a call). Everything else is
-compute.
+concatenation (cat, stack) and reading a few values into Python (.item(), float(t), a size or an index taken from
+a tensor, str(t) or an f-string of it: at most SCALAR_READS values a call). Everything else is compute.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from .trace_rules import (ALLOCATING_OPS, BODY_ATTRS, BODY_BUILTINS_REFUSED, BUILDERS, GLUE_OPS, PLAIN, REFUSED_FUNCS,
-                          SCALAR_FUNCS, SCALAR_READS, py_data_problem)
+                          SCALAR_FUNCS, SCALAR_OP, SCALAR_READS, TEXT_FUNCS, py_data_problem)
 
 
 class ForeignCompute(RuntimeError):
@@ -73,12 +73,13 @@ class CallTrace:
 
 class _Cell:
     """The tracer's mutable state, held only by the closures `install` makes."""
-    __slots__ = ("active", "in_launch", "poison")
+    __slots__ = ("active", "in_launch", "poison", "counted")
 
     def __init__(self) -> None:
         self.active: CallTrace | None = None
         self.in_launch = 0
         self.poison = True
+        self.counted = 0  # inside a read the function mode has counted already: its scalar ops are not counted again
 
 
 def _poison(t: torch.Tensor) -> None:
@@ -94,6 +95,16 @@ def _poison(t: torch.Tensor) -> None:
 def _make_modes(cell: _Cell) -> tuple[type, type]:
     """The dispatch and function mode classes, closing over `cell` (instances carry no state of their own)."""
 
+    def refuse(trace: CallTrace, what: str) -> None:
+        trace.refused.append(what)
+        raise ForeignCompute(f"{what} is not allowed in the forward: compute in your Triton kernels")
+
+    def read(trace: CallTrace, values: int) -> None:
+        trace.scalar_reads += values
+        if trace.scalar_reads > SCALAR_READS:
+            refuse(trace, f"reading more than {SCALAR_READS} tensor values into Python (.item(), .tolist(), float(t), "
+                          "str(t), a size or an index from a tensor) in one call")
+
     class TraceMode(TorchDispatchMode):
         """Records compute ops and poisons fresh allocations while the candidate runs."""
 
@@ -103,15 +114,13 @@ def _make_modes(cell: _Cell) -> tuple[type, type]:
             if cell.in_launch or trace is None:
                 return out
             name = func.__name__.split(".")[0]
-            if name not in GLUE_OPS:
+            if name == SCALAR_OP and not cell.counted:
+                read(trace, 1)
+            elif name not in GLUE_OPS:
                 trace.compute_ops.append(name)
             elif cell.poison and name in ALLOCATING_OPS and isinstance(out, torch.Tensor):
                 _poison(out)
             return out
-
-    def refuse(trace: CallTrace, what: str) -> None:
-        trace.refused.append(what)
-        raise ForeignCompute(f"{what} is not allowed in the forward: compute in your Triton kernels")
 
     class GuardMode(TorchFunctionMode):
         """Refuses the ways out of torch (numpy, Python lists, raw storages) while the candidate runs."""
@@ -123,12 +132,14 @@ def _make_modes(cell: _Cell) -> tuple[type, type]:
                 name = getattr(func, "__name__", "")
                 if name in REFUSED_FUNCS:
                     refuse(trace, REFUSED_FUNCS[name])
-                elif name in SCALAR_FUNCS or name == "tolist":
+                elif name in SCALAR_FUNCS or name in TEXT_FUNCS:
                     this = args[0] if args else None
-                    trace.scalar_reads += this.numel() if name == "tolist" and isinstance(this, torch.Tensor) else 1
-                    if trace.scalar_reads > SCALAR_READS:
-                        refuse(trace, f"reading more than {SCALAR_READS} tensor values into Python (.item(), "
-                                      ".tolist(), float(t)) in one call")
+                    read(trace, max(this.numel(), 1) if name in TEXT_FUNCS and isinstance(this, torch.Tensor) else 1)
+                    cell.counted += 1
+                    try:
+                        return func(*args, **kwargs)
+                    finally:
+                        cell.counted -= 1
                 elif name in BUILDERS:
                     data = args[1] if name == "new_tensor" and len(args) > 1 else (args[0] if args else None)
                     problem = py_data_problem(data)

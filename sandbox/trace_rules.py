@@ -26,7 +26,12 @@ ALLOCATING_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
 SCALAR_READS = 16
 # Python data a tensor may be built from: any number of ints (index tables, offsets), at most this many floats.
 PY_FLOATS = 16
+# Every value read into Python runs the aten op SCALAR_OP once (.item(), float(t), an index or a size taken from a
+# tensor); the functions below read values without it (text and lists: each element counts), or with it (one each),
+# and are counted where they are called instead.
+SCALAR_OP = "_local_scalar_dense"
 SCALAR_FUNCS = frozenset({"item", "__float__", "__int__", "__bool__", "__index__", "__complex__"})
+TEXT_FUNCS = frozenset({"tolist", "__repr__", "__str__", "__format__"})
 BUILDERS = frozenset({"tensor", "as_tensor", "asarray", "new_tensor"})
 REFUSED_FUNCS = {"numpy": "Tensor.numpy()", "__array__": "converting a tensor to a numpy array"}
 # Names a kernel body must not touch on the interpreter: the raw numpy data behind its tensors and pointers.
