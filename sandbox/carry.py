@@ -196,6 +196,8 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
             if id(v) not in seen:
                 seen.add(id(v))
                 tensors.append((path, v))
+                for k, x in (_instance_dict(v) or {}).items():  # `self.w.calls += 1`: an attribute set on a tensor
+                    walk(f"{path}.{k}", x, depth + 1)
             return
         if type(v) not in _SCALARS:
             for base, plain in _PLAIN:

@@ -428,6 +428,9 @@ class NameChecker:
                 node.attr in self.instance_methods(node.value.id):
             refuse(node, f"`{node.value.id}.{node.attr}` is a method taken from its class, callable with any object "
                    "as its `self`; call it on an instance (`super().__init__()` for a base class)")
+        if isinstance(node.ctx, (ast.Store, ast.Del)) and path is not None:
+            refuse(node, f"setting `{path}` is not allowed: an attribute set on an imported module, or on a class or "
+                    "function it defines, outlives each call unseen; keep what the forward needs on the model")
         if isinstance(node.ctx, ast.Store) and node.attr in tensor_methods():
             refuse(node, f"assigning `.{node.attr}`, the name of a Triton tensor method, is not allowed (a kernel "
                     "could call it as Python); choose another attribute name")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.harness import CheckOptions, Harness
-from sandbox.records import Reason, Verdict
+from sandbox.records import Reason, Stage, Verdict
 
 HERE = Path(__file__).parent
 ATTACKS = HERE / "candidates" / "attacks_more"
@@ -77,3 +77,15 @@ def test_a_generator_in_the_state_is_refused(harness, small_task):
     result = _check(harness, small_task, ATTACKS / "generator_hidden_store.py")
     assert result.verdict is Verdict.REJECTED, result.message
     assert "holds a generator" in result.message, (result.reason, result.message)
+
+
+def test_an_attribute_set_on_an_imported_module_is_refused_statically(harness, small_task):
+    result = _check(harness, small_task, ATTACKS / "module_attr_hidden_store.py")
+    assert result.verdict is Verdict.REJECTED, result.message
+    assert result.stage is Stage.STATIC and "setting `torch.crucible_calls`" in result.message, result.message
+
+
+def test_a_counter_set_on_a_state_tensor_is_refused(harness, small_task):
+    result = _check(harness, small_task, ATTACKS / "tensor_attr_hidden_store.py")
+    assert result.verdict is Verdict.REJECTED, result.message
+    assert result.reason is Reason.STATE_CARRIED and "scale.calls" in result.message, (result.reason, result.message)
