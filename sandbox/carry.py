@@ -168,7 +168,8 @@ def _object(path: str, v: Any) -> tuple[Any, list[tuple[str, Any]]]:
             parts = type(v).__reduce__(v)
         except Exception:  # noqa: BLE001 - a type that cannot be reduced shows as its name only
             parts = None
-        return (_name(v),), [(f"{path}.<state>", tuple.__getitem__(parts, slice(1, None)))] if _is(parts, tuple) else []
+        below = [(f"{path}.<state>", tuple.__getitem__(parts, slice(1, None)))] if _is(parts, tuple) else []
+        return (_name(v),), below + [(f"{path}.{k}", x) for k, x in _attributes(v).items()]  # a property's fget
     if _is(v, functools._lru_cache_wrapper):  # by type: a getattr would run a candidate's property
         return ("lru_cache", id(v), v.cache_info().currsize), []
     return (_name(v), id(v)), [(f"{path}.{k}", x) for k, x in _attributes(v).items()]

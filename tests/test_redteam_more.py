@@ -1,10 +1,14 @@
 """More attacks on the harness from a determined candidate, through the whole pipeline (static stage included) on the
 CPU interpreter: values read into Python through text, and counters kept where the state walk had not looked. Each
 test asserts the attack is rejected, and each failed while its hole was open."""
+import types
 from pathlib import Path
 
 import pytest
+import torch
+import triton
 
+from sandbox import carry
 from sandbox.harness import CheckOptions, Harness
 from sandbox.records import Reason, Stage, Verdict
 
@@ -89,3 +93,46 @@ def test_a_counter_set_on_a_state_tensor_is_refused(harness, small_task):
     result = _check(harness, small_task, ATTACKS / "tensor_attr_hidden_store.py")
     assert result.verdict is Verdict.REJECTED, result.message
     assert result.reason is Reason.STATE_CARRIED and "scale.calls" in result.message, (result.reason, result.message)
+
+
+# The state walk on its own, for stores a candidate can build from the interpreter's objects: each one's contents
+# must show in the snapshot, so that changing them between calls is a change of state.
+STORES = '''
+_box = {"n": 0}.get
+_iter = iter(range(1 << 20))
+_slice = slice(0, 1, {"n": 0})
+_prop = property(lambda d={"n": 0}: d)
+_map = map(int, range(1 << 20))
+_config = triton.Config({"n": 0})
+_gen = torch.Generator()
+
+
+def step(which):
+    if which == "method":
+        _box("n")
+        _box.__self__["n"] += 1
+    elif which == "iterator":
+        next(_iter)
+    elif which == "slice":
+        _slice.step["n"] += 1
+    elif which == "property":
+        _prop.fget()["n"] += 1
+    elif which == "map":
+        next(_map)
+    elif which == "config":
+        _config.kwargs["n"] += 1
+    elif which == "generator":
+        _gen.manual_seed(_gen.initial_seed() + 1)
+'''
+
+
+@pytest.mark.parametrize("which", ["method", "iterator", "slice", "property", "map", "config", "generator"])
+def test_the_state_walk_sees_inside_the_interpreter_s_and_the_libraries_objects(which):
+    module = types.ModuleType("candidate_stores")
+    module.__dict__.update(torch=torch, triton=triton)
+    exec(compile(STORES, "candidate_stores.py", "exec"), module.__dict__)
+    model = torch.nn.Module()
+    before, _ = carry.snapshot(model, module, "candidate_stores")
+    assert carry.difference(before, carry.snapshot(model, module, "candidate_stores")[0]) is None
+    module.step(which)
+    assert carry.difference(before, carry.snapshot(model, module, "candidate_stores")[0]) is not None
