@@ -6,10 +6,12 @@ candidate module's globals (the candidate's own functions and classes included: 
 class attributes), and what the interpreter's own objects hold: a bound method's object (`{}.get` keeps its dict), an
 iterator's position and source. A counter (`self.n += 1`), a dict of cached outputs, a tensor stored anew each call:
 all change. Triton's kernels and autotuners keep compiled-kernel and timing caches that legitimately grow: they are
-compared by identity, their attribute names and their plain values (a counter set on a kernel shows), not by their
-caches; a kernel compiled on first use is not state, and a cache filled at the first call of each shape is fine too,
+compared by identity, and what the candidate set on them (any attribute Triton's own code does not set: a counter or
+a dict on a kernel) is walked; a kernel compiled on first use is not state, and a cache filled at the first call of each shape is fine too,
 since the first call after each (re)build is not compared. Other Triton and torch objects (a `triton.Config`'s
-kwargs) are walked like any object, and a torch generator is compared by its seed and state.
+kwargs) are walked like any object, and a torch generator is compared by its seed and state. A state tensor that
+views part of its storage is compared (and scrambled) as the whole storage, which `as_strided` reaches. Past its
+limits (MAX_ITEMS, MAX_DEPTH, MAX_ENTRIES) the walk refuses the model rather than leave the rest unseen.
 
 Tensors held in that state are the other half: one that a call (after the first) writes — a workspace, or a cache —
 is overwritten with random bytes before the next call, so a result kept there cannot come back, and a counter kept
@@ -23,18 +25,25 @@ tensors are plain tensors or parameters.
 """
 from __future__ import annotations
 
+import ast
 import collections
 import functools
 import hashlib
+import inspect
 import itertools
+import sys
 import types
 from typing import Any, Iterator
 
 import torch
 
-MAX_ENTRIES = 20000   # paths recorded per snapshot (beyond it, the walk stops: the rest is compared by count)
-MAX_ITEMS = 512       # items of one container walked
-MAX_DEPTH = 12
+from . import pyparse
+
+# How much state a walk looks at: past any of these it refuses the model (StateRefused) rather than leave the rest
+# unseen (a store behind item 513 of a list, 14 lists down or after 20000 paths of padding).
+MAX_ENTRIES = 100000  # paths recorded per snapshot
+MAX_ITEMS = 4096      # items of one container
+MAX_DEPTH = 40
 CLONE_BYTES = 64 << 20  # tensors up to this size are compared exactly, larger ones by a checksum
 _SCALARS = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device)
 # A subclass of a scalar type, as a plain value made by the base type's own conversion (no method of the subclass).
@@ -70,10 +79,6 @@ def _key(k: Any) -> str:
 # whose caches change legitimately, by their own modules.
 _LAUNCHER_MODULES = ("triton.runtime", "triton.backends", "triton.compiler", "triton.knobs",
                      "triton.experimental.gluon._runtime")
-# What a launcher sets on itself as it compiles and tunes (lazily, at the first call of a kernel or of a tuning key):
-# left out of its comparison, so that a kernel first launched on a later call is not state.
-_LAUNCHER_OWN = frozenset({"hash", "used_global_vals", "compile", "kernel", "cache", "device_caches", "best_config",
-                           "bench_time", "configs_timings", "nargs"})
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not the interpreter's own C type
 
 
@@ -83,12 +88,36 @@ def _launcher(v: Any) -> bool:
     return mod.startswith(_LAUNCHER_MODULES) and _NAME.__get__(type(v)) != "Config"
 
 
-def _launcher_value(v: Any) -> tuple:
-    """A launcher as its identity, its attribute names and its plain values: caches (containers, compiled kernels,
-    the chosen config) are left out; a value the candidate set on it is not."""
-    attrs = {k: x for k, x in (_instance_dict(v) or {}).items() if k not in _LAUNCHER_OWN}
-    plain = tuple(sorted((k, repr(x) if type(x) is float else x) for k, x in attrs.items() if type(x) in _SCALARS))
-    return _name(v), id(v), tuple(sorted(attrs)), plain
+@functools.lru_cache(maxsize=None)
+def launcher_own(cls: type) -> frozenset[str]:
+    """The attribute names Triton's own code gives a launcher of class `cls`: every `self.<name> = ...` in the
+    modules that define its classes, and every name those classes define (a cached property fills the instance's
+    dict under its own name). Read from the installed Triton's source, so it follows Triton's version: what a
+    kernel sets on itself as it compiles and tunes (lazily, at its first launch or a new tuning key)."""
+    names: set[str] = set()
+    for klass in _MRO.__get__(cls):
+        mod = sys.modules.get(_MODULE.__get__(klass) or "")
+        if mod is None or not (mod.__name__ or "").startswith("triton"):
+            continue
+        names.update(_CLASS_DICT.__get__(klass))
+        names.update(_self_stores(mod.__name__))
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=None)
+def _self_stores(module_name: str) -> frozenset[str]:
+    try:
+        tree = pyparse.parse(inspect.getsource(sys.modules[module_name]), module_name)
+    except (OSError, TypeError, SyntaxError):
+        return frozenset()
+    return frozenset(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                     and isinstance(n.value, ast.Name) and n.value.id == "self")
+
+
+def _launcher_parts(path: str, v: Any) -> list[tuple[str, Any]]:
+    """What a launcher holds beyond Triton's own attributes (a counter or a dict the candidate set on its kernel)."""
+    own = launcher_own(type(v))
+    return [(f"{path}.{k}", x) for k, x in (_instance_dict(v) or {}).items() if k not in own]
 
 
 def _interpreter_object(v: Any) -> bool:
@@ -96,9 +125,21 @@ def _interpreter_object(v: Any) -> bool:
     return _MODULE.__get__(type(v)) == "builtins" and not type(v).__flags__ & _HEAP_TYPE
 
 
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """What a state tensor's calls can reach: its whole storage (as bytes) where the tensor is a view of part of it,
+    since `as_strided` reaches the rest (a zero-element view of a buffer would hide a store); else the tensor."""
+    storage = t.untyped_storage()
+    if storage.nbytes() == t.numel() * t.element_size():
+        return t
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (storage.nbytes(),), (1,))
+
+
 def _generator_state(g: torch.Generator) -> tuple:
-    state = g.get_state()
-    return "generator", g.initial_seed(), hashlib.sha256(state.numpy().tobytes()).hexdigest()
+    state = torch.Generator.get_state(g)
+    return "generator", torch.Generator.initial_seed(g), hashlib.sha256(state.numpy().tobytes()).hexdigest()
+
+
+_DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
 
 
 # Read past any metaclass of the candidate's (its __getattribute__ would run on `cls.__mro__`).
@@ -159,10 +200,16 @@ def _object(path: str, v: Any) -> tuple[Any, list[tuple[str, Any]]]:
     if _is(v, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
         raise StateRefused(f"`{path}` holds a generator, whose position carries from call to call unseen: "
                            "keep no generator in a model's state")
-    if type(v) is torch.Generator:
-        return _generator_state(v), []
+    if _is(v, torch.Generator):  # a subclass's state too, read through the base class's own methods
+        return _generator_state(v), [(f"{path}.{k}", x) for k, x in _attributes(v).items()]
     if _launcher(v):
-        return _launcher_value(v), []
+        return (_name(v), id(v)), _launcher_parts(path, v)
+    if type(v) in _DICT_VIEWS:  # `{...}.values()`: the dict lives on behind the view
+        items = list(itertools.islice(type(v).__iter__(v), MAX_ITEMS + 1))
+        if len(items) > MAX_ITEMS:
+            raise StateRefused(f"`{path}` holds more than {MAX_ITEMS} items, more than the harness looks at between "
+                               "calls: keep large tables in tensors")
+        return (_name(v), len(items)), [(f"{path}[{i}]", x) for i, x in enumerate(items)]
     if _interpreter_object(v):
         try:  # the C type's own reduction: an iterator's source and position, a map's function and iterator
             parts = type(v).__reduce__(v)
@@ -173,6 +220,15 @@ def _object(path: str, v: Any) -> tuple[Any, list[tuple[str, Any]]]:
     if _is(v, functools._lru_cache_wrapper):  # by type: a getattr would run a candidate's property
         return ("lru_cache", id(v), v.cache_info().currsize), []
     return (_name(v), id(v)), [(f"{path}.{k}", x) for k, x in _attributes(v).items()]
+
+
+def _within_limits(path: str, entries: int, depth: int) -> None:
+    if entries >= MAX_ENTRIES:
+        raise StateRefused(f"the model's state holds more than {MAX_ENTRIES} values (at `{path}`), more than the "
+                           "harness looks at between calls: keep large tables in tensors")
+    if depth > MAX_DEPTH:
+        raise StateRefused(f"the model's state is nested more than {MAX_DEPTH} levels deep (at `{path}`), deeper "
+                           "than the harness looks between calls")
 
 
 def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
@@ -187,8 +243,7 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
     alive: list[Any] = []
 
     def walk(path: str, v: Any, depth: int) -> None:
-        if len(values) >= MAX_ENTRIES:
-            return
+        _within_limits(path, len(values), depth)
         if _is(v, torch.Tensor):
             if type(v) not in TENSOR_TYPES:
                 raise StateRefused(f"`{path}` holds a tensor subclass ({_name(v)}): tensors in a model's "
@@ -196,7 +251,7 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
             values[path] = ("tensor", v.data_ptr(), tuple(v.shape), tuple(v.stride()), str(v.dtype))
             if id(v) not in seen:
                 seen.add(id(v))
-                tensors.append((path, v))
+                tensors.append((path, _whole(v)))
                 for k, x in (_instance_dict(v) or {}).items():  # `self.w.calls += 1`: an attribute set on a tensor
                     walk(f"{path}.{k}", x, depth + 1)
             return
@@ -211,22 +266,29 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
         if type(v) in _SCALARS:
             values[path] = v
             return
-        if id(v) in seen or depth > MAX_DEPTH:
+        if id(v) in seen:
             values[path] = ("seen", _name(v))  # not its id: that of a temporary is not stable
             return
         seen.add(id(v))
         alive.append(v)  # no id is reused during the walk (the walk makes temporaries: attribute dicts, closures)
-        if _is(v, (list, tuple, collections.deque, set, frozenset)):
+        if _is(v, (list, tuple, collections.deque, set, frozenset, dict)):
             items = _items(v)
+            if len(items) > MAX_ITEMS:
+                raise StateRefused(f"`{path}` holds {len(items)} items, more than the {MAX_ITEMS} the harness looks "
+                                   "at between calls: keep large tables in tensors")
+            if _is(v, dict):
+                values[path] = ("dict", len(items))
+                for i, (k, x) in enumerate(items):
+                    key = _key(k)
+                    if key.startswith("<"):  # an object as a key: what it holds is state too
+                        key = f"{i}:{key}"
+                        walk(f"{path}.<key {i}>", k, depth + 1)
+                    walk(f"{path}[{key}]", x, depth + 1)
+                return
             values[path] = (_NAME.__get__(type(v)), len(items))
             items = sorted(items, key=_key) if _is(v, (set, frozenset)) else items
-            for i, x in enumerate(itertools.islice(items, MAX_ITEMS)):
+            for i, x in enumerate(items):
                 walk(f"{path}[{i}]", x, depth + 1)
-        elif _is(v, dict):
-            items = _items(v)
-            values[path] = ("dict", len(items))
-            for k, x in itertools.islice(items, MAX_ITEMS):
-                walk(f"{path}[{_key(k)}]", x, depth + 1)
         elif _is(v, types.ModuleType):
             values[path] = ("module", v.__name__)
         elif _is(v, (types.FunctionType, type)):

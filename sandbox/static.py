@@ -138,7 +138,13 @@ class _Checker(NameChecker):
         if isinstance(func, ast.Name):
             if func.id in LITERAL_NAME_BUILTINS and self._resolve(func.id) == "builtin":
                 self._literal_getattr(node, func.id)
+                if node.args:
+                    self.module_ok.add(id(node.args[0]))  # `hasattr(tl, "name")`: read like `tl.name`
             self._read_name(func, func.id, call=True, args=len(node.args) + len(node.keywords))
+            if func.id == "type" and self._resolve(func.id) == "builtin" and id(node) not in self.type_ok:
+                refuse(node, "`type(x)` may only be compared (`type(x) is torch.Tensor`) or read from "
+                       "(`type(x).__name__`), not bound or given attributes (a class taken from a value would keep "
+                       "them past each call, unseen)")
             if self.kernel_depth:
                 self._kernel_call_name(node, func.id)
             for child in node.args + [k.value for k in node.keywords]:
@@ -151,11 +157,14 @@ class _Checker(NameChecker):
     def visit_Compare(self, node: ast.Compare) -> None:
         # `"async_load" in dir(tma)`: the one use of dir, picking between Triton versions' names (like hasattr)
         right = node.comparators[0]
+        for operand in (node.left, *node.comparators):
+            self.type_ok.add(id(operand))
         if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str) and len(node.ops) == 1 and \
                 isinstance(node.ops[0], (ast.In, ast.NotIn)) and isinstance(right, ast.Call) and \
                 isinstance(right.func, ast.Name) and right.func.id == "dir" and self._resolve("dir") == "builtin" \
                 and len(right.args) == 1 and not right.keywords:
             self._kernel_only(node, "`dir`")
+            self.module_ok.add(id(right.args[0]))
             self.visit(right.args[0])
             return
         self.generic_visit(node)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
+import importlib.util
 from dataclasses import dataclass
 
 from . import pyparse
@@ -140,6 +141,8 @@ class NameChecker:
         self.scopes: list[tuple[ast.AST, set[str]]] = []
         self.kernel_depth = 0
         self.storage_ok: set[int] = set()      # ids of `.untyped_storage` nodes used as `.untyped_storage().data_ptr()`
+        self.module_ok: set[int] = set()       # ids of module names read as `torch.x`, `hasattr(torch, "x")`, `dir(m)`
+        self.type_ok: set[int] = set()         # ids of expressions compared (`type(x) is ...`)
         self.decorating: set[int] = set()      # ids of decorator calls (`@triton.jit(...)`), where a jit call belongs
 
 
@@ -346,6 +349,10 @@ class NameChecker:
             if isinstance(node.ctx, ast.Del) and self._resolve(node.id) in ("module", "class"):
                 refuse(node, f"`del {node.id}` of a module or class name is not allowed")
             return
+        if id(node) not in self.module_ok and node.id in self.imported and self._resolve(node.id) == "module" and \
+                _is_module(self.imported[node.id]):
+            refuse(node, f"the module `{node.id}` may be used only as `{node.id}.name`, not bound, passed or stored "
+                    "(an attribute set on a module through another name would outlive each call unseen)")
         self._read_name(node, node.id, call=False)
 
     def _read_name(self, node: ast.AST, name: str, call: bool, args: int = 0) -> None:
@@ -418,6 +425,9 @@ class NameChecker:
             self.private_attr(node, attr, owner)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        self.module_ok.add(id(node.value))
+        if isinstance(node.ctx, ast.Load):
+            self.type_ok.add(id(node.value))  # `type(x).__name__`; not `type(x).box = ...`
         self.visit(node.value)  # inner names first: `torch.sys.modules` is refused for `.sys`
         path = self._module_rooted(node)
         if node.attr == "untyped_storage" and id(node) not in self.storage_ok:
@@ -434,3 +444,12 @@ class NameChecker:
         if isinstance(node.ctx, ast.Store) and node.attr in tensor_methods():
             refuse(node, f"assigning `.{node.attr}`, the name of a Triton tensor method, is not allowed (a kernel "
                     "could call it as Python); choose another attribute name")
+
+
+@functools.lru_cache(maxsize=None)
+def _is_module(path: str) -> bool:
+    """Whether an imported dotted path names a module (`torch.nn`), not a class or function (`torch.Tensor`)."""
+    try:
+        return importlib.util.find_spec(path) is not None
+    except (ImportError, ValueError, AttributeError):
+        return False

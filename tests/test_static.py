@@ -252,7 +252,11 @@ REFUSED = [
     ("", "", "r = _k.rewriter", "`.rewriter`"),
     ("class _E:\n    def f(self):\n        self._src = 'x'\n_E.f(_k)", "", "", "taken from its class"),
     ("class _E(type(_k)):\n    pass", "", "", "base must be a class"),
-    ("_KT = type(_k)\nclass _E(_KT):\n    pass", "", "", "base must be a class"),
+    ("_KT = type(_k)\nclass _E(_KT):\n    pass", "", "", "may only be compared"),
+    ("", "", "type(x).box = 1", "may only be compared"),
+    ("", "", "t = type(x)\nt.box = 1", "may only be compared"),
+    ("_lib = torch", "", "", "may be used only as `torch.name`"),
+    ("", "", "for m in (torch,):\n    m.box = 1", "may be used only as `torch.name`"),
 ]
 
 
