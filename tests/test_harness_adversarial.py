@@ -27,7 +27,7 @@ EXPECTED = {
     "aliases_input.py": (Stage.SMOKE, Reason.OUTPUT_ALIASES_INPUT),             # 12
     "returns_subclass.py": (Stage.SMOKE, Reason.OUTPUT_TYPE),                   # 12
     "background_thread.py": (Stage.STATIC, Reason.FORBIDDEN_IMPORT),            # 14
-    "patches_allclose.py": (Stage.CORRECTNESS, Reason.OUTPUT_MISMATCH),         # 18
+    "patches_allclose.py": (Stage.STATIC, Reason.FORBIDDEN_CALL),               # 18: setting torch.allclose
     "reads_gc.py": (Stage.STATIC, Reason.FORBIDDEN_IMPORT),                     # 19
     "nan_output.py": (Stage.CORRECTNESS, Reason.NONFINITE_MISMATCH),            # 20
     "global_flags.py": (Stage.SMOKE, Reason.GLOBAL_FLAGS_CHANGED),              # 21
@@ -75,7 +75,7 @@ def test_a_crash_does_not_affect_the_next_candidate(harness):
 
 
 def test_mismatch_report_says_where_and_how_much(harness):
-    result = harness.check(RMSNORM, CHEATS / "patches_allclose.py")
+    result = harness.check(RMSNORM, HERE / "candidates" / "rmsnorm_wrong_eps.py")
     mismatch = result.stages[-1].mismatch
     assert mismatch is not None and mismatch.mismatched > 0
     assert len(mismatch.worst_index) == 2 and mismatch.rel_l2_err > mismatch.rel_l2_bound
