@@ -7,8 +7,8 @@ class attributes), and what the interpreter's own objects hold: a bound method's
 iterator's position and source. A counter (`self.n += 1`), a dict of cached outputs, a tensor stored anew each call:
 all change. Triton's kernels and autotuners keep compiled-kernel and timing caches that legitimately grow: they are
 compared by identity, and what the candidate set on them (any attribute Triton's own code does not set: a counter or
-a dict on a kernel) is walked; a kernel compiled on first use is not state, and a cache filled at the first call of each shape is fine too,
-since the first call after each (re)build is not compared. Other Triton and torch objects (a `triton.Config`'s
+a dict on a kernel) is walked; a kernel compiled on first use is not state, and a cache filled at the first call of
+each shape is fine too, since the first call after each (re)build is not compared. Other Triton and torch objects (a `triton.Config`'s
 kwargs) are walked like any object, and a torch generator is compared by its seed and state. A state tensor that
 views part of its storage is compared (and scrambled) as the whole storage, which `as_strided` reaches. Past its
 limits (MAX_ITEMS, MAX_DEPTH, MAX_ENTRIES) the walk refuses the model rather than leave the rest unseen.
