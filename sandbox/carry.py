@@ -2,16 +2,17 @@
 
 The rule: after the first call of a model, its Python-visible state does not change between calls. That state is the
 model's attributes, recursively (submodules, lists, dicts, objects of the candidate's own classes), and the
-candidate module's globals (the candidate's own functions and classes included: their default arguments, closures and
-class attributes), and what the interpreter's own objects hold: a bound method's object (`{}.get` keeps its dict), an
-iterator's position and source. A counter (`self.n += 1`), a dict of cached outputs, a tensor stored anew each call:
-all change. Triton's kernels and autotuners keep compiled-kernel and timing caches that legitimately grow: they are
-compared by identity, and what the candidate set on them (any attribute Triton's own code does not set: a counter or
-a dict on a kernel) is walked; a kernel compiled on first use is not state, and a cache filled at the first call of
-each shape is fine too, since the first call after each (re)build is not compared. Other Triton and torch objects (a `triton.Config`'s
-kwargs) are walked like any object, and a torch generator is compared by its seed and state. A state tensor that
-views part of its storage is compared (and scrambled) as the whole storage, which `as_strided` reaches. Past its
-limits (MAX_ITEMS, MAX_DEPTH, MAX_ENTRIES) the walk refuses the model rather than leave the rest unseen.
+candidate module's globals (the candidate's own functions and classes included: their default arguments, closures
+and class attributes), and what the interpreter's own objects hold: a bound method's object (`{}.get` keeps its
+dict), an iterator's position and source. A counter (`self.n += 1`), a dict of cached outputs, a tensor stored anew
+each call: all change. Triton's kernels and autotuners keep compiled-kernel and timing caches that legitimately
+grow: they are compared by identity, and what the candidate set on them (any attribute Triton's own code does not
+set: a counter or a dict on a kernel) is walked; a kernel compiled on first use is not state, and a cache filled at
+the first call of each shape is fine too, since the first call after each (re)build is not compared. Other Triton
+and torch objects (a `triton.Config`'s kwargs) are walked like any object, and a torch generator is compared by its
+seed and state. A state tensor that views part of its storage is compared (and scrambled) as the whole storage,
+which `as_strided` reaches. Past its limits (MAX_ITEMS, MAX_DEPTH, MAX_ENTRIES) the walk refuses the model rather
+than leave the rest unseen.
 
 Tensors held in that state are the other half: one that a call (after the first) writes — a workspace, or a cache —
 is overwritten with random bytes before the next call, so a result kept there cannot come back, and a counter kept
