@@ -105,6 +105,13 @@ def launcher_own(cls: type) -> frozenset[str]:
     return frozenset(names)
 
 
+def warm() -> None:
+    """Read the launcher classes' own names once (the zygote, before it forks: every check inherits them)."""
+    from triton.runtime import autotuner, interpreter, jit
+    for cls in (jit.JITFunction, autotuner.Autotuner, autotuner.Heuristics, interpreter.InterpretedFunction):
+        launcher_own(cls)
+
+
 @functools.lru_cache(maxsize=None)
 def _self_stores(module_name: str) -> frozenset[str]:
     try:
