@@ -39,9 +39,12 @@ def test_side_stream_is_refused(harness):
     assert r.verdict is Verdict.REJECTED and r.stage is Stage.STATIC, r.message
 
 
-def test_timer_patching_is_detected(harness):
+def test_timer_patching_is_refused(harness):
+    """`torch.cuda.Event.elapsed_time = ...` is refused at the static stage (an attribute set on an imported module's
+    class); the timing stage's own check of the timer, behind it, is shown by tests/test_profiler_gpu.py."""
     r = harness.check(RMSNORM, GPU / "timer_patch.py")
-    assert (r.stage, r.reason) == (Stage.TIMING, Reason.TIMER_TAMPERED), r.message
+    assert (r.stage, r.reason) == (Stage.STATIC, Reason.FORBIDDEN_CALL), r.message
+    assert "torch.cuda.Event.elapsed_time" in r.message, r.message
 
 
 def test_caching_after_the_first_calls_is_caught_before_timing(harness):
