@@ -214,9 +214,7 @@ def _object(path: str, v: Any) -> tuple[Any, list[tuple[str, Any]]]:
         return (_name(v), id(v)), _launcher_parts(path, v)
     if type(v) in _DICT_VIEWS:  # `{...}.values()`: the dict lives on behind the view
         items = list(itertools.islice(type(v).__iter__(v), MAX_ITEMS + 1))
-        if len(items) > MAX_ITEMS:
-            raise StateRefused(f"`{path}` holds more than {MAX_ITEMS} items, more than the harness looks at between "
-                               "calls: keep large tables in tensors")
+        _within_limits(path, items=len(items))
         return (_name(v), len(items)), [(f"{path}[{i}]", x) for i, x in enumerate(items)]
     if _interpreter_object(v):
         try:  # the C type's own reduction: an iterator's source and position, a map's function and iterator
@@ -230,7 +228,11 @@ def _object(path: str, v: Any) -> tuple[Any, list[tuple[str, Any]]]:
     return (_name(v), id(v)), [(f"{path}.{k}", x) for k, x in _attributes(v).items()]
 
 
-def _within_limits(path: str, entries: int, depth: int) -> None:
+def _within_limits(path: str, entries: int = 0, depth: int = 0, items: int = 0) -> None:
+    """Refuses state past the walk's limits, saying which, rather than leave the rest unseen."""
+    if items > MAX_ITEMS:
+        raise StateRefused(f"`{path}` holds more than {MAX_ITEMS} items, more than the harness looks at between "
+                           "calls: keep large tables in tensors")
     if entries >= MAX_ENTRIES:
         raise StateRefused(f"the model's state holds more than {MAX_ENTRIES} values (at `{path}`), more than the "
                            "harness looks at between calls: keep large tables in tensors")
@@ -281,9 +283,7 @@ def snapshot(model: Any, module: types.ModuleType | None, candidate: str,
         alive.append(v)  # no id is reused during the walk (the walk makes temporaries: attribute dicts, closures)
         if _is(v, (list, tuple, collections.deque, set, frozenset, dict)):
             items = _items(v)
-            if len(items) > MAX_ITEMS:
-                raise StateRefused(f"`{path}` holds {len(items)} items, more than the {MAX_ITEMS} the harness looks "
-                                   "at between calls: keep large tables in tensors")
+            _within_limits(path, items=len(items))
             if _is(v, dict):
                 values[path] = ("dict", len(items))
                 for i, (k, x) in enumerate(items):
