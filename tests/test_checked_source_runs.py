@@ -94,7 +94,7 @@ def harness():
 # What the hidden code does if it runs: report that it ran where the audit hook would refuse gc.get_objects().
 HIDDEN_BODY = ("    raise RuntimeError('HIDDEN CODE RAN with the audit hook off: gc.get_objects() gave '\n"
                "                       + str(len(__import__('gc').get_objects())) + ' objects')\n")
-KERNEL_DEF = "@triton.jit\ndef _row_mean_kernel(x_ptr, y_ptr, n_cols, stride_row, BLOCK: tl.constexpr):\n"
+KERNEL_DEF = "@triton.jit\ndef _row_mean_kernel(x_ptr, y_ptr, n_cols: tl.constexpr, stride_row, BLOCK: tl.constexpr):\n"
 # The honest row mean, a comment of form feeds and, before its kernel, a kernel in a string: linecache lines split at
 # each form feed would make inspect read the kernel's source from the string.
 LINECACHE_SHIFT = ("# layout notes" + "\x0c" * 6 + " (form feeds)\n_NOTES = \"\"\"\n@triton.jit\n"

@@ -11,7 +11,7 @@ ROOM = 1 << 16
 
 
 @triton.jit
-def _row_mean_kernel(x_ptr, y_ptr, n_cols, stride_row, BLOCK: tl.constexpr):
+def _row_mean_kernel(x_ptr, y_ptr, n_cols: tl.constexpr, stride_row, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK):
