@@ -26,6 +26,7 @@ import torch
 
 from . import channel, compiled, cudaipc, pyparse, stage_runners, static, verdict, wire
 from .deadlines import BUDGETS, CompileSigns, Deadline
+from .device import interpreter_fault, resolve_device
 from .gate import GpuGate
 from .process import REPO_ROOT, Child, ChildStopped, Zygote, ZygoteLost, child_view
 from .records import (GPU_FULL, GPU_FULL_HARNESS, CheckResult, ErrorInfo, Reason, Rejected, Stage,
@@ -60,16 +61,6 @@ class CheckOptions:
     def __post_init__(self) -> None:
         if self.incumbent_ms is not None and not (math.isfinite(self.incumbent_ms) and self.incumbent_ms > 0):
             raise ValueError(f"the incumbent's time must be a positive number of milliseconds, got {self.incumbent_ms}")
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}; use cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("no CUDA GPU is visible; use --device cpu to check correctness through Triton's interpreter")
-    return device
 
 
 @dataclass
@@ -436,6 +427,8 @@ class Harness:
         details: dict[str, Any] = {"trace": reply["trace"]} if isinstance(reply.get("trace"), dict) else {}
         if error is not None and error.type in COMPILE_ERRORS:
             stage, reason = Stage.COMPILE, Reason.COMPILE_ERROR
+        elif run.device == "cpu" and (fault := interpreter_fault(message)) is not None:
+            reason, message = Reason.HARNESS_ERROR, fault  # this machine's Triton and numpy, not the candidate
         elif error is not None and error.type == "OutOfMemoryError" and run.device != "cpu":
             blamed = cudaipc.blame_full_gpu(run.device, message)
             if blamed is not None:  # the harness and the other checks filled the GPU the child allocates from

@@ -497,6 +497,28 @@ def test_a_check_the_harness_failed_is_run_once_more(tmp_path, task, kernel):
     assert failing and len(rows) == 12 and len(seen) == 1 + 12 + 1 + len(failing)
 
 
+def test_a_run_stops_after_three_checks_in_a_row_the_harness_failed(tmp_path, task, kernel):
+    """Checks the harness itself fails every time (a machine whose Triton interpreter cannot run the kernels) stop
+    the run at the third in a row, saying why, instead of spending the whole budget on verdicts that say nothing."""
+    seen: list[str] = []
+
+    class AlwaysFails(ScriptedEvaluator):
+        def check(self, path: Path, baselines=None, incumbent_ms=None, retime=False) -> CheckResult:
+            seen.append(Path(path).read_text())
+            if len(seen) == 1:  # the starting kernel passes
+                return super().check(path, baselines, incumbent_ms)
+            return _rejected_at_correctness(path, Reason.HARNESS_ERROR, "Triton 3.6's CPU interpreter cannot run")
+
+    with Archive(tmp_path / "a.db") as archive:
+        summary = run_search(RunConfig(task_path=task, budget=12, device="cpu", start_from=kernel, concurrency=1,
+                                       seed=1), archive, evaluator_factory=AlwaysFails)
+        rows = [c for c in archive.candidates() if c.origin == "tuner"]
+    assert [c.reason for c in rows] == ["harness_error"] * 3
+    assert len(seen) == 1 + 3 * 2  # each failing proposal checked twice
+    assert "the harness failed 3 times in a row" in summary.stop_reason
+    assert "CPU interpreter cannot run" in summary.stop_reason
+
+
 def _full_gpu_run(tmp_path: Path, task: Path, kernel: Path, budget: int, fills: dict[tuple[int, int], int],
                   how: str = GPU_FULL_HARNESS, crowd: dict[tuple[int, int], int] | None = None
                   ) -> tuple[list[str], dict[int, int], list[str], list[Candidate]]:

@@ -172,7 +172,7 @@ def sized(task: Task, config: "RunConfig") -> Task:
 
 
 def _resolve_local(device: str) -> str:
-    from sandbox.harness import resolve_device
+    from sandbox.device import resolve_device
     try:
         return resolve_device(device)
     except ValueError as exc:

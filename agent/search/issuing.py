@@ -26,6 +26,7 @@ from sandbox.records import GPU_FULL, GPU_FULL_HARNESS, GPU_FULL_SHARED
 
 FEWER_CHECKS = "the GPU's memory was full with"  # the note that a run goes on with one check fewer at once
 MORE_CHECKS = "the GPU's memory was not full in"  # the note that a run takes a check it gave up back
+MAX_HARNESS_ERRORS = 3  # checks in a row the harness itself failed (raised, or a final harness_error) that stop a run
 REGAIN_AFTER = 2  # verdicts a check at once, none of them for a full GPU, before a check given up is tried again
 TRUNCATED = ("length", "max_tokens")  # finish reasons of a reply cut off at the output limit (OpenAI, Anthropic)
 
@@ -72,6 +73,7 @@ class Issuing:
         so too: a forged account then costs a slot per candidate that forges it twice, never one per forgery. The
         slot comes back (`_take_back`) once the checks left have passed REGAIN_AFTER verdicts each without it."""
         if cand.reason != "harness_error":
+            self.harness_errors = 0
             self._take_back()
             return False
         full = _gpu_full(cand)
@@ -87,11 +89,19 @@ class Issuing:
             self._emit(EventKind.NOTE, f"{FEWER_CHECKS} {self.slots + 1} checks at once: {self.slots} at a time "
                                        f"from now on{again}")
         if pending.retried or self.stop_reason is not None:
+            self._harness_failed(cand.message or "")
             return False
         pending.retried = True
         self.in_flight.add(pending.sha)
         self.ready.appendleft(pending)
         return True
+
+    def _harness_failed(self, last: str) -> None:
+        """One more check in a row that the harness itself failed; the run stops at MAX_HARNESS_ERRORS of them (a
+        machine whose Triton cannot run the kernels, a GPU taken by another process), saying why."""
+        self.harness_errors += 1
+        if self.harness_errors >= MAX_HARNESS_ERRORS and self.stop_reason is None:
+            self._stopping(f"the harness failed {self.harness_errors} times in a row; last: {last}")
 
     def _take_back(self) -> None:
         """One more verdict that did not end for a full GPU; after REGAIN_AFTER of them for each check at once, the

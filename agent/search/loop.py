@@ -58,7 +58,6 @@ from sandbox.records import CheckResult
 
 log = logging.getLogger(__name__)
 MAX_PROVIDER_ERRORS = 5  # consecutive failed requests before the run stops: the endpoint is not coming back
-MAX_HARNESS_ERRORS = 3
 PROPOSE_REASONS = ("no_code", "provider_error", "duplicate", "truncated", "edit_failed")  # failed before a check
 
 
@@ -343,15 +342,12 @@ class _Coordinator(Issuing, Crowning):
         self.in_flight.discard(pending.sha)
         exc = future.exception()
         if exc is not None:
-            self.harness_errors += 1
             log.warning("harness failed on %s", pending.path, exc_info=exc)
             self.session.reset(pending.slot)
             self._record(replace(self._base(pending, "harness_error", f"{type(exc).__name__}: {exc}",
                                             source=pending.source), stage=None))
-            if self.harness_errors >= MAX_HARNESS_ERRORS and self.stop_reason is None:
-                self._stopping(f"the harness failed {self.harness_errors} times in a row; last: {exc}")
+            self._harness_failed(str(exc))
             return
-        self.harness_errors = 0
         self.check_times.append(time.monotonic() - pending.started)
         base = self._base(pending, "ok", "", source=pending.source)
         cand = record_check(base, future.result())
@@ -493,7 +489,7 @@ class _Coordinator(Issuing, Crowning):
 
 
 def _device(device: str) -> str:
-    from sandbox.harness import resolve_device
+    from sandbox.device import resolve_device
     try:
         return resolve_device(device)
     except ValueError as exc:
