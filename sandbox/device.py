@@ -17,6 +17,7 @@ NUMPY_SCALAR_ERROR = "only 0-dimensional arrays can be converted to Python scala
 
 
 def resolve_device(device: str) -> str:
+    """'auto', 'cpu' or 'cuda' -> the device a run uses; ValueError with one sentence for one it cannot use."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
